@@ -1,0 +1,34 @@
+"""tf_family: a Hugging Face-compatible model zoo and fine-tuning toolkit for the Transformer family.
+
+Importing the package registers every architecture with the transformers Auto classes (idempotent).
+"""
+
+from .auto import register_all
+from .memory import SegmentMemory
+from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
+from .models.transfo_xl.modeling_transfo_xl import (
+    TffTransfoXLForSequenceClassification,
+    TffTransfoXLLMHeadModel,
+    TffTransfoXLModel,
+    TffTransfoXLPreTrainedModel,
+)
+from .registry import ARCHITECTURES, ArchSpec, create_model, get_arch, list_architectures
+
+__version__ = "0.1.0"
+
+register_all()
+
+__all__ = [
+    "ARCHITECTURES",
+    "ArchSpec",
+    "SegmentMemory",
+    "TffTransfoXLConfig",
+    "TffTransfoXLForSequenceClassification",
+    "TffTransfoXLLMHeadModel",
+    "TffTransfoXLModel",
+    "TffTransfoXLPreTrainedModel",
+    "create_model",
+    "get_arch",
+    "list_architectures",
+    "register_all",
+]

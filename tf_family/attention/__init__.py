@@ -1,0 +1,30 @@
+"""Pure attention math shared by the tf_family models: masks, relative positions, dense reference attention.
+
+Nothing here is an ``nn.Module`` or reads a config; every function takes tensors and plain numbers, and every fast
+path has a slow, obviously-correct twin that a test compares it against.
+
+Shape vocabulary used in every shape comment of the package:
+
+    B  batch                 H  heads               T  query length        S  key length (incl. memory)
+    M  memory length         C  compressed memory   D  model width         Dh head width
+    W  one-sided window      K  top-k or blocks     L  layers              R  relative positions
+"""
+
+from .masks import build_causal_memory_mask, build_key_padding_mask
+from .relative import (
+    rel_shift,
+    rel_shift_reference,
+    relative_attention_scores,
+    relative_position_sequence,
+    sinusoid_position_embedding,
+)
+
+__all__ = [
+    "build_causal_memory_mask",
+    "build_key_padding_mask",
+    "rel_shift",
+    "rel_shift_reference",
+    "relative_attention_scores",
+    "relative_position_sequence",
+    "sinusoid_position_embedding",
+]

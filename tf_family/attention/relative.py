@@ -1,0 +1,92 @@
+"""Relative positional attention of Transformer-XL (Dai et al. 2019, arXiv:1901.02860, section 3.3).
+
+The score between query ``i`` and key ``j`` is decomposed into a content term and a position term::
+
+    A_ij = (q_i + u) . k_j  +  (q_i + v) . r_(i-j)      # terms (a)+(c) and (b)+(d) of the paper
+
+where ``r`` are projected sinusoid embeddings of the relative distance and ``u``, ``v`` are learned global biases.
+The position term is first computed against every relative distance ``S-1 .. 0`` and then re-indexed per query
+with :func:`rel_shift`; :func:`rel_shift_reference` is its slow, index-by-index twin.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def relative_position_sequence(
+    key_length: int, clamp_len: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Relative distances ``S-1, S-2, ..., 0`` (one per key column), clamped to ``clamp_len`` when it is > 0."""
+    positions = torch.arange(key_length - 1, -1, -1, device=device, dtype=torch.int64).to(dtype)  # (S,)
+    if clamp_len > 0:
+        positions = positions.clamp(max=clamp_len)
+    return positions
+
+
+def sinusoid_position_embedding(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoid embedding ``[sin(p * f), cos(p * f)]`` with ``f_k = 1 / 10000^(2k / dim)`` (Vaswani et al. 2017).
+
+    Args:
+        positions: ``(R,)`` float tensor of (relative) positions.
+        dim: embedding width ``D``; must be even.
+
+    Returns:
+        ``(R, D)`` tensor in the dtype of ``positions``.
+    """
+    if dim % 2 != 0:
+        raise ValueError(f"Sinusoid position embeddings need an even width, got dim={dim}.")
+    inverse_frequency = 1.0 / (10000 ** (torch.arange(0.0, dim, 2.0, device=positions.device) / dim))  # (D/2,)
+    angles = torch.outer(positions.float(), inverse_frequency)  # (R, D/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(positions.dtype)  # (R, D)
+
+
+def rel_shift(position_scores: torch.Tensor) -> torch.Tensor:
+    """Re-index scores against relative distances into scores against key positions.
+
+    ``position_scores[..., i, r]`` is the score of query ``i`` against relative distance ``S - 1 - r``. The result
+    ``out[..., i, j]`` is the score against the distance between query ``i`` (at key index ``S - T + i``) and key
+    ``j``, i.e. ``position_scores[..., i, j + T - 1 - i]``, for every ``j <= S - T + i``. Entries with ``j`` after
+    the query (future keys, always masked by the causal mask) hold arbitrary values.
+
+    Implemented with the zero-pad-and-reshape trick of the original code: one copy, no gather.
+    """
+    *batch, query_length, key_length = position_scores.shape
+    padded = torch.nn.functional.pad(position_scores, (1, 0))  # (..., T, S + 1)
+    padded = padded.view(*batch, key_length + 1, query_length)  # (..., S + 1, T)
+    return padded[..., 1:, :].reshape(*batch, query_length, key_length)  # (..., T, S)
+
+
+def rel_shift_reference(position_scores: torch.Tensor) -> torch.Tensor:
+    """Slow twin of :func:`rel_shift`: explicit index computation, zeros where the key lies after the query."""
+    *batch, query_length, key_length = position_scores.shape
+    memory_length = key_length - query_length
+    out = torch.zeros_like(position_scores)
+    for i in range(query_length):
+        for j in range(memory_length + i + 1):
+            out[..., i, j] = position_scores[..., i, j + query_length - 1 - i]
+    return out
+
+
+def relative_attention_scores(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    position_keys: torch.Tensor,
+    content_bias: torch.Tensor,
+    position_bias: torch.Tensor,
+) -> torch.Tensor:
+    """Unscaled, unmasked Transformer-XL attention scores ``(q + u) . k + rel_shift((q + v) . r)``.
+
+    Args:
+        query: ``(B, H, T, Dh)``.
+        key: ``(B, H, S, Dh)``, memory first.
+        position_keys: ``(H, S, Dh)`` projected embeddings of the relative distances ``S-1 .. 0``.
+        content_bias: ``(H, Dh)``, the paper's ``u``.
+        position_bias: ``(H, Dh)``, the paper's ``v``.
+
+    Returns:
+        ``(B, H, T, S)`` scores.
+    """
+    content = torch.einsum("bhtd,bhsd->bhts", query + content_bias[:, None, :], key)  # (B, H, T, S)
+    position = torch.einsum("bhtd,hsd->bhts", query + position_bias[:, None, :], position_keys)  # (B, H, T, S)
+    return content + rel_shift(position)

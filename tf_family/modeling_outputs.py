@@ -1,0 +1,58 @@
+"""ModelOutput dataclasses shared by the tf_family models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.utils import ModelOutput
+
+from .memory.segment import SegmentMemory
+
+
+@dataclass
+class MemoryModelOutput(ModelOutput):
+    """Output of a segment-recurrent base model (Transformer-XL family).
+
+    Args:
+        last_hidden_state: ``(B, T, D)``.
+        mems: the updated memory to pass to the next segment, or ``None`` when the model has no memory.
+        hidden_states: per layer ``(B, T, D)`` when ``output_hidden_states=True`` (embeddings first).
+        attentions: per layer ``(B, H, T, S)`` when ``output_attentions=True``.
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    mems: SegmentMemory | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class MemoryCausalLMOutput(ModelOutput):
+    """Output of a segment-recurrent language model.
+
+    Args:
+        loss: mean negative log-likelihood of the predicted tokens (labels shifted inside the model).
+        logits: ``(B, T, V)`` log-probabilities of the next token (an adaptive softmax normalises over the
+            clusters, so these are log-probabilities rather than raw scores; `softmax` of them is the distribution).
+        losses: ``(B, T - 1)`` per-token negative log-likelihood, 0 where the label is ignored (``-100``).
+        mems, hidden_states, attentions: as in `MemoryModelOutput`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    losses: torch.FloatTensor | None = None
+    mems: SegmentMemory | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class MemorySequenceClassifierOutput(ModelOutput):
+    """Output of a segment-recurrent sequence classifier."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    mems: SegmentMemory | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None

@@ -1,0 +1,637 @@
+"""Transformer-XL: attentive language models beyond a fixed-length context (Dai et al. 2019, arXiv:1901.02860).
+
+Segment-level recurrence: every layer attends over the hidden states of the previous segment(s) kept as a memory
+without gradient (section 3.2), with relative positional attention so that positions stay coherent when states are
+reused (section 3.3). Adaptive input embeddings (Baevski & Auli 2019) and an adaptive softmax (Grave et al. 2017)
+handle large vocabularies.
+
+Parity reference: transformers 4.35.2 `TransfoXLLMHeadModel` (the last release whose TransfoXL runs), checked
+against committed fixtures in `tests/fixtures/transfo_xl_4x/`; `convert_transfo_xl.py` loads its checkpoints.
+
+Deviations from that implementation:
+- tensors are batch-major ``(B, T, D)``; the memory is a `SegmentMemory` with a per-slot mask, so batch rows can be
+  reset at document boundaries and padding is never attended to;
+- per-token `losses` come back in token order (4.x returned them grouped by softmax cluster);
+- only the paper's attention (4.x ``attn_type=0``); no sampled softmax (4.x did not implement it either).
+
+Config field <-> paper symbol: `mem_len` = M, `n_layer` = N, `n_head` = n, `d_head` = d_h, `d_model` = d,
+`content_bias` = u, `position_bias` = v, `position_proj` = W_{k,R}.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils import logging
+
+from ...attention import (
+    build_causal_memory_mask,
+    build_key_padding_mask,
+    rel_shift,
+    relative_attention_scores,
+    relative_position_sequence,
+    sinusoid_position_embedding,
+)
+from ...memory import SegmentMemory, update_segment_memory
+from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
+from .configuration_transfo_xl import TffTransfoXLConfig
+
+logger = logging.get_logger(__name__)
+
+
+def _cluster_bounds(config: TffTransfoXLConfig) -> list[int]:
+    return [0, *config.cutoffs, config.vocab_size]
+
+
+def _cluster_width(config: TffTransfoXLConfig, cluster: int) -> int:
+    return config.d_embed // (config.div_val**cluster)
+
+
+class TffTransfoXLAdaptiveEmbedding(nn.Module):
+    """Adaptive input embeddings: cluster ``i`` has width ``d_embed // div_val**i``, projected to ``d_model``."""
+
+    def __init__(self, config: TffTransfoXLConfig):
+        super().__init__()
+        self.bounds = _cluster_bounds(config)
+        self.scale = config.d_model**0.5
+        self.layers = nn.ModuleList()
+        self.projections = nn.ParameterList()
+        if config.div_val == 1:
+            self.layers.append(nn.Embedding(config.vocab_size, config.d_embed))
+            if config.d_model != config.d_embed:
+                self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
+        else:
+            for cluster in range(len(self.bounds) - 1):
+                width = _cluster_width(config, cluster)
+                self.layers.append(nn.Embedding(self.bounds[cluster + 1] - self.bounds[cluster], width))
+                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
+
+    def forward(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        if len(self.layers) == 1:
+            embeddings = self.layers[0](input_ids)  # (B, T, d_embed)
+            if len(self.projections):
+                embeddings = F.linear(embeddings, self.projections[0])  # (B, T, D)
+            return embeddings * self.scale
+        flat_ids = input_ids.reshape(-1)  # (B*T,)
+        embeddings = None
+        for cluster, layer in enumerate(self.layers):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            index = ((flat_ids >= low) & (flat_ids < high)).nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+            cluster_embeddings = F.linear(layer(flat_ids[index] - low), self.projections[cluster])  # (n, D)
+            if embeddings is None:  # allocate in the dtype autocast produced
+                embeddings = cluster_embeddings.new_zeros(flat_ids.shape[0], cluster_embeddings.shape[-1])
+            embeddings = embeddings.index_copy(0, index, cluster_embeddings.to(embeddings.dtype))
+        if embeddings is None:
+            raise ValueError("input_ids is empty.")
+        return embeddings.view(*input_ids.shape, -1) * self.scale  # (B, T, D)
+
+
+class TffTransfoXLAdaptiveLogSoftmax(nn.Module):
+    """Adaptive softmax with projections (Grave et al. 2017): a head over the frequent tokens plus one entry per
+    tail cluster, and one small softmax per tail cluster. With no cutoffs it is a plain (projected) softmax.
+
+    Returns log-probabilities ``(N, V)`` or, given labels, negative log-likelihoods ``(N,)`` (0 for label -100).
+    """
+
+    def __init__(self, config: TffTransfoXLConfig):
+        super().__init__()
+        self.bounds = _cluster_bounds(config)
+        self.num_tail_clusters = len(config.cutoffs)
+        if self.num_tail_clusters:
+            self.cluster_weight = nn.Parameter(torch.zeros(self.num_tail_clusters, config.d_embed))
+            self.cluster_bias = nn.Parameter(torch.zeros(self.num_tail_clusters))
+        self.out_layers = nn.ModuleList()
+        self.projections = nn.ParameterList()
+        if config.div_val == 1:
+            self.out_layers.append(nn.Linear(config.d_embed, config.vocab_size))
+            if config.d_model != config.d_embed:
+                for _ in range(len(self.bounds) - 1):
+                    self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
+        else:
+            for cluster in range(len(self.bounds) - 1):
+                width = _cluster_width(config, cluster)
+                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
+                self.out_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
+
+    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
+        """Unnormalised scores of cluster ``cluster`` (the head also scores the tail clusters)."""
+        if len(self.out_layers) == 1:
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            weight, bias = self.out_layers[0].weight[low:high], self.out_layers[0].bias[low:high]
+        else:
+            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
+        if cluster == 0 and self.num_tail_clusters:
+            weight = torch.cat([weight, self.cluster_weight], dim=0)
+            bias = torch.cat([bias, self.cluster_bias], dim=0)
+        if len(self.projections):
+            hidden = F.linear(hidden, self.projections[cluster].t())  # (N, d_cluster)
+        return F.linear(hidden, weight, bias)  # (N, V_cluster)
+
+    def forward(self, hidden: torch.Tensor, labels: torch.LongTensor | None = None) -> torch.Tensor:
+        head_size = self.bounds[1]
+        head_logprobs = F.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)  # (N, head + clusters)
+        if labels is None:
+            pieces = [head_logprobs[:, :head_size]]
+            for cluster in range(1, self.num_tail_clusters + 1):
+                tail = F.log_softmax(self._cluster_logits(hidden, cluster).float(), dim=-1)
+                pieces.append(head_logprobs[:, head_size + cluster - 1, None] + tail)
+            return torch.cat(pieces, dim=-1)  # (N, V)
+        nll = head_logprobs.new_zeros(labels.shape[0])  # (N,)
+        for cluster in range(self.num_tail_clusters + 1):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            index = ((labels >= low) & (labels < high)).nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+            target = labels[index] - low
+            logprob = head_logprobs[index]
+            if cluster == 0:
+                logprob = logprob.gather(1, target[:, None]).squeeze(1)
+            else:
+                tail = F.log_softmax(self._cluster_logits(hidden[index], cluster).float(), dim=-1)
+                logprob = logprob[:, head_size + cluster - 1] + tail.gather(1, target[:, None]).squeeze(1)
+            nll = nll.index_copy(0, index, -logprob)
+        return nll
+
+
+class TffTransfoXLFeedForward(nn.Module):
+    def __init__(self, config: TffTransfoXLConfig):
+        super().__init__()
+        self.pre_lnorm = config.pre_lnorm
+        self.fc_in = nn.Linear(config.d_model, config.d_inner)
+        self.fc_out = nn.Linear(config.d_inner, config.d_model)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        inputs = self.layer_norm(hidden) if self.pre_lnorm else hidden
+        out = self.dropout(self.fc_out(self.dropout(F.relu(self.fc_in(inputs)))))
+        return hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
+
+
+class TffTransfoXLAttention(nn.Module):
+    """Multi-head attention over ``[memory, segment]`` with relative positions (paper eq. in section 3.3)."""
+
+    def __init__(self, config: TffTransfoXLConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads, self.head_dim = config.n_head, config.d_head
+        self.scale = config.d_head**-0.5
+        self.pre_lnorm = config.pre_lnorm
+        inner = config.n_head * config.d_head
+        self.qkv = nn.Linear(config.d_model, 3 * inner, bias=False)
+        self.position_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.out_proj = nn.Linear(inner, config.d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout)
+        self.attention_dropout = nn.Dropout(config.dropatt)
+        if config.untie_r:
+            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        memory: torch.Tensor | None,
+        position_embedding: torch.Tensor,
+        allowed: torch.Tensor,
+        shared_biases: tuple[torch.Tensor, torch.Tensor] | None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, query_length, _ = hidden.shape
+        inputs = hidden if memory is None else torch.cat([memory.to(hidden.dtype), hidden], dim=1)  # (B, S, D)
+        key_length = inputs.shape[1]
+        if self.pre_lnorm:
+            inputs = self.layer_norm(inputs)
+        query, key, value = self.qkv(inputs).chunk(3, dim=-1)  # 3 x (B, S, H*Dh)
+        query = query[:, -query_length:].reshape(batch, query_length, self.num_heads, self.head_dim).transpose(1, 2)
+        key = key.reshape(batch, key_length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        value = value.reshape(batch, key_length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        position_keys = self.position_proj(position_embedding)  # (S, H*Dh)
+        position_keys = position_keys.view(key_length, self.num_heads, self.head_dim).transpose(0, 1)  # (H, S, Dh)
+        content_bias, position_bias = shared_biases or (self.content_bias, self.position_bias)
+
+        if output_attentions or self.config._attn_implementation == "eager":
+            scores = relative_attention_scores(query, key, position_keys, content_bias, position_bias)  # (B, H, T, S)
+            scores = (scores.float() * self.scale).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            probs = self.attention_dropout(scores.softmax(dim=-1).to(value.dtype))  # (B, H, T, S)
+            attended = probs @ value  # (B, H, T, Dh)
+        else:
+            # The position term enters scaled dot-product attention as an additive bias; the content term is the
+            # ordinary q.k product with u folded into the query.
+            position = torch.einsum("bhtd,hsd->bhts", query + position_bias[:, None, :], position_keys)
+            bias = (rel_shift(position) * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
+            attended = F.scaled_dot_product_attention(
+                query + content_bias[:, None, :].to(query.dtype),
+                key,
+                value,
+                attn_mask=bias.to(query.dtype),
+                dropout_p=self.attention_dropout.p if self.training else 0.0,
+                scale=self.scale,
+            )  # (B, H, T, Dh)
+            probs = None
+        attended = attended.transpose(1, 2).reshape(batch, query_length, -1)  # (B, T, H*Dh)
+        out = self.dropout(self.out_proj(attended))  # (B, T, D)
+        out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
+        return out, probs
+
+
+class TffTransfoXLLayer(GradientCheckpointingLayer):
+    def __init__(self, config: TffTransfoXLConfig, layer_idx: int):
+        super().__init__()
+        self.attention = TffTransfoXLAttention(config, layer_idx)
+        self.feed_forward = TffTransfoXLFeedForward(config)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        memory: torch.Tensor | None,
+        position_embedding: torch.Tensor,
+        allowed: torch.Tensor,
+        shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden, probs = self.attention(hidden, memory, position_embedding, allowed, shared_biases, output_attentions)
+        return self.feed_forward(hidden), probs
+
+
+class TffTransfoXLPreTrainedModel(PreTrainedModel):
+    config_class = TffTransfoXLConfig
+    config: TffTransfoXLConfig
+    base_model_prefix = "transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TffTransfoXLLayer"]
+    _supports_sdpa = True
+    _keys_to_ignore_on_load_unexpected = []
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        std, proj_std = self.config.init_std, self.config.proj_init_std
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.ParameterList):
+            # the only parameter lists are the adaptive input / softmax projections (transformers initialises
+            # the module that directly owns the parameters, so this is where they arrive)
+            for projection in module:
+                init.normal_(projection, mean=0.0, std=proj_std)
+        elif isinstance(module, TffTransfoXLAdaptiveLogSoftmax) and module.num_tail_clusters:
+            init.normal_(module.cluster_weight, mean=0.0, std=std)
+            init.zeros_(module.cluster_bias)
+        elif isinstance(module, TffTransfoXLAttention | TffTransfoXLModel):
+            for name in ("content_bias", "position_bias"):
+                if getattr(module, name, None) is not None:
+                    init.normal_(getattr(module, name), mean=0.0, std=std)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The recurrence state is a SegmentMemory returned as `mems`, not a transformers Cache.
+        return False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a tf_family checkpoint, or a transformers 4.x ``transfo-xl`` checkpoint folder (translated)."""
+        from .convert_transfo_xl import is_legacy_checkpoint, load_legacy_checkpoint
+
+        if is_legacy_checkpoint(pretrained_model_name_or_path, kwargs.get("config")):
+            return load_legacy_checkpoint(cls, pretrained_model_name_or_path, *model_args, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+
+def _as_memory(mems, num_layers: int, batch_size: int) -> SegmentMemory | None:
+    if mems is None:
+        return None
+    if not isinstance(mems, SegmentMemory):
+        if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) for m in mems):
+            raise TypeError(f"mems must be a SegmentMemory or a sequence of (B, M, D) tensors, got {type(mems)}.")
+        mems = SegmentMemory.from_states(mems)
+    if len(mems) != num_layers:
+        raise ValueError(f"mems has {len(mems)} layers but the model has n_layer={num_layers}.")
+    if mems.batch_size != batch_size:
+        raise ValueError(
+            f"mems holds {mems.batch_size} batch rows but the input has {batch_size}; pass the mems returned for "
+            "this batch, or mems=None to start a new stream."
+        )
+    return mems
+
+
+class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
+    """The Transformer-XL decoder stack, returning the last hidden state and the updated memory."""
+
+    def __init__(self, config: TffTransfoXLConfig):
+        super().__init__(config)
+        self.word_embeddings = TffTransfoXLAdaptiveEmbedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(TffTransfoXLLayer(config, i) for i in range(config.n_layer))
+        if not config.untie_r:
+            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.word_embeddings
+
+    def set_input_embeddings(self, new_embeddings: nn.Module):
+        self.word_embeddings = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: SegmentMemory | tuple[torch.Tensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        reset_mems: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MemoryModelOutput | tuple:
+        r"""
+        Args:
+            input_ids: ``(B, T)`` token ids of the segment.
+            mems: the memory returned for the previous segment of the same streams (`SegmentMemory`, or per layer
+                ``(B, M, D)`` tensors), or ``None`` at the start.
+            attention_mask: ``(B, T)`` 0/1 padding mask of the segment, or ``(B, >= M + T)`` covering
+                ``[memory, segment]`` (what `generate` passes), or a ``(B, 1, T, M + T)`` bool mask of allowed
+                query-key pairs, combined with the causal mask.
+            reset_mems: ``(B,)`` bool; rows where it is True ignore their memory (a new document starts).
+            use_cache: return the updated memory (defaults to ``config.use_cache``).
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
+        batch, query_length = embeddings.shape[:2]
+        memory = _as_memory(mems, self.config.n_layer, batch)
+        if reset_mems is not None and memory is not None:
+            memory = memory.reset(reset_mems)
+        memory_length = 0 if memory is None else memory.length
+        key_length = memory_length + query_length
+        device = embeddings.device
+
+        max_span = self.config.mem_len if self.config.same_length else None
+        allowed = build_causal_memory_mask(query_length, memory_length, max_span, device)[None, None]  # (1,1,T,S)
+        segment_mask = torch.ones(batch, query_length, dtype=torch.bool, device=device)  # (B, T)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            if attention_mask.shape[-2:] != (query_length, key_length):
+                raise ValueError(
+                    f"A 4D attention_mask must have shape (B, 1, {query_length}, {key_length}), got "
+                    f"{tuple(attention_mask.shape)}."
+                )
+            allowed = allowed & attention_mask.to(torch.bool)
+            attention_mask = None
+        if attention_mask is not None:
+            segment_mask = attention_mask[:, -query_length:].to(torch.bool)
+        key_padding = build_key_padding_mask(
+            batch, query_length, None if memory is None else memory.mask, attention_mask, device
+        )
+        if key_padding is not None:
+            allowed = allowed & key_padding[:, None, None, :]  # (B, 1, T, S)
+
+        positions = relative_position_sequence(key_length, self.config.clamp_len, device, embeddings.dtype)
+        position_embedding = self.dropout(sinusoid_position_embedding(positions, self.config.d_model))  # (S, D)
+        shared_biases = None if self.config.untie_r else (self.content_bias, self.position_bias)
+
+        hidden = self.dropout(embeddings)
+        layer_inputs, all_hidden, all_attentions = [], (), ()
+        for index, layer in enumerate(self.layers):
+            layer_inputs.append(hidden)
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            layer_memory = None if memory is None else memory.states[index]
+            hidden, probs = layer(hidden, layer_memory, position_embedding, allowed, shared_biases, output_attentions)
+            if output_attentions:
+                all_attentions += (probs,)
+        hidden = self.dropout(hidden)
+        if output_hidden_states:
+            all_hidden += (hidden,)
+
+        new_memory = None
+        if use_cache:
+            updated = update_segment_memory(
+                None if memory is None else memory.states,
+                None if memory is None else memory.mask,
+                layer_inputs,
+                segment_mask,
+                self.config.mem_len,
+            )
+            new_memory = None if updated is None else SegmentMemory(*updated)
+
+        output = MemoryModelOutput(
+            last_hidden_state=hidden,
+            mems=new_memory,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffTransfoXLLMHeadModel(TffTransfoXLPreTrainedModel, GenerationMixin):
+    """Transformer-XL with an adaptive softmax language-model head. `logits` are log-probabilities."""
+
+    def __init__(self, config: TffTransfoXLConfig):
+        super().__init__(config)
+        self.transformer = TffTransfoXLModel(config)
+        self.lm_head = TffTransfoXLAdaptiveLogSoftmax(config)
+        # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
+        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
+        self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
+        projections (`proj_share_all_but_first`), as in the original code."""
+        tied = {}
+        embedding, head = self.transformer.word_embeddings, self.lm_head
+        if self.config.tie_word_embeddings:
+            for index in range(len(head.out_layers)):
+                tied[f"lm_head.out_layers.{index}.weight"] = f"transformer.word_embeddings.layers.{index}.weight"
+        if len(head.projections):
+            for cluster, tie in enumerate(self.config.tie_projs):
+                if tie:
+                    source = 0 if len(embedding.projections) == 1 else cluster
+                    tied[f"lm_head.projections.{cluster}"] = f"transformer.word_embeddings.projections.{source}"
+        return tied
+
+    def get_output_embeddings(self):
+        return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: SegmentMemory | tuple[torch.Tensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        reset_mems: torch.Tensor | None = None,
+        past_key_values: SegmentMemory | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MemoryCausalLMOutput | tuple:
+        r"""
+        Args:
+            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
+                (the shift happens inside), ``-100`` is ignored. With an adaptive softmax (non-empty `cutoffs`) the
+                full `logits` are not computed when labels are given, only the losses.
+            past_key_values: alias of `mems`, used by `generate()`.
+            Other arguments: see `TffTransfoXLModel.forward`.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if mems is None:
+            mems = past_key_values
+        outputs = self.transformer(
+            input_ids,
+            mems=mems,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            reset_mems=reset_mems,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden = outputs.last_hidden_state  # (B, T, D)
+        batch, length, width = hidden.shape
+        logits = loss = losses = None
+        if labels is None or not self.config.cutoffs:
+            logits = self.lm_head(hidden.reshape(-1, width)).view(batch, length, -1)  # (B, T, V)
+        if labels is not None:
+            if labels.shape != (batch, length):
+                raise ValueError(f"labels must have shape {(batch, length)}, got {tuple(labels.shape)}.")
+            targets = labels[:, 1:].reshape(-1)  # (B*(T-1),)
+            if logits is not None:
+                flat = logits[:, :-1].reshape(-1, logits.shape[-1])
+                losses = F.nll_loss(flat, targets.clamp(min=0), reduction="none") * (targets != -100)
+            else:
+                losses = self.lm_head(hidden[:, :-1].reshape(-1, width), targets)
+            losses = losses.view(batch, length - 1)  # (B, T-1)
+            count = (labels[:, 1:] != -100).sum()
+            loss = losses.sum() / count.clamp(min=1)
+        output = MemoryCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            losses=losses,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.LongTensor,
+        past_key_values: SegmentMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> dict:
+        """With a memory only the newest token is fed (the rest is in the memory); without one (first step, or
+        ``mem_len=0``) the whole prefix is re-read."""
+        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
+        if past_key_values is not None:
+            model_inputs["input_ids"] = input_ids[:, -1:]
+            model_inputs["mems"] = past_key_values
+        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
+            model_inputs["inputs_embeds"] = inputs_embeds
+        else:
+            model_inputs["input_ids"] = input_ids
+        return model_inputs
+
+    def _reorder_cache(self, mems: SegmentMemory, beam_idx: torch.Tensor) -> SegmentMemory:
+        return mems.index_select(beam_idx)
+
+
+class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
+    """Transformer-XL with a linear classifier on the last real token of the segment."""
+
+    def __init__(self, config: TffTransfoXLConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = TffTransfoXLModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.score = nn.Linear(config.d_model, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: SegmentMemory | tuple[torch.Tensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        reset_mems: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MemorySequenceClassifierOutput | tuple:
+        r"""
+        Args:
+            labels: ``(B,)`` class ids (or floats for regression, ``(B, num_labels)`` for multi-label).
+            Other arguments: see `TffTransfoXLModel.forward`. The representation of a row is the hidden state of
+            its last real token (from `attention_mask`; right padding assumed).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.transformer(
+            input_ids,
+            mems=mems,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            reset_mems=reset_mems,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden = outputs.last_hidden_state  # (B, T, D)
+        batch, length = hidden.shape[:2]
+        if attention_mask is not None and attention_mask.dim() == 2:
+            segment_mask = attention_mask[:, -length:].to(torch.long)
+            last = (segment_mask * torch.arange(length, device=hidden.device)).argmax(dim=-1)  # (B,)
+        else:
+            last = torch.full((batch,), length - 1, device=hidden.device)
+        pooled = hidden[torch.arange(batch, device=hidden.device), last]  # (B, D)
+        logits = self.score(self.dropout(pooled))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
+        output = MemorySequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "TffTransfoXLForSequenceClassification",
+    "TffTransfoXLLMHeadModel",
+    "TffTransfoXLModel",
+    "TffTransfoXLPreTrainedModel",
+]

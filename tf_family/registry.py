@@ -1,0 +1,186 @@
+"""The zoo's one table: an `ArchSpec` per architecture.
+
+Everything that iterates over "all architectures" reads `ARCHITECTURES`: Auto registration (`tf_family.auto`),
+the common tester (`tests/common/`), `tf-family list`, the README table and the recipes' ``--arch`` choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from transformers import PreTrainedConfig, PreTrainedModel
+
+from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
+from .models.transfo_xl.modeling_transfo_xl import (
+    TffTransfoXLForSequenceClassification,
+    TffTransfoXLLMHeadModel,
+    TffTransfoXLModel,
+)
+
+Task = Literal[
+    "base",
+    "causal_lm",
+    "masked_lm",
+    "sequence_classification",
+    "token_classification",
+    "question_answering",
+    "multiple_choice",
+    "action",
+]
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Everything the toolkit needs to know about one architecture.
+
+    Attributes:
+        name: short name used on the command line (``--arch transfo_xl``).
+        title: human name with the paper (for tables and cards).
+        config_class: the `PreTrainedConfig` subclass; its ``model_type`` is registered with `AutoConfig`.
+        model_classes: task -> model class; ``"base"`` is the headless model.
+        variants: named config overrides; ``"tiny"`` (< 1M parameters) is what the tests build.
+        lora_target_modules: default PEFT LoRA targets (PEFT knows no defaults for our model types).
+        reference: the implementation parity is checked against.
+        parity: what the parity tests establish, in a few words.
+        card: model card template, relative to the repository's ``model_cards/``.
+        memory_model: trains on ordered streams and carries a segment memory (`mems`) between steps.
+        paper: arXiv id of the paper.
+    """
+
+    name: str
+    title: str
+    config_class: type[PreTrainedConfig]
+    model_classes: Mapping[str, type[PreTrainedModel]]
+    variants: Mapping[str, Mapping[str, Any]]
+    lora_target_modules: tuple[str, ...]
+    reference: str
+    parity: str
+    card: str
+    memory_model: bool = False
+    paper: str = ""
+    legacy_model_types: tuple[str, ...] = field(default=())
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class.model_type
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return tuple(task for task in self.model_classes if task != "base")
+
+    def make_config(self, variant: str = "tiny", **overrides: Any) -> PreTrainedConfig:
+        """Build the config of a named variant, with keyword overrides."""
+        if variant not in self.variants:
+            raise ValueError(f"{self.name} has no variant {variant!r}; choose one of {sorted(self.variants)}.")
+        return self.config_class(**{**self.variants[variant], **overrides})
+
+    def tiny_config(self, **overrides: Any) -> PreTrainedConfig:
+        """The < 1M-parameter config the tests build."""
+        return self.make_config("tiny", **overrides)
+
+
+_TRANSFO_XL = ArchSpec(
+    name="transfo_xl",
+    title="Transformer-XL (Dai et al. 2019)",
+    config_class=TffTransfoXLConfig,
+    model_classes=MappingProxyType(
+        {
+            "base": TffTransfoXLModel,
+            "causal_lm": TffTransfoXLLMHeadModel,
+            "sequence_classification": TffTransfoXLForSequenceClassification,
+        }
+    ),
+    variants=MappingProxyType(
+        {
+            "tiny": MappingProxyType(
+                {
+                    "vocab_size": 128,
+                    "cutoffs": [32, 64],
+                    "div_val": 2,
+                    "d_model": 32,
+                    "d_embed": 32,
+                    "n_head": 2,
+                    "d_head": 16,
+                    "d_inner": 64,
+                    "n_layer": 2,
+                    "mem_len": 8,
+                    "clamp_len": 16,
+                    "same_length": False,
+                    "dropout": 0.0,
+                }
+            ),
+            "small": MappingProxyType(
+                {
+                    "vocab_size": 8192,
+                    "cutoffs": [],
+                    "div_val": 1,
+                    "d_model": 256,
+                    "n_head": 4,
+                    "d_head": 64,
+                    "d_inner": 1024,
+                    "n_layer": 4,
+                    "mem_len": 128,
+                    "clamp_len": 512,
+                    "same_length": False,
+                    "dropout": 0.1,
+                }
+            ),
+            "base": MappingProxyType(
+                {
+                    "vocab_size": 32000,
+                    "cutoffs": [],
+                    "div_val": 1,
+                    "d_model": 512,
+                    "n_head": 8,
+                    "d_head": 64,
+                    "d_inner": 2048,
+                    "n_layer": 12,
+                    "mem_len": 256,
+                    "clamp_len": 1000,
+                    "same_length": False,
+                    "dropout": 0.1,
+                }
+            ),
+            # the shape of transfo-xl/transfo-xl-wt103 (the config defaults)
+            "wt103": MappingProxyType({}),
+        }
+    ),
+    lora_target_modules=("qkv", "out_proj"),
+    reference="transformers 4.35.2 TransfoXLLMHeadModel (committed fixtures)",
+    parity="logits within 1e-5 over 3 segments with memory (3 configs)",
+    card="transfo_xl.md",
+    memory_model=True,
+    paper="1901.02860",
+    legacy_model_types=("transfo-xl",),
+)
+
+ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType({spec.name: spec for spec in (_TRANSFO_XL,)})
+
+
+def list_architectures() -> list[str]:
+    """Names of every architecture in the zoo, in table order."""
+    return list(ARCHITECTURES)
+
+
+def get_arch(name: str) -> ArchSpec:
+    """The `ArchSpec` called ``name``, or a `ValueError` listing the valid names."""
+    try:
+        return ARCHITECTURES[name]
+    except KeyError:
+        raise ValueError(f"Unknown architecture {name!r}; choose one of {list_architectures()}.") from None
+
+
+def create_model(
+    name: str, task: str = "causal_lm", variant: str = "tiny", **config_overrides: Any
+) -> PreTrainedModel:
+    """Build a randomly initialised model: ``create_model("transfo_xl", "causal_lm", "small", mem_len=256)``."""
+    spec = get_arch(name)
+    if task not in spec.model_classes:
+        raise ValueError(f"{name} has no {task!r} model; its tasks are {list(spec.model_classes)}.")
+    return spec.model_classes[task](spec.make_config(variant, **config_overrides))
+
+
+__all__ = ["ARCHITECTURES", "ArchSpec", "Task", "create_model", "get_arch", "list_architectures"]
