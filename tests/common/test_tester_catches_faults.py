@@ -1,0 +1,76 @@
+"""The common tester must fail on models that break the contract; each broken model here has one planted fault."""
+
+import pytest
+import torch
+from torch import nn
+
+from tf_family import TffTransfoXLLMHeadModel
+from tf_family.registry import get_arch
+
+from . import tester
+
+
+class UnusedParameterLM(TffTransfoXLLMHeadModel):
+    """Has a parameter that never takes part in the forward pass, so it gets no gradient."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.orphan = nn.Linear(4, 4)
+        self.post_init()
+
+
+class GlobalRNGLM(TffTransfoXLLMHeadModel):
+    """Draws from the global RNG in forward (BigBird's and Reformer's old sin)."""
+
+    def forward(self, *args, **kwargs):
+        outputs = super().forward(*args, **kwargs)
+        if outputs.logits is not None:
+            outputs.logits = outputs.logits + 0.0 * torch.rand(())
+        return outputs
+
+
+class FutureLeakLM(TffTransfoXLLMHeadModel):
+    """Lets every position see the mean of all positions, the future included."""
+
+    def forward(self, *args, **kwargs):
+        outputs = super().forward(*args, **kwargs)
+        if outputs.logits is not None:
+            outputs.logits = outputs.logits + 1e-2 * outputs.logits.mean(dim=1, keepdim=True)
+        return outputs
+
+
+class ForgetfulLM(TffTransfoXLLMHeadModel):
+    """Drops the memory it is given."""
+
+    def forward(self, input_ids=None, mems=None, **kwargs):
+        return super().forward(input_ids, mems=None, **kwargs)
+
+
+class PaddingBlindLM(TffTransfoXLLMHeadModel):
+    """Ignores the attention mask."""
+
+    def forward(self, input_ids=None, mems=None, attention_mask=None, **kwargs):
+        return super().forward(input_ids, mems=mems, attention_mask=None, **kwargs)
+
+
+BROKEN = [
+    (UnusedParameterLM, tester.check_gradients, "without gradient"),
+    (GlobalRNGLM, tester.check_determinism_and_rng, "global RNG"),
+    (FutureLeakLM, tester.check_causality, "depend on tokens after"),
+    (ForgetfulLM, tester.check_memory_equivalence, ""),
+    (ForgetfulLM, tester.check_generation_cache, ""),
+    (PaddingBlindLM, tester.check_padding_equivalence, "padding"),
+    (UnusedParameterLM, tester.check_save_load, "Auto gave"),
+]
+
+
+@pytest.mark.parametrize(("model_class", "check", "message"), BROKEN, ids=lambda x: getattr(x, "__name__", ""))
+def test_tester_flags_broken_model(model_class, check, message):
+    broken = tester.with_model_class(get_arch("transfo_xl"), "causal_lm", model_class)
+    with pytest.raises(AssertionError, match=message):
+        check(broken)
+
+
+@pytest.mark.parametrize(("model_class", "check", "message"), BROKEN, ids=lambda x: getattr(x, "__name__", ""))
+def test_tester_passes_the_healthy_model_on_the_same_check(model_class, check, message):
+    check(tester.with_model_class(get_arch("transfo_xl"), "causal_lm", TffTransfoXLLMHeadModel))

@@ -1,0 +1,288 @@
+"""The common tester: checks every architecture of the registry must pass (DESIGN §6).
+
+Each ``check_*`` function takes an `ArchSpec` and raises `AssertionError` (via ``assert``/``torch.testing``) when
+the architecture breaks the contract. `tests/common/test_common.py` runs every check over every registry entry;
+`tests/common/test_tester_catches_faults.py` shows the checks flag deliberately broken models.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from tf_family.auto import AUTO_CLASS_BY_TASK
+from tf_family.registry import ArchSpec
+
+BATCH, LENGTH = 2, 12
+
+
+# ----------------------------------------------------------------------------------------------------------- helpers
+def build(spec: ArchSpec, task: str, seed: int = 0, **overrides):
+    """A tiny model whose weights are pushed away from the small init, so that every input matters visibly."""
+    torch.manual_seed(seed)
+    model = spec.model_classes[task](spec.tiny_config(**overrides)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+def make_inputs(spec: ArchSpec, config, task: str, batch: int = BATCH, length: int = LENGTH, seed: int = 0) -> dict:
+    """Deterministic inputs (and labels) for ``task``; token ids cover the whole vocabulary range."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
+    inputs = {"input_ids": input_ids}
+    if task == "causal_lm":
+        inputs["labels"] = input_ids.clone()
+    elif task == "sequence_classification":
+        inputs["labels"] = torch.randint(0, config.num_labels, (batch,), generator=generator)
+    return inputs
+
+
+def main_output(task: str, outputs) -> torch.Tensor:
+    return outputs.last_hidden_state if task == "base" else outputs.logits
+
+
+def scalar_loss(task: str, outputs) -> torch.Tensor:
+    if getattr(outputs, "loss", None) is not None:
+        return outputs.loss
+    return main_output(task, outputs).float().pow(2).mean()
+
+
+def without_labels(inputs: dict) -> dict:
+    return {k: v for k, v in inputs.items() if k != "labels"}
+
+
+# ------------------------------------------------------------------------------------------------------------ checks
+def check_config_round_trip(spec: ArchSpec) -> None:
+    config = spec.tiny_config()
+    rebuilt = spec.config_class.from_dict(config.to_dict())
+    assert rebuilt.to_dict() == config.to_dict(), "config.to_dict() -> from_dict() changed the config"
+    with tempfile.TemporaryDirectory() as folder:
+        config.save_pretrained(folder)
+        loaded = AutoConfig.from_pretrained(folder)
+    assert type(loaded) is spec.config_class, f"AutoConfig gave {type(loaded).__name__}"
+    loaded_dict, config_dict = loaded.to_dict(), config.to_dict()
+    loaded_dict.pop("_name_or_path"), config_dict.pop("_name_or_path")
+    assert loaded_dict == config_dict, "save_pretrained -> AutoConfig.from_pretrained changed the config"
+    with pytest.raises(ValueError, match="not_a_field"):
+        spec.tiny_config(not_a_field=1)
+
+
+def check_forward_shapes(spec: ArchSpec) -> None:
+    for task in spec.model_classes:
+        model = build(spec, task)
+        inputs = make_inputs(spec, model.config, task)
+        with torch.no_grad():
+            outputs = model(**inputs)
+        out = main_output(task, outputs)
+        if task == "base":
+            expected = (BATCH, LENGTH, model.config.hidden_size)
+        elif task == "causal_lm":
+            expected = (BATCH, LENGTH, model.config.vocab_size)
+            if out is None:  # heads that skip full logits when labels are given
+                out = main_output(task, model(**without_labels(inputs)))
+            assert outputs.loss is not None and torch.isfinite(outputs.loss), f"{task}: no finite loss"
+        elif task == "sequence_classification":
+            expected = (BATCH, model.config.num_labels)
+            assert outputs.loss is not None and torch.isfinite(outputs.loss), f"{task}: no finite loss"
+        else:
+            raise NotImplementedError(f"the common tester does not know task {task!r} yet")
+        assert tuple(out.shape) == expected, f"{task}: output shape {tuple(out.shape)}, expected {expected}"
+        assert torch.isfinite(out).all(), f"{task}: non-finite outputs"
+
+
+def check_save_load(spec: ArchSpec) -> None:
+    for task, model_class in spec.model_classes.items():
+        model = build(spec, task)
+        inputs = without_labels(make_inputs(spec, model.config, task))
+        with tempfile.TemporaryDirectory() as folder:
+            model.save_pretrained(folder)
+            import os
+
+            files = set(os.listdir(folder))
+            assert "model.safetensors" in files and not any(f.endswith(".bin") for f in files), files
+            loaded = model_class.from_pretrained(folder).eval()
+            auto_loaded = (
+                AUTO_CLASS_BY_TASK[task].from_pretrained(folder).eval() if task in AUTO_CLASS_BY_TASK else None
+            )
+        with torch.no_grad():
+            expected = main_output(task, model(**inputs))
+            torch.testing.assert_close(main_output(task, loaded(**inputs)), expected, rtol=0, atol=0)
+            if auto_loaded is not None:
+                assert type(auto_loaded) is model_class, f"Auto gave {type(auto_loaded).__name__} for {task}"
+                torch.testing.assert_close(main_output(task, auto_loaded(**inputs)), expected, rtol=0, atol=0)
+
+
+def check_auto_from_config(spec: ArchSpec) -> None:
+    config = spec.tiny_config()
+    for task, model_class in spec.model_classes.items():
+        if task in AUTO_CLASS_BY_TASK:
+            model = AUTO_CLASS_BY_TASK[task].from_config(config)
+            assert type(model) is model_class, f"{task}: from_config gave {type(model).__name__}"
+
+
+def check_determinism_and_rng(spec: ArchSpec) -> None:
+    for task in spec.model_classes:
+        model = build(spec, task)
+        inputs = without_labels(make_inputs(spec, model.config, task))
+        state = torch.random.get_rng_state()
+        with torch.no_grad():
+            first = main_output(task, model(**inputs))
+            second = main_output(task, model(**inputs))
+        assert torch.equal(torch.random.get_rng_state(), state), f"{task}: forward changed the global RNG state"
+        assert torch.equal(first, second), f"{task}: two eval forwards differ"
+
+
+def check_gradients(spec: ArchSpec) -> None:
+    for task in spec.model_classes:
+        model = build(spec, task).train()
+        inputs = make_inputs(spec, model.config, task, length=24)
+        scalar_loss(task, model(**inputs)).backward()
+        missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        assert not missing, f"{task}: parameters without gradient: {missing}"
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, f"{task}: non-finite gradients: {bad}"
+
+
+def check_overfit(spec: ArchSpec, steps: int = 60) -> None:
+    for task in spec.model_classes:
+        if task == "base":
+            continue
+        model = build(spec, task).train()
+        inputs = make_inputs(spec, model.config, task, length=10)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        first = None
+        for _ in range(steps):
+            loss = model(**inputs).loss
+            first = loss.item() if first is None else first
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        assert loss.item() < 0.25 * first, f"{task}: loss {first:.3f} -> {loss.item():.3f} after {steps} steps"
+
+
+def check_padding_equivalence(spec: ArchSpec) -> None:
+    """A row alone equals the same row padded (left and right) inside a batch, on its real positions."""
+    for task in spec.model_classes:
+        model = build(spec, task)
+        full = make_inputs(spec, model.config, task, batch=2, length=LENGTH)["input_ids"]
+        short = 7
+        with torch.no_grad():
+            alone = main_output(task, model(input_ids=full[1:, :short]))
+            for side in ("right", "left"):
+                ids = full.clone()
+                mask = torch.ones_like(ids)
+                if side == "right":
+                    ids[1, short:] = 0
+                    mask[1, short:] = 0
+                    real = slice(0, short)
+                else:
+                    ids[1] = torch.cat([torch.zeros(LENGTH - short, dtype=ids.dtype), full[1, :short]])
+                    mask[1, : LENGTH - short] = 0
+                    real = slice(LENGTH - short, LENGTH)
+                if task == "sequence_classification" and side == "left":
+                    continue  # classifiers pool the last real token of right-padded rows
+                batched = main_output(task, model(input_ids=ids, attention_mask=mask))
+                got = batched[1] if task == "sequence_classification" else batched[1, real]
+                torch.testing.assert_close(got, alone[0], rtol=1e-4, atol=1e-5, msg=f"{task}, {side} padding")
+
+
+def check_causality(spec: ArchSpec) -> None:
+    if "causal_lm" not in spec.model_classes:
+        return
+    model = build(spec, "causal_lm")
+    ids = make_inputs(spec, model.config, "causal_lm")["input_ids"]
+    cut = 5
+    changed = ids.clone()
+    changed[:, cut:] = (changed[:, cut:] + 1) % model.config.vocab_size
+    with torch.no_grad():
+        a = model(input_ids=ids).logits[:, :cut]
+        b = model(input_ids=changed).logits[:, :cut]
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg="outputs before t depend on tokens after t")
+
+
+def check_memory_equivalence(spec: ArchSpec) -> None:
+    """Memory models: two segments with carried memory equal one forward over both (memory covers segment 1)."""
+    if not spec.memory_model:
+        return
+    model = build(spec, "causal_lm")
+    ids = make_inputs(spec, model.config, "causal_lm", length=2 * 6)["input_ids"]
+    if model.config.mem_len < 6:
+        raise AssertionError("tiny config of a memory model needs mem_len >= 6 for this check")
+    with torch.no_grad():
+        whole = model(input_ids=ids).logits
+        first = model(input_ids=ids[:, :6])
+        second = model(input_ids=ids[:, 6:], mems=first.mems)
+    torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), whole, rtol=1e-4, atol=1e-5)
+
+
+def check_generation_cache(spec: ArchSpec) -> None:
+    """Incremental decoding (state carried) equals recomputing the full prefix at every step."""
+    if "causal_lm" not in spec.model_classes:
+        return
+    model = build(spec, "causal_lm")
+    # prompt + new tokens stay within the tiny configs' memory / context (8 positions)
+    prompt = make_inputs(spec, model.config, "causal_lm", batch=2, length=4)["input_ids"]
+    kwargs = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        cached = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=True, **kwargs)
+        full = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, full.sequences), "cached and uncached greedy generation differ"
+    for a, b in zip(cached.scores, full.scores, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def check_gradient_checkpointing(spec: ArchSpec) -> None:
+    if not spec.model_classes["base"].supports_gradient_checkpointing:
+        return
+    task = "causal_lm" if "causal_lm" in spec.model_classes else "base"
+    grads = []
+    for checkpointing in (False, True):
+        model = build(spec, task).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        inputs = make_inputs(spec, model.config, task)
+        scalar_loss(task, model(**inputs)).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def check_bf16_autocast(spec: ArchSpec) -> None:
+    for task in spec.model_classes:
+        model = build(spec, task).train()
+        inputs = make_inputs(spec, model.config, task)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = scalar_loss(task, model(**inputs))
+        loss.backward()
+        assert torch.isfinite(loss), f"{task}: non-finite loss under bf16 autocast"
+
+
+ALL_CHECKS = [
+    check_config_round_trip,
+    check_forward_shapes,
+    check_save_load,
+    check_auto_from_config,
+    check_determinism_and_rng,
+    check_gradients,
+    check_overfit,
+    check_padding_equivalence,
+    check_causality,
+    check_memory_equivalence,
+    check_generation_cache,
+    check_gradient_checkpointing,
+    check_bf16_autocast,
+]
+
+
+def with_model_class(spec: ArchSpec, task: str, model_class: type) -> ArchSpec:
+    """A copy of ``spec`` whose ``task`` model is replaced (used to feed the tester broken models)."""
+    broken = copy.copy(spec)
+    object.__setattr__(broken, "model_classes", {task: model_class})
+    return broken
