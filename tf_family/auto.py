@@ -40,10 +40,19 @@ AUTO_CLASS_BY_TASK = {
 def _legacy_class(tff_class: type) -> type:
     """A subclass whose `config_class` is the 4.x config, so the Auto classes route ``transfo-xl`` folders to it;
     its `from_pretrained` returns the plain tf_family model (see `load_legacy_checkpoint`)."""
+
+    def _from_config(cls, config, **kwargs):
+        return tff_class._from_config(config.to_tff_config(), **kwargs)
+
     return type(
         tff_class.__name__.replace("TffTransfoXL", "TffTransfoXLLegacy"),
         (tff_class,),
-        {"config_class": TffTransfoXLLegacyConfig, "_tff_class": tff_class, "__module__": __name__},
+        {
+            "config_class": TffTransfoXLLegacyConfig,
+            "_tff_class": tff_class,
+            "_from_config": classmethod(_from_config),
+            "__module__": __name__,
+        },
     )
 
 

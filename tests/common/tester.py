@@ -8,6 +8,7 @@ the architecture breaks the contract. `tests/common/test_common.py` runs every c
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 
 import pytest
@@ -102,8 +103,6 @@ def check_save_load(spec: ArchSpec) -> None:
         inputs = without_labels(make_inputs(spec, model.config, task))
         with tempfile.TemporaryDirectory() as folder:
             model.save_pretrained(folder)
-            import os
-
             files = set(os.listdir(folder))
             assert "model.safetensors" in files and not any(f.endswith(".bin") for f in files), files
             loaded = model_class.from_pretrained(folder).eval()

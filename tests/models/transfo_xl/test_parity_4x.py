@@ -85,6 +85,8 @@ def test_direct_class_loading_and_other_heads():
         torch.testing.assert_close(base(ids).last_hidden_state, lm.transformer(ids).last_hidden_state)
     classifier = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=3)
     assert type(classifier) is TffTransfoXLForSequenceClassification and classifier.score.out_features == 3
+    from_config = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    assert type(from_config) is TffTransfoXLLMHeadModel and from_config.config.div_val == 2
     override = TffTransfoXLLMHeadModel.from_pretrained(folder, mem_len=20, same_length=False)
     assert override.config.mem_len == 20 and not override.config.same_length
 

@@ -269,7 +269,6 @@ class TffTransfoXLPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffTransfoXLLayer"]
     _supports_sdpa = True
-    _keys_to_ignore_on_load_unexpected = []
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
