@@ -244,7 +244,7 @@ def check_gradient_checkpointing(spec: ArchSpec) -> None:
     for checkpointing in (False, True):
         model = build(spec, task).train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
         inputs = make_inputs(spec, model.config, task)
         scalar_loss(task, model(**inputs)).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
