@@ -592,7 +592,7 @@ class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
         Args:
             labels: ``(B,)`` class ids (or floats for regression, ``(B, num_labels)`` for multi-label).
             Other arguments: see `TffTransfoXLModel.forward`. The representation of a row is the hidden state of
-            its last real token (from `attention_mask`; right padding assumed).
+            its last real token (from `attention_mask`; left or right padding).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(
