@@ -269,6 +269,8 @@ class TffTransfoXLPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffTransfoXLLayer"]
     _supports_sdpa = True
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
