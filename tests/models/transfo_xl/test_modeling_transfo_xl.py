@@ -218,3 +218,11 @@ def test_memory_object_round_trip_through_plain_tensors():
         from_tensors = model(ids[:, 5:], mems=list(first.mems.states)).logits
     assert isinstance(first.mems, SegmentMemory)
     torch.testing.assert_close(from_object, from_tensors)
+
+
+def test_beam_search_reorders_the_memory():
+    model = make_model(mem_len=32)
+    prompt = tokens(2, 5)
+    cached = model.generate(prompt, max_new_tokens=6, num_beams=3, do_sample=False, use_cache=True)
+    full = model.generate(prompt, max_new_tokens=6, num_beams=3, do_sample=False, use_cache=False)
+    assert torch.equal(cached, full)
