@@ -15,6 +15,7 @@ from .relative import (
     rel_shift,
     rel_shift_reference,
     relative_attention_scores,
+    relative_position_scores,
     relative_position_sequence,
     sinusoid_position_embedding,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "rel_shift",
     "rel_shift_reference",
     "relative_attention_scores",
+    "relative_position_scores",
     "relative_position_sequence",
     "sinusoid_position_embedding",
 ]

@@ -68,6 +68,23 @@ def rel_shift_reference(position_scores: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def relative_position_scores(
+    query: torch.Tensor, position_keys: torch.Tensor, position_bias: torch.Tensor
+) -> torch.Tensor:
+    """The position term ``rel_shift((q + v) . r)`` of Transformer-XL attention, unscaled and unmasked.
+
+    Args:
+        query: ``(B, H, T, Dh)``.
+        position_keys: ``(H, S, Dh)`` projected embeddings of the relative distances ``S-1 .. 0``.
+        position_bias: ``(H, Dh)``, the paper's ``v``.
+
+    Returns:
+        ``(B, H, T, S)`` scores against key positions.
+    """
+    position = torch.einsum("bhtd,hsd->bhts", query + position_bias[:, None, :], position_keys)  # (B, H, T, S)
+    return rel_shift(position)
+
+
 def relative_attention_scores(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -88,5 +105,4 @@ def relative_attention_scores(
         ``(B, H, T, S)`` scores.
     """
     content = torch.einsum("bhtd,bhsd->bhts", query + content_bias[:, None, :], key)  # (B, H, T, S)
-    position = torch.einsum("bhtd,hsd->bhts", query + position_bias[:, None, :], position_keys)  # (B, H, T, S)
-    return content + rel_shift(position)
+    return content + relative_position_scores(query, position_keys, position_bias)

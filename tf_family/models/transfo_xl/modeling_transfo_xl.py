@@ -31,8 +31,8 @@ from transformers.utils import logging
 from ...attention import (
     build_causal_memory_mask,
     build_key_padding_mask,
-    rel_shift,
     relative_attention_scores,
+    relative_position_scores,
     relative_position_sequence,
     sinusoid_position_embedding,
 )
@@ -225,8 +225,8 @@ class TffTransfoXLAttention(nn.Module):
         else:
             # The position term enters scaled dot-product attention as an additive bias; the content term is the
             # ordinary q.k product with u folded into the query.
-            position = torch.einsum("bhtd,hsd->bhts", query + position_bias[:, None, :], position_keys)
-            bias = (rel_shift(position) * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
+            position = relative_position_scores(query, position_keys, position_bias)  # (B, H, T, S)
+            bias = (position * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
             attended = F.scaled_dot_product_attention(
                 query + content_bias[:, None, :].to(query.dtype),
                 key,
