@@ -186,16 +186,14 @@ def load_converted_state_dict(model: torch.nn.Module, state_dict: dict[str, torc
     """
     state_dict = _align_prefix(state_dict, model)
     expected = model.state_dict()
-    tied_targets = (
-        set(model.get_expanded_tied_weights_keys(all_submodels=True)) if hasattr(model, "lm_head") else set()
-    )
     has_lm_head = hasattr(model, "lm_head")
-    foreign_head = {k for k in state_dict if k.startswith("lm_head.")} if not has_lm_head else set()
-    new_head = (
-        {k for k in expected if not k.startswith("transformer.")}
-        if not has_lm_head and any(k.startswith("transformer.") for k in expected)
-        else set()
-    )
+    tied_targets, foreign_head, new_head = set(), set(), set()
+    if has_lm_head:
+        tied_targets = set(model.get_expanded_tied_weights_keys(all_submodels=True))
+    else:  # another task's head: skip the checkpoint's LM head, keep the fresh one
+        foreign_head = {key for key in state_dict if key.startswith("lm_head.")}
+        if any(key.startswith("transformer.") for key in expected):
+            new_head = {key for key in expected if not key.startswith("transformer.")}
     missing = sorted(set(expected) - set(state_dict) - tied_targets - new_head)
     unexpected = sorted(set(state_dict) - set(expected) - foreign_head)
     mis_shaped = sorted(
