@@ -113,6 +113,18 @@ class SegmentMemory:
         index = index.to(self.mask.device)
         return SegmentMemory(tuple(state.index_select(0, index) for state in self.states), self.mask[index])
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat tensors for saving (e.g. with safetensors in a training checkpoint): ``mask`` and ``states.<layer>``."""
+        return {"mask": self.mask, **{f"states.{i}": state for i, state in enumerate(self.states)}}
+
+    @classmethod
+    def from_state_dict(cls, tensors: dict[str, torch.Tensor]) -> SegmentMemory:
+        """Rebuild a memory saved with `state_dict`."""
+        if "mask" not in tensors or "states.0" not in tensors:
+            raise ValueError(f"not a SegmentMemory state dict: keys {sorted(tensors)}.")
+        layers = sum(1 for key in tensors if key.startswith("states."))
+        return cls(tuple(tensors[f"states.{i}"] for i in range(layers)), tensors["mask"])
+
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> SegmentMemory:
         """Move the states (and mask) to ``device`` and cast the states to ``dtype``."""
         states = tuple(state.to(device=device, dtype=dtype) for state in self.states)

@@ -1,0 +1,1 @@
+"""Model card templates, one per architecture (installed as ``tf_family.model_cards``)."""

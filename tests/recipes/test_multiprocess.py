@@ -1,0 +1,44 @@
+"""The recipe unchanged on two CPU processes (gloo), the way the README says to launch it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from .conftest import TINY_TXL, data_args
+
+pytestmark = [pytest.mark.recipe, pytest.mark.slow]
+
+
+def test_two_processes_train_the_same_weights(tmp_path, corpus):
+    # `accelerate launch --cpu --num_processes 2` silently starts one process (accelerate 1.15); --multi_gpu with
+    # the recipe's --cpu starts two gloo processes
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+        "-m", "tf_family.recipes.causal_lm", "--cpu", *TINY_TXL, *data_args(corpus),
+        "--max_train_steps", "3", "--per_device_train_batch_size", "2", "--checkpointing_steps", "3",
+        "--logging_steps", "1", "--output_dir", str(tmp_path),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    run = json.loads((tmp_path / "training_run.json").read_text())
+    assert run["world_size"] == 2 and run["hyperparameters"]["world_size"] == 2
+    # the learning-rate schedule runs in optimizer steps, however many processes step it (cosine over 3 steps)
+    learning_rates = [record["learning_rate"] for record in run["train_history"]]
+    assert learning_rates == pytest.approx([5e-4 * 0.75, 5e-4 * 0.25, 0.0], abs=1e-12)
+    first, second = run["rank_weight_sha256"]
+    assert first == second  # both ranks ended with identical weights
+    # each rank kept (and checkpointed) the memory of its own streams
+    assert {p.name for p in (tmp_path / "checkpoints" / "step_3").glob("memory_rank*")} == {
+        "memory_rank0.safetensors",
+        "memory_rank1.safetensors",
+    }
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.arange(1, 9)[None]).logits).all()

@@ -1,0 +1,153 @@
+"""Model cards for trained folders: the architecture's template plus the run's data, hyperparameters and results.
+
+Recipes write ``training_run.json`` next to the weights; `write_model_card` turns it into ``README.md`` with the
+evaluation results in the YAML front matter (``model-index``, through `huggingface_hub.ModelCardData` /
+`EvalResult`) so the Hub shows them. ``tf-family card DIR`` calls the same function.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+RUN_INFO_FILE = "training_run.json"
+DEFAULT_TEMPLATE = "default.md"
+
+# metric key in training_run.json -> (metric type, display name) in the model-index
+_METRICS = {
+    "perplexity": ("perplexity", "Perplexity"),
+    "eval_loss": ("loss", "Cross-entropy (nats per token)"),
+    "bits_per_token": ("bits_per_token", "Bits per token"),
+    "bits_per_character": ("bpc", "Bits per character"),
+}
+
+
+def template_text(name: str) -> str:
+    """A card template shipped in ``model_cards/`` (installed as ``tf_family.model_cards``)."""
+    path = resources.files("tf_family.model_cards").joinpath(name)
+    if not path.is_file():
+        raise ValueError(f"no model card template {name!r} in tf_family's model_cards/.")
+    return path.read_text(encoding="utf-8")
+
+
+def template_for(model_type: str | None) -> str:
+    """The template file name for ``model_type``: the registry's card, or the generic one."""
+    from .registry import ARCHITECTURES
+
+    for spec in ARCHITECTURES.values():
+        if model_type in (spec.model_type, *spec.legacy_model_types):
+            return spec.card
+    return DEFAULT_TEMPLATE
+
+
+def _split_front_matter(text: str) -> tuple[dict[str, Any], str]:
+    if not text.startswith("---\n"):
+        return {}, text
+    end = text.index("\n---\n", 4)
+    return yaml.safe_load(text[4:end]) or {}, text[end + 5 :]
+
+
+def read_run_info(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / RUN_INFO_FILE
+    if not path.is_file():
+        raise ValueError(
+            f"{folder} has no {RUN_INFO_FILE}; it is written by the tf_family recipes. Train with a recipe, or write "
+            "the card by hand."
+        )
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _markdown_table(rows: dict[str, Any], header: tuple[str, str]) -> str:
+    lines = [f"| {header[0]} | {header[1]} |", "| --- | --- |"]
+    lines += [f"| {key} | {value} |" for key, value in rows.items()]
+    return "\n".join(lines)
+
+
+def _format(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCard:
+    """The card of a folder trained by a recipe (reads ``config.json`` and ``training_run.json``)."""
+    folder = Path(folder)
+    run = read_run_info(folder)
+    config_path = folder / "config.json"
+    model_type = json.loads(config_path.read_text())["model_type"] if config_path.is_file() else run.get("model_type")
+    template_front, body = _split_front_matter(template_text(template_for(model_type)))
+
+    data = run.get("dataset", {})
+    dataset_id = data.get("name") or "local files"
+    eval_split = data.get("eval_split", "validation")
+    eval_results = [
+        EvalResult(
+            task_type="text-generation",
+            task_name="Causal language modeling",
+            dataset_type=dataset_id,
+            dataset_name=data.get("title", dataset_id),
+            dataset_split=eval_split,
+            metric_type=metric_type,
+            metric_name=metric_name,
+            metric_value=round(float(run["metrics"][key]), 6),
+        )
+        for key, (metric_type, metric_name) in _METRICS.items()
+        if key in run.get("metrics", {})
+    ]
+    name = repo_id.split("/")[-1] if repo_id else folder.resolve().name
+    tags = list(dict.fromkeys([*template_front.get("tags", []), "tf_family", *([model_type] if model_type else [])]))
+    card_data = ModelCardData(
+        model_name=name,
+        library_name=template_front.get("library_name", "transformers"),
+        pipeline_tag=template_front.get("pipeline_tag", "text-generation"),
+        tags=tags,
+        license=template_front.get("license", "apache-2.0"),
+        base_model=run.get("base_model") or None,
+        datasets=[dataset_id] if data.get("on_hub") else None,
+        eval_results=eval_results or None,
+        hyperparameters=run.get("hyperparameters"),
+        training_data={key: data[key] for key in sorted(data) if key not in ("title",)} or None,
+    )
+
+    training_data = data.get("description") or f"`{dataset_id}`"
+    counts = {
+        key: data[key] for key in ("train_documents", "train_tokens", "eval_documents", "eval_tokens") if key in data
+    }
+    if counts:
+        training_data += "\n\n" + _markdown_table({k: _format(v) for k, v in counts.items()}, ("split", "size"))
+    procedure = f"Trained with `{run.get('recipe', 'a tf_family recipe')}`"
+    if run.get("world_size", 1) > 1:
+        procedure += f" on {run['world_size']} processes"
+    procedure += ".\n\n" + _markdown_table(
+        {k: f"`{_format(v)}`" for k, v in (run.get("hyperparameters") or {}).items()}, ("hyperparameter", "value")
+    )
+    metrics = run.get("metrics", {})
+    evaluation = (
+        f"On the {eval_split} split:\n\n"
+        + _markdown_table({k: _format(v) for k, v in metrics.items()}, ("metric", "value"))
+        if metrics
+        else "No evaluation was run."
+    )
+    rendered = jinja2.Template(body, undefined=jinja2.StrictUndefined).render(
+        model_name=name,
+        repo_id=repo_id or str(folder),
+        training_data=training_data,
+        training_procedure=procedure,
+        evaluation=evaluation,
+    )
+    return ModelCard(f"---\n{card_data.to_yaml()}\n---\n{rendered}")
+
+
+def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
+    """Render the card of ``folder`` and write it to ``folder/README.md``."""
+    card = render_model_card(folder, repo_id)
+    path = Path(folder) / "README.md"
+    card.save(path)
+    return path
+
+
+__all__ = ["RUN_INFO_FILE", "read_run_info", "render_model_card", "template_for", "write_model_card"]
