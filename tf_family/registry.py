@@ -232,9 +232,7 @@ _COMPRESSIVE = ArchSpec(
     paper="1911.05507",
 )
 
-ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
-    {spec.name: spec for spec in (_TRANSFO_XL, _COMPRESSIVE)}
-)
+ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType({spec.name: spec for spec in (_TRANSFO_XL, _COMPRESSIVE)})
 
 
 def list_architectures() -> list[str]:

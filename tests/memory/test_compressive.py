@@ -134,5 +134,9 @@ def test_compressive_memory_object():
     assert empty.compressed.length == 0
     with pytest.raises(ValueError, match="must match"):
         CompressiveMemory(memory.memory, SegmentMemory.from_states([torch.randn(2, 1, 2)] * 2))
+    with pytest.raises(ValueError, match=r"usage must hold one \(3, 4, 2\) tensor per layer"):
+        CompressiveMemory(memory.memory, memory.compressed, (torch.zeros(3, 4, 2),))
+    with_usage = CompressiveMemory(memory.memory, memory.compressed, [torch.rand(3, 4, 2)] * 2)
+    assert torch.equal(with_usage.index_select(torch.tensor([2])).usage[0][0], with_usage.usage[0][2])
     with pytest.raises(TypeError, match="SegmentMemory objects"):
         CompressiveMemory(memory.memory, None)

@@ -121,10 +121,14 @@ class CompressiveMemory:
     Attributes:
         memory: the per-layer memory of recent hidden states, ``(B, M, D)`` per layer.
         compressed: the per-layer compressed memory, ``(B, C, D)`` per layer (``C`` may be 0).
+        usage: only for "most-used" compression: per layer ``(B, M, 2)`` float, for every memory slot the summed
+            attention probability it has received so far (mean over heads) and the number of queries that could
+            attend to it; their ratio is the slot's average usage. ``None`` otherwise.
     """
 
     memory: SegmentMemory
     compressed: SegmentMemory
+    usage: tuple[torch.Tensor, ...] | None = None
 
     def __post_init__(self):
         if not isinstance(self.memory, SegmentMemory) or not isinstance(self.compressed, SegmentMemory):
@@ -134,6 +138,11 @@ class CompressiveMemory:
                 f"CompressiveMemory: memory ({len(self.memory)} layers, batch {self.memory.batch_size}) and "
                 f"compressed memory ({len(self.compressed)} layers, batch {self.compressed.batch_size}) must match."
             )
+        if self.usage is not None:
+            self.usage = tuple(self.usage)
+            expected = (self.memory.batch_size, self.memory.length, 2)
+            if len(self.usage) != len(self.memory) or any(tuple(u.shape) != expected for u in self.usage):
+                raise ValueError(f"CompressiveMemory.usage must hold one {expected} tensor per layer.")
 
     @classmethod
     def from_states(
@@ -154,14 +163,17 @@ class CompressiveMemory:
 
     def reset(self, rows: torch.Tensor) -> CompressiveMemory:
         """Forget both memories of the batch rows where ``rows`` (``(B,)`` bool) is True (a document starts)."""
-        return CompressiveMemory(self.memory.reset(rows), self.compressed.reset(rows))
+        return CompressiveMemory(self.memory.reset(rows), self.compressed.reset(rows), self.usage)
 
     def index_select(self, index: torch.Tensor) -> CompressiveMemory:
         """Reorder or repeat batch rows (beam search, expanding a prompt to several samples)."""
-        return CompressiveMemory(self.memory.index_select(index), self.compressed.index_select(index))
+        usage = None if self.usage is None else tuple(u.index_select(0, index.to(u.device)) for u in self.usage)
+        return CompressiveMemory(self.memory.index_select(index), self.compressed.index_select(index), usage)
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> CompressiveMemory:
-        return CompressiveMemory(self.memory.to(device, dtype), self.compressed.to(device, dtype))
+        """Move everything to ``device`` and cast the states to ``dtype`` (usage statistics stay float32)."""
+        usage = None if self.usage is None else tuple(u.to(device) for u in self.usage)
+        return CompressiveMemory(self.memory.to(device, dtype), self.compressed.to(device, dtype), usage)
 
 
 CompressFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

@@ -261,16 +261,29 @@ def test_every_compression_function_trains_and_fills_the_memory(compression):
     assert bool(grads) == (compression in ("conv", "dilated_conv"))
 
 
-def test_most_used_keeps_the_states_that_received_most_attention():
+def test_most_used_keeps_the_states_with_the_highest_average_usage_over_their_stay():
+    """Segment 1 (4 tokens) fills the memory; segment 2 pushes those 4 states out. Each one's usage is the attention
+    it received from both segments' queries (mean over heads) divided by the number of queries that could see it:
+    4 - j in segment 1 (causal), 4 in segment 2. The two with the highest usage are kept, in order."""
     model = make_model(mem_len=4, cmem_len=4, compression="most_used", compression_rate=2)
-    ids = tokens(1, 8)
+    ids = tokens(2, 8)
     with torch.no_grad():
-        out = model(ids, output_attentions=True, output_hidden_states=True)
+        first = model(ids[:, :4], output_attentions=True, output_hidden_states=True)
+        second = model(ids[:, 4:], mems=first.mems, output_attentions=True)
+    assert first.mems.compressed.length == 0 and second.mems.compressed.length == 2
+    assert second.mems.usage[0].shape == (2, 4, 2)
     for layer in range(2):
-        probs = out.attentions[layer][0].mean(0)  # (T, S)
-        usage = probs.sum(0) / torch.ones(8, 8).tril().sum(0)  # mean over the queries that see each key
-        kept = usage[:4].topk(2).indices.sort().values  # the 4 evicted states, keep 2
-        torch.testing.assert_close(out.mems.compressed.states[layer][0], out.hidden_states[layer][0, kept])
+        received = first.attentions[layer].mean(1).sum(1) + second.attentions[layer].mean(1).sum(1)[:, :4]
+        usage = received / torch.tensor([4.0 + 4, 3 + 4, 2 + 4, 1 + 4])  # (B, 4)
+        for row in range(2):
+            kept = usage[row].topk(2).indices.sort().values
+            expected = first.hidden_states[layer][row, kept]
+            torch.testing.assert_close(second.mems.compressed.states[layer][row], expected)
+        # the statistics of the states still in the memory: segment 2's attention over its own keys
+        torch.testing.assert_close(second.mems.usage[layer][..., 0], second.attentions[layer].mean(1).sum(1)[:, 4:])
+        assert second.mems.usage[layer][..., 1].tolist() == [[4.0, 3.0, 2.0, 1.0]] * 2
+    beams = second.mems.index_select(torch.tensor([1, 1, 0]))
+    assert torch.equal(beams.usage[1][0], second.mems.usage[1][1]) and beams.usage[1].shape[0] == 3
 
 
 # ---------------------------------------------------------------------------------------------------- generation

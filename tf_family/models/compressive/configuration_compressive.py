@@ -39,8 +39,8 @@ class TffCompressiveConfig(PreTrainedConfig):
         compression_rate (`int`, defaults to 3): states per compressed slot (``c``).
         compression (`str`, defaults to `"conv"`): the compression function ``f_c``: `"max_pool"`, `"mean_pool"`,
             `"conv"` (1D convolution, kernel = stride = c), `"dilated_conv"` (kernel-2 convolutions with dilations
-            1, 2, 4, ... covering each group of c) or `"most_used"` (keep the states that received the most
-            attention in the segment in which they leave the memory).
+            1, 2, 4, ... covering each group of c) or `"most_used"` (keep the states with the highest average
+            attention received while in the memory).
         attention_reconstruction_loss_weight (`float`, defaults to 1.0): weight of the attention-reconstruction loss
             ``L^attn`` in `loss`. It trains only the compression network (everything else is detached).
         autoencoding_loss_weight (`float`, defaults to 0.0): weight of the auto-encoding loss ``L^ae`` (a learned

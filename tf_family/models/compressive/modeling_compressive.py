@@ -19,9 +19,9 @@ Choices where the paper is silent (documented, tested):
 - states leave the memory in whole groups of ``c`` (the memory holds up to ``n_m + c - 1`` states between
   segments), so compression groups align with the start of the stream;
 - masked (reset or padded) states never enter a compressed slot; a slot is real when any source is real;
-- "most-used" ranks states by the mean attention (over heads and the queries allowed to see them) they received in
-  the segment during which they leave the memory (so with it the layers compute attention probabilities, i.e. the
-  eager path, whenever the memories are updated);
+- "most-used" ranks states by their average usage: the attention (mean over heads) they received over their whole
+  stay in the memory divided by the number of queries that could attend to them; the statistics travel in
+  `CompressiveMemory.usage`, and the layers compute attention probabilities (the eager path) to gather them;
 - "dilated convolution" is a stack of kernel-2 convolutions with dilations 1, 2, 4, ... inside each group of ``c``;
 - the auxiliary losses are mean squared errors, summed over layers; the auto-encoding decoder is a transposed
   convolution with kernel = stride = ``c``;
@@ -466,7 +466,7 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
             reset_mems: ``(B,)`` bool; rows where it is True forget both memories (a new document starts).
             use_cache: update and return the memories (defaults to ``config.use_cache``).
             output_compression_loss: compute the auxiliary losses when states are compressed (defaults to
-                ``self.training``).
+                ``self.training``). They exist only where the memories are updated (``use_cache``).
         """
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
@@ -530,10 +530,14 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
                 hidden, layer_memory, position_embedding, allowed, shared_biases, output_attentions or need_usage
             )
             if need_usage:
-                # mean attention over heads and over the queries allowed to see each key of [memory, segment]
+                # per key of [memory, segment]: attention received (mean over heads, summed over queries) and the
+                # number of queries allowed to see it, added to what the memory slots had gathered before
                 received = probs.detach().float().mean(1)[..., compressed_length:].sum(1)  # (B, M + T)
-                seen_by = allowed[:, 0, :, compressed_length:].sum(1).clamp(min=1)  # (B or 1, M + T)
-                usages.append(received / seen_by)
+                seen_by = allowed[:, 0, :, compressed_length:].sum(1).float().expand(batch, -1)  # (B, M + T)
+                usage = torch.stack([received, seen_by], dim=-1)  # (B, M + T, 2)
+                if memory is not None and memory.usage is not None:
+                    usage = usage + F.pad(memory.usage[index], (0, 0, 0, query_length))
+                usages.append(usage)
             if output_attentions:
                 all_attentions += (probs,)
         hidden = self.dropout(hidden)
@@ -544,7 +548,10 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         if use_cache and config.mem_len > 0:
 
             def compress(layer: int, states: torch.Tensor, mask: torch.Tensor):
-                usage = usages[layer][:, : states.shape[1]] if need_usage else None
+                usage = None
+                if need_usage:  # the evicted states are the oldest of [memory, segment]; rank by average usage
+                    received, seen_by = usages[layer][:, : states.shape[1]].unbind(-1)
+                    usage = received / seen_by.clamp(min=1)
                 return self.compression[layer](states, mask, usage)
 
             with torch.set_grad_enabled(torch.is_grad_enabled() and compute_losses):
@@ -552,6 +559,9 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
                     memory, layer_inputs, segment_mask, (config.mem_len, config.cmem_len, config.compression_rate),
                     compress,
                 )  # fmt: skip
+            if need_usage:  # the kept slots carry their usage statistics to the next segment
+                kept_usage = tuple(usage[:, evicted_mask.shape[1] :] for usage in usages)
+                new_memory = CompressiveMemory(new_memory.memory, new_memory.compressed, kept_usage)
             if compute_losses and config.cmem_len > 0:
                 if compressed:
                     reconstruction, autoencoding = self._auxiliary_losses(
