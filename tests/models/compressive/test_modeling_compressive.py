@@ -290,16 +290,22 @@ def test_most_used_keeps_the_states_with_the_highest_average_usage_over_their_st
 def test_cached_generation_equals_feeding_tokens_one_by_one_with_both_memories():
     model = make_model(mem_len=4, cmem_len=4)
     prompt = tokens(2, 6)
-    generated = model.generate(prompt, max_new_tokens=10, do_sample=False, output_scores=True,
-                               return_dict_in_generate=True)  # fmt: skip
+    mask = torch.ones_like(prompt)
+    mask[1, :3] = 0  # left padding: the padded states must stay invisible after compression too
+    generated = model.generate(
+        prompt, attention_mask=mask, max_new_tokens=10, do_sample=False, output_scores=True,
+        return_dict_in_generate=True, pad_token_id=0,
+    )  # fmt: skip
     with torch.no_grad():
-        out = model(prompt)
+        out = model(prompt, attention_mask=mask)
+        assert out.mems.compressed.mask.tolist() == [[True], [False]]  # positions 0, 1: padding in row 1
         sequence, scores = prompt, []
         for _ in range(10):
             scores.append(out.logits[:, -1])
             next_token = out.logits[:, -1].argmax(-1, keepdim=True)
             sequence = torch.cat([sequence, next_token], dim=1)
-            out = model(next_token, mems=out.mems)
+            mask = torch.cat([mask, torch.ones_like(next_token)], dim=1)
+            out = model(next_token, mems=out.mems, attention_mask=mask)
     assert out.mems.compressed.length == 4  # the compressed memory filled and rolled over while decoding
     assert torch.equal(generated.sequences, sequence)
     for a, b in zip(generated.scores, scores, strict=True):
