@@ -178,10 +178,13 @@ def test_reset_mems_forgets_both_memories_in_one_row():
     assert not reset.mems.compressed.mask[1].any() and reset.mems.compressed.mask[0].all()
 
 
-def test_eager_and_sdpa_agree_with_both_memories_and_padding():
+@pytest.mark.parametrize("compression", ["conv", "most_used"])
+def test_eager_and_sdpa_agree_with_both_memories_and_padding(compression):
     models = {}
     for implementation in ("eager", "sdpa"):
-        config = get_arch("compressive").tiny_config(same_length=True, mem_len=4, attn_implementation=implementation)
+        config = get_arch("compressive").tiny_config(
+            same_length=True, mem_len=4, compression=compression, attn_implementation=implementation
+        )
         models[implementation] = TffCompressiveLMHeadModel(config).eval()
     models["sdpa"].load_state_dict(models["eager"].state_dict())
     ids = tokens(2, 14)
@@ -194,6 +197,8 @@ def test_eager_and_sdpa_agree_with_both_memories_and_padding():
             results[name] = model(ids[:, 10:], mems=first.mems, attention_mask=mask).logits
         assert first.mems.compressed.length == 3
     torch.testing.assert_close(results["sdpa"], results["eager"], rtol=1e-5, atol=1e-5)
+    models["sdpa"].set_attn_implementation("eager")
+    assert models["sdpa"].transformer.layers[0].attention.config._attn_implementation == "eager"
 
 
 # ---------------------------------------------------------------------------------------------- auxiliary losses
