@@ -4,7 +4,13 @@ Importing the package registers every architecture with the transformers Auto cl
 """
 
 from .auto import register_all
-from .memory import SegmentMemory
+from .memory import CompressiveMemory, SegmentMemory
+from .models.compressive.configuration_compressive import TffCompressiveConfig
+from .models.compressive.modeling_compressive import (
+    TffCompressiveLMHeadModel,
+    TffCompressiveModel,
+    TffCompressivePreTrainedModel,
+)
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLForSequenceClassification,
@@ -21,7 +27,12 @@ register_all()
 __all__ = [
     "ARCHITECTURES",
     "ArchSpec",
+    "CompressiveMemory",
     "SegmentMemory",
+    "TffCompressiveConfig",
+    "TffCompressiveLMHeadModel",
+    "TffCompressiveModel",
+    "TffCompressivePreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",

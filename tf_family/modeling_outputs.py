@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput
 
+from .memory.compressive import CompressiveMemory
 from .memory.segment import SegmentMemory
 
 
@@ -54,5 +55,54 @@ class MemorySequenceClassifierOutput(ModelOutput):
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     mems: SegmentMemory | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class CompressiveModelOutput(ModelOutput):
+    """Output of the Compressive Transformer's base model.
+
+    Args:
+        last_hidden_state: ``(B, T, D)``.
+        mems: both updated memories (`CompressiveMemory`: ``memory`` and ``compressed``) for the next segment, or
+            ``None`` when the model has no memory or ``use_cache=False``.
+        aux_loss: the weighted sum of the auxiliary losses (what is added to the language-model loss), when computed.
+        attention_reconstruction_loss: the attention-reconstruction loss ``L^attn`` (summed over layers), when
+            computed (0 when no state was compressed in this segment).
+        autoencoding_loss: the auto-encoding loss ``L^ae`` (summed over layers), when its weight is > 0.
+        hidden_states, attentions: as in `MemoryModelOutput` (attention keys are ``[compressed, memory, segment]``).
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    mems: CompressiveMemory | None = None
+    aux_loss: torch.FloatTensor | None = None
+    attention_reconstruction_loss: torch.FloatTensor | None = None
+    autoencoding_loss: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class CompressiveCausalLMOutput(ModelOutput):
+    """Output of the Compressive Transformer language model.
+
+    Args:
+        loss: ``lm_loss + aux_loss`` (the auxiliary losses train only the compression network).
+        logits: ``(B, T, V)`` log-probabilities of the next token.
+        losses: ``(B, T - 1)`` per-token negative log-likelihood, 0 where the label is ignored (``-100``).
+        lm_loss: mean negative log-likelihood of the predicted tokens.
+        aux_loss, attention_reconstruction_loss, autoencoding_loss, mems, hidden_states, attentions: as in
+            `CompressiveModelOutput`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    losses: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    aux_loss: torch.FloatTensor | None = None
+    attention_reconstruction_loss: torch.FloatTensor | None = None
+    autoencoding_loss: torch.FloatTensor | None = None
+    mems: CompressiveMemory | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None

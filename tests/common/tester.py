@@ -51,7 +51,10 @@ def main_output(task: str, outputs) -> torch.Tensor:
 def scalar_loss(task: str, outputs) -> torch.Tensor:
     if getattr(outputs, "loss", None) is not None:
         return outputs.loss
-    return main_output(task, outputs).float().pow(2).mean()
+    loss = main_output(task, outputs).float().pow(2).mean()
+    # a base model's auxiliary loss (e.g. memory compression) trains weights the main output does not reach
+    aux_loss = getattr(outputs, "aux_loss", None)
+    return loss if aux_loss is None else loss + aux_loss
 
 
 def without_labels(inputs: dict) -> dict:

@@ -1,0 +1,153 @@
+"""Configuration of the Compressive Transformer (Rae et al. 2019, arXiv:1911.05507)."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Literal
+
+from transformers import PreTrainedConfig
+
+from ...configuration_utils import check_config_kwargs, validate_config
+from ...memory.compression import COMPRESSION_KINDS
+
+
+class TffCompressiveConfig(PreTrainedConfig):
+    r"""Configuration of a Compressive Transformer language model.
+
+    The model is Transformer-XL (relative positions, segment memory, adaptive input and softmax) plus, per layer, a
+    compressed memory behind the memory: states leaving the memory are compressed by the rate `compression_rate`
+    and kept for `cmem_len` more slots. With `cmem_len=0` the model is exactly Transformer-XL.
+
+    Args:
+        vocab_size (`int`, defaults to 267735): number of tokens.
+        cutoffs (`list[int]`, defaults to `[20000, 40000, 200000]`): boundaries of the adaptive input / softmax
+            clusters. An empty list gives a plain embedding and a plain softmax.
+        d_model (`int`, defaults to 1024): width of the residual stream (``d``).
+        d_embed (`int`, *optional*): width of the head cluster's embedding; defaults to `d_model`.
+        n_head (`int`, defaults to 16): attention heads.
+        d_head (`int`, *optional*): width of one head; defaults to `d_model // n_head`.
+        d_inner (`int`, defaults to 4096): width of the feed-forward block.
+        div_val (`int`, defaults to 4): the embedding width of cluster ``i`` is ``d_embed // div_val**i``.
+        pre_lnorm (`bool`, defaults to `False`): layer norm before (True) or after (False, the paper) each block.
+        n_layer (`int`, defaults to 18): number of layers (``l``).
+        mem_len (`int`, defaults to 512): hidden states kept per layer as memory (``n_m``). States leave it in whole
+            groups of `compression_rate`, so between segments it holds up to ``mem_len + compression_rate - 1``
+            states (exactly `mem_len` when the segment length is a multiple of the rate). ``0`` disables all
+            recurrence (then `cmem_len` must be 0).
+        cmem_len (`int`, defaults to 512): compressed memory slots per layer (``n_cm``). ``0`` gives
+            Transformer-XL exactly.
+        compression_rate (`int`, defaults to 3): states per compressed slot (``c``).
+        compression (`str`, defaults to `"conv"`): the compression function ``f_c``: `"max_pool"`, `"mean_pool"`,
+            `"conv"` (1D convolution, kernel = stride = c), `"dilated_conv"` (kernel-2 convolutions with dilations
+            1, 2, 4, ... covering each group of c) or `"most_used"` (keep the states with the highest average
+            attention received while in the memory).
+        attention_reconstruction_loss_weight (`float`, defaults to 1.0): weight of the attention-reconstruction loss
+            ``L^attn`` in `loss`. It trains only the compression network (everything else is detached).
+        autoencoding_loss_weight (`float`, defaults to 0.0): weight of the auto-encoding loss ``L^ae`` (a learned
+            transposed-convolution decoder reconstructs the old memories from their compression); ``0`` builds no
+            decoder.
+        clamp_len (`int`, defaults to 1000): relative distances larger than this use the embedding of `clamp_len`;
+            ``<= 0`` disables clamping.
+        same_length (`bool`, defaults to `False`): every query attends to the same number of positions of
+            ``[memory, segment]`` (the `mem_len` most recent, itself included); the compressed memory stays visible.
+        proj_share_all_but_first (`bool`, defaults to `True`): tie the tail clusters' output projections to the input
+            projections.
+        untie_r (`bool`, defaults to `True`): one pair of position biases ``u, v`` per layer (True) or one shared.
+        dropout (`float`, defaults to 0.1): dropout on embeddings, attention output and feed-forward.
+        dropatt (`float`, defaults to 0.0): dropout on attention probabilities.
+        proj_init_std (`float`, defaults to 0.01): std of the normal init of the adaptive projections.
+        init_std (`float`, defaults to 0.02): std of the normal init of linear layers, embeddings, compression
+            kernels and the biases ``u, v``.
+        layer_norm_epsilon (`float`, defaults to 1e-5): layer norm epsilon.
+        tie_word_embeddings (`bool`, defaults to `True`): tie the softmax's output layers to the input embeddings.
+        use_cache (`bool`, defaults to `True`): return both memories (`mems`) from `forward`.
+    """
+
+    model_type = "tff_compressive"
+    keys_to_ignore_at_inference = ["mems"]
+    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
+
+    vocab_size: int = 267735
+    cutoffs: list[int] = field(default_factory=lambda: [20000, 40000, 200000])
+    d_model: int = 1024
+    d_embed: int | None = None
+    n_head: int = 16
+    d_head: int | None = None
+    d_inner: int = 4096
+    div_val: int = 4
+    pre_lnorm: bool = False
+    n_layer: int = 18
+    mem_len: int = 512
+    cmem_len: int = 512
+    compression_rate: int = 3
+    compression: Literal["max_pool", "mean_pool", "conv", "dilated_conv", "most_used"] = "conv"
+    attention_reconstruction_loss_weight: float = 1.0
+    autoencoding_loss_weight: float = 0.0
+    clamp_len: int = 1000
+    same_length: bool = False
+    proj_share_all_but_first: bool = True
+    untie_r: bool = True
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    proj_init_std: float = 0.01
+    init_std: float = 0.02
+    layer_norm_epsilon: float = 1e-5
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = 0
+
+    def __post_init__(self, **kwargs):
+        check_config_kwargs(type(self).__name__, kwargs)
+        if self.d_embed is None:
+            self.d_embed = self.d_model
+        if self.d_head is None:
+            self.d_head = self.d_model // self.n_head if self.n_head > 0 else 0
+        super().__post_init__(**kwargs)
+        validate_config(self)
+
+    @property
+    def tie_projs(self) -> list[bool]:
+        """Per cluster, whether its output projection is tied to an input projection."""
+        return [False] + [self.proj_share_all_but_first] * len(self.cutoffs)
+
+    def validate_architecture(self):
+        """Cross-field rules; each error names the field, the value and the rule."""
+        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0 (0 disables the memory), got {self.mem_len}.")
+        if self.cmem_len < 0:
+            raise ValueError(f"cmem_len must be >= 0 (0 gives Transformer-XL), got {self.cmem_len}.")
+        if self.cmem_len > 0 and self.mem_len == 0:
+            raise ValueError(
+                f"cmem_len={self.cmem_len} needs mem_len > 0: only states leaving the memory are compressed."
+            )
+        if self.compression_rate < 1:
+            raise ValueError(f"compression_rate must be >= 1 (the rate c), got {self.compression_rate}.")
+        if self.compression not in COMPRESSION_KINDS:
+            raise ValueError(f"compression must be one of {COMPRESSION_KINDS}, got {self.compression!r}.")
+        for name in ("attention_reconstruction_loss_weight", "autoencoding_loss_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if self.d_model % 2:
+            raise ValueError(f"d_model must be even (sinusoid position embeddings), got {self.d_model}.")
+        if self.cutoffs != sorted(set(self.cutoffs)) or any(c <= 0 or c >= self.vocab_size for c in self.cutoffs):
+            raise ValueError(
+                f"cutoffs must be strictly increasing and within (0, vocab_size={self.vocab_size}), got {self.cutoffs}."
+            )
+        if self.div_val > 1 and self.d_embed // self.div_val ** len(self.cutoffs) < 1:
+            raise ValueError(
+                f"div_val={self.div_val} with {len(self.cutoffs)} cutoffs shrinks the last cluster's embedding of "
+                f"d_embed={self.d_embed} to zero width; lower div_val or raise d_embed."
+            )
+        if self.same_length and self.mem_len == 0:
+            raise ValueError("same_length=True needs mem_len > 0; set same_length=False for a model without memory.")
+        for name in ("dropout", "dropatt"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+
+
+__all__ = ["TffCompressiveConfig"]

@@ -1,0 +1,725 @@
+"""Compressive Transformer for long-range sequence modelling (Rae et al. 2019, arXiv:1911.05507).
+
+Transformer-XL (segment-level recurrence, relative positions) with a second, compressed memory per layer: states
+that leave the FIFO memory of ``n_m`` = `mem_len` states are compressed by the rate ``c`` = `compression_rate` with
+a compression function ``f_c`` (`compression`: max / mean pooling, 1D convolution, dilated convolution, most-used)
+and kept in a FIFO compressed memory of ``n_cm`` = `cmem_len` slots. Every layer attends over
+``[compressed memory, memory, segment]`` with Transformer-XL relative positions across all three (a compressed slot
+counts as one position). The compression network is trained only by the auxiliary attention-reconstruction loss
+(section 3.2: content attention of the segment over the old memories vs over their compression, with the
+segment, the memories and the attention weights detached), optionally with the auto-encoding loss; both are
+reported separately and added to `loss` with the weights of the config.
+
+Reference for parity: none exists (no released code or weights). What the tests prove instead: with `cmem_len=0`
+the model reproduces `TffTransfoXLLMHeadModel` on the same weights over several segments; the compression functions
+match hand-computed cases and slow twins (`tf_family.memory.compression`); the memories fill and roll over as
+algorithm 1 says (`tf_family.memory.compressive`).
+
+Choices where the paper is silent (documented, tested):
+- states leave the memory in whole groups of ``c`` (the memory holds up to ``n_m + c - 1`` states between
+  segments), so compression groups align with the start of the stream;
+- masked (reset or padded) states never enter a compressed slot; a slot is real when any source is real;
+- "most-used" ranks states by their average usage: the attention (mean over heads) they received over their whole
+  stay in the memory divided by the number of queries that could attend to them; the statistics travel in
+  `CompressiveMemory.usage`, and the layers compute attention probabilities (the eager path) to gather them;
+- "dilated convolution" is a stack of kernel-2 convolutions with dilations 1, 2, 4, ... inside each group of ``c``;
+- the auxiliary losses are mean squared errors, summed over layers; the auto-encoding decoder is a transposed
+  convolution with kernel = stride = ``c``;
+- the Transformer-XL modules below are marked copies (`tests/test_copies.py` keeps them identical); the attention
+  module receives ``[compressed memory, memory]`` as its ``memory``.
+
+Config field <-> paper symbol: `mem_len` = n_m, `cmem_len` = n_cm, `compression_rate` = c, `compression` = f_c,
+`n_layer` = l, `attention_reconstruction_loss_weight` weights L^attn, `autoencoding_loss_weight` weights L^ae.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils import logging
+
+from ...attention import (
+    build_causal_memory_mask,
+    build_key_padding_mask,
+    relative_attention_scores,
+    relative_position_scores,
+    relative_position_sequence,
+    sinusoid_position_embedding,
+)
+from ...memory import (
+    CompressiveMemory,
+    SegmentMemory,
+    attention_reconstruction_loss,
+    autoencoding_loss,
+    compress_memory,
+    conv_transpose_decompress,
+    dilated_conv_layers,
+    update_compressive_memory,
+)
+from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
+from .configuration_compressive import TffCompressiveConfig
+
+logger = logging.get_logger(__name__)
+
+
+# Copied from tf_family.models.transfo_xl.modeling_transfo_xl._cluster_bounds with TransfoXL->Compressive
+def _cluster_bounds(config: TffCompressiveConfig) -> list[int]:
+    return [0, *config.cutoffs, config.vocab_size]
+
+
+# Copied from tf_family.models.transfo_xl.modeling_transfo_xl._cluster_width with TransfoXL->Compressive
+def _cluster_width(config: TffCompressiveConfig, cluster: int) -> int:
+    return config.d_embed // (config.div_val**cluster)
+
+
+# Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLAdaptiveEmbedding with TransfoXL->Compressive
+class TffCompressiveAdaptiveEmbedding(nn.Module):
+    """Adaptive input embeddings: cluster ``i`` has width ``d_embed // div_val**i``, projected to ``d_model``."""
+
+    def __init__(self, config: TffCompressiveConfig):
+        super().__init__()
+        self.bounds = _cluster_bounds(config)
+        self.scale = config.d_model**0.5
+        self.layers = nn.ModuleList()
+        self.projections = nn.ParameterList()
+        if config.div_val == 1:
+            self.layers.append(nn.Embedding(config.vocab_size, config.d_embed))
+            if config.d_model != config.d_embed:
+                self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
+        else:
+            for cluster in range(len(self.bounds) - 1):
+                width = _cluster_width(config, cluster)
+                self.layers.append(nn.Embedding(self.bounds[cluster + 1] - self.bounds[cluster], width))
+                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
+
+    def forward(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        if len(self.layers) == 1:
+            embeddings = self.layers[0](input_ids)  # (B, T, d_embed)
+            if len(self.projections):
+                embeddings = F.linear(embeddings, self.projections[0])  # (B, T, D)
+            return embeddings * self.scale
+        flat_ids = input_ids.reshape(-1)  # (B*T,)
+        embeddings = None
+        for cluster, layer in enumerate(self.layers):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            index = ((flat_ids >= low) & (flat_ids < high)).nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+            cluster_embeddings = F.linear(layer(flat_ids[index] - low), self.projections[cluster])  # (n, D)
+            if embeddings is None:  # allocate in the dtype autocast produced
+                embeddings = cluster_embeddings.new_zeros(flat_ids.shape[0], cluster_embeddings.shape[-1])
+            embeddings = embeddings.index_copy(0, index, cluster_embeddings.to(embeddings.dtype))
+        if embeddings is None:
+            raise ValueError("input_ids is empty.")
+        return embeddings.view(*input_ids.shape, -1) * self.scale  # (B, T, D)
+
+
+# Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLAdaptiveLogSoftmax with TransfoXL->Compressive
+class TffCompressiveAdaptiveLogSoftmax(nn.Module):
+    """Adaptive softmax with projections (Grave et al. 2017): a head over the frequent tokens plus one entry per
+    tail cluster, and one small softmax per tail cluster. With no cutoffs it is a plain (projected) softmax.
+
+    Returns log-probabilities ``(N, V)`` or, given labels, negative log-likelihoods ``(N,)`` (0 for label -100).
+    """
+
+    def __init__(self, config: TffCompressiveConfig):
+        super().__init__()
+        self.bounds = _cluster_bounds(config)
+        self.num_tail_clusters = len(config.cutoffs)
+        if self.num_tail_clusters:
+            self.cluster_weight = nn.Parameter(torch.zeros(self.num_tail_clusters, config.d_embed))
+            self.cluster_bias = nn.Parameter(torch.zeros(self.num_tail_clusters))
+        self.out_layers = nn.ModuleList()
+        self.projections = nn.ParameterList()
+        if config.div_val == 1:
+            self.out_layers.append(nn.Linear(config.d_embed, config.vocab_size))
+            if config.d_model != config.d_embed:
+                for _ in range(len(self.bounds) - 1):
+                    self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
+        else:
+            for cluster in range(len(self.bounds) - 1):
+                width = _cluster_width(config, cluster)
+                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
+                self.out_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
+
+    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
+        """Unnormalised scores of cluster ``cluster`` (the head also scores the tail clusters)."""
+        if len(self.out_layers) == 1:
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            weight, bias = self.out_layers[0].weight[low:high], self.out_layers[0].bias[low:high]
+        else:
+            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
+        if cluster == 0 and self.num_tail_clusters:
+            weight = torch.cat([weight, self.cluster_weight], dim=0)
+            bias = torch.cat([bias, self.cluster_bias], dim=0)
+        if len(self.projections):
+            hidden = F.linear(hidden, self.projections[cluster].t())  # (N, d_cluster)
+        return F.linear(hidden, weight, bias)  # (N, V_cluster)
+
+    def forward(self, hidden: torch.Tensor, labels: torch.LongTensor | None = None) -> torch.Tensor:
+        head_size = self.bounds[1]
+        head_logprobs = F.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)  # (N, head + clusters)
+        if labels is None:
+            pieces = [head_logprobs[:, :head_size]]
+            for cluster in range(1, self.num_tail_clusters + 1):
+                tail = F.log_softmax(self._cluster_logits(hidden, cluster).float(), dim=-1)
+                pieces.append(head_logprobs[:, head_size + cluster - 1, None] + tail)
+            return torch.cat(pieces, dim=-1)  # (N, V)
+        nll = head_logprobs.new_zeros(labels.shape[0])  # (N,)
+        for cluster in range(self.num_tail_clusters + 1):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            index = ((labels >= low) & (labels < high)).nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+            target = labels[index] - low
+            logprob = head_logprobs[index]
+            if cluster == 0:
+                logprob = logprob.gather(1, target[:, None]).squeeze(1)
+            else:
+                tail = F.log_softmax(self._cluster_logits(hidden[index], cluster).float(), dim=-1)
+                logprob = logprob[:, head_size + cluster - 1] + tail.gather(1, target[:, None]).squeeze(1)
+            nll = nll.index_copy(0, index, -logprob)
+        return nll
+
+
+# Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLFeedForward with TransfoXL->Compressive
+class TffCompressiveFeedForward(nn.Module):
+    def __init__(self, config: TffCompressiveConfig):
+        super().__init__()
+        self.pre_lnorm = config.pre_lnorm
+        self.fc_in = nn.Linear(config.d_model, config.d_inner)
+        self.fc_out = nn.Linear(config.d_inner, config.d_model)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        inputs = self.layer_norm(hidden) if self.pre_lnorm else hidden
+        out = self.dropout(self.fc_out(self.dropout(F.relu(self.fc_in(inputs)))))
+        return hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
+
+
+# Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLAttention with TransfoXL->Compressive
+class TffCompressiveAttention(nn.Module):
+    """Multi-head attention over ``[memory, segment]`` with relative positions (paper eq. in section 3.3)."""
+
+    def __init__(self, config: TffCompressiveConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads, self.head_dim = config.n_head, config.d_head
+        self.scale = config.d_head**-0.5
+        self.pre_lnorm = config.pre_lnorm
+        inner = config.n_head * config.d_head
+        self.qkv = nn.Linear(config.d_model, 3 * inner, bias=False)
+        self.position_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.out_proj = nn.Linear(inner, config.d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout)
+        self.attention_dropout = nn.Dropout(config.dropatt)
+        if config.untie_r:
+            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        memory: torch.Tensor | None,
+        position_embedding: torch.Tensor,
+        allowed: torch.Tensor,
+        shared_biases: tuple[torch.Tensor, torch.Tensor] | None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, query_length, _ = hidden.shape
+        inputs = hidden if memory is None else torch.cat([memory.to(hidden.dtype), hidden], dim=1)  # (B, S, D)
+        key_length = inputs.shape[1]
+        if self.pre_lnorm:
+            inputs = self.layer_norm(inputs)
+        query, key, value = self.qkv(inputs).chunk(3, dim=-1)  # 3 x (B, S, H*Dh)
+        query = query[:, -query_length:].reshape(batch, query_length, self.num_heads, self.head_dim).transpose(1, 2)
+        key = key.reshape(batch, key_length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        value = value.reshape(batch, key_length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        position_keys = self.position_proj(position_embedding)  # (S, H*Dh)
+        position_keys = position_keys.view(key_length, self.num_heads, self.head_dim).transpose(0, 1)  # (H, S, Dh)
+        content_bias, position_bias = shared_biases or (self.content_bias, self.position_bias)
+
+        if output_attentions or self.config._attn_implementation == "eager":
+            scores = relative_attention_scores(query, key, position_keys, content_bias, position_bias)  # (B, H, T, S)
+            scores = (scores.float() * self.scale).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            probs = self.attention_dropout(scores.softmax(dim=-1).to(value.dtype))  # (B, H, T, S)
+            attended = probs @ value  # (B, H, T, Dh)
+        else:
+            # The position term enters scaled dot-product attention as an additive bias; the content term is the
+            # ordinary q.k product with u folded into the query.
+            position = relative_position_scores(query, position_keys, position_bias)  # (B, H, T, S)
+            bias = (position * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
+            attended = F.scaled_dot_product_attention(
+                query + content_bias[:, None, :].to(query.dtype),
+                key,
+                value,
+                attn_mask=bias.to(query.dtype),
+                dropout_p=self.attention_dropout.p if self.training else 0.0,
+                scale=self.scale,
+            )  # (B, H, T, Dh)
+            probs = None
+        attended = attended.transpose(1, 2).reshape(batch, query_length, -1)  # (B, T, H*Dh)
+        out = self.dropout(self.out_proj(attended))  # (B, T, D)
+        out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
+        return out, probs
+
+
+# Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLayer with TransfoXL->Compressive
+class TffCompressiveLayer(GradientCheckpointingLayer):
+    def __init__(self, config: TffCompressiveConfig, layer_idx: int):
+        super().__init__()
+        self.attention = TffCompressiveAttention(config, layer_idx)
+        self.feed_forward = TffCompressiveFeedForward(config)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        memory: torch.Tensor | None,
+        position_embedding: torch.Tensor,
+        allowed: torch.Tensor,
+        shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden, probs = self.attention(hidden, memory, position_embedding, allowed, shared_biases, output_attentions)
+        return self.feed_forward(hidden), probs
+
+
+class TffCompressiveCompression(nn.Module):
+    """The learned part of one layer's compression function ``f_c`` (1D or dilated convolution; pooling and
+    most-used have no weights) and, with the auto-encoding loss, its decoder ``g``."""
+
+    def __init__(self, config: TffCompressiveConfig):
+        super().__init__()
+        self.kind, self.rate = config.compression, config.compression_rate
+        width = config.d_model
+        if self.kind == "conv":
+            self.conv = nn.Conv1d(width, width, kernel_size=self.rate, stride=self.rate)
+        elif self.kind == "dilated_conv":
+            self.dilated = nn.ModuleList(
+                nn.Conv1d(width, width, kernel_size=2, dilation=2**layer)
+                for layer in range(dilated_conv_layers(self.rate))
+            )
+        if config.autoencoding_loss_weight > 0:
+            self.decoder = nn.ConvTranspose1d(width, width, kernel_size=self.rate, stride=self.rate)
+
+    def forward(
+        self, states: torch.Tensor, mask: torch.Tensor, usage: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, N, D)`` states leaving the memory -> ``(B, N / c, D)`` compressed slots and their mask."""
+        weights, biases = (), ()
+        if self.kind == "conv":
+            weights, biases = (self.conv.weight,), (self.conv.bias,)
+        elif self.kind == "dilated_conv":
+            weights = tuple(conv.weight for conv in self.dilated)
+            biases = tuple(conv.bias for conv in self.dilated)
+        return compress_memory(self.kind, states, mask, self.rate, weights=weights, biases=biases, usage=usage)
+
+    def decode(self, compressed: torch.Tensor) -> torch.Tensor:
+        """``(B, G, D)`` -> ``(B, G * c, D)``: the decoder ``g`` of the auto-encoding loss."""
+        return conv_transpose_decompress(compressed, self.rate, self.decoder.weight, self.decoder.bias)
+
+
+class TffCompressivePreTrainedModel(PreTrainedModel):
+    config_class = TffCompressiveConfig
+    config: TffCompressiveConfig
+    base_model_prefix = "transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TffCompressiveLayer"]
+    _supports_sdpa = True
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        std, proj_std = self.config.init_std, self.config.proj_init_std
+        if isinstance(module, nn.Linear | nn.Conv1d | nn.ConvTranspose1d):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.ParameterList):
+            # the adaptive input / softmax projections
+            for projection in module:
+                init.normal_(projection, mean=0.0, std=proj_std)
+        elif isinstance(module, TffCompressiveAdaptiveLogSoftmax) and module.num_tail_clusters:
+            init.normal_(module.cluster_weight, mean=0.0, std=std)
+            init.zeros_(module.cluster_bias)
+        elif isinstance(module, TffCompressiveAttention | TffCompressiveModel):
+            for name in ("content_bias", "position_bias"):
+                if getattr(module, name, None) is not None:
+                    init.normal_(getattr(module, name), mean=0.0, std=std)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The recurrence state is a CompressiveMemory returned as `mems`, not a transformers Cache.
+        return False
+
+
+def _as_memory(mems, num_layers: int, batch_size: int) -> CompressiveMemory | None:
+    if mems is None:
+        return None
+    if isinstance(mems, SegmentMemory):
+        mems = CompressiveMemory(mems, SegmentMemory(tuple(s[:, :0] for s in mems.states), mems.mask[:, :0]))
+    elif isinstance(mems, (list, tuple)) and mems and all(isinstance(m, torch.Tensor) for m in mems):
+        mems = CompressiveMemory.from_states(mems)
+    elif not isinstance(mems, CompressiveMemory):
+        raise TypeError(
+            f"mems must be a CompressiveMemory (or a SegmentMemory / sequence of (B, M, D) tensors for a memory "
+            f"without compressed slots), got {type(mems)}."
+        )
+    if len(mems) != num_layers:
+        raise ValueError(f"mems has {len(mems)} layers but the model has n_layer={num_layers}.")
+    if mems.batch_size != batch_size:
+        raise ValueError(
+            f"mems holds {mems.batch_size} batch rows but the input has {batch_size}; pass the mems returned for "
+            "this batch, or mems=None to start a new stream."
+        )
+    return mems
+
+
+def _split_heads(states: torch.Tensor, num_heads: int) -> torch.Tensor:
+    batch, length, _ = states.shape
+    return states.view(batch, length, num_heads, -1).transpose(1, 2)  # (B, H, N, Dh)
+
+
+class TffCompressiveModel(TffCompressivePreTrainedModel):
+    """The Compressive Transformer decoder stack: last hidden state, both updated memories, auxiliary losses."""
+
+    def __init__(self, config: TffCompressiveConfig):
+        super().__init__(config)
+        self.word_embeddings = TffCompressiveAdaptiveEmbedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(TffCompressiveLayer(config, i) for i in range(config.n_layer))
+        if not config.untie_r:
+            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        if config.cmem_len > 0:
+            self.compression = nn.ModuleList(TffCompressiveCompression(config) for _ in range(config.n_layer))
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.word_embeddings
+
+    def set_input_embeddings(self, new_embeddings: nn.Module):
+        self.word_embeddings = new_embeddings
+
+    def _project(self, layer: int, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Query, key and value ``(B, H, N, Dh)`` of ``states`` with layer ``layer``'s attention weights, detached
+        (the auxiliary losses train the compression network only)."""
+        attention = self.layers[layer].attention
+        if attention.pre_lnorm:
+            norm = attention.layer_norm
+            states = F.layer_norm(states, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps)
+        query, key, value = F.linear(states, attention.qkv.weight.detach()).chunk(3, dim=-1)  # 3 x (B, N, H*Dh)
+        return tuple(_split_heads(x, self.config.n_head) for x in (query, key, value))
+
+    def _auxiliary_losses(self, segment_inputs, evicted, evicted_mask, compressed, compressed_mask):
+        """Sum over layers of the attention-reconstruction loss and of the auto-encoding loss."""
+        reconstruction = autoencoding = segment_inputs[0].new_zeros((), dtype=torch.float32)
+        for layer, (segment, old, new) in enumerate(zip(segment_inputs, evicted, compressed, strict=True)):
+            query = self._project(layer, segment.detach())[0]  # (B, H, T, Dh)
+            _, old_key, old_value = self._project(layer, old.to(segment.dtype))
+            _, new_key, new_value = self._project(layer, new.to(segment.dtype))
+            reconstruction = reconstruction + attention_reconstruction_loss(
+                query, (old_key, old_value, evicted_mask), (new_key, new_value, compressed_mask)
+            )
+            if self.config.autoencoding_loss_weight > 0:
+                decoded = self.compression[layer].decode(new)  # (B, N, D)
+                autoencoding = autoencoding + autoencoding_loss(old, decoded, evicted_mask)
+        return reconstruction, autoencoding
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: CompressiveMemory | SegmentMemory | tuple[torch.Tensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        reset_mems: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_compression_loss: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> CompressiveModelOutput | tuple:
+        r"""
+        Args:
+            input_ids: ``(B, T)`` token ids of the segment.
+            mems: the `CompressiveMemory` returned for the previous segment of the same streams, or ``None`` at the
+                start (a `SegmentMemory` or per-layer ``(B, M, D)`` tensors give a memory without compressed slots).
+            attention_mask: ``(B, T)`` 0/1 padding mask of the segment, or ``(B, >= M + T)`` covering
+                ``[memory, segment]`` (what `generate` passes), or a ``(B, 1, T, C + M + T)`` bool mask of allowed
+                query-key pairs over ``[compressed memory, memory, segment]``, combined with the causal mask.
+            reset_mems: ``(B,)`` bool; rows where it is True forget both memories (a new document starts).
+            use_cache: update and return the memories (defaults to ``config.use_cache``).
+            output_compression_loss: compute the auxiliary losses when states are compressed (defaults to
+                ``self.training``). They exist only where the memories are updated (``use_cache``).
+        """
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else config.use_cache
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        compute_losses = output_compression_loss if output_compression_loss is not None else self.training
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
+        batch, query_length = embeddings.shape[:2]
+        memory = _as_memory(mems, config.n_layer, batch)
+        if reset_mems is not None and memory is not None:
+            memory = memory.reset(reset_mems)
+        compressed_length = 0 if memory is None else memory.compressed.length
+        memory_length = 0 if memory is None else memory.memory.length
+        key_length = compressed_length + memory_length + query_length
+        device = embeddings.device
+
+        # every compressed slot is older than the memory: visible to every query (subject to its mask)
+        max_span = config.mem_len if config.same_length else None
+        causal = build_causal_memory_mask(query_length, memory_length, max_span, device)  # (T, M + T)
+        allowed = torch.cat([causal.new_ones(query_length, compressed_length), causal], 1)[None, None]  # (1,1,T,S)
+        segment_mask = torch.ones(batch, query_length, dtype=torch.bool, device=device)  # (B, T)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            if attention_mask.shape[-2:] != (query_length, key_length):
+                raise ValueError(
+                    f"A 4D attention_mask must have shape (B, 1, {query_length}, {key_length}) (compressed memory "
+                    f"{compressed_length} + memory {memory_length} + segment), got {tuple(attention_mask.shape)}."
+                )
+            allowed = allowed & attention_mask.to(torch.bool)
+            attention_mask = None
+        if attention_mask is not None:
+            segment_mask = attention_mask[:, -query_length:].to(torch.bool)
+        key_padding = build_key_padding_mask(
+            batch, query_length, None if memory is None else memory.memory.mask, attention_mask, device
+        )  # (B, M + T) or None
+        if key_padding is not None:
+            if memory is not None:
+                key_padding = torch.cat([memory.compressed.mask, key_padding], dim=1)  # (B, S)
+            allowed = allowed & key_padding[:, None, None, :]  # (B, 1, T, S)
+
+        positions = relative_position_sequence(key_length, config.clamp_len, device, embeddings.dtype)
+        position_embedding = self.dropout(sinusoid_position_embedding(positions, config.d_model))  # (S, D)
+        shared_biases = None if config.untie_r else (self.content_bias, self.position_bias)
+        # most-used compression ranks states by the attention they receive, so it needs the probabilities
+        need_usage = use_cache and config.cmem_len > 0 and config.compression == "most_used"
+
+        hidden = self.dropout(embeddings)
+        layer_inputs, usages, all_hidden, all_attentions = [], [], (), ()
+        for index, layer in enumerate(self.layers):
+            layer_inputs.append(hidden)
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            layer_memory = None
+            if memory is not None:
+                layer_memory = torch.cat([memory.compressed.states[index], memory.memory.states[index]], dim=1)
+            hidden, probs = layer(
+                hidden, layer_memory, position_embedding, allowed, shared_biases, output_attentions or need_usage
+            )
+            if need_usage:
+                # per key of [memory, segment]: attention received (mean over heads, summed over queries) and the
+                # number of queries allowed to see it, added to what the memory slots had gathered before
+                received = probs.detach().float().mean(1)[..., compressed_length:].sum(1)  # (B, M + T)
+                seen_by = allowed[:, 0, :, compressed_length:].sum(1).float().expand(batch, -1)  # (B, M + T)
+                usage = torch.stack([received, seen_by], dim=-1)  # (B, M + T, 2)
+                if memory is not None and memory.usage is not None:
+                    usage = usage + F.pad(memory.usage[index], (0, 0, 0, query_length))
+                usages.append(usage)
+            if output_attentions:
+                all_attentions += (probs,)
+        hidden = self.dropout(hidden)
+        if output_hidden_states:
+            all_hidden += (hidden,)
+
+        new_memory = reconstruction = autoencoding = aux_loss = None
+        if use_cache and config.mem_len > 0:
+
+            def compress(layer: int, states: torch.Tensor, mask: torch.Tensor):
+                usage = None
+                if need_usage:  # the evicted states are the oldest of [memory, segment]; rank by average usage
+                    received, seen_by = usages[layer][:, : states.shape[1]].unbind(-1)
+                    usage = received / seen_by.clamp(min=1)
+                return self.compression[layer](states, mask, usage)
+
+            with torch.set_grad_enabled(torch.is_grad_enabled() and compute_losses):
+                new_memory, evicted, evicted_mask, compressed, compressed_mask = update_compressive_memory(
+                    memory, layer_inputs, segment_mask, (config.mem_len, config.cmem_len, config.compression_rate),
+                    compress,
+                )  # fmt: skip
+            if need_usage:  # the kept slots carry their usage statistics to the next segment
+                kept_usage = tuple(usage[:, evicted_mask.shape[1] :] for usage in usages)
+                new_memory = CompressiveMemory(new_memory.memory, new_memory.compressed, kept_usage)
+            if compute_losses and config.cmem_len > 0:
+                if compressed:
+                    reconstruction, autoencoding = self._auxiliary_losses(
+                        layer_inputs, evicted, evicted_mask, compressed, compressed_mask
+                    )
+                else:  # nothing left the memory in this segment
+                    reconstruction = autoencoding = hidden.new_zeros((), dtype=torch.float32)
+                aux_loss = (
+                    config.attention_reconstruction_loss_weight * reconstruction
+                    + config.autoencoding_loss_weight * autoencoding
+                )
+                if config.autoencoding_loss_weight == 0:
+                    autoencoding = None
+
+        output = CompressiveModelOutput(
+            last_hidden_state=hidden,
+            mems=new_memory,
+            aux_loss=aux_loss,
+            attention_reconstruction_loss=reconstruction,
+            autoencoding_loss=autoencoding,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
+    """Compressive Transformer with an adaptive (or, with no `cutoffs`, plain) softmax head. `logits` are
+    log-probabilities; `loss` is the language-model loss plus the weighted auxiliary losses."""
+
+    def __init__(self, config: TffCompressiveConfig):
+        super().__init__(config)
+        self.transformer = TffCompressiveModel(config)
+        self.lm_head = TffCompressiveAdaptiveLogSoftmax(config)
+        # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
+        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
+        self.post_init()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.get_expanded_tied_weights_keys
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
+        projections (`proj_share_all_but_first`), as in the original code."""
+        tied = {}
+        embedding, head = self.transformer.word_embeddings, self.lm_head
+        if self.config.tie_word_embeddings:
+            for index in range(len(head.out_layers)):
+                tied[f"lm_head.out_layers.{index}.weight"] = f"transformer.word_embeddings.layers.{index}.weight"
+        if len(head.projections):
+            for cluster, tie in enumerate(self.config.tie_projs):
+                if tie:
+                    source = 0 if len(embedding.projections) == 1 else cluster
+                    tied[f"lm_head.projections.{cluster}"] = f"transformer.word_embeddings.projections.{source}"
+        return tied
+
+    def get_output_embeddings(self):
+        return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: CompressiveMemory | SegmentMemory | tuple[torch.Tensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        reset_mems: torch.Tensor | None = None,
+        past_key_values: CompressiveMemory | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_compression_loss: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> CompressiveCausalLMOutput | tuple:
+        r"""
+        Args:
+            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
+                (the shift happens inside), ``-100`` is ignored. With an adaptive softmax (non-empty `cutoffs`) the
+                full `logits` are not computed when labels are given, only the losses.
+            past_key_values: alias of `mems`, used by `generate()`.
+            output_compression_loss: compute the auxiliary losses (defaults to training mode or labels given).
+            Other arguments: see `TffCompressiveModel.forward`.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if mems is None:
+            mems = past_key_values
+        if output_compression_loss is None:
+            output_compression_loss = self.training or labels is not None
+        outputs = self.transformer(
+            input_ids,
+            mems=mems,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            reset_mems=reset_mems,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_compression_loss=output_compression_loss,
+            return_dict=True,
+        )
+        hidden = outputs.last_hidden_state  # (B, T, D)
+        batch, length, width = hidden.shape
+        logits = loss = losses = lm_loss = None
+        if labels is None or not self.config.cutoffs:
+            logits = self.lm_head(hidden.reshape(-1, width)).view(batch, length, -1)  # (B, T, V)
+        if labels is not None:
+            if labels.shape != (batch, length):
+                raise ValueError(f"labels must have shape {(batch, length)}, got {tuple(labels.shape)}.")
+            targets = labels[:, 1:].reshape(-1)  # (B*(T-1),)
+            if logits is not None:
+                flat = logits[:, :-1].reshape(-1, logits.shape[-1])
+                losses = F.nll_loss(flat, targets.clamp(min=0), reduction="none") * (targets != -100)
+            else:
+                losses = self.lm_head(hidden[:, :-1].reshape(-1, width), targets)
+            losses = losses.view(batch, length - 1)  # (B, T-1)
+            count = (labels[:, 1:] != -100).sum()
+            lm_loss = losses.sum() / count.clamp(min=1)
+            loss = lm_loss if outputs.aux_loss is None else lm_loss + outputs.aux_loss
+        output = CompressiveCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            losses=losses,
+            lm_loss=lm_loss,
+            aux_loss=outputs.aux_loss,
+            attention_reconstruction_loss=outputs.attention_reconstruction_loss,
+            autoencoding_loss=outputs.autoencoding_loss,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.LongTensor,
+        past_key_values: CompressiveMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> dict:
+        """With memories only the newest token is fed (the rest is in the memories); without (first step, or
+        ``mem_len=0``) the whole prefix is re-read."""
+        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
+        if past_key_values is not None:
+            model_inputs["input_ids"] = input_ids[:, -1:]
+            model_inputs["mems"] = past_key_values
+        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
+            model_inputs["inputs_embeds"] = inputs_embeds
+        else:
+            model_inputs["input_ids"] = input_ids
+        return model_inputs
+
+    def _reorder_cache(self, mems: CompressiveMemory, beam_idx: torch.Tensor) -> CompressiveMemory:
+        return mems.index_select(beam_idx)
+
+
+__all__ = [
+    "TffCompressiveLMHeadModel",
+    "TffCompressiveModel",
+    "TffCompressivePreTrainedModel",
+]
