@@ -644,6 +644,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 nll, count = next_token_loss(outputs.logits, labels)
                 # a batch with nothing to score still takes part in the gradient all-reduce
                 loss = nll / count if count else outputs.logits.sum() * 0.0
+                if getattr(outputs, "aux_loss", None) is not None:  # e.g. the Compressive Transformer's
+                    loss = loss + outputs.aux_loss  # attention-reconstruction loss, which trains its compression
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)

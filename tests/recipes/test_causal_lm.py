@@ -91,9 +91,25 @@ def test_memory_is_carried_and_reset_at_document_starts(tmp_path, corpus, monkey
     assert any(any(r) for _, _, r in calls[1:]) and any(not all(r) for _, _, r in calls[1:])
 
 
-@pytest.mark.parametrize("kind", ["memory", "plain"])
+TINY_COMPRESSIVE = [
+    "--arch",
+    "compressive",
+    "--variant",
+    "tiny",
+    "--config_overrides",
+    "dropout=0.1",
+    "--block_size",
+    "8",
+]
+
+
+@pytest.mark.parametrize("kind", ["memory", "compressive", "plain"])
 def test_killed_run_resumes_to_the_same_weights(tmp_path, corpus, tiny_gpt2, monkeypatch, kind):
-    model_args = TINY_TXL if kind == "memory" else ["--model_name_or_path", tiny_gpt2, "--block_size", "16"]
+    model_args = {
+        "memory": TINY_TXL,
+        "compressive": TINY_COMPRESSIVE,
+        "plain": ["--model_name_or_path", tiny_gpt2, "--block_size", "16"],
+    }[kind]
     args = [*model_args, *data_args(corpus), *STEPS, "--max_train_steps", "6", "--gradient_accumulation_steps", "2",
             "--checkpointing_steps", "3"]  # fmt: skip
     causal_lm.main([*args, "--output_dir", str(tmp_path / "straight")])
@@ -247,3 +263,12 @@ def test_bad_input_stops_before_training(tmp_path, corpus, tiny_gpt2, monkeypatc
     with pytest.raises(ValueError, match=message):
         causal_lm.main([*data, *extra, "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_compressive_transformer_trains_its_compression_through_the_auxiliary_loss(tmp_path, corpus):
+    causal_lm.main([*TINY_COMPRESSIVE, *data_args(corpus), *STEPS, "--max_train_steps", "3",
+                    "--checkpointing_steps", "1", "--output_dir", str(tmp_path)])  # fmt: skip
+    first = load_file(tmp_path / "checkpoints" / "step_2" / "model.safetensors")
+    last = load_file(tmp_path / "checkpoints" / "step_3" / "model.safetensors")
+    compression = [key for key in first if ".compression." in key]
+    assert compression and all(not torch.equal(first[k], last[k]) for k in compression)

@@ -170,6 +170,28 @@ class CompressiveMemory:
         usage = None if self.usage is None else tuple(u.index_select(0, index.to(u.device)) for u in self.usage)
         return CompressiveMemory(self.memory.index_select(index), self.compressed.index_select(index), usage)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat tensors for saving (training checkpoints): ``memory.*``, ``compressed.*`` and ``usage.<layer>``."""
+        tensors = {f"memory.{k}": v for k, v in self.memory.state_dict().items()}
+        tensors.update({f"compressed.{k}": v for k, v in self.compressed.state_dict().items()})
+        if self.usage is not None:
+            tensors.update({f"usage.{i}": u for i, u in enumerate(self.usage)})
+        return tensors
+
+    @classmethod
+    def from_state_dict(cls, tensors: dict[str, torch.Tensor]) -> CompressiveMemory:
+        """Rebuild a memory saved with `state_dict`."""
+        parts = {"memory": {}, "compressed": {}, "usage": {}}
+        for key, value in tensors.items():
+            part, _, rest = key.partition(".")
+            if part not in parts:
+                raise ValueError(f"not a CompressiveMemory state dict: unexpected key {key!r}.")
+            parts[part][rest] = value
+        usage = tuple(parts["usage"][str(i)] for i in range(len(parts["usage"]))) if parts["usage"] else None
+        return cls(
+            SegmentMemory.from_state_dict(parts["memory"]), SegmentMemory.from_state_dict(parts["compressed"]), usage
+        )
+
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> CompressiveMemory:
         """Move everything to ``device`` and cast the states to ``dtype`` (usage statistics stay float32)."""
         usage = None if self.usage is None else tuple(u.to(device) for u in self.usage)
