@@ -40,7 +40,7 @@ import torch.nn.functional as F
 import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedDataParallelKwargs, gather_object, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, gather_object, set_seed
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, get_scheduler
@@ -411,6 +411,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         log_with=args.trackers or None,
         project_dir=str(output_dir),
     )
+    if args.merge_lora and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ValueError(
+            "--merge_lora cannot merge sharded (FSDP / DeepSpeed) weights; save the adapter (drop --merge_lora) and "
+            "merge it afterwards with PeftModel.merge_and_unload() on one process."
+        )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     if not accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_error()
@@ -710,13 +715,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logger.info(f"validation: {metrics}", main_process_only=True)
 
     # ---- save -------------------------------------------------------------------------------------------------
-    # every process must end with the same weights; the record lets a reader (and the tests) check it
-    fingerprints = gather_object([weights_fingerprint(unwrapped)])
+    sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    # under data parallelism every process must end with the same weights; the record lets a reader (and the
+    # tests) check it. FSDP / DeepSpeed hold shards instead: their full state dict is gathered (by every process).
+    fingerprints = None if sharded else gather_object([weights_fingerprint(unwrapped)])
+    full_state_dict = accelerator.get_state_dict(model) if sharded else None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         to_save = unwrapped.merge_and_unload() if args.merge_lora else unwrapped
-        to_save.save_pretrained(output_dir, safe_serialization=True)
+        to_save.save_pretrained(output_dir, state_dict=full_state_dict, safe_serialization=True)
         tokenizer.save_pretrained(output_dir)
         data = {
             "name": args.dataset_name if not args.train_file else None,
