@@ -5,6 +5,12 @@ Importing the package registers every architecture with the transformers Auto cl
 
 from .auto import register_all
 from .memory import SegmentMemory
+from .models.decision_transformer.configuration_decision_transformer import TffDecisionTransformerConfig
+from .models.decision_transformer.modeling_decision_transformer import (
+    TffDecisionTransformerModel,
+    TffDecisionTransformerPreTrainedModel,
+    TrajectoryContext,
+)
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLForSequenceClassification,
@@ -22,11 +28,15 @@ __all__ = [
     "ARCHITECTURES",
     "ArchSpec",
     "SegmentMemory",
+    "TffDecisionTransformerConfig",
+    "TffDecisionTransformerModel",
+    "TffDecisionTransformerPreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",
     "TffTransfoXLModel",
     "TffTransfoXLPreTrainedModel",
+    "TrajectoryContext",
     "create_model",
     "get_arch",
     "list_architectures",
