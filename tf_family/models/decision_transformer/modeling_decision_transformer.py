@@ -192,6 +192,18 @@ class TffDecisionTransformerPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a tf_family checkpoint, or a checkpoint of transformers' `DecisionTransformerModel` (model type
+        ``decision_transformer``; translated, see `convert_decision_transformer`). For the latter, pass what its
+        model card holds as config overrides: ``state_mean=..., state_std=..., return_scale=1000.0``."""
+        from .convert_decision_transformer import is_reference_checkpoint, load_reference_checkpoint
+
+        hub_kwargs = {key: kwargs[key] for key in ("cache_dir", "revision", "subfolder", "token") if key in kwargs}
+        if is_reference_checkpoint(pretrained_model_name_or_path, kwargs.get("config"), **hub_kwargs):
+            return load_reference_checkpoint(cls, pretrained_model_name_or_path, *model_args, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
 
 class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
     """The Decision Transformer: embeddings of ``(R, s, a)`` steps, a causal transformer, and action (optionally
