@@ -371,10 +371,78 @@ def trajectory_statistics(dataset: Dataset) -> dict[str, Any]:
     }
 
 
+class TrajectoryWindowSampler:
+    """Random ``K``-step windows of an offline dataset, batched for a Decision Transformer.
+
+    A window ends at a step drawn uniformly from all transitions of the dataset (so long episodes are drawn in
+    proportion to their length, as in the paper's code) and holds that step and the ``K - 1`` before it, left-padded
+    at the start of an episode. Returns-to-go are the undiscounted sums of the episode's remaining rewards.
+
+    Args:
+        dataset: rows with ``observations``, ``actions`` and ``rewards`` (the `make_offline_dataset` layout).
+        context_length: ``K``.
+        discrete: whether actions are ids; defaults to "the actions column holds integers".
+    """
+
+    def __init__(self, dataset: Dataset, context_length: int, discrete: bool | None = None):
+        import torch
+
+        if context_length < 1:
+            raise ValueError(f"context_length must be >= 1, got {context_length}.")
+        if len(dataset) == 0:
+            raise ValueError("The dataset has no trajectories.")
+        self.context_length = context_length
+        torch_data = dataset.with_format("torch", columns=["observations", "actions", "rewards"])
+        states, actions, returns, timesteps = [], [], [], []
+        for row in torch_data:
+            rewards = row["rewards"].double()
+            states.append(row["observations"].float())
+            actions.append(row["actions"])
+            returns.append(rewards.flip(0).cumsum(0).flip(0).float())  # R_t = r_t + r_{t+1} + ...
+            timesteps.append(torch.arange(rewards.shape[0]))
+        self.states = torch.cat(states)  # (N, state_dim)
+        self.actions = torch.cat(actions)  # (N,) ids or (N, act_dim)
+        self.discrete = (not self.actions.is_floating_point()) if discrete is None else discrete
+        if not self.discrete:
+            self.actions = self.actions.float()
+        self.returns_to_go = torch.cat(returns)  # (N,)
+        self.timesteps = torch.cat(timesteps)  # (N,)
+
+    def __len__(self) -> int:
+        return self.states.shape[0]
+
+    def sample(self, batch_size: int, generator: Any = None) -> dict[str, Any]:
+        """A batch of ``batch_size`` windows: ``states`` (B, K, state_dim), ``actions`` and ``labels`` (B, K[,
+        act_dim]), ``returns_to_go`` (B, K, 1), ``timesteps`` (B, K), ``attention_mask`` (B, K) (0 on padding)."""
+        import torch
+
+        ends = torch.randint(0, len(self), (batch_size,), generator=generator)  # (B,)
+        offsets = torch.arange(1 - self.context_length, 1)  # (K,): -K+1 .. 0
+        index = ends[:, None] + offsets  # (B, K) flat indices
+        # a step belongs to the window's episode if it is not before the episode's first step
+        first = ends - self.timesteps[ends]  # (B,) flat index of each window's episode start
+        mask = index >= first[:, None]  # (B, K)
+        index = torch.where(mask, index, ends[:, None])  # padded slots read a real step, then get blanked
+        states = self.states[index] * mask[..., None]
+        if self.discrete:
+            actions = self.actions[index].masked_fill(~mask, -100)
+        else:
+            actions = self.actions[index] * mask[..., None]
+        return {
+            "states": states,
+            "actions": actions,
+            "labels": actions.clone(),
+            "returns_to_go": (self.returns_to_go[index] * mask)[..., None],
+            "timesteps": self.timesteps[index] * mask,
+            "attention_mask": mask.long(),
+        }
+
+
 __all__ = [
     "ENVIRONMENTS",
     "TIERS",
     "OfflineEnvironment",
+    "TrajectoryWindowSampler",
     "controller_action",
     "get_offline_environment",
     "make_env",

@@ -97,3 +97,35 @@ def test_bad_arguments_are_named():
         from datasets import Dataset
 
         offline_dataset_metadata(Dataset.from_dict({"a": [1]}))
+
+
+def test_window_sampler_windows_are_real_left_padded_episode_slices():
+    import torch
+
+    from tf_family.data.offline_rl import TrajectoryWindowSampler
+
+    dataset = make_offline_dataset("CartPole-v1", "random", num_steps=200, seed=2, reference_episodes=0)
+    sampler = TrajectoryWindowSampler(dataset, context_length=6)
+    assert sampler.discrete and len(sampler) == sum(len(r) for r in dataset["rewards"])
+    batch = sampler.sample(64, torch.Generator().manual_seed(0))
+    again = sampler.sample(64, torch.Generator().manual_seed(0))
+    assert all(torch.equal(batch[k], again[k]) for k in batch)
+    assert batch["states"].shape == (64, 6, 4) and batch["returns_to_go"].shape == (64, 6, 1)
+    mask = batch["attention_mask"].bool()
+    assert mask[:, -1].all(), "every window ends on a real step"
+    assert torch.equal(mask.long().cummax(1).values, mask.long()), "padding only on the left"
+    assert (~mask).any(), "some windows start at an episode's beginning"
+    for row in range(64):
+        real = mask[row]
+        steps = batch["timesteps"][row, real]
+        assert torch.equal(steps, torch.arange(steps[0], steps[0] + len(steps))), "consecutive steps"
+        assert (batch["actions"][row, ~real] == -100).all() and (batch["states"][row, ~real] == 0).all()
+        # returns-to-go fall by the reward (1 per step in CartPole) and end at 1 on an episode's last step
+        rtg = batch["returns_to_go"][row, real, 0]
+        assert torch.allclose(rtg[:-1] - rtg[1:], torch.ones(len(rtg) - 1)) and rtg[-1] >= 1
+    assert batch["states"].dtype == torch.float32 and batch["actions"].dtype == torch.int64
+    continuous = TrajectoryWindowSampler(
+        make_offline_dataset("Pendulum-v1", "random", num_steps=200, seed=0, reference_episodes=0), context_length=4
+    )
+    assert not continuous.discrete and continuous.sample(2)["actions"].shape == (2, 4, 1)
+    assert len(dataset[0]["rewards"]) == int(sampler.returns_to_go[0])  # the first step's return-to-go
