@@ -17,6 +17,10 @@ tier           episodes
                definition)
 ============== ======================================================================================================
 
+With ``medium_policy="degraded"`` the medium agent is instead a systematically worse deterministic controller
+(see `make_offline_dataset`), for ``medium``, ``medium-replay`` (ε falling from 1 to 0 around it) and
+``medium-expert``.
+
 Environments and controllers (the controllers are plain functions of the observation):
 
 - ``LunarLander-v3`` (8-d state, 4 discrete actions; needs ``gymnasium[box2d]``): gymnasium's own heuristic lander.
@@ -101,6 +105,31 @@ def _lunar_lander_controller(env: Any, observation: Sequence[float]) -> int:
     return int(heuristic(env.unwrapped, observation))
 
 
+# Degraded controllers: systematically worse, deterministic policies (a "medium" agent that is wrong in the same
+# way every time, unlike ε-noise, whose most frequent action in every state is still the expert's).
+def _cartpole_degraded(env: Any, observation: Sequence[float]) -> int:
+    return int(observation[3] > 0)  # reacts to the pole's angular velocity only (about 195 of 500)
+
+
+def _pendulum_degraded(env: Any, observation: Sequence[float]) -> list[float]:
+    return [min(1.5, max(-1.5, _pendulum_controller(env, observation)[0]))]  # a weaker motor (about -875)
+
+
+def _inverted_pendulum_degraded(env: Any, observation: Sequence[float]) -> list[float]:
+    position, angle, velocity, angular_velocity = (float(x) for x in observation)
+    force = 3.0 * angle + position + 0.6 * angular_velocity + 0.5 * velocity  # 0.3 x the angle gains (about 130)
+    return [min(3.0, max(-3.0, force))]
+
+
+def _lunar_lander_degraded(env: Any, observation: Sequence[float]) -> int:
+    import numpy
+
+    # misjudges its vertical speed by half: hovers and lands hard (about 0 against the heuristic's 210-260)
+    seen = numpy.array(observation, dtype=numpy.float32)
+    seen[3] *= 0.5
+    return _lunar_lander_controller(env, seen)
+
+
 @dataclass(frozen=True)
 class OfflineEnvironment:
     """A gymnasium environment with the scripted expert that generates its offline data.
@@ -108,21 +137,30 @@ class OfflineEnvironment:
     Attributes:
         env_id: gymnasium id.
         controller: ``(env, observation) -> action`` (an int for discrete, a list of floats for continuous actions).
-        medium_epsilon: probability of a random action in the ``medium`` tier.
+        medium_epsilon: probability of a random action in the ``medium`` tier (``medium_policy="epsilon"``).
         extra: the gymnasium extra the environment needs (named in the `ImportError`).
+        degraded_controller: a systematically worse deterministic controller, the ``medium`` policy of
+            ``medium_policy="degraded"``.
     """
 
     env_id: str
     controller: Callable[[Any, Sequence[float]], Any]
     medium_epsilon: float
     extra: str
+    degraded_controller: Callable[[Any, Sequence[float]], Any]
 
 
 ENVIRONMENTS: dict[str, OfflineEnvironment] = {
-    "LunarLander-v3": OfflineEnvironment("LunarLander-v3", _lunar_lander_controller, 0.3, "box2d"),
-    "CartPole-v1": OfflineEnvironment("CartPole-v1", _cartpole_controller, 0.45, "classic-control"),
-    "Pendulum-v1": OfflineEnvironment("Pendulum-v1", _pendulum_controller, 0.3, "classic-control"),
-    "InvertedPendulum-v5": OfflineEnvironment("InvertedPendulum-v5", _inverted_pendulum_controller, 0.1, "mujoco"),
+    "LunarLander-v3": OfflineEnvironment(
+        "LunarLander-v3", _lunar_lander_controller, 0.3, "box2d", _lunar_lander_degraded
+    ),
+    "CartPole-v1": OfflineEnvironment(
+        "CartPole-v1", _cartpole_controller, 0.45, "classic-control", _cartpole_degraded
+    ),
+    "Pendulum-v1": OfflineEnvironment("Pendulum-v1", _pendulum_controller, 0.3, "classic-control", _pendulum_degraded),
+    "InvertedPendulum-v5": OfflineEnvironment(
+        "InvertedPendulum-v5", _inverted_pendulum_controller, 0.1, "mujoco", _inverted_pendulum_degraded
+    ),
 }
 
 
@@ -163,13 +201,13 @@ def _as_env_action(space: Any, action: Any) -> Any:
     return numpy.asarray(action, dtype=space.dtype)
 
 
-def _run_episode(env: Any, spec: OfflineEnvironment, epsilon: float, episode_seed: int, rng: random.Random) -> dict:
+def _run_episode(env: Any, controller: Callable, epsilon: float, episode_seed: int, rng: random.Random) -> dict:
     observation, _ = env.reset(seed=episode_seed)
     discrete = hasattr(env.action_space, "n")
     observations, actions, rewards, terminals, truncations = [], [], [], [], []
     while True:
         explore = rng.random() < epsilon
-        action = _random_action(env.action_space, rng) if explore else spec.controller(env, observation)
+        action = _random_action(env.action_space, rng) if explore else controller(env, observation)
         observations.append([float(x) for x in observation])
         actions.append(int(action) if discrete else [float(x) for x in action])
         observation, reward, terminated, truncated, _ = env.step(_as_env_action(env.action_space, action))
@@ -193,7 +231,9 @@ def rollout_returns(env_id: str, epsilon: float, num_episodes: int, seed: int) -
     env = make_env(env_id)
     rng = random.Random(seed)
     try:
-        return [sum(_run_episode(env, spec, epsilon, seed + i, rng)["rewards"]) for i in range(num_episodes)]
+        return [
+            sum(_run_episode(env, spec.controller, epsilon, seed + i, rng)["rewards"]) for i in range(num_episodes)
+        ]
     finally:
         env.close()
 
@@ -222,7 +262,7 @@ def normalized_score(episode_return: float, random_return: float, expert_return:
 
 def _collect(
     env: Any,
-    spec: OfflineEnvironment,
+    controller: Callable,
     epsilon: Callable[[float], float],
     num_steps: int,
     seed: int,
@@ -232,7 +272,7 @@ def _collect(
     ``progress`` in [0, 1) is the fraction of the budget collected before it."""
     episodes, steps = [], 0
     while steps < num_steps:
-        episode = _run_episode(env, spec, epsilon(steps / num_steps), seed + len(episodes), rng)
+        episode = _run_episode(env, controller, epsilon(steps / num_steps), seed + len(episodes), rng)
         episodes.append(episode)
         steps += len(episode["rewards"])
     return episodes
@@ -257,6 +297,7 @@ def make_offline_dataset(
     num_steps: int = 100_000,
     seed: int = 0,
     reference_episodes: int = 50,
+    medium_policy: Literal["epsilon", "degraded"] = "epsilon",
 ) -> Dataset:
     """Generate a D4RL-style offline dataset: one row per trajectory (see the module docstring for the tiers).
 
@@ -269,6 +310,12 @@ def make_offline_dataset(
             ``[0, 10**8)`` so that data episodes never share a reset seed with the reference evaluation episodes.
         reference_episodes: episodes used to measure the random and expert reference returns (0 skips them and
             the normalised scores in the metadata).
+        medium_policy: what the ``medium`` agent of the ``medium``, ``medium-replay`` and ``medium-expert`` tiers
+            is: ``"epsilon"``, the expert taking a random action with probability ``medium_epsilon``; or
+            ``"degraded"``, the environment's systematically worse deterministic controller. With ε-noise the most
+            frequent action in every state is still the expert's, so behaviour cloning with greedy action
+            selection recovers the expert from any ε < 1 mixture; the degraded policy is the harder test of
+            return conditioning (D4RL's medium agents are also systematically, not randomly, worse).
 
     Returns:
         A `datasets.Dataset`; `offline_dataset_metadata(dataset)` gives the environment, the tier, the mean return
@@ -281,24 +328,32 @@ def make_offline_dataset(
         raise ValueError(f"num_steps must be >= 1, got {num_steps}.")
     if not 0 <= seed < 10**8:
         raise ValueError(f"seed must be in [0, 10**8) (evaluation episodes use the seeds above), got {seed}.")
+    if medium_policy not in ("epsilon", "degraded"):
+        raise ValueError(f"medium_policy={medium_policy!r} must be 'epsilon' or 'degraded'.")
     if reference_episodes < 0:
         raise ValueError(f"reference_episodes must be >= 0, got {reference_episodes}.")
     env = make_env(env_id)
     rng = random.Random(seed)
-    medium = spec.medium_epsilon
+    # the medium agent: the expert with ε-noise, or the degraded controller without noise
+    medium_controller, medium = (
+        (spec.controller, spec.medium_epsilon) if medium_policy == "epsilon" else (spec.degraded_controller, 0.0)
+    )
+    expert = spec.controller
     try:
         if tier == "medium-expert":
             components = {
-                "medium": _collect(env, spec, lambda p: medium, (num_steps + 1) // 2, seed, rng),
-                "expert": _collect(env, spec, lambda p: 0.0, num_steps // 2 or 1, seed + _EXPERT_OFFSET, rng),
+                "medium": _collect(env, medium_controller, lambda p: medium, (num_steps + 1) // 2, seed, rng),
+                "expert": _collect(env, expert, lambda p: 0.0, num_steps // 2 or 1, seed + _EXPERT_OFFSET, rng),
             }
         elif tier == "medium-replay":
             # an agent's replay buffer: ε falls linearly from 1 to the medium level over the step budget
             schedule = lambda p: 1.0 - (1.0 - medium) * p  # noqa: E731
-            components = {"medium-replay": _collect(env, spec, schedule, num_steps, seed, rng)}
+            components = {"medium-replay": _collect(env, medium_controller, schedule, num_steps, seed, rng)}
+        elif tier == "medium":
+            components = {tier: _collect(env, medium_controller, lambda p: medium, num_steps, seed, rng)}
         else:
-            epsilon = {"expert": 0.0, "medium": medium, "random": 1.0}[tier]
-            components = {tier: _collect(env, spec, lambda p: epsilon, num_steps, seed, rng)}
+            epsilon = {"expert": 0.0, "random": 1.0}[tier]
+            components = {tier: _collect(env, expert, lambda p: epsilon, num_steps, seed, rng)}
         discrete = hasattr(env.action_space, "n")
         state_dim = int(env.observation_space.shape[0])
         act_dim = int(env.action_space.n) if discrete else int(env.action_space.shape[0])
@@ -318,6 +373,7 @@ def make_offline_dataset(
         "act_dim": act_dim,
         "discrete": discrete,
         "max_episode_steps": max_episode_steps,
+        "medium_policy": medium_policy,
         "medium_epsilon": medium,
         "mean_return": statistics.fmean(returns),
         "std_return": statistics.pstdev(returns),

@@ -66,6 +66,22 @@ def test_tiers_are_ordered_and_normalised():
     assert mixed["component_mean_returns"]["expert"] == 500.0
 
 
+def test_degraded_medium_policy_is_systematic():
+    dataset = make_offline_dataset(
+        "CartPole-v1", "medium", num_steps=600, seed=0, reference_episodes=0, medium_policy="degraded"
+    )
+    metadata = offline_dataset_metadata(dataset)
+    assert metadata["medium_policy"] == "degraded" and metadata["medium_epsilon"] == 0.0
+    for row in dataset:  # the degraded CartPole controller looks at the angular velocity only, without noise
+        assert row["actions"] == [int(obs[3] > 0) for obs in row["observations"]]
+    assert 50 < metadata["mean_return"] < 500
+    mixed = make_offline_dataset("CartPole-v1", "medium-expert", 1000, reference_episodes=0, medium_policy="degraded")
+    returns = offline_dataset_metadata(mixed)["component_mean_returns"]
+    assert returns["expert"] == 500.0 and returns["medium"] < 500.0
+    with pytest.raises(ValueError, match="medium_policy='noisy'"):
+        make_offline_dataset("CartPole-v1", "medium", medium_policy="noisy")
+
+
 def test_continuous_pendulum_and_statistics():
     dataset = make_offline_dataset("Pendulum-v1", "expert", num_steps=400, seed=1, reference_episodes=0)
     assert len(dataset) == 2  # 200-step episodes ending by the time limit
