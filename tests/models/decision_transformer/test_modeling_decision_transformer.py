@@ -202,3 +202,44 @@ def test_evaluate_in_cartpole():
     assert first["normalized_score"] == pytest.approx(100 * (first["mean_return"] - 20.0) / 480.0)
     with pytest.raises(ValueError, match="state_dim=5"):
         evaluate_in_env(_model(), "CartPole-v1", target_return=1.0, num_episodes=1)
+
+
+def test_evaluate_continuous_pendulum_clips_to_the_action_bounds():
+    pytest.importorskip("gymnasium")
+    from tf_family.models.decision_transformer.evaluation_decision_transformer import evaluate_in_env
+
+    torch.manual_seed(0)
+    config = SPEC.tiny_config(state_dim=3, act_dim=1, action_tanh=False, env_id="Pendulum-v1", target_return=-150.0)
+    model = TffDecisionTransformerModel(config)
+    with torch.no_grad():
+        model.predict_action.bias.fill_(50.0)  # far outside Pendulum's [-2, 2]: the helper must clip
+    result = evaluate_in_env(model, num_episodes=2, max_episode_steps=5, reference_returns=None)
+    assert result["env_id"] == "Pendulum-v1" and result["target_return"] == -150.0
+    assert result["lengths"] == [5, 5] and all(r < 0 for r in result["returns"])
+    assert "normalized_score" in result  # Pendulum-v1 has a scripted expert: default references apply
+
+
+def test_lora_targets_train():
+    peft = pytest.importorskip("peft")
+    model = _model()
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=list(SPEC.lora_target_modules)))
+    inputs = _inputs(model.config)
+    lora(**inputs).loss.backward()
+    trained = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)
+    assert all(p.grad is not None for n, p in lora.named_parameters() if p.requires_grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_default_masks_are_built_on_the_inputs_device():
+    model = _model().cuda()
+    inputs = {k: v.cuda() for k, v in _inputs(model.config).items()}
+    out = model(**inputs)  # no attention_mask: the default one must be made on the GPU
+    assert out.action_preds.device.type == "cuda" and torch.isfinite(out.loss)
+    context = TrajectoryContext.start(model.config, inputs["states"][:, 0], target_return=1.0)
+    action = model.get_action(**context.model_inputs())
+    assert action.device.type == "cuda"
+    torch.testing.assert_close(
+        action.cpu(), model.cpu().get_action(**{k: v.cpu() for k, v in context.model_inputs().items()})
+    )
