@@ -243,3 +243,11 @@ def test_default_masks_are_built_on_the_inputs_device():
     torch.testing.assert_close(
         action.cpu(), model.cpu().get_action(**{k: v.cpu() for k, v in context.model_inputs().items()})
     )
+
+
+def test_torch_compile_captures_one_graph():
+    model = _model()
+    inputs = _inputs(model.config)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # no graph break anywhere in forward
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(**inputs).action_preds, model(**inputs).action_preds, rtol=0, atol=0)

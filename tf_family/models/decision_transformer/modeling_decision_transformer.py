@@ -461,7 +461,10 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
         pad = context - states.shape[1]
         if pad > 0:  # left padding up to K steps
             states = F.pad(states, (0, 0, pad, 0))
-            actions = F.pad(actions, (0, 0, pad, 0) if actions.dim() == 3 else (pad, 0), value=0)
+            if actions.dim() == 3:
+                actions = F.pad(actions, (0, 0, pad, 0))
+            else:  # discrete ids: padded steps hold "no action"
+                actions = F.pad(actions, (pad, 0), value=IGNORE_INDEX)
             returns_to_go, timesteps = F.pad(returns_to_go, (pad, 0)), F.pad(timesteps, (pad, 0))
             mask = F.pad(mask, (pad, 0), value=False)
         timesteps = timesteps.long().clamp(0, self.config.max_ep_len - 1)
