@@ -11,6 +11,12 @@ from .models.compressive.modeling_compressive import (
     TffCompressiveModel,
     TffCompressivePreTrainedModel,
 )
+from .models.decision_transformer.configuration_decision_transformer import TffDecisionTransformerConfig
+from .models.decision_transformer.modeling_decision_transformer import (
+    TffDecisionTransformerModel,
+    TffDecisionTransformerPreTrainedModel,
+    TrajectoryContext,
+)
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLForSequenceClassification,
@@ -33,11 +39,15 @@ __all__ = [
     "TffCompressiveLMHeadModel",
     "TffCompressiveModel",
     "TffCompressivePreTrainedModel",
+    "TffDecisionTransformerConfig",
+    "TffDecisionTransformerModel",
+    "TffDecisionTransformerPreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",
     "TffTransfoXLModel",
     "TffTransfoXLPreTrainedModel",
+    "TrajectoryContext",
     "create_model",
     "get_arch",
     "list_architectures",

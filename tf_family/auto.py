@@ -34,6 +34,8 @@ AUTO_CLASS_BY_TASK = {
     "token_classification": AutoModelForTokenClassification,
     "question_answering": AutoModelForQuestionAnswering,
     "multiple_choice": AutoModelForMultipleChoice,
+    # transformers registers its DecisionTransformerModel with AutoModel; ours follows
+    "action": AutoModel,
 }
 
 

@@ -9,11 +9,14 @@ tf-family list                                   the zoo as a table
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
 tf-family convert transfo-xl-vocab VOCAB_PKL OUT_DIR
                                                  a 4.x vocab.pkl -> tokenizer.json (restricted unpickler)
+tf-family convert decision-transformer IN_DIR OUT_DIR [--config-overrides JSON]
+                                                 a transformers decision_transformer checkpoint -> tf_family format
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -37,7 +40,14 @@ def zoo_table() -> str:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    if args.kind == "transfo-xl":
+    if args.kind == "decision-transformer":
+        from .models.decision_transformer.modeling_decision_transformer import TffDecisionTransformerModel
+
+        overrides = json.loads(args.config_overrides) if args.config_overrides else {}
+        model = TffDecisionTransformerModel.from_pretrained(args.source, **overrides)
+        model.save_pretrained(args.output_dir)
+        sys.stdout.write(f"wrote a tf_family {model.config.model_type} checkpoint to {args.output_dir}\n")
+    elif args.kind == "transfo-xl":
         from .models.transfo_xl.modeling_transfo_xl import TffTransfoXLLMHeadModel
 
         model = TffTransfoXLLMHeadModel.from_pretrained(args.source)
@@ -134,9 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--token")
     commands.add_parser("list", help="print the zoo as a table")
     convert = commands.add_parser("convert", help="convert a checkpoint or tokenizer of another implementation")
-    convert.add_argument("kind", choices=["transfo-xl", "transfo-xl-vocab"])
+    convert.add_argument("kind", choices=["transfo-xl", "transfo-xl-vocab", "decision-transformer"])
     convert.add_argument("source", help="checkpoint folder (or Hub id already in the cache), or a vocab.pkl file")
     convert.add_argument("output_dir")
+    convert.add_argument(
+        "--config-overrides",
+        default=None,
+        help='decision-transformer: JSON of config fields to store, e.g. \'{"state_mean": [...], "state_std": [...], '
+        '"return_scale": 1000.0, "target_return": 3600.0}\' (transformers keeps them in the model card)',
+    )
     return parser
 
 

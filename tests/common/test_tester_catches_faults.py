@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tf_family import TffTransfoXLLMHeadModel
+from tf_family import TffDecisionTransformerModel, TffTransfoXLLMHeadModel
 from tf_family.registry import get_arch
 
 from . import tester
@@ -74,3 +74,41 @@ def test_tester_flags_broken_model(model_class, check, message):
 @pytest.mark.parametrize(("model_class", "check", "message"), BROKEN, ids=lambda x: getattr(x, "__name__", ""))
 def test_tester_passes_the_healthy_model_on_the_same_check(model_class, check, message):
     check(tester.with_model_class(get_arch("transfo_xl"), "causal_lm", TffTransfoXLLMHeadModel))
+
+
+class LabelLeakDT(TffDecisionTransformerModel):
+    """Lets the prediction of a_t see a_t itself (the label)."""
+
+    def forward(self, *args, **kwargs):
+        outputs = super().forward(*args, **kwargs)
+        actions = kwargs.get("actions")
+        outputs.action_preds = outputs.action_preds + 1e-2 * self.action_features(actions)
+        return outputs
+
+
+class PaddingBlindDT(TffDecisionTransformerModel):
+    """Ignores the attention mask (attends to padded steps)."""
+
+    def forward(self, *args, attention_mask=None, **kwargs):
+        return super().forward(*args, **kwargs)
+
+
+class CroppingBlindDT(TffDecisionTransformerModel):
+    """get_action drops the history and acts on the newest step alone."""
+
+    def get_action(self, states, actions, returns_to_go, timesteps, attention_mask=None, **kwargs):
+        return super().get_action(states[:, -1:], actions[:, -1:], returns_to_go[:, -1:], timesteps[:, -1:], **kwargs)
+
+
+BROKEN_DT = [
+    (LabelLeakDT, tester.check_causality, "depends on a_t"),
+    (PaddingBlindDT, tester.check_padding_equivalence, "padding"),
+    (CroppingBlindDT, tester.check_generation_cache, "step"),
+]
+
+
+@pytest.mark.parametrize(("model_class", "check", "message"), BROKEN_DT, ids=lambda x: getattr(x, "__name__", ""))
+def test_tester_flags_broken_decision_transformer(model_class, check, message):
+    broken = tester.with_model_class(get_arch("decision_transformer"), "action", model_class)
+    with pytest.raises(AssertionError, match=message):
+        check(broken)

@@ -35,6 +35,8 @@ def build(spec: ArchSpec, task: str, seed: int = 0, **overrides):
 def make_inputs(spec: ArchSpec, config, task: str, batch: int = BATCH, length: int = LENGTH, seed: int = 0) -> dict:
     """Deterministic inputs (and labels) for ``task``; token ids cover the whole vocabulary range."""
     generator = torch.Generator().manual_seed(seed)
+    if task == "action":
+        return make_trajectory_inputs(config, batch, length, generator)
     input_ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
     inputs = {"input_ids": input_ids}
     if task == "causal_lm":
@@ -44,7 +46,33 @@ def make_inputs(spec: ArchSpec, config, task: str, batch: int = BATCH, length: i
     return inputs
 
 
+def make_trajectory_inputs(config, batch: int, length: int, generator: torch.Generator) -> dict:
+    """Task "action" (Decision Transformer): random (R, s, a, t) trajectories; the labels are the actions.
+
+    Raw states are drawn around ``config.state_mean`` with spread ``config.state_std``; timesteps start at a random
+    offset (trajectory windows cut from inside episodes) and stay below ``max_ep_len``.
+    """
+    mean, std = torch.tensor(config.state_mean), torch.tensor(config.state_std)
+    states = mean + std * torch.randn(batch, length, config.state_dim, generator=generator)
+    if config.discrete:
+        actions = torch.randint(0, config.act_dim, (batch, length), generator=generator)
+    else:
+        actions = torch.rand(batch, length, config.act_dim, generator=generator) * 1.8 - 0.9
+    returns_to_go = config.return_scale * torch.randn(batch, length, 1, generator=generator)
+    start = torch.randint(0, config.max_ep_len - length + 1, (batch, 1), generator=generator)
+    timesteps = start + torch.arange(length)
+    return {
+        "states": states,
+        "actions": actions,
+        "returns_to_go": returns_to_go,
+        "timesteps": timesteps,
+        "labels": actions.clone(),
+    }
+
+
 def main_output(task: str, outputs) -> torch.Tensor:
+    if task == "action":
+        return outputs.action_preds
     return outputs.last_hidden_state if task == "base" else outputs.logits
 
 
@@ -94,6 +122,11 @@ def check_forward_shapes(spec: ArchSpec) -> None:
         elif task == "sequence_classification":
             expected = (BATCH, model.config.num_labels)
             assert outputs.loss is not None and torch.isfinite(outputs.loss), f"{task}: no finite loss"
+        elif task == "action":
+            expected = (BATCH, LENGTH, model.config.act_dim)
+            assert outputs.loss is not None and torch.isfinite(outputs.loss), f"{task}: no finite loss"
+            hidden = (BATCH, 3 * LENGTH, model.config.hidden_size)  # one token per R, s and a of every step
+            assert tuple(outputs.last_hidden_state.shape) == hidden, f"{task}: hidden shape, expected {hidden}"
         else:
             raise NotImplementedError(f"the common tester does not know task {task!r} yet")
         assert tuple(out.shape) == expected, f"{task}: output shape {tuple(out.shape)}, expected {expected}"
@@ -168,10 +201,39 @@ def check_overfit(spec: ArchSpec, steps: int = 60) -> None:
         assert loss.item() < 0.25 * first, f"{task}: loss {first:.3f} -> {loss.item():.3f} after {steps} steps"
 
 
+def _check_trajectory_padding_equivalence(model) -> None:
+    """Task "action": padding is per step (all of R, s, a, t of a step); the padded values are garbage on purpose,
+    so a model that reads padded steps fails."""
+    full = without_labels(make_inputs(None, model.config, "action", batch=2, length=LENGTH))
+    short = 7
+    with torch.no_grad():
+        alone = model(**{k: v[1:, :short] for k, v in full.items()}).action_preds
+        for side in ("right", "left"):
+            padded, mask = {}, torch.ones(2, LENGTH, dtype=torch.long)
+            real = slice(0, short) if side == "right" else slice(LENGTH - short, LENGTH)
+            for key, value in full.items():
+                value = value.clone()
+                garbage = value[0, : LENGTH - short].flip(0)  # another row's values in the padded steps
+                if side == "right":
+                    value[1, short:] = garbage
+                else:
+                    value[1] = torch.cat([garbage, full[key][1, :short]])
+                padded[key] = value
+            if side == "right":
+                mask[1, short:] = 0
+            else:
+                mask[1, : LENGTH - short] = 0
+            batched = model(**padded, attention_mask=mask).action_preds
+            torch.testing.assert_close(batched[1, real], alone[0], rtol=1e-4, atol=1e-5, msg=f"action, {side} padding")
+
+
 def check_padding_equivalence(spec: ArchSpec) -> None:
     """A row alone equals the same row padded (left and right) inside a batch, on its real positions."""
     for task in spec.model_classes:
         model = build(spec, task)
+        if task == "action":
+            _check_trajectory_padding_equivalence(model)
+            continue
         full = make_inputs(spec, model.config, task, batch=2, length=LENGTH)["input_ids"]
         short = 7
         with torch.no_grad():
@@ -192,7 +254,28 @@ def check_padding_equivalence(spec: ArchSpec) -> None:
                 torch.testing.assert_close(got, alone[0], rtol=1e-4, atol=1e-5, msg=f"{task}, {side} padding")
 
 
+def _check_action_causality(spec: ArchSpec) -> None:
+    """Task "action": the action predicted at step t depends on R, s up to t and a up to t - 1 only; in
+    particular not on a_t itself (the label), and not on anything later."""
+    model = build(spec, "action")
+    inputs = without_labels(make_inputs(spec, model.config, "action"))
+    cut = 5
+    changed = {key: value.clone() for key, value in inputs.items()}
+    if model.config.discrete:
+        changed["actions"][:, cut:] = (inputs["actions"][:, cut:] + 1) % model.config.act_dim
+    else:
+        changed["actions"][:, cut:] = -inputs["actions"][:, cut:]
+    changed["states"][:, cut + 1 :] += 1.0
+    changed["returns_to_go"][:, cut + 1 :] += model.config.return_scale
+    with torch.no_grad():
+        a = model(**inputs).action_preds[:, : cut + 1]
+        b = model(**changed).action_preds[:, : cut + 1]
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg="action at t depends on a_t or on steps after t")
+
+
 def check_causality(spec: ArchSpec) -> None:
+    if "action" in spec.model_classes:
+        _check_action_causality(spec)
     if "causal_lm" not in spec.model_classes:
         return
     model = build(spec, "causal_lm")
@@ -221,8 +304,39 @@ def check_memory_equivalence(spec: ArchSpec) -> None:
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), whole, rtol=1e-4, atol=1e-5)
 
 
+def _check_acting_context(spec: ArchSpec) -> None:
+    """Task "action": acting step by step through the rolling context (`TrajectoryContext`, `get_action`: crop to
+    K, left padding, mask) equals the full forward over the trajectory, for steps both before and after the
+    context fills up."""
+    from tf_family import TrajectoryContext
+
+    model = build(spec, "action")
+    config = model.config
+    steps = config.context_length + 3
+    trajectory = make_inputs(spec, config, "action", batch=2, length=steps)
+    trajectory["timesteps"] = torch.arange(steps).repeat(2, 1)  # an episode from its start, as the context counts
+    rewards = trajectory["returns_to_go"][:, :-1, 0] - trajectory["returns_to_go"][:, 1:, 0]
+    context = TrajectoryContext.start(config, trajectory["states"][:, 0], trajectory["returns_to_go"][:, 0, 0])
+    with torch.no_grad():
+        for t in range(steps):
+            acted = model.get_action(**context.model_inputs())
+            start = max(0, t + 1 - config.context_length)
+            window = {k: v[:, start : t + 1] for k, v in without_labels(trajectory).items()}
+            expected = model(**window).action_preds[:, -1]
+            if config.discrete:
+                expected = expected.argmax(-1)
+                assert torch.equal(acted, expected), f"step {t}: acted {acted}, full forward {expected}"
+            else:
+                torch.testing.assert_close(acted, expected, rtol=1e-4, atol=1e-5, msg=f"step {t}")
+            if t + 1 < steps:  # record the data's action (teacher forcing), not the acted one
+                context = context.advance(trajectory["actions"][:, t], rewards[:, t], trajectory["states"][:, t + 1])
+                assert torch.equal(context.timesteps[:, -1], torch.full((2,), t + 1)), "timesteps count from the start"
+
+
 def check_generation_cache(spec: ArchSpec) -> None:
     """Incremental decoding (state carried) equals recomputing the full prefix at every step."""
+    if "action" in spec.model_classes:
+        _check_acting_context(spec)
     if "causal_lm" not in spec.model_classes:
         return
     model = build(spec, "causal_lm")
@@ -238,9 +352,9 @@ def check_generation_cache(spec: ArchSpec) -> None:
 
 
 def check_gradient_checkpointing(spec: ArchSpec) -> None:
-    if not spec.model_classes["base"].supports_gradient_checkpointing:
+    task = next(t for t in ("causal_lm", "base", *spec.model_classes) if t in spec.model_classes)
+    if not spec.model_classes[task].supports_gradient_checkpointing:
         return
-    task = "causal_lm" if "causal_lm" in spec.model_classes else "base"
     grads = []
     for checkpointing in (False, True):
         model = build(spec, task).train()
