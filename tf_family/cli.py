@@ -66,6 +66,8 @@ def _convert(args: argparse.Namespace) -> int:
 MAIN_JOB_ARGS = [
     "--arch", "transfo_xl",
     "--variant", "small",
+    # pre-LN: at this size and step budget post-LN Transformer-XL stalls near the unigram loss; pre-LN learns
+    "--config_overrides", "pre_lnorm=true",
     "--max_train_steps", "400",
     "--per_device_train_batch_size", "8",
     "--block_size", "128",
@@ -73,6 +75,8 @@ MAIN_JOB_ARGS = [
     "--num_warmup_steps", "20",
     "--logging_steps", "20",
 ]  # fmt: skip
+# what a fine-tuning run (--model_name_or_path) does not take from the main job
+_ARCH_OPTIONS = ("--arch", "--variant", "--config_overrides")
 SAMPLE_PROMPT = "Fellow-Citizens of the Senate and House of Representatives:"
 
 
@@ -82,7 +86,7 @@ def _train(recipe_args: list[str]) -> int:
     recipe_args = list(recipe_args)
     defaults = list(MAIN_JOB_ARGS)
     if "--model_name_or_path" in recipe_args:  # fine-tuning: no architecture to build
-        for option in ("--arch", "--variant"):
+        for option in _ARCH_OPTIONS:
             index = defaults.index(option)
             del defaults[index : index + 2]
     if "--output_dir" not in recipe_args:
@@ -99,10 +103,13 @@ def _train(recipe_args: list[str]) -> int:
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompt = tokenizer(SAMPLE_PROMPT, return_tensors="pt")
+    # models with absolute positions cannot generate past their last one
+    positions = causal_lm.max_positions(model.config)
+    new_tokens = 60 if positions is None else max(1, min(60, positions - prompt["input_ids"].shape[1]))
     torch.manual_seed(0)
     with torch.no_grad():
         sample = model.generate(
-            **prompt, max_new_tokens=60, do_sample=True, top_k=40, pad_token_id=tokenizer.eos_token_id
+            **prompt, max_new_tokens=new_tokens, do_sample=True, top_k=40, pad_token_id=tokenizer.eos_token_id
         )
     write = sys.stdout.write
     write("\n")

@@ -1,6 +1,7 @@
 """`tf-family train` (the main job, with tiny overrides), `tf-family card` and `tf-family push`."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,16 @@ def test_card_and_push_commands(tmp_path, corpus, capsys, monkeypatch):
         cli.main(["card", str(tmp_path)])
     run = json.loads((folder / "training_run.json").read_text())
     assert run["recipe"] == "recipes/causal_lm.py"
+
+
+def test_train_fine_tunes_a_plain_transformers_model_from_a_dataset_folder(tmp_path, corpus, tiny_gpt2, capsys):
+    # --dataset_name goes through `datasets.load_dataset`, as a Hub id would (a local folder here: no network)
+    folder = str(tmp_path / "gpt2-run")
+    dataset_folder = str(Path(corpus["train"]).parent)
+    args = ["train", "--model_name_or_path", tiny_gpt2, "--dataset_name", dataset_folder, "--block_size", "32",
+            "--max_train_steps", "2", "--output_dir", folder]  # fmt: skip
+    assert cli.main(args) == 0
+    assert "-> GPT2LMHeadModel" in capsys.readouterr().out
+    run = json.loads((Path(folder) / "training_run.json").read_text())
+    assert run["arch"] is None and run["base_model"] == tiny_gpt2
+    assert run["dataset"]["train_documents"] == 8 and run["dataset"]["eval_documents"] == 2
