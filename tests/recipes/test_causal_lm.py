@@ -272,3 +272,12 @@ def test_compressive_transformer_trains_its_compression_through_the_auxiliary_lo
     last = load_file(tmp_path / "checkpoints" / "step_3" / "model.safetensors")
     compression = [key for key in first if ".compression." in key]
     assert compression and all(not torch.equal(first[k], last[k]) for k in compression)
+
+
+def test_bf16_mixed_precision(tmp_path, corpus):
+    results = causal_lm.main([*TINY_TXL, *data_args(corpus), *STEPS, "--mixed_precision", "bf16",
+                              "--output_dir", str(tmp_path)])  # fmt: skip
+    assert math.isfinite(results["eval_loss"])
+    run = json.loads((tmp_path / "training_run.json").read_text())
+    assert run["hyperparameters"]["mixed_precision"] == "bf16"
+    assert all(math.isfinite(record["train_loss"]) for record in run["train_history"])
