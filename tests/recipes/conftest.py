@@ -43,3 +43,16 @@ def data_args(corpus) -> list[str]:
 
 
 TINY_TXL = ["--arch", "transfo_xl", "--variant", "tiny", "--config_overrides", "dropout=0.1", "--block_size", "16"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Each recipe run in this process starts from a fresh accelerate state (it is a process-wide singleton, and a
+    second `Accelerator` with another mixed precision would be refused)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
