@@ -24,7 +24,6 @@ pytestmark = pytest.mark.recipe
 DATA = ["--env_id", "CartPole-v1", "--dataset_steps", "1500", "--reference_episodes", "3"]
 TINY = ["--variant", "tiny", "--per_device_train_batch_size", "4", "--logging_steps", "1"]
 EVAL = ["--eval_episodes", "2", "--eval_target_returns", "100", "500"]
-PLOT = importlib.util.find_spec("matplotlib") is not None  # the `rl` and `test` extras install it
 
 
 def front_matter(path: Path) -> dict:
@@ -35,7 +34,7 @@ def front_matter(path: Path) -> dict:
 def trained(tmp_path_factory):
     output = tmp_path_factory.mktemp("dt")
     args = [*DATA, *TINY, *EVAL, "--max_train_steps", "4", "--eval_steps", "2", "--output_dir", str(output)]
-    results = decision_transformer.main([*args, *([] if PLOT else ["--no_plot"])])
+    results = decision_transformer.main(args)  # with the plot: the `test` extra installs matplotlib
     return output, results
 
 
@@ -77,9 +76,8 @@ def test_trains_evaluates_and_saves_a_hub_ready_folder(trained):
         targets[0]["normalized_score"], abs=1e-4
     )
     assert "| 500 |" in (output / "README.md").read_text()
-    if PLOT:
-        assert (output / decision_transformer.PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert run["evaluation"]["plot"] == decision_transformer.PLOT_FILE
+    assert (output / decision_transformer.PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert run["evaluation"]["plot"] == decision_transformer.PLOT_FILE
 
 
 @pytest.mark.parametrize("layout", ["folder", "parquet"])
@@ -104,6 +102,25 @@ def test_local_data_and_lora_fine_tuning(tmp_path, trained, local_data, layout):
         merged, original = load_file(tmp_path / "model.safetensors"), load_file(Path(base) / "model.safetensors")
         assert merged.keys() == original.keys()
         assert any(not torch.equal(merged[k], original[k]) for k in merged)
+
+
+def test_hub_dataset_in_the_same_layout(tmp_path, local_data, monkeypatch):
+    import datasets
+
+    trajectories = datasets.load_dataset("parquet", data_files=local_data["parquet"], split="train")
+    calls = []
+
+    def from_the_hub(name, config_name=None, split=None, **kwargs):  # no network in tests: the Hub call is recorded
+        calls.append((name, config_name, split))
+        return trajectories
+
+    monkeypatch.setattr(datasets, "load_dataset", from_the_hub)
+    decision_transformer.main(["--dataset_name", "someone/cartpole-medium", "--env_id", "CartPole-v1", *TINY, *EVAL,
+                               "--max_train_steps", "2", "--no_plot", "--output_dir", str(tmp_path)])  # fmt: skip
+    assert calls == [("someone/cartpole-medium", None, "train")]
+    card = front_matter(tmp_path / "README.md")
+    assert card["datasets"] == ["someone/cartpole-medium"]
+    assert card["model-index"][0]["results"][0]["dataset"]["type"] == "CartPole-v1"
 
 
 def test_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
