@@ -18,6 +18,12 @@ a local file or folder (``--train_file``: a `save_to_disk` folder, parquet, JSON
 of process ``p`` is drawn from a generator seeded with ``(seed, i, p)``, so a resumed run draws exactly the windows
 the uninterrupted one would have drawn.
 
+A model trained from scratch (``--arch decision_transformer --variant …``) takes from the data and the environment
+its state and action spaces, ``action_tanh`` (only for continuous spaces inside [-1, 1]), ``max_ep_len``, the state
+mean / std, ``target_return`` (the best return in the data, or ``--target_return``), ``env_id`` and, unless the
+variant or ``--config_overrides`` set one, a ``return_scale`` (the power of ten nearest the largest |return|); a
+model to fine-tune (``--model_name_or_path``) must fit the data, or the run stops with a `ValueError`.
+
 Evaluation (`evaluate`) runs ``--eval_episodes`` episodes in the gymnasium environment at each target return
 (``--eval_target_returns``; by default the data's mean and best returns and, when known, the expert's), split
 between the processes, and reports the mean and std of the returns and the D4RL normalised score (0 = random
@@ -311,6 +317,9 @@ def environment_spaces(env_id: str) -> dict[str, Any]:
             "act_dim": int(env.action_space.n) if discrete else int(env.action_space.shape[0]),
             "action_space": "discrete" if discrete else "continuous",
             "max_episode_steps": env.spec.max_episode_steps,
+            # tanh squashes actions into (-1, 1): right for spaces inside it, wrong for e.g. Pendulum's [-2, 2]
+            "tanh_fits": (not discrete)
+            and bool((env.action_space.low >= -1).all() and (env.action_space.high <= 1).all()),
         }
     finally:
         env.close()
@@ -566,7 +575,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "state_dim": data["state_dim"],
             "act_dim": env["act_dim"],
             "action_space": env["action_space"],
-            "action_tanh": env["action_space"] == "continuous",
+            "action_tanh": env["tanh_fits"],
             "max_ep_len": max(env["max_episode_steps"] or 0, data["longest_episode"]),
             "state_mean": stats["state_mean"],
             "state_std": stats["state_std"],

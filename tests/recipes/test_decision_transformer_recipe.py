@@ -104,6 +104,16 @@ def test_local_data_and_lora_fine_tuning(tmp_path, trained, local_data, layout):
         assert any(not torch.equal(merged[k], original[k]) for k in merged)
 
 
+def test_continuous_actions(tmp_path):
+    decision_transformer.main(["--env_id", "Pendulum-v1", "--dataset_steps", "400", "--reference_episodes", "2",
+                               *TINY, *EVAL, "--max_train_steps", "2", "--no_plot", "--output_dir", str(tmp_path)])  # fmt: skip
+    model = AutoModel.from_pretrained(tmp_path)
+    # Pendulum's torque lies in [-2, 2]: a tanh policy could not reach the expert's actions
+    assert model.config.action_space == "continuous" and model.config.act_dim == 1 and not model.config.action_tanh
+    run = json.loads((tmp_path / "training_run.json").read_text())
+    assert [len(entry["returns"]) for entry in run["evaluation"]["targets"]] == [2, 2]
+
+
 def test_hub_dataset_in_the_same_layout(tmp_path, local_data, monkeypatch):
     import datasets
 
