@@ -10,7 +10,8 @@ K = 20, Hopper's 11-d states and 3-d actions) is saved and loaded into tf_family
 both sides run identical weights. One training step = forward, the action mean squared error over real steps (for
 transformers computed outside the model, as in its blog's `TrainableDT`), backward, AdamW step; batch 64 windows
 with some left padding; dropout 0.1. Also timed: an inference forward. Both with SDPA and eager attention. The first
-step's loss of both sides is recorded as a same-weights check.
+step's loss of both sides is recorded as a same-weights check. Then ``--interleave-rounds`` rounds alternate the two
+sides step by step, so that a change of the (shared) machine's load does not land on one side only.
 
 quality: an offline LunarLander-v3 dataset (`tf_family.data.offline_rl`, tier ``medium-expert`` by default: half
 episodes of a degraded lander that misjudges its vertical speed, half gymnasium's heuristic lander) trains, with the
@@ -73,7 +74,7 @@ def run_speed(args) -> dict:
     reference = DecisionTransformerModel(DecisionTransformerConfig(**SPEED_CONFIG))
     inputs = _speed_batch(args.batch, args.context)
     mask = inputs["attention_mask"].bool()
-    rows, results = [], {}
+    rows, results, callables = [], {}, {}
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
         sides = {}
@@ -114,6 +115,7 @@ def run_speed(args) -> dict:
         train = common.time_callable(lambda step=train_step: [step() for _ in range(args.steps_per_call)])
         model.eval()
         forward = common.time_callable(infer)
+        callables[name] = (model, train_step, infer)
         results[name] = {"train": train.to_dict(), "forward": forward.to_dict(), "first_loss_eval": first_loss}
         steps = args.steps_per_call
         rows.append(
@@ -134,6 +136,9 @@ def run_speed(args) -> dict:
         for kind in ("train", "forward")
         for implementation in ("sdpa", "eager")
     )
+    interleaved = _interleaved_timings(callables, args.interleave_rounds) if args.interleave_rounds else None
+    if interleaved:
+        results["interleaved"] = interleaved
     markdown = (
         f"# Decision Transformer: training step vs transformers' DecisionTransformerModel\n\n"
         f"Hopper-sized model (hidden 128, 3 layers, 1 head), K = {args.context}, batch {args.batch} windows (half "
@@ -144,9 +149,79 @@ def run_speed(args) -> dict:
         )
         + f"\n\nSpeed-up of tf_family (transformers time / tf_family time, medians): {ratios}.\n"
     )
+    if interleaved:
+        markdown += (
+            f"\nInterleaved ({args.interleave_rounds} rounds; in each round the two sides of one attention "
+            "implementation take one training step and one forward each, in alternating order, so load changes on "
+            "the machine hit both alike): per step / forward, median (min).\n\n"
+            + common.markdown_table(
+                [
+                    "attention",
+                    "transformers train",
+                    "tf_family train",
+                    "transformers forward",
+                    "tf_family forward",
+                    "speed-up train",
+                    "speed-up forward",
+                ],
+                [
+                    [
+                        implementation,
+                        *(
+                            f"{common.format_seconds(entry['median_s'])} ({common.format_seconds(entry['min_s'])})"
+                            for entry in (
+                                interleaved[implementation]["transformers"]["train"],
+                                interleaved[implementation]["tf_family"]["train"],
+                                interleaved[implementation]["transformers"]["forward"],
+                                interleaved[implementation]["tf_family"]["forward"],
+                            )
+                        ),
+                        f"{interleaved[implementation]['ratio_train']:.2f}x",
+                        f"{interleaved[implementation]['ratio_forward']:.2f}x",
+                    ]
+                    for implementation in ("sdpa", "eager")
+                ],
+            )  # fmt: skip
+            + "\n"
+        )
     name = "decision_transformer_speed" + ("_smoke" if args.smoke else "")
     common.write_results(name, {"args": vars(args), "config": SPEED_CONFIG, "results": results}, markdown)
     return results
+
+
+def _interleaved_timings(callables: dict, rounds: int) -> dict:
+    """Alternate the two sides of each attention implementation step by step: sequential timing attributes any
+    change of the machine's load between the two measurements to the implementations."""
+    timings = {}
+    for implementation in ("sdpa", "eager"):
+        sides = {side: callables[f"{side} ({implementation})"] for side in ("transformers", "tf_family")}
+        times = {side: {"train": [], "forward": []} for side in sides}
+        for round_index in range(rounds):
+            order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
+            for side in order:
+                model, train_step, infer = sides[side]
+                model.train()
+                start = time.perf_counter()
+                train_step()
+                times[side]["train"].append(time.perf_counter() - start)
+                model.eval()
+                start = time.perf_counter()
+                infer()
+                times[side]["forward"].append(time.perf_counter() - start)
+        summary = {
+            side: {
+                kind: {"times_s": [round(t, 5) for t in values], "median_s": statistics.median(values),
+                       "min_s": min(values)}
+                for kind, values in kinds.items()
+            }
+            for side, kinds in times.items()
+        }  # fmt: skip
+        for kind in ("train", "forward"):
+            summary[f"ratio_{kind}"] = (
+                summary["transformers"][kind]["median_s"] / summary["tf_family"][kind]["median_s"]
+            )
+        timings[implementation] = summary
+    return timings
 
 
 # ----------------------------------------------------------------------------------------------------- quality
@@ -296,6 +371,12 @@ def parse_args(argv=None):
     speed.add_argument("--batch", type=int, default=64)
     speed.add_argument("--context", type=int, default=20)
     speed.add_argument("--steps-per-call", type=int, default=5)
+    speed.add_argument(
+        "--interleave-rounds",
+        type=int,
+        default=10,
+        help="alternating-order rounds after the sequential timing (0: none)",
+    )
     quality = parser.add_argument_group("quality")
     quality.add_argument("--tier", default="medium-expert", choices=["medium-expert", "medium-replay", "medium"])
     quality.add_argument("--medium-policy", default="degraded", choices=["degraded", "epsilon"])
@@ -310,7 +391,7 @@ def parse_args(argv=None):
     quality.add_argument("--max-episode-steps", type=int, default=None)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.batch, args.steps_per_call = 8, 1
+        args.batch, args.steps_per_call, args.interleave_rounds = 8, 1, 2
         args.data_steps, args.train_steps, args.hidden, args.layers = 3_000, 20, 32, 1
         args.seeds, args.episodes, args.max_episode_steps = [0], 2, 100
     return args

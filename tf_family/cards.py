@@ -3,6 +3,12 @@
 Recipes write ``training_run.json`` next to the weights; `write_model_card` turns it into ``README.md`` with the
 evaluation results in the YAML front matter (``model-index``, through `huggingface_hub.ModelCardData` /
 `EvalResult`) so the Hub shows them. ``tf-family card DIR`` calls the same function.
+
+What goes into the ``model-index`` follows the run's ``task``: a causal LM (``"causal_lm"``, the default) reports its
+perplexity and losses on the evaluation split of its dataset; a reinforcement-learning run (``"reinforcement_learning"``,
+e.g. ``recipes/decision_transformer.py``) reports, for every target return it was evaluated at, the mean return
+(``mean_reward``) and the normalised score (``normalized_score``) in its environment, with the environment id as the
+dataset (the convention of the Hub's RL models).
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ _METRICS = {
     "eval_loss": ("loss", "Cross-entropy (nats per token)"),
     "bits_per_token": ("bits_per_token", "Bits per token"),
     "bits_per_character": ("bpc", "Bits per character"),
+}
+
+RL_TASK = "reinforcement_learning"
+# training_run.json "dataset" keys shown as the size of the training data, per task
+_DATA_COUNTS = {
+    "causal_lm": ("train_documents", "train_tokens", "eval_documents", "eval_tokens"),
+    RL_TASK: ("num_episodes", "num_transitions", "mean_return", "max_return"),
 }
 
 
@@ -69,6 +82,73 @@ def _markdown_table(rows: dict[str, Any], header: tuple[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _wide_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _rl_eval_results(run: dict[str, Any]) -> list[EvalResult]:
+    """One ``mean_reward`` and (with reference returns) one ``normalized_score`` per evaluated target return."""
+    evaluation = run.get("evaluation") or {}
+    env_id = evaluation.get("env_id") or run.get("dataset", {}).get("env_id") or "environment"
+    results = []
+    for entry in evaluation.get("targets", []):
+        target = _format(float(entry["target_return"]))
+        common = {
+            "task_type": "reinforcement-learning",
+            "task_name": "Offline reinforcement learning",
+            "dataset_type": env_id,
+            "dataset_name": env_id,
+        }
+        results.append(
+            EvalResult(
+                **common,
+                metric_type="mean_reward",
+                metric_name=f"Mean return (target return {target})",
+                metric_value=round(float(entry["mean_return"]), 4),
+            )
+        )
+        if entry.get("normalized_score") is not None:
+            results.append(
+                EvalResult(
+                    **common,
+                    metric_type="normalized_score",
+                    metric_name=f"Normalised score (target return {target})",
+                    metric_value=round(float(entry["normalized_score"]), 4),
+                )
+            )
+    return results
+
+
+def _rl_evaluation_text(run: dict[str, Any]) -> str:
+    evaluation = run.get("evaluation") or {}
+    targets = evaluation.get("targets", [])
+    if not targets:
+        return "No evaluation was run."
+    normalized = any(entry.get("normalized_score") is not None for entry in targets)
+    header = ["target return", "mean return ± std", *(["normalised score ± std"] if normalized else []), "episodes"]
+    rows = []
+    for entry in targets:
+        row = [_format(float(entry["target_return"])), f"{entry['mean_return']:.1f} ± {entry['std_return']:.1f}"]
+        if normalized:
+            score = entry.get("normalized_score")
+            row.append("—" if score is None else f"{score:.1f} ± {entry.get('normalized_score_std', 0.0):.1f}")
+        row.append(str(len(entry.get("returns", [])) or evaluation.get("num_episodes", "")))
+        rows.append(row)
+    text = (
+        f"In `{evaluation.get('env_id', 'the environment')}`, the policy conditioned on each target return "
+        f"(greedy actions; episode `i` resets with seed `{evaluation.get('seed', 0)} + i`):\n\n"
+        + _wide_table(header, rows)
+    )
+    reference = evaluation.get("reference_returns")
+    if reference:
+        text += f"\n\nReference returns: random policy {reference['random']:.1f}, expert {reference['expert']:.1f}."
+    if evaluation.get("plot"):
+        text += f"\n\n![achieved return against target return]({evaluation['plot']})"
+    return text
+
+
 def _format(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -82,6 +162,7 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
     template_front, body = _split_front_matter(template_text(template_for(model_type)))
 
     data = run.get("dataset", {})
+    task = run.get("task", "causal_lm")
     dataset_id = data.get("name") or "local files"
     eval_split = data.get("eval_split", "validation")
     eval_results = [
@@ -98,6 +179,8 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
         for key, (metric_type, metric_name) in _METRICS.items()
         if key in run.get("metrics", {})
     ]
+    if task == RL_TASK:
+        eval_results = _rl_eval_results(run)
     name = repo_id.split("/")[-1] if repo_id else folder.resolve().name
     tags = list(dict.fromkeys([*template_front.get("tags", []), "tf_family", *([model_type] if model_type else [])]))
     card_data = ModelCardData(
@@ -114,11 +197,10 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
     )
 
     training_data = data.get("description") or f"`{dataset_id}`"
-    counts = {
-        key: data[key] for key in ("train_documents", "train_tokens", "eval_documents", "eval_tokens") if key in data
-    }
+    counts = {key: data[key] for key in _DATA_COUNTS.get(task, _DATA_COUNTS["causal_lm"]) if key in data}
     if counts:
-        training_data += "\n\n" + _markdown_table({k: _format(v) for k, v in counts.items()}, ("split", "size"))
+        header = ("quantity", "value") if task == RL_TASK else ("split", "size")
+        training_data += "\n\n" + _markdown_table({k: _format(v) for k, v in counts.items()}, header)
     procedure = f"Trained with `{run.get('recipe', 'a tf_family recipe')}`"
     if run.get("world_size", 1) > 1:
         procedure += f" on {run['world_size']} processes"
@@ -126,12 +208,14 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
         {k: f"`{_format(v)}`" for k, v in (run.get("hyperparameters") or {}).items()}, ("hyperparameter", "value")
     )
     metrics = run.get("metrics", {})
-    evaluation = (
-        f"On the {eval_split} split:\n\n"
-        + _markdown_table({k: _format(v) for k, v in metrics.items()}, ("metric", "value"))
-        if metrics
-        else "No evaluation was run."
-    )
+    if task == RL_TASK:
+        evaluation = _rl_evaluation_text(run)
+    elif metrics:
+        evaluation = f"On the {eval_split} split:\n\n" + _markdown_table(
+            {k: _format(v) for k, v in metrics.items()}, ("metric", "value")
+        )
+    else:
+        evaluation = "No evaluation was run."
     rendered = jinja2.Template(body, undefined=jinja2.StrictUndefined).render(
         model_name=name,
         repo_id=repo_id or str(folder),
@@ -150,4 +234,4 @@ def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
     return path
 
 
-__all__ = ["RUN_INFO_FILE", "read_run_info", "render_model_card", "template_for", "write_model_card"]
+__all__ = ["RL_TASK", "RUN_INFO_FILE", "read_run_info", "render_model_card", "template_for", "write_model_card"]
