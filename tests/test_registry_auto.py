@@ -19,7 +19,7 @@ def test_every_variant_builds_a_valid_config_and_tiny_is_tiny(name):
         model = model_class(spec.tiny_config())
         assert sum(p.numel() for p in model.parameters()) < 1_000_000, f"{name} tiny {task} is not tiny"
     assert spec.card and spec.reference and spec.lora_target_modules
-    names = {n.rsplit(".", 1)[-1] for n, _ in create_model(name, "causal_lm").named_modules()}
+    names = {n.rsplit(".", 1)[-1] for n, _ in create_model(name, spec.tasks[0]).named_modules()}
     assert set(spec.lora_target_modules) <= names, "LoRA targets must name modules of the model"
 
 

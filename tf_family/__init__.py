@@ -5,6 +5,17 @@ Importing the package registers every architecture with the transformers Auto cl
 
 from .auto import register_all
 from .memory import SegmentMemory
+from .models.longformer.configuration_longformer import TffLongformerConfig
+from .models.longformer.modeling_longformer import (
+    TffLongformerForCausalLM,
+    TffLongformerForMaskedLM,
+    TffLongformerForMultipleChoice,
+    TffLongformerForQuestionAnswering,
+    TffLongformerForSequenceClassification,
+    TffLongformerForTokenClassification,
+    TffLongformerModel,
+    TffLongformerPreTrainedModel,
+)
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLForSequenceClassification,
@@ -22,6 +33,15 @@ __all__ = [
     "ARCHITECTURES",
     "ArchSpec",
     "SegmentMemory",
+    "TffLongformerConfig",
+    "TffLongformerForCausalLM",
+    "TffLongformerForMaskedLM",
+    "TffLongformerForMultipleChoice",
+    "TffLongformerForQuestionAnswering",
+    "TffLongformerForSequenceClassification",
+    "TffLongformerForTokenClassification",
+    "TffLongformerModel",
+    "TffLongformerPreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",
