@@ -11,6 +11,14 @@ Shape vocabulary used in every shape comment of the package:
     G  global tokens         N  query chunks / blocks
 """
 
+from .block_sparse import (
+    block_sparse_attention,
+    block_sparse_attention_reference,
+    build_block_sparse_counts,
+    min_sparse_blocks,
+    random_block_indices,
+    seeded_generator,
+)
 from .masks import build_causal_memory_mask, build_key_padding_mask
 from .relative import (
     rel_shift,
@@ -35,6 +43,9 @@ from .sliding_window import (
 __all__ = [
     "GlobalTokens",
     "WindowPattern",
+    "block_sparse_attention",
+    "block_sparse_attention_reference",
+    "build_block_sparse_counts",
     "build_causal_memory_mask",
     "build_global_query_mask",
     "build_key_padding_mask",
@@ -42,8 +53,11 @@ __all__ = [
     "dense_attention",
     "global_attention",
     "global_attention_reference",
+    "min_sparse_blocks",
+    "random_block_indices",
     "rel_shift",
     "rel_shift_reference",
+    "seeded_generator",
     "relative_attention_scores",
     "relative_position_scores",
     "relative_position_sequence",
