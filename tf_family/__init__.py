@@ -5,6 +5,16 @@ Importing the package registers every architecture with the transformers Auto cl
 
 from .auto import register_all
 from .memory import SegmentMemory
+from .models.big_bird.configuration_big_bird import TffBigBirdConfig
+from .models.big_bird.modeling_big_bird import (
+    TffBigBirdForMaskedLM,
+    TffBigBirdForMultipleChoice,
+    TffBigBirdForQuestionAnswering,
+    TffBigBirdForSequenceClassification,
+    TffBigBirdForTokenClassification,
+    TffBigBirdModel,
+    TffBigBirdPreTrainedModel,
+)
 from .models.longformer.configuration_longformer import TffLongformerConfig
 from .models.longformer.modeling_longformer import (
     TffLongformerForCausalLM,
@@ -33,6 +43,14 @@ __all__ = [
     "ARCHITECTURES",
     "ArchSpec",
     "SegmentMemory",
+    "TffBigBirdConfig",
+    "TffBigBirdForMaskedLM",
+    "TffBigBirdForMultipleChoice",
+    "TffBigBirdForQuestionAnswering",
+    "TffBigBirdForSequenceClassification",
+    "TffBigBirdForTokenClassification",
+    "TffBigBirdModel",
+    "TffBigBirdPreTrainedModel",
     "TffLongformerConfig",
     "TffLongformerForCausalLM",
     "TffLongformerForMaskedLM",

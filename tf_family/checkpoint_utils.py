@@ -91,15 +91,20 @@ def rename_keys(
 
 
 def load_checked_state_dict(
-    model: torch.nn.Module, state_dict: dict[str, torch.Tensor], base_prefix: str, tied: Iterable[str] = ()
+    model: torch.nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    base_prefix: str,
+    tied: Iterable[str] = (),
+    unused: Iterable[str] = ("pooler.",),
 ) -> None:
     """Load renamed weights into ``model``, checking every key and shape first.
 
     ``base_prefix`` (``"longformer."``) is added to or removed from the checkpoint's keys so that a headless
     checkpoint loads into a model with a head and the other way round. Keys in ``tied`` may be absent (they are
     tied afterwards). When the checkpoint has another task's head, that head is skipped and the model's head keeps
-    its fresh initialisation (with a warning). Anything else missing, unexpected or mis-shaped raises a `ValueError`
-    that names the keys, before the model is changed.
+    its fresh initialisation (with a warning). Body weights under ``unused`` (the pooler, which some heads do not
+    have) are dropped when the model lacks them. Anything else missing, unexpected or mis-shaped raises a
+    `ValueError` that names the keys, before the model is changed.
     """
     expected = model.state_dict()
     model_has_prefix = any(key.startswith(base_prefix) for key in expected)
@@ -108,6 +113,8 @@ def load_checked_state_dict(
         state_dict = {f"{base_prefix}{key}": value for key, value in state_dict.items()}
     elif checkpoint_has_prefix and not model_has_prefix:
         state_dict = {k.removeprefix(base_prefix): v for k, v in state_dict.items() if k.startswith(base_prefix)}
+    droppable = tuple(base_prefix + name for name in unused) + tuple(unused)
+    state_dict = {k: v for k, v in state_dict.items() if k in expected or not k.startswith(droppable)}
     model_head = {key for key in expected if model_has_prefix and not key.startswith(base_prefix)}
     checkpoint_head = {key for key in state_dict if model_has_prefix and not key.startswith(base_prefix)}
     foreign_head = checkpoint_head - set(expected)

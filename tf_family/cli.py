@@ -3,6 +3,7 @@
 tf-family list                                   the zoo as a table
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
 tf-family convert longformer IN_DIR OUT_DIR      a transformers 5 longformer checkpoint -> tf_family format
+tf-family convert big-bird IN_DIR OUT_DIR        a transformers 5 big_bird checkpoint -> tf_family format
 tf-family convert transfo-xl-vocab VOCAB_PKL OUT_DIR
                                                  a 4.x vocab.pkl -> tokenizer.json (restricted unpickler)
 """
@@ -32,8 +33,11 @@ def zoo_table() -> str:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    if args.kind == "longformer":
-        from .models.longformer.convert_longformer import convert_folder
+    if args.kind in ("longformer", "big-bird"):
+        if args.kind == "longformer":
+            from .models.longformer.convert_longformer import convert_folder
+        else:
+            from .models.big_bird.convert_big_bird import convert_folder
 
         model = convert_folder(args.source, args.output_dir)
         sys.stdout.write(f"wrote a tf_family {type(model).__name__} checkpoint to {args.output_dir}\n")
@@ -56,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="print the zoo as a table")
     convert = commands.add_parser("convert", help="convert a checkpoint or tokenizer of another implementation")
-    convert.add_argument("kind", choices=["transfo-xl", "transfo-xl-vocab", "longformer"])
+    convert.add_argument("kind", choices=["transfo-xl", "transfo-xl-vocab", "longformer", "big-bird"])
     convert.add_argument("source", help="checkpoint folder (or Hub id already in the cache), or a vocab.pkl file")
     convert.add_argument("output_dir")
     return parser
