@@ -183,11 +183,14 @@ def block_sparse_attention(
         slot_valid = torch.cat([slot_valid, torch.ones_like(random_blocks[:, 1:-1], dtype=torch.bool)], dim=-1)
     slots = table.shape[-1]
 
-    def blocks(tensor):  # (B, H, T', Dh) -> (B, N-2, H, K*b, Dh), the key blocks of every middle query block
-        blocked = tensor.view(batch, heads, num_blocks, block_size, head_dim)
-        head_index = torch.arange(heads, device=device)[None, :, None]  # (1, H, 1)
-        gathered = blocked[:, head_index, table.transpose(0, 1)]  # (B, N-2, H, K, b, Dh)
-        return gathered.reshape(batch * middle, heads, slots * block_size, head_dim)
+    # flat (head, block) ids of every slot, ordered (N-2, H, K): one index_select gathers all key blocks
+    head_offset = torch.arange(heads, device=device)[None, :, None] * num_blocks  # (1, H, 1)
+    flat_index = (table.transpose(0, 1) + head_offset).reshape(-1)  # ((N-2)*H*K,)
+
+    def blocks(tensor):  # (B, H, T', Dh) -> (B*(N-2), H, K*b, Dh), the key blocks of every middle query block
+        flat = tensor.reshape(batch, heads * num_blocks, block_size * head_dim)
+        gathered = flat.index_select(1, flat_index)  # (B, (N-2)*H*K, b*Dh)
+        return gathered.view(batch * middle, heads, slots * block_size, head_dim)
 
     key_valid = valid.view(batch, num_blocks, block_size)[:, table.transpose(0, 1)]  # (B, N-2, H, K, b)
     mask = key_valid & slot_valid.transpose(0, 1)[None, :, :, :, None]

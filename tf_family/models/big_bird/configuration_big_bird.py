@@ -23,7 +23,8 @@ class TffBigBirdConfig(PreTrainedConfig):
         intermediate_size (`int`, defaults to 3072): width of the feed-forward block.
         hidden_act (`str`, defaults to `"gelu_new"`): activation of the feed-forward block and the heads.
         hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and sub-layer outputs.
-        attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on attention probabilities.
+        attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on attention probabilities of full
+            attention (block-sparse attention has none, as in the reference code and transformers).
         max_position_embeddings (`int`, defaults to 4096): learned absolute positions (the longest input).
         type_vocab_size (`int`, defaults to 2): token types.
         initializer_range (`float`, defaults to 0.02): std of the normal init of linear layers and embeddings.
