@@ -9,8 +9,9 @@ Config (every model, as in the project's peer baselines): hidden 256, 4 layers, 
 32000, dropout 0.1, batch 1, fp32, positions for 16384 tokens. Longformer: window 256 (128 per side), token 0
 global. BigBird: block 64, 3 random blocks. Dense: transformers `BertModel` with SDPA attention.
 
-The parent process builds one random transformers Longformer and one BigBird and saves them; the tf_family side
-loads the same folders (`from_pretrained` translates them), so both sides run identical weights and the summed
+The parent process builds one random transformers Longformer and one BigBird, saves them, and converts them to the
+tf_family format (`tf-family convert`); each side loads its folder with `from_pretrained`, so both run identical
+weights and the summed
 eval output is printed as a same-weights check (BigBird: tf_family imports transformers' eval pattern). Every
 measurement -- model, length, mode -- runs in a fresh subprocess, so its peak RSS (`ru_maxrss`) is its own;
 "delta" is the peak minus the RSS after the model and the input were built. A subprocess that fails (out of
@@ -30,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's tf_family, not an installed one
 import common  # noqa: E402
 
 MODELS = ("tff_longformer", "hf_longformer", "tff_big_bird", "hf_big_bird", "dense_sdpa")
@@ -55,6 +57,12 @@ def make_checkpoints(folder: str) -> None:
     BigBirdModel(
         BigBirdConfig(**BODY, block_size=64, num_random_blocks=3, max_position_embeddings=MAX_POSITIONS)
     ).save_pretrained(os.path.join(folder, "big_bird"))
+    # tf_family side: converted once (what `tf-family convert` writes), then loaded like any tf_family checkpoint
+    from tf_family.models.big_bird.convert_big_bird import convert_folder as convert_big_bird
+    from tf_family.models.longformer.convert_longformer import convert_folder as convert_longformer
+
+    convert_longformer(os.path.join(folder, "longformer"), os.path.join(folder, "tff_longformer"))
+    convert_big_bird(os.path.join(folder, "big_bird"), os.path.join(folder, "tff_big_bird"))
 
 
 def _build(model_name: str, folder: str):
@@ -69,11 +77,11 @@ def _build(model_name: str, folder: str):
     if model_name == "tff_longformer":
         from tf_family import TffLongformerModel
 
-        return TffLongformerModel.from_pretrained(os.path.join(folder, "longformer"))
+        return TffLongformerModel.from_pretrained(os.path.join(folder, "tff_longformer"))
     if model_name == "tff_big_bird":
         from tf_family import TffBigBirdModel
 
-        return TffBigBirdModel.from_pretrained(os.path.join(folder, "big_bird"))
+        return TffBigBirdModel.from_pretrained(os.path.join(folder, "tff_big_bird"))
     import torch
     from transformers import BertConfig, BertModel
 
