@@ -5,6 +5,16 @@ Importing the package registers every architecture with the transformers Auto cl
 
 from .auto import register_all
 from .memory import CompressiveMemory, SegmentMemory
+from .models.big_bird.configuration_big_bird import TffBigBirdConfig
+from .models.big_bird.modeling_big_bird import (
+    TffBigBirdForMaskedLM,
+    TffBigBirdForMultipleChoice,
+    TffBigBirdForQuestionAnswering,
+    TffBigBirdForSequenceClassification,
+    TffBigBirdForTokenClassification,
+    TffBigBirdModel,
+    TffBigBirdPreTrainedModel,
+)
 from .models.compressive.configuration_compressive import TffCompressiveConfig
 from .models.compressive.modeling_compressive import (
     TffCompressiveLMHeadModel,
@@ -16,6 +26,17 @@ from .models.decision_transformer.modeling_decision_transformer import (
     TffDecisionTransformerModel,
     TffDecisionTransformerPreTrainedModel,
     TrajectoryContext,
+)
+from .models.longformer.configuration_longformer import TffLongformerConfig
+from .models.longformer.modeling_longformer import (
+    TffLongformerForCausalLM,
+    TffLongformerForMaskedLM,
+    TffLongformerForMultipleChoice,
+    TffLongformerForQuestionAnswering,
+    TffLongformerForSequenceClassification,
+    TffLongformerForTokenClassification,
+    TffLongformerModel,
+    TffLongformerPreTrainedModel,
 )
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
@@ -42,6 +63,23 @@ __all__ = [
     "TffDecisionTransformerConfig",
     "TffDecisionTransformerModel",
     "TffDecisionTransformerPreTrainedModel",
+    "TffBigBirdConfig",
+    "TffBigBirdForMaskedLM",
+    "TffBigBirdForMultipleChoice",
+    "TffBigBirdForQuestionAnswering",
+    "TffBigBirdForSequenceClassification",
+    "TffBigBirdForTokenClassification",
+    "TffBigBirdModel",
+    "TffBigBirdPreTrainedModel",
+    "TffLongformerConfig",
+    "TffLongformerForCausalLM",
+    "TffLongformerForMaskedLM",
+    "TffLongformerForMultipleChoice",
+    "TffLongformerForQuestionAnswering",
+    "TffLongformerForSequenceClassification",
+    "TffLongformerForTokenClassification",
+    "TffLongformerModel",
+    "TffLongformerPreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",

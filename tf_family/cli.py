@@ -7,6 +7,8 @@ tf-family card DIR [--repo_id ID]                render (or refresh) DIR/README.
 tf-family push DIR REPO_ID [--private]           upload a trained folder (weights, config, tokenizer, card)
 tf-family list                                   the zoo as a table
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
+tf-family convert longformer IN_DIR OUT_DIR      a transformers 5 longformer checkpoint -> tf_family format
+tf-family convert big-bird IN_DIR OUT_DIR        a transformers 5 big_bird checkpoint -> tf_family format
 tf-family convert transfo-xl-vocab VOCAB_PKL OUT_DIR
                                                  a 4.x vocab.pkl -> tokenizer.json (restricted unpickler)
 tf-family convert decision-transformer IN_DIR OUT_DIR [--config-overrides JSON]
@@ -47,6 +49,14 @@ def _convert(args: argparse.Namespace) -> int:
         model = TffDecisionTransformerModel.from_pretrained(args.source, **overrides)
         model.save_pretrained(args.output_dir)
         sys.stdout.write(f"wrote a tf_family {model.config.model_type} checkpoint to {args.output_dir}\n")
+    elif args.kind in ("longformer", "big-bird"):
+        if args.kind == "longformer":
+            from .models.longformer.convert_longformer import convert_folder
+        else:
+            from .models.big_bird.convert_big_bird import convert_folder
+
+        model = convert_folder(args.source, args.output_dir)
+        sys.stdout.write(f"wrote a tf_family {type(model).__name__} checkpoint to {args.output_dir}\n")
     elif args.kind == "transfo-xl":
         from .models.transfo_xl.modeling_transfo_xl import TffTransfoXLLMHeadModel
 
@@ -151,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--token")
     commands.add_parser("list", help="print the zoo as a table")
     convert = commands.add_parser("convert", help="convert a checkpoint or tokenizer of another implementation")
-    convert.add_argument("kind", choices=["transfo-xl", "transfo-xl-vocab", "decision-transformer"])
+    convert.add_argument(
+        "kind", choices=["transfo-xl", "transfo-xl-vocab", "decision-transformer", "longformer", "big-bird"]
+    )
     convert.add_argument("source", help="checkpoint folder (or Hub id already in the cache), or a vocab.pkl file")
     convert.add_argument("output_dir")
     convert.add_argument(

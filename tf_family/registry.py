@@ -13,10 +13,29 @@ from typing import Any, Literal
 
 from transformers import PreTrainedConfig, PreTrainedModel
 
+from .models.big_bird.configuration_big_bird import TffBigBirdConfig
+from .models.big_bird.modeling_big_bird import (
+    TffBigBirdForMaskedLM,
+    TffBigBirdForMultipleChoice,
+    TffBigBirdForQuestionAnswering,
+    TffBigBirdForSequenceClassification,
+    TffBigBirdForTokenClassification,
+    TffBigBirdModel,
+)
 from .models.compressive.configuration_compressive import TffCompressiveConfig
 from .models.compressive.modeling_compressive import TffCompressiveLMHeadModel, TffCompressiveModel
 from .models.decision_transformer.configuration_decision_transformer import TffDecisionTransformerConfig
 from .models.decision_transformer.modeling_decision_transformer import TffDecisionTransformerModel
+from .models.longformer.configuration_longformer import TffLongformerConfig
+from .models.longformer.modeling_longformer import (
+    TffLongformerForCausalLM,
+    TffLongformerForMaskedLM,
+    TffLongformerForMultipleChoice,
+    TffLongformerForQuestionAnswering,
+    TffLongformerForSequenceClassification,
+    TffLongformerForTokenClassification,
+    TffLongformerModel,
+)
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLForSequenceClassification,
@@ -301,8 +320,119 @@ _DECISION_TRANSFORMER = ArchSpec(
     paper="2106.01345",
 )
 
+_LONGFORMER = ArchSpec(
+    name="longformer",
+    title="Longformer (Beltagy et al. 2020)",
+    config_class=TffLongformerConfig,
+    model_classes=MappingProxyType(
+        {
+            "base": TffLongformerModel,
+            "masked_lm": TffLongformerForMaskedLM,
+            "causal_lm": TffLongformerForCausalLM,
+            "sequence_classification": TffLongformerForSequenceClassification,
+            "token_classification": TffLongformerForTokenClassification,
+            "question_answering": TffLongformerForQuestionAnswering,
+            "multiple_choice": TffLongformerForMultipleChoice,
+        }
+    ),
+    variants=MappingProxyType(
+        {
+            "tiny": MappingProxyType(
+                {
+                    "vocab_size": 128,
+                    "hidden_size": 32,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 2,
+                    "intermediate_size": 64,
+                    "attention_window": [4, 6],
+                    "attention_dilation": [1, 2],
+                    "max_position_embeddings": 64,
+                    "hidden_dropout_prob": 0.0,
+                    "attention_probs_dropout_prob": 0.0,
+                }
+            ),
+            "small": MappingProxyType(
+                {
+                    "vocab_size": 32000,
+                    "hidden_size": 256,
+                    "num_hidden_layers": 4,
+                    "num_attention_heads": 4,
+                    "intermediate_size": 1024,
+                    "attention_window": 256,
+                    "max_position_embeddings": 16386,
+                }
+            ),
+            # the shapes of allenai/longformer-base-4096 (the config defaults) and allenai/longformer-large-4096
+            "base-4096": MappingProxyType({}),
+            "large-4096": MappingProxyType(
+                {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
+            ),
+        }
+    ),
+    lora_target_modules=("query", "key", "value", "out_proj"),
+    reference="transformers 5.23 LongformerModel and heads (random tiny checkpoints)",
+    parity="outputs within 1e-4 in eval (windows, global tokens, odd lengths, padding)",
+    card="longformer.md",
+    paper="2004.05150",
+)
+
+_BIG_BIRD = ArchSpec(
+    name="big_bird",
+    title="BigBird (Zaheer et al. 2020)",
+    config_class=TffBigBirdConfig,
+    model_classes=MappingProxyType(
+        {
+            "base": TffBigBirdModel,
+            "masked_lm": TffBigBirdForMaskedLM,
+            "sequence_classification": TffBigBirdForSequenceClassification,
+            "token_classification": TffBigBirdForTokenClassification,
+            "question_answering": TffBigBirdForQuestionAnswering,
+            "multiple_choice": TffBigBirdForMultipleChoice,
+        }
+    ),
+    variants=MappingProxyType(
+        {
+            # block 2 with one random block: inputs of >= 16 tokens take the block-sparse path
+            "tiny": MappingProxyType(
+                {
+                    "vocab_size": 128,
+                    "hidden_size": 32,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 2,
+                    "intermediate_size": 64,
+                    "block_size": 2,
+                    "num_random_blocks": 1,
+                    "max_position_embeddings": 64,
+                    "hidden_dropout_prob": 0.0,
+                    "attention_probs_dropout_prob": 0.0,
+                }
+            ),
+            "small": MappingProxyType(
+                {
+                    "vocab_size": 32000,
+                    "hidden_size": 256,
+                    "num_hidden_layers": 4,
+                    "num_attention_heads": 4,
+                    "intermediate_size": 1024,
+                    "max_position_embeddings": 16384,
+                }
+            ),
+            # the shapes of google/bigbird-roberta-base (the config defaults) and google/bigbird-roberta-large
+            "roberta-base": MappingProxyType({}),
+            "roberta-large": MappingProxyType(
+                {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
+            ),
+        }
+    ),
+    lora_target_modules=("query", "key", "value", "out_proj"),
+    reference="transformers 5.23 BigBirdModel and heads (random tiny checkpoints, eval)",
+    parity="outputs within 1e-4 in eval, block-sparse and full paths (random blocks as transformers draws them in eval)",
+    card="big_bird.md",
+    paper="2007.14062",
+)
+
 ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
-    {spec.name: spec for spec in (_TRANSFO_XL, _COMPRESSIVE, _DECISION_TRANSFORMER)}
+    {spec.name: spec for spec in (_TRANSFO_XL, _COMPRESSIVE, _LONGFORMER, _BIG_BIRD, _DECISION_TRANSFORMER)}
 )
 
 

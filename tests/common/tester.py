@@ -8,6 +8,7 @@ the architecture breaks the contract. `tests/common/test_common.py` runs every c
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import tempfile
 
@@ -19,6 +20,7 @@ from tf_family.auto import AUTO_CLASS_BY_TASK
 from tf_family.registry import ArchSpec
 
 BATCH, LENGTH = 2, 12
+NUM_CHOICES = 2
 
 
 # ----------------------------------------------------------------------------------------------------------- helpers
@@ -33,16 +35,29 @@ def build(spec: ArchSpec, task: str, seed: int = 0, **overrides):
 
 
 def make_inputs(spec: ArchSpec, config, task: str, batch: int = BATCH, length: int = LENGTH, seed: int = 0) -> dict:
-    """Deterministic inputs (and labels) for ``task``; token ids cover the whole vocabulary range."""
+    """Deterministic inputs (and labels) for ``task``; token ids cover the whole vocabulary range. Models whose
+    forward takes a ``global_attention_mask`` get their first token global (so global projections are exercised)."""
     generator = torch.Generator().manual_seed(seed)
     if task == "action":
         return make_trajectory_inputs(config, batch, length, generator)
-    input_ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
+    shape = (batch, NUM_CHOICES, length) if task == "multiple_choice" else (batch, length)
+    input_ids = torch.randint(0, config.vocab_size, shape, generator=generator)
     inputs = {"input_ids": input_ids}
-    if task == "causal_lm":
+    if "global_attention_mask" in inspect.signature(spec.model_classes[task].forward).parameters:
+        global_mask = torch.zeros_like(input_ids)
+        global_mask[..., 0] = 1
+        inputs["global_attention_mask"] = global_mask
+    if task in ("causal_lm", "masked_lm"):
         inputs["labels"] = input_ids.clone()
     elif task == "sequence_classification":
         inputs["labels"] = torch.randint(0, config.num_labels, (batch,), generator=generator)
+    elif task == "token_classification":
+        inputs["labels"] = torch.randint(0, config.num_labels, (batch, length), generator=generator)
+    elif task == "question_answering":
+        inputs["start_positions"] = torch.randint(0, length, (batch,), generator=generator)
+        inputs["end_positions"] = torch.randint(0, length, (batch,), generator=generator)
+    elif task == "multiple_choice":
+        inputs["labels"] = torch.randint(0, NUM_CHOICES, (batch,), generator=generator)
     return inputs
 
 
@@ -73,20 +88,26 @@ def make_trajectory_inputs(config, batch: int, length: int, generator: torch.Gen
 def main_output(task: str, outputs) -> torch.Tensor:
     if task == "action":
         return outputs.action_preds
-    return outputs.last_hidden_state if task == "base" else outputs.logits
+    if task == "base":
+        return outputs.last_hidden_state
+    if task == "question_answering":
+        return torch.stack([outputs.start_logits, outputs.end_logits], dim=-1)  # (B, T, 2)
+    return outputs.logits
 
 
 def scalar_loss(task: str, outputs) -> torch.Tensor:
     if getattr(outputs, "loss", None) is not None:
         return outputs.loss
     loss = main_output(task, outputs).float().pow(2).mean()
+    if getattr(outputs, "pooler_output", None) is not None:  # a base model's pooler must get gradients too
+        loss = loss + outputs.pooler_output.float().pow(2).mean()
     # a base model's auxiliary loss (e.g. memory compression) trains weights the main output does not reach
     aux_loss = getattr(outputs, "aux_loss", None)
     return loss if aux_loss is None else loss + aux_loss
 
 
 def without_labels(inputs: dict) -> dict:
-    return {k: v for k, v in inputs.items() if k != "labels"}
+    return {k: v for k, v in inputs.items() if k not in ("labels", "start_positions", "end_positions")}
 
 
 # ------------------------------------------------------------------------------------------------------------ checks
@@ -127,6 +148,14 @@ def check_forward_shapes(spec: ArchSpec) -> None:
             assert outputs.loss is not None and torch.isfinite(outputs.loss), f"{task}: no finite loss"
             hidden = (BATCH, 3 * LENGTH, model.config.hidden_size)  # one token per R, s and a of every step
             assert tuple(outputs.last_hidden_state.shape) == hidden, f"{task}: hidden shape, expected {hidden}"
+        elif task in ("masked_lm", "token_classification", "question_answering", "multiple_choice"):
+            expected = {
+                "masked_lm": (BATCH, LENGTH, model.config.vocab_size),
+                "token_classification": (BATCH, LENGTH, model.config.num_labels),
+                "question_answering": (BATCH, LENGTH, 2),
+                "multiple_choice": (BATCH, NUM_CHOICES),
+            }[task]
+            assert outputs.loss is not None and torch.isfinite(outputs.loss), f"{task}: no finite loss"
         else:
             raise NotImplementedError(f"the common tester does not know task {task!r} yet")
         assert tuple(out.shape) == expected, f"{task}: output shape {tuple(out.shape)}, expected {expected}"
@@ -230,6 +259,8 @@ def _check_trajectory_padding_equivalence(model) -> None:
 def check_padding_equivalence(spec: ArchSpec) -> None:
     """A row alone equals the same row padded (left and right) inside a batch, on its real positions."""
     for task in spec.model_classes:
+        if task == "multiple_choice":
+            continue  # choices are flattened into rows of the base model, which this check covers
         model = build(spec, task)
         if task == "action":
             _check_trajectory_padding_equivalence(model)

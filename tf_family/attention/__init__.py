@@ -8,8 +8,17 @@ Shape vocabulary used in every shape comment of the package:
     B  batch                 H  heads               T  query length        S  key length (incl. memory)
     M  memory length         C  compressed memory   D  model width         Dh head width
     W  one-sided window      K  top-k or blocks     L  layers              R  relative positions
+    G  global tokens         N  query chunks / blocks
 """
 
+from .block_sparse import (
+    block_sparse_attention,
+    block_sparse_attention_reference,
+    build_block_sparse_counts,
+    min_sparse_blocks,
+    random_block_indices,
+    seeded_generator,
+)
 from .masks import build_causal_memory_mask, build_key_padding_mask
 from .relative import (
     rel_shift,
@@ -19,14 +28,40 @@ from .relative import (
     relative_position_sequence,
     sinusoid_position_embedding,
 )
+from .sliding_window import (
+    GlobalTokens,
+    WindowPattern,
+    build_global_query_mask,
+    build_sliding_window_mask,
+    dense_attention,
+    global_attention,
+    global_attention_reference,
+    sliding_window_attention,
+    sliding_window_attention_reference,
+)
 
 __all__ = [
+    "GlobalTokens",
+    "WindowPattern",
+    "block_sparse_attention",
+    "block_sparse_attention_reference",
+    "build_block_sparse_counts",
     "build_causal_memory_mask",
+    "build_global_query_mask",
     "build_key_padding_mask",
+    "build_sliding_window_mask",
+    "dense_attention",
+    "global_attention",
+    "global_attention_reference",
+    "min_sparse_blocks",
+    "random_block_indices",
     "rel_shift",
     "rel_shift_reference",
+    "seeded_generator",
     "relative_attention_scores",
     "relative_position_scores",
     "relative_position_sequence",
     "sinusoid_position_embedding",
+    "sliding_window_attention",
+    "sliding_window_attention_reference",
 ]

@@ -1,15 +1,19 @@
 """Bundled real data and the loaders the recipes use."""
 
+from .brown import BROWN_CORPUS_FILE, BROWN_GENRES, load_brown
 from .packing import LMBlocks, build_document_streams, pack_into_blocks, schedule_shuffled_batches, schedule_streams
 from .sotu import SOTU_CORPUS_FILE, SOTU_TOKENIZER_DIR, load_sotu, read_sotu_records, sotu_split
 from .text import BUNDLED_DATASETS, load_text_datasets
 
 __all__ = [
+    "BROWN_CORPUS_FILE",
+    "BROWN_GENRES",
     "BUNDLED_DATASETS",
     "LMBlocks",
     "SOTU_CORPUS_FILE",
     "SOTU_TOKENIZER_DIR",
     "build_document_streams",
+    "load_brown",
     "load_sotu",
     "load_text_datasets",
     "pack_into_blocks",

@@ -1,0 +1,101 @@
+"""BigBird block-sparse attention agrees with its dense twin (values and gradients); random blocks are seeded."""
+
+import pytest
+import torch
+
+from tf_family.attention import (
+    block_sparse_attention,
+    block_sparse_attention_reference,
+    build_block_sparse_counts,
+    random_block_indices,
+    seeded_generator,
+)
+
+B, H, DH = 3, 2, 8
+
+
+def _inputs(length, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    tensors = [torch.randn(B, H, length, DH, generator=generator, dtype=torch.float64) for _ in range(3)]
+    for tensor in tensors:
+        tensor.requires_grad_(True)
+    padding = torch.ones(B, length, dtype=torch.bool)
+    padding[1, length - 6 :] = False  # rows of different lengths: right padding ...
+    padding[2, :5] = False  # ... and left padding
+    return tensors, padding
+
+
+@pytest.mark.parametrize("length", [35, 64, 90])
+@pytest.mark.parametrize("num_random", [0, 2])
+@pytest.mark.parametrize("window_blocks", [1, 2])
+@pytest.mark.parametrize("repeated", [False, True])
+def test_block_sparse_matches_dense_twin(length, num_random, window_blocks, repeated):
+    block = 4
+    tensors, padding = _inputs(length, seed=length)
+    num_blocks = -(-length // block)
+    random_blocks = random_block_indices(num_blocks, H, num_random, window_blocks, seeded_generator(3, 0))
+    if repeated:  # transformers' eval pattern: every random slot on block 0 (repeats the global block)
+        random_blocks = torch.zeros_like(random_blocks)
+    weights = torch.randn(B, H, length, DH, dtype=torch.float64) * padding[:, None, :, None]
+    fast = block_sparse_attention(*tensors, block, random_blocks, window_blocks, padding)
+    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
+    reference = block_sparse_attention_reference(*tensors, block, random_blocks, window_blocks, padding)
+    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
+    select = padding[:, None, :, None].expand_as(fast)
+    torch.testing.assert_close(fast[select], reference[select], rtol=1e-9, atol=1e-10)
+    for got, expected in zip(fast_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
+
+
+def test_covering_window_without_random_blocks_is_full_attention():
+    tensors, padding = _inputs(30)
+    full = torch.nn.functional.scaled_dot_product_attention(*tensors, attn_mask=padding[:, None, None, :])
+    sparse = block_sparse_attention(*tensors, 4, None, window_blocks=8, key_padding_mask=padding)
+    select = padding[:, None, :, None].expand_as(full)
+    torch.testing.assert_close(sparse[select], full[select])
+
+
+def test_random_blocks_are_seeded_distinct_and_outside_the_window():
+    first = random_block_indices(20, 3, 3, 1, seeded_generator(7, 2))
+    again = random_block_indices(20, 3, 3, 1, seeded_generator(7, 2))
+    other = random_block_indices(20, 3, 3, 1, seeded_generator(7, 3))
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    state = torch.random.get_rng_state()
+    random_block_indices(20, 3, 3, 1, seeded_generator(0, 0))
+    assert torch.equal(state, torch.random.get_rng_state())
+    for head in range(3):
+        for query in range(1, 19):
+            chosen = first[head, query].tolist()
+            assert len(set(chosen)) == 3
+            assert all(abs(block - query) > 1 and 0 < block < 19 for block in chosen)
+    with pytest.raises(ValueError, match="num_random_blocks=3"):
+        random_block_indices(7, 1, 3, 1, seeded_generator(0, 0))
+
+
+def test_counts_follow_the_itc_pattern():
+    counts = build_block_sparse_counts(6, torch.tensor([[[0], [4], [0], [1], [0], [0]]]), 1)[0]
+    assert counts.tolist() == [
+        [1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 0, 1, 1],  # window 0-2 (0 is global), last block, random block 4
+        [2, 1, 1, 1, 0, 1],  # random slot repeats block 0
+        [1, 1, 1, 1, 1, 1],  # random block 1
+        [2, 0, 0, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1],
+    ]
+
+
+def test_fast_path_memory_is_linear_in_length():
+    saved = {}
+    for length in (512, 2048):
+        query = torch.randn(1, 2, length, 4, requires_grad=True)
+        sizes = []
+
+        def pack(tensor, sizes=sizes):
+            sizes.append(tensor.numel())
+            return tensor
+
+        blocks = random_block_indices(length // 16, 2, 2, 1, seeded_generator(0, 0))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block_sparse_attention(query, query, query, 16, blocks).sum()
+        saved[length] = sum(sizes)
+    assert saved[2048] <= 4 * saved[512] * 1.1, saved

@@ -1,0 +1,229 @@
+"""BigBird block-sparse attention (Zaheer et al. 2020, arXiv:2007.14062, section 2 and appendix D, "ITC").
+
+The sequence is cut into ``N`` blocks of ``block_size`` tokens. The first and the last block are global: they attend
+to every key and every query attends to them. Every other query block ``q`` attends to the blocks of its sliding
+window ``q - w .. q + w`` (``w = window_blocks``; 1 gives the paper's 3 blocks), to the two global blocks, and to
+``R`` random blocks chosen per head and per query block.
+
+Random blocks are data, not hidden state: `random_block_indices` draws them from a `torch.Generator` the caller
+seeds, so a forward pass never touches the global RNG and the same seed gives the same pattern. A random block may
+repeat a block the query already sees (transformers' BigBird, in eval mode, points every random slot at block 0);
+a repeated key block then counts as many times as it appears in the softmax, exactly as in that implementation.
+
+The fast path (`block_sparse_attention`) gathers each query block's key blocks and runs PyTorch's
+scaled-dot-product attention on them, so time and memory grow linearly with the length; the dense twin
+(`block_sparse_attention_reference`) applies the block multiplicities of `build_block_sparse_counts` to full scores.
+Tensors are ``(B, H, T, Dh)``; ``T`` need not be a multiple of ``block_size`` (the tail block is padded and masked).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .sliding_window import dense_attention
+
+
+def _window_blocks_valid(num_blocks: int, window_blocks: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key-block table of the sliding window for the middle query blocks: ``(N-2, 2w+1)`` ids and validity (a window
+    slot is dropped when it falls outside the sequence or onto a global block, which every query sees anyway)."""
+    query_blocks = torch.arange(1, num_blocks - 1, device=device)  # (N-2,)
+    offsets = torch.arange(-window_blocks, window_blocks + 1, device=device)  # (2w+1,)
+    blocks = query_blocks[:, None] + offsets[None, :]  # (N-2, 2w+1)
+    valid = (blocks >= 1) & (blocks <= num_blocks - 2)
+    return blocks.clamp(0, num_blocks - 1), valid
+
+
+def random_block_indices(
+    num_blocks: int, num_heads: int, num_random_blocks: int, window_blocks: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Draw the random key blocks of every head and query block: ``(H, N, R)``.
+
+    Each middle query block gets ``R`` distinct blocks, uniformly among those outside its window and the two global
+    blocks; rows 0 and ``N - 1`` (global queries) hold zeros and are not used.
+
+    Raises:
+        ValueError: when a query block has fewer than ``R`` blocks to choose from (the input is too short).
+    """
+    if num_random_blocks == 0 or num_blocks < 3:
+        return torch.zeros(num_heads, num_blocks, num_random_blocks, dtype=torch.long)
+    query = torch.arange(num_blocks)[:, None]
+    key = torch.arange(num_blocks)[None, :]
+    allowed = ((query - key).abs() > window_blocks) & (key > 0) & (key < num_blocks - 1)  # (N, N)
+    fewest = int(allowed[1:-1].sum(dim=1).min())
+    if fewest < num_random_blocks:
+        raise ValueError(
+            f"num_random_blocks={num_random_blocks} needs at least that many blocks outside every window, but an input "
+            f"of {num_blocks} blocks leaves {fewest}; use block-sparse attention only for inputs longer than "
+            f"{(2 * window_blocks + 3 + 2 * num_random_blocks)} blocks."
+        )
+    scores = torch.rand(num_heads, num_blocks, num_blocks, generator=generator)  # (H, N, N)
+    scores = scores.masked_fill(~allowed, -1.0)
+    chosen = scores.topk(num_random_blocks, dim=-1).indices  # (H, N, R), a uniform R-subset of the allowed blocks
+    chosen[:, 0] = 0
+    chosen[:, -1] = 0
+    return chosen
+
+
+def build_block_sparse_counts(
+    num_blocks: int, random_blocks: torch.Tensor | None, window_blocks: int = 1, num_heads: int = 1
+) -> torch.Tensor:
+    """How many times each query block attends to each key block: ``(H, N, N)`` integer counts.
+
+    Global query blocks (first, last) see every block once; a middle block sees its window and the global blocks
+    once, plus one more time per random slot pointing at a block.
+    """
+    device = random_blocks.device if random_blocks is not None else None
+    heads = random_blocks.shape[0] if random_blocks is not None else num_heads
+    counts = torch.zeros(heads, num_blocks, num_blocks, dtype=torch.long, device=device)
+    counts[:, 0] = 1
+    counts[:, -1] = 1
+    if num_blocks > 2:
+        blocks, valid = _window_blocks_valid(num_blocks, window_blocks, device)
+        middle = torch.zeros(num_blocks - 2, num_blocks, dtype=torch.long, device=device)
+        middle.scatter_add_(1, blocks, valid.long())
+        middle[:, 0] += 1
+        middle[:, -1] += 1
+        counts[:, 1:-1] = middle
+        if random_blocks is not None and random_blocks.shape[-1]:
+            counts[:, 1:-1].scatter_add_(-1, random_blocks[:, 1:-1], torch.ones_like(random_blocks[:, 1:-1]))
+    return counts
+
+
+def _padded(query, key, value, key_padding_mask, block_size):
+    batch, _, length, _ = query.shape
+    num_blocks = -(-length // block_size)
+    tail = num_blocks * block_size - length
+    valid = (
+        torch.ones(batch, length, dtype=torch.bool, device=query.device)
+        if key_padding_mask is None
+        else key_padding_mask.to(torch.bool)
+    )
+    if key_padding_mask is not None and key_padding_mask.shape != (batch, length):
+        raise ValueError(f"key_padding_mask must have shape {(batch, length)}, got {tuple(key_padding_mask.shape)}.")
+    if tail:
+        query, key, value = (F.pad(t, (0, 0, 0, tail)) for t in (query, key, value))
+        valid = F.pad(valid, (0, tail), value=False)
+    # a row without any real token would give empty softmax rows; let it see everything instead (finite garbage)
+    valid = valid | ~valid.any(dim=1, keepdim=True)
+    return query, key, value, valid, num_blocks, tail
+
+
+def block_sparse_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_size: int,
+    random_blocks: torch.Tensor | None = None,
+    window_blocks: int = 1,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dense twin of `block_sparse_attention`: full scores plus ``log(count)`` of each key block's multiplicity."""
+    length = query.shape[2]
+    query, key, value, valid, num_blocks, _ = _padded(query, key, value, key_padding_mask, block_size)
+    counts = build_block_sparse_counts(num_blocks, random_blocks, window_blocks, query.shape[1])  # (H, N, N)
+    counts = counts.repeat_interleave(block_size, 1).repeat_interleave(block_size, 2)  # (H, T', T')
+    allowed = (counts > 0)[None] & valid[:, None, None, :]  # (B, H, T', T')
+    bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()[None]
+    return dense_attention(query, key, value, allowed, key_bias=bias)[0][:, :, :length]
+
+
+def block_sparse_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_size: int,
+    random_blocks: torch.Tensor | None = None,
+    window_blocks: int = 1,
+    key_padding_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """BigBird attention in time and memory linear in ``T``.
+
+    Args:
+        query, key, value: ``(B, H, T, Dh)``.
+        block_size: tokens per block.
+        random_blocks: ``(H, N, R)`` key blocks per head and query block (`random_block_indices`), or ``None``.
+        window_blocks: one-sided window in blocks.
+        key_padding_mask: ``(B, T)`` bool/0-1, True at real tokens.
+        dropout_p: dropout on the attention probabilities.
+
+    Returns:
+        ``(B, H, T, Dh)``, equal to `block_sparse_attention_reference` up to float rounding.
+    """
+    batch, heads, length, head_dim = query.shape
+    query, key, value, valid, num_blocks, _ = _padded(query, key, value, key_padding_mask, block_size)
+    padded_length = num_blocks * block_size
+    if random_blocks is not None and random_blocks.shape[:2] != (heads, num_blocks):
+        raise ValueError(
+            f"random_blocks must have shape ({heads}, {num_blocks}, R) for {heads} heads and {num_blocks} blocks, got "
+            f"{tuple(random_blocks.shape)}."
+        )
+    if num_blocks <= 2:  # every block is global
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=valid[:, None, None, :], dropout_p=dropout_p)
+        return out[:, :, :length]
+
+    # global query blocks: the first and the last, against every key
+    global_rows = torch.cat([query[:, :, :block_size], query[:, :, -block_size:]], dim=2)  # (B, H, 2b, Dh)
+    global_out = F.scaled_dot_product_attention(
+        global_rows, key, value, attn_mask=valid[:, None, None, :], dropout_p=dropout_p
+    )  # (B, H, 2b, Dh)
+
+    # middle query blocks: window blocks + the two global blocks + random blocks, gathered per head
+    device = query.device
+    window, window_valid = _window_blocks_valid(num_blocks, window_blocks, device)  # (N-2, 2w+1)
+    middle = num_blocks - 2
+    globals_ = torch.tensor([0, num_blocks - 1], device=device).expand(middle, 2)
+    table = torch.cat([globals_, window], dim=1)[None].expand(heads, -1, -1)  # (H, N-2, 2w+3)
+    slot_valid = torch.cat([torch.ones(middle, 2, dtype=torch.bool, device=device), window_valid], 1)
+    slot_valid = slot_valid[None].expand(heads, -1, -1)
+    if random_blocks is not None and random_blocks.shape[-1]:
+        random_blocks = random_blocks.to(device)
+        table = torch.cat([table, random_blocks[:, 1:-1]], dim=-1)  # (H, N-2, K)
+        slot_valid = torch.cat([slot_valid, torch.ones_like(random_blocks[:, 1:-1], dtype=torch.bool)], dim=-1)
+    slots = table.shape[-1]
+
+    # flat (head, block) ids of every slot, ordered (N-2, H, K): one index_select gathers all key blocks
+    head_offset = torch.arange(heads, device=device)[None, :, None] * num_blocks  # (1, H, 1)
+    flat_index = (table.transpose(0, 1) + head_offset).reshape(-1)  # ((N-2)*H*K,)
+
+    def blocks(tensor):  # (B, H, T', Dh) -> (B*(N-2), H, K*b, Dh), the key blocks of every middle query block
+        flat = tensor.reshape(batch, heads * num_blocks, block_size * head_dim)
+        gathered = flat.index_select(1, flat_index)  # (B, (N-2)*H*K, b*Dh)
+        return gathered.view(batch * middle, heads, slots * block_size, head_dim)
+
+    key_valid = valid.view(batch, num_blocks, block_size)[:, table.transpose(0, 1)]  # (B, N-2, H, K, b)
+    mask = key_valid & slot_valid.transpose(0, 1)[None, :, :, :, None]
+    middle_query = query.view(batch, heads, num_blocks, block_size, head_dim)[:, :, 1:-1]  # (B, H, N-2, b, Dh)
+    middle_out = F.scaled_dot_product_attention(
+        middle_query.transpose(1, 2).reshape(batch * middle, heads, block_size, head_dim),
+        blocks(key),
+        blocks(value),
+        attn_mask=mask.reshape(batch * middle, heads, 1, slots * block_size),
+        dropout_p=dropout_p,
+    )  # (B*(N-2), H, b, Dh)
+    middle_out = middle_out.view(batch, middle, heads, block_size, head_dim).transpose(1, 2)
+    middle_out = middle_out.reshape(batch, heads, middle * block_size, head_dim)
+    out = torch.cat([global_out[:, :, :block_size], middle_out, global_out[:, :, block_size:]], dim=2)
+    return out[:, :, :length] if padded_length != length else out
+
+
+def min_sparse_blocks(num_random_blocks: int, window_blocks: int = 1) -> int:
+    """Fewest blocks for which block-sparse attention differs from (and is cheaper than) full attention in
+    transformers' rule: more than ``2w + 3 + 2R`` blocks (``5 + 2R`` for the paper's 3-block window)."""
+    return 2 * window_blocks + 3 + 2 * num_random_blocks + 1
+
+
+def seeded_generator(seed: int, layer_index: int) -> torch.Generator:
+    """A CPU generator for one layer's random blocks, derived from a base seed (different per layer)."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + layer_index) % (2**63 - 1))
+
+
+__all__ = [
+    "block_sparse_attention",
+    "block_sparse_attention_reference",
+    "build_block_sparse_counts",
+    "min_sparse_blocks",
+    "random_block_indices",
+    "seeded_generator",
+]

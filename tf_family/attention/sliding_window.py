@@ -1,0 +1,408 @@
+"""Sliding-window attention with global tokens (Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1).
+
+Every query ``i`` attends to the keys of its window -- ``j = i + k * dilation`` for ``|k| <= W`` (bidirectional) or
+``0 <= -k <= W`` (causal) -- and to every *global* token; global tokens attend to every key (`global_attention`).
+A global key that also lies in a window is counted once.
+
+The fast path (`sliding_window_attention`) cuts the queries into chunks and lets each chunk attend, through PyTorch's
+`scaled_dot_product_attention`, to the keys its window can reach plus the global keys, so time and memory grow
+linearly with the length. Dilation ``d`` is handled by regrouping the sequence into ``d`` interleaved streams
+(positions ``r, r + d, r + 2d, ...``): a dilated window is an ordinary window inside each stream. The dense twin
+(`sliding_window_attention_reference`) materialises the full ``(B, T, T)`` mask of `build_sliding_window_mask`.
+
+Conventions: tensors are ``(B, H, T, Dh)``; masks are bool with ``True`` meaning "may attend" / "real token". A
+padded query attends to itself (its output is meaningless but finite, so padding never produces NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class WindowPattern:
+    """Which keys a query's window reaches.
+
+    Attributes:
+        window: one-sided window ``W`` (keys up to ``W`` steps away; a Longformer ``attention_window`` of ``w``
+            tokens is ``W = w // 2``).
+        dilation: step between window positions (``d`` in the paper, section 3.1); 1 is a contiguous window.
+        causal: only keys at or before the query.
+    """
+
+    window: int
+    dilation: int = 1
+    causal: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.window, int) or self.window < 0:
+            raise ValueError(f"window must be an int >= 0, got {self.window!r}.")
+        if not isinstance(self.dilation, int) or self.dilation < 1:
+            raise ValueError(f"dilation must be an int >= 1, got {self.dilation!r}.")
+
+
+@dataclass(frozen=True)
+class GlobalTokens:
+    """The global tokens of a batch, gathered to ``G`` slots per row (``G`` = the largest count in the batch).
+
+    Attributes:
+        mask: ``(B, T)`` bool, True at global tokens (never at padding).
+        indices: ``(B, G)`` positions of each row's global tokens, in order; unused slots hold 0.
+        valid: ``(B, G)`` bool, False for unused slots.
+    """
+
+    mask: torch.Tensor
+    indices: torch.Tensor
+    valid: torch.Tensor
+
+    @classmethod
+    def from_mask(
+        cls, global_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None = None
+    ) -> GlobalTokens | None:
+        """Build from a ``(B, T)`` 0/1 mask; padding tokens are never global. ``None`` when no token is global."""
+        if global_mask is None:
+            return None
+        mask = global_mask.to(torch.bool)
+        if key_padding_mask is not None:
+            mask = mask & key_padding_mask.to(torch.bool)
+        counts = mask.sum(dim=1)  # (B,)
+        num_slots = int(counts.max()) if mask.numel() else 0
+        if num_slots == 0:
+            return None
+        length = mask.shape[1]
+        # stable sort puts the global positions first, in order
+        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices  # (B, T)
+        indices = order[:, :num_slots]  # (B, G)
+        valid = torch.arange(num_slots, device=mask.device)[None, :] < counts[:, None]  # (B, G)
+        indices = torch.where(valid, indices, torch.zeros_like(indices)).clamp(max=length - 1)
+        return cls(mask=mask, indices=indices, valid=valid)
+
+    @property
+    def num_slots(self) -> int:
+        return self.indices.shape[1]
+
+    def gather(self, tensor: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """The rows of ``tensor`` at the global tokens: ``dim`` (length ``T``) becomes ``G``."""
+        shape = [1] * tensor.dim()
+        shape[0], shape[dim] = self.indices.shape
+        index = self.indices.view(shape).expand(*tensor.shape[:dim], self.num_slots, *tensor.shape[dim + 1 :])
+        return tensor.gather(dim, index)
+
+    def scatter(self, tensor: torch.Tensor, values: torch.Tensor, dim: int = 2) -> torch.Tensor:
+        """``tensor`` with its rows at the global tokens replaced by ``values`` (``dim`` has length ``G`` there)."""
+        length = tensor.shape[dim]
+        shape = [1] * tensor.dim()
+        shape[0], shape[dim] = self.indices.shape
+        # unused slots write into one extra row that is dropped afterwards
+        target = torch.where(self.valid, self.indices, torch.full_like(self.indices, length))
+        index = target.view(shape).expand(*values.shape)
+        padded = torch.cat([tensor, tensor.narrow(dim, 0, 1)], dim=dim)
+        return padded.scatter(dim, index, values.to(tensor.dtype)).narrow(dim, 0, length)
+
+
+def _key_valid(key_padding_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+    if key_padding_mask is None:
+        return torch.ones(batch, length, dtype=torch.bool, device=device)
+    if key_padding_mask.shape != (batch, length):
+        raise ValueError(f"key_padding_mask must have shape {(batch, length)}, got {tuple(key_padding_mask.shape)}.")
+    return key_padding_mask.to(torch.bool)
+
+
+# ------------------------------------------------------------------------------------------------ dense reference
+def build_sliding_window_mask(
+    pattern: WindowPattern,
+    key_padding_mask: torch.Tensor,
+    global_tokens: GlobalTokens | None = None,
+) -> torch.Tensor:
+    """The ``(B, T, T)`` bool mask of which key each (non-global) query attends to in `sliding_window_attention`.
+
+    Args:
+        pattern: the window.
+        key_padding_mask: ``(B, T)`` bool, True at real tokens.
+        global_tokens: tokens every query also attends to (causal: only those at or before the query).
+    """
+    batch, length = key_padding_mask.shape
+    device = key_padding_mask.device
+    valid = key_padding_mask.to(torch.bool)
+    position = torch.arange(length, device=device)
+    distance = position[:, None] - position[None, :]  # (T, T): query i minus key j
+    steps = torch.div(distance, pattern.dilation, rounding_mode="floor")
+    in_window = (distance % pattern.dilation == 0) & (steps.abs() <= pattern.window)
+    if pattern.causal:
+        in_window &= distance >= 0
+    is_global = torch.zeros_like(valid) if global_tokens is None else global_tokens.mask
+    allowed = in_window[None] & (valid & ~is_global)[:, None, :]  # (B, T, T)
+    if global_tokens is not None:
+        see_global = is_global[:, None, :].expand(batch, length, length)
+        if pattern.causal:
+            see_global = see_global & (distance >= 0)[None]
+        allowed |= see_global
+    allowed |= torch.eye(length, dtype=torch.bool, device=device)[None] & ~valid[:, :, None]
+    return allowed
+
+
+def dense_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor,
+    dropout_p: float = 0.0,
+    key_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain softmax attention under a bool mask: the slow twin of every fast kernel here.
+
+    Args:
+        query: ``(B, H, T, Dh)``; key, value: ``(B, H, S, Dh)``.
+        allowed: bool, broadcastable to ``(B, H, T, S)``. Rows with no allowed key attend to every key (their output
+            is meaningless but finite).
+        key_bias: optional additive score bias broadcastable to ``(B, H, T, S)`` (e.g. ``log`` of key multiplicities).
+
+    Returns:
+        ``(B, H, T, Dh)`` outputs and ``(B, H, T, S)`` probabilities.
+    """
+    scores = torch.einsum("bhtd,bhsd->bhts", query, key)  # (B, H, T, S)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * query.shape[-1] ** -0.5
+    if key_bias is not None:
+        scores = scores + key_bias
+    allowed = allowed.expand(scores.shape)
+    allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = scores.softmax(dim=-1).to(value.dtype)
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, p=dropout_p)
+    return torch.einsum("bhts,bhsd->bhtd", probs, value), probs
+
+
+def sliding_window_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pattern: WindowPattern,
+    key_padding_mask: torch.Tensor | None = None,
+    global_tokens: GlobalTokens | None = None,
+) -> torch.Tensor:
+    """Dense twin of `sliding_window_attention` (quadratic time and memory)."""
+    batch, _, length, _ = query.shape
+    valid = _key_valid(key_padding_mask, batch, length, query.device)
+    allowed = build_sliding_window_mask(pattern, valid, global_tokens)[:, None]  # (B, 1, T, T)
+    return dense_attention(query, key, value, allowed)[0]
+
+
+def global_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    global_tokens: GlobalTokens,
+    key_padding_mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Dense twin of `global_attention`: every query attends to every real key (causal: those at or before it).
+
+    ``query`` covers all ``T`` positions; the result is meaningful at the global tokens only (zero elsewhere)."""
+    batch, _, length, _ = query.shape
+    valid = _key_valid(key_padding_mask, batch, length, query.device)
+    allowed = valid[:, None, None, :]  # (B, 1, 1, T)
+    if causal:
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+    out = dense_attention(query, key, value, allowed)[0]
+    return out * global_tokens.mask[:, None, :, None]
+
+
+# ------------------------------------------------------------------------------------------------------ fast path
+def _unfold_keys(tensor: torch.Tensor, left: int, right: int, span: int, step: int) -> torch.Tensor:
+    """``(B, T, ...)`` -> ``(B, N, span, ...)``: the overlapping key spans of every query chunk (zero-padded)."""
+    pad = [0, 0] * (tensor.dim() - 2) + [left, right]
+    padded = F.pad(tensor, pad)
+    unfolded = padded.unfold(1, span, step)  # (B, N, ..., span)
+    return unfolded.movedim(-1, 2)  # (B, N, span, ...)
+
+
+def _banded_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    window: int,
+    causal: bool,
+    key_valid: torch.Tensor,
+    is_global: torch.Tensor,
+    global_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    query_positions: torch.Tensor,
+    dropout_p: float,
+) -> torch.Tensor:
+    """Contiguous-window attention on ``(B, T, H, Dh)`` tensors, chunk by chunk; returns ``(B, T, H, Dh)``.
+
+    ``global_kv`` is ``(keys (B, G, H, Dh), values (B, G, H, Dh), valid (B, G), positions (B, G))`` and
+    ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
+    """
+    batch, length, heads, head_dim = query.shape
+    chunk = min(max(window, 64), length)
+    num_chunks = -(-length // chunk)
+    padded_length = num_chunks * chunk
+    right = 0 if causal else window
+    span = chunk + window + right
+    tail = padded_length - length
+
+    query_chunks = F.pad(query, (0, 0, 0, 0, 0, tail)).reshape(batch, num_chunks, chunk, heads, head_dim)
+    key_spans = _unfold_keys(key, window, right + tail, span, chunk)  # (B, N, span, H, Dh)
+    value_spans = _unfold_keys(value, window, right + tail, span, chunk)
+    usable = _unfold_keys(key_valid & ~is_global, window, right + tail, span, chunk)  # (B, N, span)
+    query_valid = F.pad(key_valid, (0, tail)).view(batch, num_chunks, chunk)  # (B, N, c)
+
+    offset = (
+        torch.arange(span, device=query.device)[None, :] - window - torch.arange(chunk, device=query.device)[:, None]
+    )
+    band = offset <= 0 if causal else offset.abs() <= window  # (c, span): key j = i + offset
+    band &= offset >= -window
+    diagonal = offset == 0
+    allowed = band & (usable[:, :, None, :] | (diagonal & ~query_valid[..., None]))  # (B, N, c, span)
+
+    if global_kv is not None:
+        global_keys, global_values, global_valid, global_positions = global_kv
+        num_global = global_keys.shape[1]
+        see_global = global_valid[:, None, None, :].expand(batch, num_chunks, chunk, num_global)
+        if causal:
+            positions = F.pad(query_positions, (0, tail), value=-1).view(batch, num_chunks, chunk)
+            see_global = see_global & (global_positions[:, None, None, :] <= positions[..., None])
+            # a query that sees no key at all (possible only for chunk padding) keeps its diagonal
+        allowed = torch.cat([see_global, allowed], dim=-1)  # (B, N, c, G + span)
+        key_spans = torch.cat([global_keys[:, None].expand(-1, num_chunks, -1, -1, -1), key_spans], dim=2)
+        value_spans = torch.cat([global_values[:, None].expand(-1, num_chunks, -1, -1, -1), value_spans], dim=2)
+
+    keys_total = key_spans.shape[2]
+    out = F.scaled_dot_product_attention(
+        query_chunks.transpose(2, 3).reshape(batch * num_chunks, heads, chunk, head_dim),
+        key_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim),
+        value_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim),
+        attn_mask=allowed.reshape(batch * num_chunks, 1, chunk, keys_total),
+        dropout_p=dropout_p,
+    )  # (B*N, H, c, Dh)
+    out = out.view(batch, num_chunks, heads, chunk, head_dim).transpose(2, 3).reshape(batch, padded_length, heads, -1)
+    return out[:, :length]
+
+
+def sliding_window_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pattern: WindowPattern,
+    key_padding_mask: torch.Tensor | None = None,
+    global_tokens: GlobalTokens | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Windowed attention plus attention to the global tokens, in time and memory linear in ``T``.
+
+    Args:
+        query, key, value: ``(B, H, T, Dh)``.
+        pattern: window size, dilation, causality.
+        key_padding_mask: ``(B, T)`` bool/0-1, True at real tokens.
+        global_tokens: keys every query also sees (causal: those at or before it). Rows of global tokens are
+            computed like any other here; replace them with `global_attention` (Longformer uses separate
+            projections for them).
+        dropout_p: dropout on the attention probabilities.
+
+    Returns:
+        ``(B, H, T, Dh)``, equal to `sliding_window_attention_reference` up to float rounding.
+    """
+    batch, heads, length, head_dim = query.shape
+    device = query.device
+    key_valid = _key_valid(key_padding_mask, batch, length, device)
+    is_global = torch.zeros_like(key_valid) if global_tokens is None else global_tokens.mask
+    positions = torch.arange(length, device=device).expand(batch, length)
+    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (B, T, H, Dh)
+
+    global_kv = None
+    if global_tokens is not None:
+        global_kv = (
+            global_tokens.gather(key),
+            global_tokens.gather(value),
+            global_tokens.valid,
+            global_tokens.indices,
+        )
+
+    dilation = pattern.dilation
+    if dilation == 1:
+        out = _banded_attention(
+            query, key, value, pattern.window, pattern.causal, key_valid, is_global, global_kv, positions, dropout_p
+        )
+        return out.transpose(1, 2)
+
+    # regroup into `dilation` interleaved streams: position r + d*t goes to stream r, slot t
+    stream_length = -(-length // dilation)
+    tail = stream_length * dilation - length
+
+    def to_streams(tensor: torch.Tensor, fill=0) -> torch.Tensor:  # (B, T, ...) -> (B*d, T/d, ...)
+        pad = [0, 0] * (tensor.dim() - 2) + [0, tail]
+        padded = F.pad(tensor, pad, value=fill) if tail else tensor
+        grouped = padded.reshape(batch, stream_length, dilation, *tensor.shape[2:]).transpose(1, 2)
+        return grouped.reshape(batch * dilation, stream_length, *tensor.shape[2:])
+
+    stream_global = None
+    if global_kv is not None:
+        stream_global = tuple(t.repeat_interleave(dilation, dim=0) for t in global_kv)
+    out = _banded_attention(
+        to_streams(query),
+        to_streams(key),
+        to_streams(value),
+        pattern.window,
+        pattern.causal,
+        to_streams(key_valid, False),
+        to_streams(is_global, False),
+        stream_global,
+        to_streams(positions, length),
+        dropout_p,
+    )  # (B*d, T/d, H, Dh)
+    out = out.view(batch, dilation, stream_length, heads, head_dim).transpose(1, 2)
+    return out.reshape(batch, stream_length * dilation, heads, head_dim)[:, :length].transpose(1, 2)
+
+
+def build_global_query_mask(
+    global_tokens: GlobalTokens, key_padding_mask: torch.Tensor | None, causal: bool, length: int
+) -> torch.Tensor:
+    """``(B, G, T)`` bool: the keys each global slot attends to (every real key; causal: those at or before it).
+    Unused slots attend to every key, so that no row is empty."""
+    batch = global_tokens.indices.shape[0]
+    valid = _key_valid(key_padding_mask, batch, length, global_tokens.indices.device)
+    allowed = valid[:, None, :].expand(batch, global_tokens.num_slots, length)  # (B, G, T)
+    if causal:
+        position = torch.arange(length, device=valid.device)
+        allowed = allowed & (position[None, None, :] <= global_tokens.indices[..., None])
+    return allowed | ~global_tokens.valid[..., None]
+
+
+def global_attention(
+    global_query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    global_tokens: GlobalTokens,
+    key_padding_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """The global tokens' own attention: each attends to every real key (causal: those at or before it).
+
+    Args:
+        global_query: ``(B, H, G, Dh)``, the queries of the global tokens (``global_tokens.gather`` of the queries).
+        key, value: ``(B, H, T, Dh)``.
+
+    Returns:
+        ``(B, H, G, Dh)``; unused slots hold meaningless finite values. Put the rows back with
+        ``global_tokens.scatter(output, result)``.
+    """
+    allowed = build_global_query_mask(global_tokens, key_padding_mask, causal, key.shape[2])  # (B, G, T)
+    return F.scaled_dot_product_attention(global_query, key, value, attn_mask=allowed[:, None], dropout_p=dropout_p)
+
+
+__all__ = [
+    "GlobalTokens",
+    "WindowPattern",
+    "build_global_query_mask",
+    "build_sliding_window_mask",
+    "dense_attention",
+    "global_attention",
+    "global_attention_reference",
+    "sliding_window_attention",
+    "sliding_window_attention_reference",
+]

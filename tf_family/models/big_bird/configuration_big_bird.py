@@ -1,0 +1,106 @@
+"""Configuration of BigBird (Zaheer et al. 2020, arXiv:2007.14062)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from transformers import PreTrainedConfig
+
+from ...configuration_utils import check_config_kwargs, validate_config
+
+
+class TffBigBirdConfig(PreTrainedConfig):
+    r"""Configuration of a BigBird encoder (ITC: internal global blocks): a BERT-style transformer whose attention
+    is block sparse -- a sliding window of blocks, two global blocks and random blocks.
+
+    Defaults reproduce `google/bigbird-roberta-base`.
+
+    Args:
+        vocab_size (`int`, defaults to 50358): number of tokens.
+        hidden_size (`int`, defaults to 768): width of the residual stream (``D``).
+        num_hidden_layers (`int`, defaults to 12): number of layers (``L``).
+        num_attention_heads (`int`, defaults to 12): attention heads (``H``); must divide `hidden_size`.
+        intermediate_size (`int`, defaults to 3072): width of the feed-forward block.
+        hidden_act (`str`, defaults to `"gelu_new"`): activation of the feed-forward block and the heads.
+        hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and sub-layer outputs.
+        attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on attention probabilities of full
+            attention (block-sparse attention has none, as in the reference code and transformers).
+        max_position_embeddings (`int`, defaults to 4096): learned absolute positions (the longest input).
+        type_vocab_size (`int`, defaults to 2): token types.
+        initializer_range (`float`, defaults to 0.02): std of the normal init of linear layers and embeddings.
+        layer_norm_eps (`float`, defaults to 1e-12): layer norm epsilon.
+        use_bias (`bool`, defaults to `True`): biases on the query, key and value projections.
+        rescale_embeddings (`bool`, defaults to `False`): multiply word embeddings by ``sqrt(hidden_size)``.
+        attention_type (`str`, defaults to `"block_sparse"`): ``"block_sparse"`` or ``"original_full"`` attention.
+            Block-sparse layers fall back to full attention *for one call* when the input has too few blocks
+            (``<= 2 * window_blocks + 3 + 2 * num_random_blocks``, transformers' rule); nothing is changed on the model.
+        block_size (`int`, defaults to 64): tokens per block (``b``).
+        num_random_blocks (`int`, defaults to 3): random key blocks per query block (``r``); 0 is allowed.
+        window_blocks (`int`, defaults to 1): one-sided sliding window in blocks (``w``; 1 gives the paper's 3 blocks).
+        random_seed (`int`, defaults to 0): seed of the random blocks. Layer ``l`` draws from a `torch.Generator`
+            seeded with (`random_seed`, ``l``); a call may pass ``random_seed=`` to draw another pattern. The global
+            RNG is never used.
+        eval_random_blocks (`str`, defaults to `"same"`): random blocks in eval mode: ``"same"`` as in training,
+            ``"none"`` no random blocks, ``"first_block"`` every random slot on the first block (what transformers'
+            BigBird does in eval; set when a transformers checkpoint is imported, so outputs match).
+        pad_token_id (`int`, defaults to 0), bos_token_id (`int`, defaults to 1), eos_token_id (`int`, defaults to 2),
+        sep_token_id (`int`, defaults to 66): special tokens; `sep_token_id` ends the question in question answering.
+        classifier_dropout (`float`, *optional*): dropout of the classification heads; defaults to
+            `hidden_dropout_prob`.
+        tie_word_embeddings (`bool`, defaults to `True`): tie the masked-LM decoder to the input embeddings.
+    """
+
+    model_type = "tff_big_bird"
+
+    vocab_size: int = 50358
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu_new"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 4096
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    use_bias: bool = True
+    rescale_embeddings: bool = False
+    attention_type: Literal["block_sparse", "original_full"] = "block_sparse"
+    block_size: int = 64
+    num_random_blocks: int = 3
+    window_blocks: int = 1
+    random_seed: int = 0
+    eval_random_blocks: Literal["same", "none", "first_block"] = "same"
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    sep_token_id: int | None = 66
+    classifier_dropout: float | None = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        check_config_kwargs(type(self).__name__, kwargs)
+        super().__post_init__(**kwargs)
+        validate_config(self)
+
+    def validate_architecture(self):
+        """Cross-field rules; each error names the field, the value and the rule."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size", "block_size", "window_blocks"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be a multiple of num_attention_heads={self.num_attention_heads}."
+            )
+        if self.num_random_blocks < 0:
+            raise ValueError(f"num_random_blocks must be >= 0, got {self.num_random_blocks}.")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"classifier_dropout must be in [0, 1) or None, got {self.classifier_dropout}.")
+
+
+__all__ = ["TffBigBirdConfig"]

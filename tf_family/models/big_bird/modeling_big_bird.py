@@ -1,0 +1,604 @@
+"""BigBird: transformers for longer sequences (Zaheer et al. 2020, arXiv:2007.14062), ITC variant.
+
+A BERT encoder whose attention is block sparse: every query block sees a sliding window of blocks, the first and
+last (global) blocks, and random blocks; the global blocks see everything (section 2, appendix D). The kernel is
+`tf_family.attention.block_sparse` (linear time and memory, blocks gathered and fed to scaled-dot-product attention).
+
+Parity reference: transformers 5 `BigBirdModel` and its heads in eval mode, where transformers points every random
+slot at the first block (`eval_random_blocks="first_block"`, set on import); `convert_big_bird.py` maps their
+checkpoints and `tests/models/big_bird/test_parity_big_bird.py` compares outputs.
+
+Deviations from transformers' BigBird (each one of its reported problems):
+- random blocks come from a `torch.Generator` seeded per layer from `random_seed` (or the call), never from NumPy's
+  global RNG; eval can use them (`eval_random_blocks="same"`, the default), drop them, or mimic transformers;
+- a short input runs full attention for that call only; transformers switches the model to full attention for good
+  (its issue #20031);
+- `num_random_blocks=0` works; the window width is configurable (`window_blocks`);
+- positions and the pooled / classified token follow `attention_mask` (identical for right padding);
+- `output_attentions=True` runs the dense twin and returns ``(B, H, T, T)`` probabilities.
+
+Config field <-> paper symbol: `block_size` = b, `num_random_blocks` = r, `window_blocks` = (w - 1) / 2 in blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.utils import logging
+
+from ...attention import (
+    block_sparse_attention,
+    build_block_sparse_counts,
+    dense_attention,
+    min_sparse_blocks,
+    random_block_indices,
+    seeded_generator,
+)
+from ...losses import sequence_classification_loss, span_loss
+from .configuration_big_bird import TffBigBirdConfig
+
+logger = logging.get_logger(__name__)
+
+
+def _activation(name: str) -> nn.Module:
+    """transformers' activation ``name``; its Python tanh-approximate GELU (``gelu_new``) becomes PyTorch's fused
+    one (the same function, several times faster on CPU)."""
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return nn.GELU(approximate="tanh")
+    return ACT2FN[name]
+
+
+def _first_real_token(attention_mask: torch.Tensor | None, batch: int, device) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.zeros(batch, dtype=torch.long, device=device)
+    return attention_mask.to(torch.int).argmax(dim=1)  # (B,)
+
+
+class TffBigBirdEmbeddings(nn.Module):
+    """Word (optionally rescaled) + token-type + learned absolute position embeddings, then dropout and layer norm
+    (in that order, as in BigBird)."""
+
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.scale = config.hidden_size**0.5 if config.rescale_embeddings else 1.0
+
+    def forward(self, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)  # (B, T, D)
+        batch, length = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = torch.arange(length, device=device).expand(batch, length)
+            else:  # count real tokens, so that left padding does not shift positions
+                position_ids = (attention_mask.to(torch.long).cumsum(dim=1) - 1).clamp(min=0)
+        if int(position_ids.max()) >= self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"The input needs position {int(position_ids.max())} but max_position_embeddings="
+                f"{self.position_embeddings.num_embeddings}; shorten the input."
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=device)
+        embeddings = inputs_embeds * self.scale + self.token_type_embeddings(token_type_ids)
+        embeddings = embeddings + self.position_embeddings(position_ids)
+        return self.layer_norm(self.dropout(embeddings))
+
+
+class TffBigBirdAttention(nn.Module):
+    """Block-sparse (or, per call, full) self-attention with output projection and post-layer-norm residual."""
+
+    def __init__(self, config: TffBigBirdConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.block_size, self.window_blocks = config.block_size, config.window_blocks
+        self.num_random_blocks = config.num_random_blocks
+        self.sparse = config.attention_type == "block_sparse"
+        self.eval_random_blocks = config.eval_random_blocks
+        width = config.hidden_size
+        self.query, self.key, self.value = (nn.Linear(width, width, bias=config.use_bias) for _ in range(3))
+        self.out_proj = nn.Linear(width, width)
+        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.attention_dropout = config.attention_probs_dropout_prob
+
+    def uses_sparse(self, length: int) -> bool:
+        """Decided per call from the input length; the module is never changed."""
+        num_blocks = -(-length // self.block_size)
+        return self.sparse and num_blocks >= min_sparse_blocks(self.num_random_blocks, self.window_blocks)
+
+    def random_blocks(self, num_blocks: int, seed: int, device) -> torch.Tensor | None:
+        """``(H, N, R)`` random key blocks for this call (see `TffBigBirdConfig.eval_random_blocks`)."""
+        if self.num_random_blocks == 0 or (not self.training and self.eval_random_blocks == "none"):
+            return None
+        if not self.training and self.eval_random_blocks == "first_block":
+            return torch.zeros(self.num_heads, num_blocks, self.num_random_blocks, dtype=torch.long, device=device)
+        generator = seeded_generator(seed, self.layer_idx)
+        chosen = random_block_indices(
+            num_blocks, self.num_heads, self.num_random_blocks, self.window_blocks, generator
+        )
+        return chosen.to(device)
+
+    def forward(
+        self, hidden: torch.Tensor, key_valid: torch.Tensor, seed: int, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, _ = hidden.shape
+        dropout_p = self.attention_dropout if self.training else 0.0
+        query, key, value = (
+            proj(hidden).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+            for proj in (self.query, self.key, self.value)
+        )  # (B, H, T, Dh)
+        probs = None
+        if self.uses_sparse(length):
+            num_blocks = -(-length // self.block_size)
+            random_blocks = self.random_blocks(num_blocks, seed, hidden.device)
+            if output_attentions:
+                counts = build_block_sparse_counts(num_blocks, random_blocks, self.window_blocks, self.num_heads)
+                counts = counts.repeat_interleave(self.block_size, 1).repeat_interleave(self.block_size, 2)
+                counts = counts[:, :length, :length]  # (H, T, T)
+                bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
+                allowed = (counts > 0)[None] & key_valid[:, None, None, :]
+                attended, probs = dense_attention(query, key, value, allowed, key_bias=bias[None])
+            else:
+                # no dropout on block-sparse probabilities, as in the reference code and transformers
+                attended = block_sparse_attention(
+                    query, key, value, self.block_size, random_blocks, self.window_blocks, key_valid
+                )
+        elif output_attentions:
+            attended, probs = dense_attention(query, key, value, key_valid[:, None, None, :], dropout_p)
+        else:
+            attended = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=key_valid[:, None, None, :], dropout_p=dropout_p
+            )
+        attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
+        return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
+
+
+class TffBigBirdFeedForward(nn.Module):
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation = _activation(config.hidden_act)
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(hidden + self.dropout(self.fc_out(self.activation(self.fc_in(hidden)))))
+
+
+class TffBigBirdLayer(GradientCheckpointingLayer):
+    def __init__(self, config: TffBigBirdConfig, layer_idx: int):
+        super().__init__()
+        self.attention = TffBigBirdAttention(config, layer_idx)
+        self.feed_forward = TffBigBirdFeedForward(config)
+
+    def forward(self, hidden, key_valid, seed, output_attentions=False):
+        hidden, probs = self.attention(hidden, key_valid, seed, output_attentions)
+        return self.feed_forward(hidden), probs
+
+
+class TffBigBirdPreTrainedModel(PreTrainedModel):
+    config_class = TffBigBirdConfig
+    config: TffBigBirdConfig
+    base_model_prefix = "bert"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TffBigBirdLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a tf_family checkpoint, or a folder saved by transformers' own ``big_bird`` model (translated)."""
+        from .convert_big_bird import is_transformers_big_bird, load_transformers_big_bird
+
+        if is_transformers_big_bird(pretrained_model_name_or_path, kwargs.get("config")):
+            return load_transformers_big_bird(cls, pretrained_model_name_or_path, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+
+class TffBigBirdModel(TffBigBirdPreTrainedModel):
+    """The BigBird encoder, with an optional pooler (dense + tanh) on the first real token."""
+
+    def __init__(self, config: TffBigBirdConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = TffBigBirdEmbeddings(config)
+        self.layers = nn.ModuleList(TffBigBirdLayer(config, i) for i in range(config.num_hidden_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Module):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        random_seed: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling | tuple:
+        r"""
+        Args:
+            input_ids: ``(B, T)`` token ids (or pass ``inputs_embeds`` ``(B, T, D)``).
+            attention_mask: ``(B, T)`` 1 for real tokens, 0 for padding.
+            random_seed: seed of this call's random blocks (defaults to ``config.random_seed``); e.g. pass the
+                training step to draw a new pattern every step.
+            output_attentions: return ``(B, H, T, T)`` probabilities per layer (runs the dense twin).
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        source = input_ids if input_ids is not None else inputs_embeds
+        batch, length = source.shape[:2]
+        if attention_mask is not None and tuple(attention_mask.shape) != (batch, length):
+            raise ValueError(
+                f"attention_mask must have shape {(batch, length)} like the input, got {tuple(attention_mask.shape)}."
+            )
+        key_valid = (
+            torch.ones(batch, length, dtype=torch.bool, device=source.device)
+            if attention_mask is None
+            else attention_mask.to(torch.bool)
+        )
+        seed = self.config.random_seed if random_seed is None else random_seed
+
+        hidden = self.embeddings(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        all_hidden, all_attentions = (), ()
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            hidden, probs = layer(hidden, key_valid, seed, output_attentions)
+            if output_attentions:
+                all_attentions += (probs,)
+        if output_hidden_states:
+            all_hidden += (hidden,)
+        pooled = None
+        if self.pooler is not None:
+            first = _first_real_token(attention_mask, batch, source.device)
+            pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=source.device), first]))  # (B, D)
+        output = BaseModelOutputWithPooling(
+            last_hidden_state=hidden,
+            pooler_output=pooled,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffBigBirdLMHead(nn.Module):
+    """Dense + activation + layer norm + decoder (tied to the input embeddings), as BERT's."""
+
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = _activation(config.hidden_act)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.layer_norm(self.activation(self.dense(hidden))))
+
+
+class TffBigBirdForMaskedLM(TffBigBirdPreTrainedModel):
+    _tied_weights_keys = {"lm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__(config)
+        self.bert = TffBigBirdModel(config, add_pooling_layer=False)
+        self.lm_head = TffBigBirdLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        random_seed=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        r"""labels: ``(B, T)`` token ids to predict at masked positions, -100 elsewhere."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, random_seed, output_attentions,
+            output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device))
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffBigBirdForSequenceClassification(TffBigBirdPreTrainedModel):
+    """Classifier (dense + activation + linear) on the first real token."""
+
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = TffBigBirdModel(config, add_pooling_layer=False)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = _activation(config.hidden_act)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        random_seed=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        r"""labels: ``(B,)`` class ids (floats for regression, ``(B, num_labels)`` for multi-label)."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, random_seed, output_attentions,
+            output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        hidden = outputs.last_hidden_state
+        first = _first_real_token(attention_mask, hidden.shape[0], hidden.device)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, D)
+        logits = self.out_proj(self.dropout(self.activation(self.dense(self.dropout(pooled)))))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            loss = sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffBigBirdForTokenClassification(TffBigBirdPreTrainedModel):
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = TffBigBirdModel(config, add_pooling_layer=False)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        random_seed=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        r"""labels: ``(B, T)`` class ids, -100 where ignored."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, random_seed, output_attentions,
+            output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1).to(logits.device))
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffBigBirdQuestionAnsweringHead(nn.Module):
+    """Feed-forward block with residual layer norm, then start / end logits (transformers' BigBird QA head)."""
+
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__()
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation = _activation(config.hidden_act)
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        inner = self.fc_out(self.activation(self.fc_in(self.dropout(hidden))))
+        return self.qa_outputs(self.layer_norm(self.dropout(inner) + hidden))  # (B, T, 2)
+
+
+class TffBigBirdForQuestionAnswering(TffBigBirdPreTrainedModel):
+    """Extractive QA. As in transformers' BigBird, the question (up to and including the first `sep_token_id`, or
+    `question_lengths` tokens) cannot be an answer: its logits are lowered by 1e6, except the first real token's;
+    without `token_type_ids`, the question is type 0 and the rest type 1."""
+
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__(config)
+        self.bert = TffBigBirdModel(config, add_pooling_layer=False)
+        self.qa_head = TffBigBirdQuestionAnsweringHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        question_lengths=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        random_seed=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        r"""
+        Args:
+            question_lengths: ``(B,)`` or ``(B, 1)`` tokens of each row's question, counted from its first real
+                token; defaults to the tokens up to and including the first `sep_token_id`.
+            start_positions, end_positions: ``(B,)`` token indices of the answer span.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        source = input_ids if input_ids is not None else inputs_embeds
+        batch, length = source.shape[:2]
+        first = _first_real_token(attention_mask, batch, source.device)
+        position = torch.arange(length, device=source.device)[None, :] - first[:, None]  # from the first real token
+        if question_lengths is None and input_ids is not None and self.config.sep_token_id is not None:
+            is_separator = (input_ids == self.config.sep_token_id) & (position >= 0)
+            separator = is_separator.int().argmax(dim=-1)  # (B,)
+            question_lengths = torch.where(is_separator.any(dim=-1), separator - first + 1, 1)
+        question_mask = None
+        if question_lengths is not None:
+            question_mask = (position >= 0) & (position < question_lengths.view(batch, 1))  # (B, T)
+            if token_type_ids is None:
+                token_type_ids = (~question_mask).long()
+            question_mask = question_mask & (position != 0)
+        outputs = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, random_seed, output_attentions,
+            output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.qa_head(outputs.last_hidden_state)  # (B, T, 2)
+        if question_mask is not None:
+            logits = logits - question_mask[..., None] * 1e6
+        start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+        output = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffBigBirdForMultipleChoice(TffBigBirdPreTrainedModel):
+    """One score per choice from the pooled first token."""
+
+    def __init__(self, config: TffBigBirdConfig):
+        super().__init__(config)
+        self.bert = TffBigBirdModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        random_seed=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        r"""
+        Args:
+            input_ids, attention_mask, token_type_ids, position_ids: ``(B, C, T)``, one row per choice
+                (``inputs_embeds``: ``(B, C, T, D)``).
+            labels: ``(B,)`` index of the right choice.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+
+        def flat(tensor):
+            return None if tensor is None else tensor.flatten(0, 1)  # (B*C, T, ...)
+
+        outputs = self.bert(
+            flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids), flat(inputs_embeds),
+            random_seed, output_attentions, output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, C)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float(), labels.view(-1).to(logits.device))
+        output = MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "TffBigBirdForMaskedLM",
+    "TffBigBirdForMultipleChoice",
+    "TffBigBirdForQuestionAnswering",
+    "TffBigBirdForSequenceClassification",
+    "TffBigBirdForTokenClassification",
+    "TffBigBirdModel",
+    "TffBigBirdPreTrainedModel",
+]

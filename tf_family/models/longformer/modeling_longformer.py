@@ -1,0 +1,711 @@
+"""Longformer: the long-document transformer (Beltagy, Peters & Cohan 2020, arXiv:2004.05150).
+
+A RoBERTa encoder whose self-attention is a sliding window (per-layer size, optional dilation; bidirectional, or
+causal for language modelling) plus *global* tokens that attend to everything and are attended to by everything,
+with their own query/key/value projections (section 3.1). Time and memory grow linearly with the length: the
+window is computed chunk by chunk with PyTorch's scaled-dot-product attention (`tf_family.attention.sliding_window`).
+
+Parity reference: transformers 5 `LongformerModel` and its heads (`tests/models/longformer/test_parity_longformer.py`
+loads random transformers checkpoints into these classes and compares outputs); `convert_longformer.py` maps their
+checkpoints.
+
+Deviations from transformers' Longformer:
+- positions and the pooled / classified token come from `attention_mask` (the first real token), so left padding
+  gives the same result as no padding; transformers counts positions from ``input_ids != pad_token_id`` and always
+  pools position 0 (identical for right padding);
+- causal and dilated windows (transformers has neither); no padding of the input to a window multiple;
+- `attentions` (with ``output_attentions=True``, which runs the dense path) are full ``(B, H, T, T)`` probabilities
+  with the global tokens' rows included, instead of the banded layout plus `global_attentions`;
+- the question-answering / multiple-choice rule marks no token global in a row without a separator token (with a
+  warning) instead of failing; padded positions carry finite, meaningless values rather than zeros.
+
+Config field <-> paper symbol: `attention_window` = w (a query sees w/2 keys per side), `attention_dilation` = d.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    CausalLMOutput,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.utils import logging
+
+from ...attention import (
+    GlobalTokens,
+    WindowPattern,
+    build_global_query_mask,
+    build_sliding_window_mask,
+    dense_attention,
+    global_attention,
+    sliding_window_attention,
+)
+from ...losses import sequence_classification_loss, span_loss
+from .configuration_longformer import TffLongformerConfig
+
+logger = logging.get_logger(__name__)
+
+
+def _activation(name: str) -> nn.Module:
+    """transformers' activation ``name``; its Python tanh-approximate GELU (``gelu_new``) becomes PyTorch's fused
+    one (the same function, several times faster on CPU)."""
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return nn.GELU(approximate="tanh")
+    return ACT2FN[name]
+
+
+def separator_global_attention_mask(
+    input_ids: torch.LongTensor, sep_token_id: int, before_separator: bool = True
+) -> torch.Tensor:
+    """transformers' question-answering rule: the tokens before the first separator (the question) are global;
+    with ``before_separator=False`` (its multiple-choice rule) the tokens after the first separator pair are.
+
+    A row without a separator gets no global token (and a warning)."""
+    is_separator = input_ids == sep_token_id  # (B, T)
+    has_separator = is_separator.any(dim=1)
+    if not bool(has_separator.all()):
+        logger.warning_once(
+            f"Some rows have no separator token (sep_token_id={sep_token_id}); they get no global attention. Pass "
+            "global_attention_mask to choose the global tokens yourself."
+        )
+    first = torch.where(has_separator, is_separator.int().argmax(dim=1), input_ids.shape[1])  # (B,)
+    position = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
+    mask = position < first[:, None] if before_separator else position > first[:, None] + 1
+    return (mask & has_separator[:, None]).long()
+
+
+def _first_real_token(attention_mask: torch.Tensor | None, batch: int, device) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.zeros(batch, dtype=torch.long, device=device)
+    return attention_mask.to(torch.int).argmax(dim=1)  # (B,)
+
+
+class TffLongformerEmbeddings(nn.Module):
+    """Word + learned position + token-type embeddings, layer norm, dropout. Positions start at
+    ``pad_token_id + 1`` (RoBERTa) and count only real tokens."""
+
+    def __init__(self, config: TffLongformerConfig):
+        super().__init__()
+        self.padding_idx = config.pad_token_id
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(
+            config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def position_ids(self, input_ids, attention_mask, batch: int, length: int, device) -> torch.Tensor:
+        if attention_mask is not None:
+            real = attention_mask.to(torch.long)
+        elif input_ids is not None:
+            real = (input_ids != self.padding_idx).to(torch.long)
+        else:
+            real = torch.ones(batch, length, dtype=torch.long, device=device)
+        return real.cumsum(dim=1) * real + self.padding_idx  # (B, T)
+
+    def forward(self, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)  # (B, T, D)
+        batch, length = inputs_embeds.shape[:2]
+        if position_ids is None:
+            position_ids = self.position_ids(input_ids, attention_mask, batch, length, inputs_embeds.device)
+        if int(position_ids.max()) >= self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"The input needs position {int(position_ids.max())} but max_position_embeddings="
+                f"{self.position_embeddings.num_embeddings}; shorten the input to at most "
+                f"{self.position_embeddings.num_embeddings - self.padding_idx - 1} tokens."
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=inputs_embeds.device)
+        embeddings = (
+            inputs_embeds + self.position_embeddings(position_ids) + self.token_type_embeddings(token_type_ids)
+        )
+        return self.dropout(self.layer_norm(embeddings))
+
+
+class TffLongformerAttention(nn.Module):
+    """Sliding-window + global self-attention with its output projection and post-layer-norm residual."""
+
+    def __init__(self, config: TffLongformerConfig, layer_idx: int):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.pattern = WindowPattern(
+            config.layer_windows()[layer_idx] // 2, config.layer_dilations()[layer_idx], config.causal
+        )
+        self.mode = config.attention_mode
+        width = config.hidden_size
+        self.query, self.key, self.value = (nn.Linear(width, width) for _ in range(3))
+        # separate projections for the global tokens (section 3.1, "Linear Projections for Global Attention")
+        self.global_query, self.global_key, self.global_value = (nn.Linear(width, width) for _ in range(3))
+        self.out_proj = nn.Linear(width, width)
+        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.attention_dropout = config.attention_probs_dropout_prob
+
+    def _heads(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view(*tensor.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def _folded_global_attention(
+        self, global_query: torch.Tensor, hidden: torch.Tensor, key_valid: torch.Tensor, global_tokens: GlobalTokens
+    ) -> torch.Tensor:
+        """The global tokens' attention without projecting every token to global keys and values.
+
+        With few global tokens (``H * G < D``) it is cheaper to fold the key projection into the queries and apply
+        the value projection after the weighted sum: ``q . (W_k x + b_k) = (q W_k) . x + const`` (the constant
+        does not change the softmax) and ``sum_t p_t (W_v x_t + b_v) = W_v (sum_t p_t x_t) + b_v sum_t p_t``. Same
+        result as projecting, in ``O(H G T D)`` instead of ``O(T D^2)``."""
+        heads, head_dim, width = self.num_heads, self.head_dim, hidden.shape[-1]
+        key_weight = self.global_key.weight.view(heads, head_dim, width)  # (H, Dh, D)
+        value_weight = self.global_value.weight.view(heads, head_dim, width)
+        folded = torch.einsum("bhgd,hde->bhge", global_query, key_weight) * head_dim**-0.5  # (B, H, G, D)
+        key_bias = self.global_key.bias.view(heads, head_dim)
+        scores = torch.einsum("bhge,bte->bhgt", folded, hidden)  # (B, H, G, T)
+        # the key bias adds one constant per query row (no effect on the softmax); kept so the graph matches
+        scores = scores + torch.einsum("bhgd,hd->bhg", global_query, key_bias)[..., None] * head_dim**-0.5
+        allowed = build_global_query_mask(global_tokens, key_valid, self.pattern.causal, hidden.shape[1])
+        scores = scores.float().masked_fill(~allowed[:, None], float("-inf"))
+        probs = F.dropout(scores.softmax(dim=-1), self.attention_dropout, self.training).to(hidden.dtype)
+        mixed = torch.einsum("bhgt,bte->bhge", probs, hidden)  # (B, H, G, D)
+        out = torch.einsum("bhge,hde->bhgd", mixed, value_weight)  # (B, H, G, Dh)
+        return out + self.global_value.bias.view(heads, head_dim)[None, :, None, :] * probs.sum(-1, keepdim=True)
+
+    def use_dense(self, length: int, output_attentions: bool) -> bool:
+        """Decided per call: the dense path when asked for, for attention maps, or when the window covers a
+        short input (then it is the same computation, done in one piece)."""
+        if self.mode != "auto" or output_attentions:
+            return self.mode == "dense" or output_attentions
+        return self.pattern.window * self.pattern.dilation >= length - 1
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        key_valid: torch.Tensor,
+        global_tokens: GlobalTokens | None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, _ = hidden.shape
+        dropout_p = self.attention_dropout if self.training else 0.0
+        query, key, value = (self._heads(proj(hidden)) for proj in (self.query, self.key, self.value))
+        probs = None
+        if self.use_dense(length, output_attentions):
+            allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens)[:, None]  # (B, 1, T, T)
+            if output_attentions:
+                attended, probs = dense_attention(query, key, value, allowed, dropout_p)
+            else:
+                attended = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p)
+        else:
+            attended = sliding_window_attention(
+                query, key, value, self.pattern, key_valid, global_tokens, dropout_p
+            )  # (B, H, T, Dh)
+
+        if global_tokens is not None:
+            global_query = self._heads(self.global_query(global_tokens.gather(hidden)))  # (B, H, G, Dh)
+            if output_attentions:
+                global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
+                allowed = build_global_query_mask(global_tokens, key_valid, self.pattern.causal, length)
+                global_attended, global_probs = dense_attention(
+                    global_query, global_key, global_value, allowed[:, None], dropout_p
+                )
+                probs = global_tokens.scatter(probs, global_probs)
+            elif self.num_heads * global_tokens.num_slots < hidden.shape[-1]:
+                global_attended = self._folded_global_attention(global_query, hidden, key_valid, global_tokens)
+            else:
+                global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
+                global_attended = global_attention(
+                    global_query, global_key, global_value, global_tokens, key_valid, self.pattern.causal, dropout_p
+                )  # (B, H, G, Dh)
+            attended = global_tokens.scatter(attended, global_attended)
+        attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
+        return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
+
+
+class TffLongformerFeedForward(nn.Module):
+    def __init__(self, config: TffLongformerConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation = _activation(config.hidden_act)
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(hidden + self.dropout(self.fc_out(self.activation(self.fc_in(hidden)))))
+
+
+class TffLongformerLayer(GradientCheckpointingLayer):
+    def __init__(self, config: TffLongformerConfig, layer_idx: int):
+        super().__init__()
+        self.attention = TffLongformerAttention(config, layer_idx)
+        self.feed_forward = TffLongformerFeedForward(config)
+
+    def forward(self, hidden, key_valid, global_tokens=None, output_attentions=False):
+        hidden, probs = self.attention(hidden, key_valid, global_tokens, output_attentions)
+        return self.feed_forward(hidden), probs
+
+
+class TffLongformerPreTrainedModel(PreTrainedModel):
+    config_class = TffLongformerConfig
+    config: TffLongformerConfig
+    base_model_prefix = "longformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TffLongformerLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # no key/value cache: generation re-reads the prefix
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """Load a tf_family checkpoint, or a folder saved by transformers' own ``longformer`` model (translated)."""
+        from .convert_longformer import is_transformers_longformer, load_transformers_longformer
+
+        if is_transformers_longformer(pretrained_model_name_or_path, kwargs.get("config")):
+            return load_transformers_longformer(cls, pretrained_model_name_or_path, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+
+class TffLongformerModel(TffLongformerPreTrainedModel):
+    """The Longformer encoder (or, with ``causal=True``, decoder stack), with an optional pooler on the first real
+    token."""
+
+    def __init__(self, config: TffLongformerConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = TffLongformerEmbeddings(config)
+        self.layers = nn.ModuleList(TffLongformerLayer(config, i) for i in range(config.num_hidden_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Module):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        global_attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling | tuple:
+        r"""
+        Args:
+            input_ids: ``(B, T)`` token ids (or pass ``inputs_embeds`` ``(B, T, D)``).
+            attention_mask: ``(B, T)`` 1 for real tokens, 0 for padding (left or right).
+            global_attention_mask: ``(B, T)`` 1 for tokens with global attention (see every token and are seen by
+                every token), 0 for windowed attention. Given per call; padding is never global.
+            token_type_ids, position_ids: ``(B, T)``; positions default to RoBERTa's, counted over real tokens.
+            output_attentions: return ``(B, H, T, T)`` attention probabilities per layer (runs the dense path).
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        for name, mask in (("attention_mask", attention_mask), ("global_attention_mask", global_attention_mask)):
+            if mask is not None and tuple(mask.shape) != (batch, length):
+                raise ValueError(f"{name} must have shape {(batch, length)} like the input, got {tuple(mask.shape)}.")
+        key_valid = (
+            torch.ones(batch, length, dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask.to(torch.bool)
+        )
+        global_tokens = GlobalTokens.from_mask(global_attention_mask, key_valid)
+
+        hidden = self.embeddings(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        all_hidden, all_attentions = (), ()
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            hidden, probs = layer(hidden, key_valid, global_tokens, output_attentions)
+            if output_attentions:
+                all_attentions += (probs,)
+        if output_hidden_states:
+            all_hidden += (hidden,)
+
+        pooled = None
+        if self.pooler is not None:
+            first = _first_real_token(attention_mask, batch, device)
+            pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=device), first]))  # (B, D)
+        output = BaseModelOutputWithPooling(
+            last_hidden_state=hidden,
+            pooler_output=pooled,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffLongformerLMHead(nn.Module):
+    """Dense + GELU + layer norm + decoder (tied to the input embeddings), as RoBERTa's."""
+
+    def __init__(self, config: TffLongformerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.layer_norm(F.gelu(self.dense(hidden))))
+
+
+class TffLongformerForMaskedLM(TffLongformerPreTrainedModel):
+    _tied_weights_keys = {"lm_head.decoder.weight": "longformer.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: TffLongformerConfig):
+        super().__init__(config)
+        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
+        self.lm_head = TffLongformerLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        global_attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        r"""labels: ``(B, T)`` token ids to predict at masked positions, -100 elsewhere."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.longformer(
+            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device))
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
+    """A causal Longformer language model (causal, optionally dilated windows; the paper's character-level LM
+    setting, section 4). Builds its stack with ``causal=True`` whatever the given config says."""
+
+    _tied_weights_keys = {"lm_head.decoder.weight": "longformer.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: TffLongformerConfig):
+        if not config.causal:
+            config = copy.deepcopy(config)
+            config.causal = True
+        super().__init__(config)
+        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
+        self.lm_head = TffLongformerLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        global_attention_mask=None,
+        token_type_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> CausalLMOutput | tuple:
+        r"""labels: ``(B, T)``, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1`` (the
+        shift happens inside), -100 is ignored."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.longformer(
+            input_ids, attention_mask, global_attention_mask, token_type_ids, None, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            shifted = labels[:, 1:].reshape(-1).to(logits.device)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), shifted)
+        output = CausalLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs) -> dict:
+        """No key/value cache: every step re-reads the whole prefix (positions follow `attention_mask`)."""
+        model_inputs = {"attention_mask": attention_mask}
+        if inputs_embeds is not None and kwargs.get("is_first_iteration", True):
+            model_inputs["inputs_embeds"] = inputs_embeds
+        else:
+            model_inputs["input_ids"] = input_ids
+        if kwargs.get("global_attention_mask") is not None:
+            global_mask = kwargs["global_attention_mask"]
+            grow = input_ids.shape[1] - global_mask.shape[1]
+            model_inputs["global_attention_mask"] = F.pad(global_mask, (0, grow)) if grow > 0 else global_mask
+        return model_inputs
+
+
+class TffLongformerForSequenceClassification(TffLongformerPreTrainedModel):
+    """Classifier (dense + tanh + linear) on the first real token, which is global unless a
+    `global_attention_mask` says otherwise (as transformers' Longformer does)."""
+
+    def __init__(self, config: TffLongformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        global_attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        r"""labels: ``(B,)`` class ids (floats for regression, ``(B, num_labels)`` for multi-label)."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        source = input_ids if input_ids is not None else inputs_embeds
+        batch, length = source.shape[:2]
+        first = _first_real_token(attention_mask, batch, source.device)
+        if global_attention_mask is None:
+            global_attention_mask = F.one_hot(first, length)  # (B, T): the first real token
+        outputs = self.longformer(
+            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        pooled = outputs.last_hidden_state[torch.arange(batch, device=source.device), first]  # (B, D)
+        logits = self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            loss = sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffLongformerForTokenClassification(TffLongformerPreTrainedModel):
+    def __init__(self, config: TffLongformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        global_attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        r"""labels: ``(B, T)`` class ids, -100 where ignored."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.longformer(
+            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1).to(logits.device))
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffLongformerForQuestionAnswering(TffLongformerPreTrainedModel):
+    """Extractive QA (start / end logits). Without a `global_attention_mask`, the question -- the tokens before the
+    first `sep_token_id` -- is global, as in transformers' Longformer."""
+
+    def __init__(self, config: TffLongformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        global_attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if global_attention_mask is None and input_ids is not None and self.config.sep_token_id is not None:
+            global_attention_mask = separator_global_attention_mask(input_ids, self.config.sep_token_id)
+        outputs = self.longformer(
+            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
+        start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+        output = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffLongformerForMultipleChoice(TffLongformerPreTrainedModel):
+    """One score per choice from the pooled first token. Without a `global_attention_mask`, the tokens after the
+    first separator pair are global, as in transformers' Longformer."""
+
+    def __init__(self, config: TffLongformerConfig):
+        super().__init__(config)
+        self.longformer = TffLongformerModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        global_attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        r"""
+        Args:
+            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids: ``(B, C, T)``, one row
+                per choice (``inputs_embeds``: ``(B, C, T, D)``).
+            labels: ``(B,)`` index of the right choice.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        source = input_ids if input_ids is not None else inputs_embeds
+        num_choices = source.shape[1]
+
+        def flat(tensor):
+            return None if tensor is None else tensor.flatten(0, 1)  # (B*C, T, ...)
+
+        flat_global = flat(global_attention_mask)
+        if flat_global is None and input_ids is not None and self.config.sep_token_id is not None:
+            flat_global = separator_global_attention_mask(
+                flat(input_ids), self.config.sep_token_id, before_separator=False
+            )
+        outputs = self.longformer(
+            flat(input_ids), flat(attention_mask), flat_global, flat(token_type_ids), flat(position_ids),
+            flat(inputs_embeds), output_attentions, output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, C)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float(), labels.view(-1).to(logits.device))
+        output = MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "TffLongformerForCausalLM",
+    "TffLongformerForMaskedLM",
+    "TffLongformerForMultipleChoice",
+    "TffLongformerForQuestionAnswering",
+    "TffLongformerForSequenceClassification",
+    "TffLongformerForTokenClassification",
+    "TffLongformerModel",
+    "TffLongformerPreTrainedModel",
+    "separator_global_attention_mask",
+]
