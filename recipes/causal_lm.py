@@ -287,6 +287,7 @@ def evaluate(
     memory = None if has_memory else False
     with torch.no_grad():
         for global_batch in schedule:
+            # every process runs every step, empty rows included: FSDP (and DDP buffer syncs) gather in forward
             batch = blocks.batch(rows_of(global_batch, accelerator, per_device))
             outputs = model(**model_inputs(batch, memory, accelerator.device))
             nll, count = next_token_loss(outputs.logits, batch["labels"].to(accelerator.device))

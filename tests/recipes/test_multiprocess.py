@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +16,18 @@ from .conftest import TINY_TXL, data_args
 pytestmark = [pytest.mark.recipe, pytest.mark.slow]
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_two_processes_train_the_same_weights(tmp_path, corpus):
     # `accelerate launch --cpu --num_processes 2` silently starts one process (accelerate 1.15); the shipped config
     # (distributed_type MULTI_GPU, 2 processes) with the recipe's --cpu starts two gloo processes
     config = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs" / "two_cpu_processes.yaml"
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port", "0",
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port", str(free_port()),
         "-m", "tf_family.recipes.causal_lm", "--cpu", *TINY_TXL, *data_args(corpus),
         "--max_train_steps", "3", "--per_device_train_batch_size", "2", "--checkpointing_steps", "3",
         "--logging_steps", "1", "--output_dir", str(tmp_path),
