@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,8 +34,16 @@ def test_two_processes_train_the_same_weights(tmp_path, corpus):
         "--logging_steps", "1", "--output_dir", str(tmp_path),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    # own process group: if the run hangs, the launcher and both ranks are killed together (no orphaned rank)
+    launcher = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = launcher.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        _, stderr = launcher.communicate()
+        pytest.fail(f"two-process run did not finish in 300 s: {stderr[-3000:]}")
+    assert launcher.returncode == 0, stderr[-3000:]
     run = json.loads((tmp_path / "training_run.json").read_text())
     assert run["world_size"] == 2 and run["hyperparameters"]["world_size"] == 2
     # the learning-rate schedule runs in optimizer steps, however many processes step it (cosine over 3 steps)
