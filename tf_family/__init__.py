@@ -17,6 +17,8 @@ from .models.decision_transformer.modeling_decision_transformer import (
     TffDecisionTransformerPreTrainedModel,
     TrajectoryContext,
 )
+from .models.knn_lm.configuration_knn_lm import TffKNNLMConfig
+from .models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM, TffKNNLMPreTrainedModel
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLForSequenceClassification,
@@ -42,6 +44,9 @@ __all__ = [
     "TffDecisionTransformerConfig",
     "TffDecisionTransformerModel",
     "TffDecisionTransformerPreTrainedModel",
+    "TffKNNLMConfig",
+    "TffKNNLMForCausalLM",
+    "TffKNNLMPreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",

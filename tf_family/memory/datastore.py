@@ -406,8 +406,10 @@ def build_datastore(
                     f"the key module {name!r} ran {len(captured)} times in one forward; pass a module_path that "
                     "runs once per forward (the input of the output layer or of one feed-forward block)."
                 )
-            hidden = captured[0]  # (B, T, D)
+            hidden = captured[0]  # (B, T, D), or (B*T, D) for heads that flatten (adaptive softmax)
             labels = batch["labels"].to(hidden.device)
+            if hidden.dim() == 2 and hidden.shape[0] == labels.numel():
+                hidden = hidden.view(*labels.shape, -1)
             if hidden.shape[:2] != labels.shape:
                 raise ValueError(
                     f"keys at {name!r} have shape {tuple(hidden.shape)}, labels {tuple(labels.shape)}: the key module "

@@ -95,8 +95,12 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
     ) -> TffKNNLMForCausalLM:
         """Wrap ``base_model`` (its weights are shared, not copied); ``config_kwargs`` are `TffKNNLMConfig` fields."""
         config_kwargs.setdefault("base_model_name_or_path", getattr(base_model.config, "_name_or_path", None) or None)
+        # building the composite config and model resets the sub-config's attention implementation (to None, which
+        # transformers then treats as "no mask"); the base model keeps the one it was built with
+        implementation = base_model.config._attn_implementation
         config = TffKNNLMConfig(base_config=base_model.config, **config_kwargs)
         model = cls(config, base_model=base_model)
+        base_model.config._attn_implementation = implementation
         if datastore is not None:
             model.set_datastore(datastore)
         return model
@@ -179,10 +183,10 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         lm_log_probs = F.log_softmax(outputs.logits.float(), dim=-1)  # (B, T, V)
         log_probs, scores, tokens = lm_log_probs, None, None
         if retrieve:
-            queries = captured[-1].detach()  # (B, T, D)
-            batch, length, width = queries.shape
+            batch, length = lm_log_probs.shape[:2]
+            queries = captured[-1].detach().reshape(batch * length, -1)  # (B*T, D); some heads see (B*T, D) already
             scores, tokens = datastore.search(
-                queries.reshape(-1, width), k, self.config.distance, self.config.recompute_distances
+                queries, k, self.config.distance, self.config.recompute_distances
             )  # (B*T, K) each
             knn = knn_log_probs(scores, tokens, lm_log_probs.shape[-1], self.config.knn_temperature)  # (B*T, V)
             log_probs = interpolate_log_probs(lm_log_probs, knn.view_as(lm_log_probs), lmbda)
