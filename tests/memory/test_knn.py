@@ -14,7 +14,7 @@ from tf_family.memory.knn import (
     neighbour_scores,
     pairwise_scores,
 )
-from tf_family.memory.knn_lm import dense_knn_log_probs, interpolate_log_probs, knn_log_probs
+from tf_family.memory.knn_lm import dense_knn_log_probs, interpolate_log_probs, knn_log_probs, knn_target_log_probs
 
 
 def clustered(n: int, dim: int = 16, seed: int = 0) -> torch.Tensor:
@@ -156,6 +156,16 @@ def test_knn_log_probs_equal_the_dense_one_hot_twin():
         torch.testing.assert_close(got, dense_knn_log_probs(scores, tokens, 7, temperature))
         assert torch.isneginf(got[1]).all()
         torch.testing.assert_close(got[[0, 2, 3, 4, 5]].exp().sum(-1), torch.ones(5))
+
+
+def test_target_log_probs_equal_the_gathered_distribution():
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.randn(8, 6, generator=generator)
+    tokens = torch.randint(0, 5, (8, 6), generator=generator)
+    tokens[0, 1] = -1
+    targets = torch.randint(0, 5, (8,), generator=generator)
+    full = knn_log_probs(scores, tokens, 5, 0.7)
+    torch.testing.assert_close(knn_target_log_probs(scores, tokens, targets, 0.7), full.gather(1, targets[:, None])[:, 0])
 
 
 def test_knn_log_probs_by_hand():

@@ -51,6 +51,22 @@ def dense_knn_log_probs(scores: torch.Tensor, token_ids: torch.Tensor, vocab_siz
     return torch.einsum("nk,nkv->nv", probs, one_hot).log()
 
 
+def knn_target_log_probs(
+    scores: torch.Tensor, token_ids: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log p_kNN(target) ``(N,)`` for one target token per row, without building the ``(N, V)`` distribution.
+
+    Equals ``knn_log_probs(scores, token_ids, V, temperature).gather(1, targets[:, None])[:, 0]``; used to evaluate
+    a grid of (k, λ) from one search (the neighbours are sorted, so the first k columns are the k nearest).
+    """
+    _check(scores, token_ids, temperature)
+    valid = (token_ids >= 0) & torch.isfinite(scores)
+    logits = (scores.float() / temperature).masked_fill(~valid, float("-inf"))  # (N, K)
+    normaliser = torch.logsumexp(logits, -1)  # (N,)
+    hits = logits.masked_fill(token_ids != targets[:, None], float("-inf"))
+    return torch.logsumexp(hits, -1) - normaliser.clamp_min(torch.finfo(torch.float32).min)
+
+
 def interpolate_log_probs(lm_log_probs: torch.Tensor, knn_log_probs: torch.Tensor, lmbda: float) -> torch.Tensor:
     """log(λ · p_kNN + (1 − λ) · p_LM), elementwise over ``(..., V)``.
 
@@ -68,4 +84,4 @@ def interpolate_log_probs(lm_log_probs: torch.Tensor, knn_log_probs: torch.Tenso
     return torch.where(empty, lm_log_probs, mixed)
 
 
-__all__ = ["dense_knn_log_probs", "interpolate_log_probs", "knn_log_probs"]
+__all__ = ["dense_knn_log_probs", "interpolate_log_probs", "knn_log_probs", "knn_target_log_probs"]
