@@ -273,3 +273,18 @@ def test_config_errors_name_the_field():
         create_model("knn_lm", k=0)
     with pytest.raises(TypeError, match="distance"):
         create_model("knn_lm", distance="cosine")
+
+
+def test_retrieval_keeps_the_model_causal_and_batch_independent(built):
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.5)
+    ids = blocks.input_ids[:2, :12]
+    changed = ids.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % VOCAB
+    state = torch.random.get_rng_state()
+    with torch.no_grad():
+        a, b = model(ids).logits, model(changed).logits
+        alone = model(ids[1:]).logits
+    assert torch.equal(torch.random.get_rng_state(), state)
+    torch.testing.assert_close(a[:, :6], b[:, :6], rtol=0, atol=1e-5)
+    torch.testing.assert_close(alone[0], a[1], rtol=1e-5, atol=1e-5)
