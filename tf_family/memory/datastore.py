@@ -362,7 +362,8 @@ def build_datastore(
         model: any causal LM (``model(input_ids=…, attention_mask=…)``); it runs in eval mode without gradients.
         batches: dicts with ``input_ids (B, T)``, aligned next-token ``labels (B, T)`` (-100 where nothing is
             stored) and optionally ``attention_mask``; e.g. ``LMBlocks.batch(...)`` of `tf_family.data.packing`.
-        folder: where to write the shards and the description (None keeps the datastore in memory).
+        folder: where each shard is written as soon as it fills, and the description at the end (None keeps the
+            datastore in memory).
         tokenizer: fingerprinted into the description, so a later load with another tokenizer is refused.
         key_point / module_path: where keys are read (see the module docstring).
         key_dtype: ``torch.float16`` (half the disk, the paper's ``--dstore-fp16``) or ``torch.float32``.
@@ -382,15 +383,31 @@ def build_datastore(
     pending_values: list[torch.Tensor] = []
     key_shards: list[torch.Tensor] = []
     value_shards: list[torch.Tensor] = []
+    written: list[dict[str, Any]] = []  # shards already on disk (with a folder, memory holds one shard at most)
     dim = None
+    if folder is not None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        # an earlier datastore's description goes first: until the new one is complete, the folder is no datastore
+        (folder / DESCRIPTION_FILE).unlink(missing_ok=True)
+
+    def emit(keys: torch.Tensor, values: torch.Tensor) -> None:
+        if folder is None:
+            key_shards.append(keys)
+            value_shards.append(values)
+            return
+        name = f"shard-{len(written):05d}.safetensors"
+        tensors = {"keys": keys.contiguous(), "values": values.contiguous()}
+        _atomic_save(lambda path: save_file(tensors, path), folder / name)
+        written.append({"file": name, "size": int(values.shape[0])})
 
     def flush(final: bool) -> None:
         nonlocal pending_keys, pending_values
         keys = torch.cat(pending_keys) if pending_keys else torch.zeros(0, dim or 0, dtype=key_dtype)
         values = torch.cat(pending_values) if pending_values else torch.zeros(0, dtype=torch.long)
         while keys.shape[0] >= shard_size or (final and keys.shape[0] > 0):
-            key_shards.append(keys[:shard_size].clone())
-            value_shards.append(values[:shard_size].clone())
+            emit(keys[:shard_size].clone(), values[:shard_size].clone())
             keys, values = keys[shard_size:], values[shard_size:]
         pending_keys, pending_values = [keys], [values]
 
@@ -432,7 +449,7 @@ def build_datastore(
         "key_point": key_point if module_path is None else "module_input",
         "module_path": name,
         "dim": int(dim),
-        "size": sum(v.shape[0] for v in value_shards),
+        "size": sum(v.shape[0] for v in value_shards) + sum(shard["size"] for shard in written),
         "key_dtype": str(key_dtype).removeprefix("torch."),
         "model_class": type(model).__name__,
         "model_name_or_path": getattr(config, "_name_or_path", None) or None,
@@ -440,11 +457,12 @@ def build_datastore(
         "model_fingerprint": fingerprint_model(model),
         "tokenizer_fingerprint": fingerprint_tokenizer(tokenizer),
     }
-    datastore = KNNDatastore(key_shards, value_shards, description)
-    if folder is not None:
-        datastore.save(folder)
-        # re-open memory-mapped, so a datastore larger than RAM is not held twice
-        datastore = KNNDatastore.load(folder)
+    if folder is None:
+        datastore = KNNDatastore(key_shards, value_shards, description)
+    else:
+        description["shards"] = written
+        _atomic_save(lambda path: Path(path).write_text(json.dumps(description, indent=2)), folder / DESCRIPTION_FILE)
+        datastore = KNNDatastore.load(folder)  # memory-mapped: a datastore larger than RAM is never held whole
     logger.info(f"kNN datastore: {datastore.size} keys of width {dim} at {name!r}")
     return datastore
 
