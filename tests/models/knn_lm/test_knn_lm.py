@@ -288,3 +288,21 @@ def test_retrieval_keeps_the_model_causal_and_batch_independent(built):
     assert torch.equal(torch.random.get_rng_state(), state)
     torch.testing.assert_close(a[:, :6], b[:, :6], rtol=0, atol=1e-5)
     torch.testing.assert_close(alone[0], a[1], rtol=1e-5, atol=1e-5)
+
+
+def test_generation_around_transformer_xl_carries_its_segment_memory():
+    """A segment-memory base (no KV cache): decoding carries `mems` and equals a full forward at every step."""
+    torch.manual_seed(0)
+    txl = create_model("transfo_xl", "causal_lm", "tiny").eval()
+    ids = torch.randint(0, VOCAB, (2, 8))
+    datastore = build_datastore(txl, [{"input_ids": ids, "labels": ids}], None, show_progress=False)
+    model = TffKNNLMForCausalLM.from_base(txl, datastore, k=4, lmbda=0.5)
+    prompt = ids[:, :3]
+    kwargs = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        cached = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=True, **kwargs)
+        full = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=False, **kwargs)
+        whole = model(cached.sequences).logits
+    assert torch.equal(cached.sequences, full.sequences)
+    for step, score in enumerate(cached.scores):
+        torch.testing.assert_close(score, whole[:, 2 + step], rtol=1e-4, atol=1e-5)

@@ -204,7 +204,8 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
             lm_log_probs=lm_log_probs,
             knn_scores=scores,
             knn_tokens=tokens,
-            past_key_values=getattr(outputs, "past_key_values", None),
+            # a KV cache, or a segment memory (Transformer-XL's `mems`), carried to the next decoding step
+            past_key_values=getattr(outputs, "past_key_values", None) or getattr(outputs, "mems", None),
             hidden_states=getattr(outputs, "hidden_states", None),
             attentions=getattr(outputs, "attentions", None),
         )
@@ -217,9 +218,9 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
                 inputs[name] = kwargs[name]
         return inputs
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return True
+    def _supports_default_dynamic_cache(self) -> bool:
+        # the base model decides: a KV-cache model gets a DynamicCache, a segment-memory model (Transformer-XL) not
+        return self.lm._supports_default_dynamic_cache()
 
     # --------------------------------------------------------------------------------------------- save / load
     def save_pretrained(self, save_directory: str | os.PathLike, *args, save_datastore: bool | None = None, **kwargs):
