@@ -27,6 +27,8 @@ from .models.decision_transformer.modeling_decision_transformer import (
     TffDecisionTransformerPreTrainedModel,
     TrajectoryContext,
 )
+from .models.knn_lm.configuration_knn_lm import TffKNNLMConfig
+from .models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM, TffKNNLMPreTrainedModel
 from .models.longformer.configuration_longformer import TffLongformerConfig
 from .models.longformer.modeling_longformer import (
     TffLongformerForCausalLM,
@@ -80,6 +82,9 @@ __all__ = [
     "TffLongformerForTokenClassification",
     "TffLongformerModel",
     "TffLongformerPreTrainedModel",
+    "TffKNNLMConfig",
+    "TffKNNLMForCausalLM",
+    "TffKNNLMPreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",

@@ -26,6 +26,8 @@ from .models.compressive.configuration_compressive import TffCompressiveConfig
 from .models.compressive.modeling_compressive import TffCompressiveLMHeadModel, TffCompressiveModel
 from .models.decision_transformer.configuration_decision_transformer import TffDecisionTransformerConfig
 from .models.decision_transformer.modeling_decision_transformer import TffDecisionTransformerModel
+from .models.knn_lm.configuration_knn_lm import TffKNNLMConfig
+from .models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
 from .models.longformer.configuration_longformer import TffLongformerConfig
 from .models.longformer.modeling_longformer import (
     TffLongformerForCausalLM,
@@ -431,8 +433,40 @@ _BIG_BIRD = ArchSpec(
     paper="2007.14062",
 )
 
+# a tiny Llama (RoPE: relative positions, so left padding changes nothing) as the wrapped base model
+_TINY_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+
+_KNN_LM = ArchSpec(
+    name="knn_lm",
+    title="kNN-LM (Khandelwal et al. 2020)",
+    config_class=TffKNNLMConfig,
+    model_classes=MappingProxyType({"causal_lm": TffKNNLMForCausalLM}),
+    variants=MappingProxyType(
+        {
+            "tiny": MappingProxyType({"base_config": _TINY_LLAMA, "k": 8, "lmbda": 0.25}),
+            # the paper's retrieval settings around whatever base model is given
+            "paper": MappingProxyType({"k": 1024, "lmbda": 0.25, "knn_temperature": 1.0, "distance": "l2"}),
+        }
+    ),
+    lora_target_modules=("q_proj", "v_proj"),
+    reference="none (wraps any AutoModelForCausalLM); lmbda=0 reproduces the base model",
+    parity="lmbda=0 equals the base log-probs exactly; faiss Flat equals the exact torch search",
+    card="knn_lm.md",
+    paper="1911.00172",
+)
+
 ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
-    {spec.name: spec for spec in (_TRANSFO_XL, _COMPRESSIVE, _LONGFORMER, _BIG_BIRD, _DECISION_TRANSFORMER)}
+    {spec.name: spec for spec in (_TRANSFO_XL, _COMPRESSIVE, _LONGFORMER, _BIG_BIRD, _KNN_LM, _DECISION_TRANSFORMER)}
 )
 
 

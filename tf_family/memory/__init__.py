@@ -1,4 +1,5 @@
-"""Pure memory math shared by the tf_family models: segment-level recurrence, compression (and, later, kNN)."""
+"""Pure memory math shared by the tf_family models: segment-level recurrence, compression, kNN search and the
+kNN-LM datastore."""
 
 from .compression import (
     COMPRESSION_KINDS,
@@ -15,11 +16,36 @@ from .compression import (
     most_used_compress,
 )
 from .compressive import CompressiveMemory, append_compressed, evicted_length, split_memory, update_compressive_memory
+from .datastore import (
+    DatastoreMismatchError,
+    KNNDatastore,
+    build_datastore,
+    fingerprint_model,
+    fingerprint_tokenizer,
+    resolve_key_module,
+)
+from .knn import ExactKNNStore, FaissKNNStore, KNNStore, chunked_knn_search, dense_knn_search, load_knn_store
+from .knn_lm import dense_knn_log_probs, interpolate_log_probs, knn_log_probs
 from .segment import SegmentMemory, update_segment_memory
 
 __all__ = [
     "COMPRESSION_KINDS",
     "CompressiveMemory",
+    "DatastoreMismatchError",
+    "ExactKNNStore",
+    "FaissKNNStore",
+    "KNNDatastore",
+    "KNNStore",
+    "build_datastore",
+    "chunked_knn_search",
+    "dense_knn_log_probs",
+    "dense_knn_search",
+    "fingerprint_model",
+    "fingerprint_tokenizer",
+    "interpolate_log_probs",
+    "knn_log_probs",
+    "load_knn_store",
+    "resolve_key_module",
     "SegmentMemory",
     "append_compressed",
     "attention_reconstruction_loss",

@@ -1,0 +1,372 @@
+"""kNN-LM with accelerate: build a datastore for any causal LM, then pick λ and k on validation and report test.
+
+    accelerate launch recipes/knn_lm.py build --model_name_or_path runs/my-lm --output_dir runs/my-lm-datastore \\
+        --index_types flat ivf_pq
+    accelerate launch -m tf_family.recipes.knn_lm eval --model_name_or_path runs/my-lm \\
+        --datastore runs/my-lm-datastore --lmbdas 0.1 0.25 0.5 --ks 16 64 256 --output_dir runs/my-knn-lm
+
+``build`` runs the model over a split (default ``train``) of the data (the bundled State of the Union corpus, a Hub
+dataset or local files, loaded as in `recipes/causal_lm.py`), storing the key at ``--key_point`` and the next token
+of every scored position (`tf_family.memory.build_datastore`: float16 safetensors shards, a JSON description with
+the model's and tokenizer's fingerprints), then optionally trains faiss indexes over the keys.
+
+``eval`` runs the model once over validation (and test, when the data has one), searches the datastore once with
+the largest k, and scores every (k, λ) of the grid from that one search (the neighbours are sorted, so the first
+k of them are the k nearest). It reports the base LM's perplexity and the kNN-LM's for every grid point, picks the
+best on validation, reports test with it, and (``--output_dir``) saves a `TffKNNLMForCausalLM` with the chosen
+settings whose config points at the datastore, plus a model card and ``training_run.json``.
+
+Blocks are read independently (no segment memory is carried), for every model, when building and when evaluating,
+so keys and queries come from the same kind of context. One process: datastore building and the grid are not
+split across processes (``accelerate launch --num_processes 1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+import torch.nn.functional as F
+import transformers
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import tf_family
+from tf_family.cards import RUN_INFO_FILE, write_model_card
+from tf_family.data import SOTU_TOKENIZER_DIR, load_text_datasets, pack_into_blocks
+from tf_family.data.packing import IGNORE_INDEX
+from tf_family.memory.datastore import (
+    KEY_POINTS,
+    KNNDatastore,
+    build_datastore,
+    capture_module_inputs,
+    resolve_key_module,
+)
+from tf_family.memory.knn import FAISS_INDEX_TYPES
+from tf_family.memory.knn_lm import knn_target_log_probs
+from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
+
+logger = get_logger(__name__)
+
+DEFAULT_LMBDAS = [0.05, 0.1, 0.25, 0.4, 0.6]
+DEFAULT_KS = [8, 32, 128, 512]
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model_name_or_path", required=True, help="saved folder or Hub id (any AutoModelForCausalLM)")
+    parser.add_argument("--tokenizer_name", help="tokenizer folder or Hub id (default: the model's, else the bundled)")
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset_name", default="sotu", help="'sotu' (bundled corpus) or a Hub dataset id")
+    data.add_argument("--dataset_config_name")
+    data.add_argument("--train_file", help="local .txt/.json/.jsonl/.csv/.parquet file (overrides --dataset_name)")
+    data.add_argument("--validation_file")
+    data.add_argument("--text_column")
+    data.add_argument("--sample_by", choices=["document", "paragraph", "line"], default="document")
+    data.add_argument("--validation_split_percentage", type=int, default=5)
+    data.add_argument("--block_size", type=int, default=128, help="tokens per block the model reads")
+    data.add_argument("--max_samples", type=int, help="use only the first N documents of each split")
+    data.add_argument("--per_device_batch_size", type=int, default=8)
+    parser.add_argument("--key_point", choices=list(KEY_POINTS), default="lm_head_input")
+    parser.add_argument("--module_path", help="dotted module whose input is the key (overrides --key_point)")
+    parser.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")
+    parser.add_argument("--seed", type=int, default=42)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="kNN-LM: build a datastore, or evaluate a λ × k grid (tf_family).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="build a datastore of (key, next token) over a split")
+    _add_common(build)
+    build.add_argument("--split", default="train", help="the split whose tokens go into the datastore")
+    build.add_argument("--output_dir", required=True, help="the datastore folder")
+    build.add_argument("--overwrite_output_dir", action="store_true")
+    build.add_argument("--key_dtype", choices=["float16", "float32"], default="float16")
+    build.add_argument("--shard_size", type=int, default=1_000_000, help="keys per safetensors shard")
+    build.add_argument("--index_types", nargs="*", default=[], choices=list(FAISS_INDEX_TYPES), help="faiss indexes")
+    build.add_argument("--distance", choices=["l2", "ip"], default="l2")
+    build.add_argument("--nlist", type=int, default=1024, help="IVF centroids (lowered to keys / 39 when fewer)")
+    build.add_argument("--pq_m", type=int, default=16, help="IVF-PQ sub-quantizers (must divide the key width)")
+
+    evaluate = commands.add_parser("eval", help="perplexity of the base LM and of the kNN-LM over a λ × k grid")
+    _add_common(evaluate)
+    evaluate.add_argument("--datastore", required=True, help="a datastore folder written by `build`")
+    evaluate.add_argument("--lmbdas", type=float, nargs="+", default=DEFAULT_LMBDAS)
+    evaluate.add_argument("--ks", type=int, nargs="+", default=DEFAULT_KS)
+    evaluate.add_argument("--knn_temperature", type=float, default=1.0)
+    evaluate.add_argument("--distance", choices=["l2", "ip"], default="l2")
+    evaluate.add_argument("--index_type", choices=["exact", *FAISS_INDEX_TYPES], default="exact")
+    evaluate.add_argument("--nprobe", type=int, help="IVF lists visited per query (overrides the saved value)")
+    evaluate.add_argument("--no_recompute_distances", action="store_true", help="use an approximate index's scores")
+    evaluate.add_argument("--force", action="store_true", help="use a datastore built by another model/tokenizer")
+    evaluate.add_argument("--output_dir", help="save a TffKNNLMForCausalLM with the best λ and k here")
+    evaluate.add_argument("--overwrite_output_dir", action="store_true")
+    return parser.parse_args(argv)
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    """Refuse, before any work, what cannot run; each message says what to change."""
+    for name in ("block_size", "per_device_batch_size", "max_samples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name}={value} must be at least 1.")
+    if args.command == "build":
+        if args.shard_size < 1:
+            raise ValueError(f"--shard_size={args.shard_size} must be at least 1.")
+        if Path(args.output_dir, "datastore.json").exists() and not args.overwrite_output_dir:
+            raise ValueError(
+                f"--output_dir {args.output_dir} already holds a datastore; pass --overwrite_output_dir or another folder."
+            )
+        return
+    if not Path(args.datastore, "datastore.json").is_file():
+        raise ValueError(f"--datastore {args.datastore} is not a datastore folder (no datastore.json); run `build`.")
+    bad = [x for x in args.lmbdas if not 0.0 <= x <= 1.0]
+    if bad:
+        raise ValueError(f"--lmbdas {bad} must lie in [0, 1].")
+    if min(args.ks) < 1:
+        raise ValueError(f"--ks {args.ks} must all be at least 1.")
+    if not args.knn_temperature > 0:
+        raise ValueError(f"--knn_temperature={args.knn_temperature} must be > 0.")
+    if args.output_dir and Path(args.output_dir, "config.json").exists() and not args.overwrite_output_dir:
+        raise ValueError(f"--output_dir {args.output_dir} holds a model; pass --overwrite_output_dir or another folder.")
+
+
+def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[str, Any]:
+    """The requested splits (those the data has) as `LMBlocks`, with their character counts."""
+    raw, text_column = load_text_datasets(
+        args.dataset_name,
+        args.dataset_config_name,
+        args.train_file,
+        args.validation_file,
+        args.text_column,
+        args.validation_split_percentage,
+        args.sample_by,
+    )
+    separator_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    if separator_id is None:
+        raise ValueError("the tokenizer has neither an eos nor a pad token to separate documents; pass --tokenizer_name.")
+    out = {}
+    for split in splits:
+        if split not in raw:
+            continue
+        rows = raw[split]
+        if args.max_samples:
+            rows = rows.select(range(min(args.max_samples, len(rows))))
+        texts = list(rows[text_column])
+        documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        out[split] = (pack_into_blocks(documents, args.block_size, separator_id), sum(map(len, texts)))
+    return out
+
+
+def block_batches(blocks, batch_size: int) -> list[dict[str, torch.Tensor]]:
+    return [blocks.batch(range(i, min(i + batch_size, len(blocks)))) for i in range(0, len(blocks), batch_size)]
+
+
+def load_model_and_tokenizer(args: argparse.Namespace, device: torch.device):
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or _tokenizer_source(args))
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).to(device).eval()
+    vocab = getattr(model.config, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} ids, the model embeds {vocab}; pass --tokenizer_name.")
+    return model, tokenizer
+
+
+def _tokenizer_source(args: argparse.Namespace) -> str:
+    folder = Path(args.model_name_or_path)
+    if folder.is_dir() and not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return str(SOTU_TOKENIZER_DIR)
+    return args.model_name_or_path
+
+
+# ------------------------------------------------------------------------------------------------------------ build
+def build(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
+    model, tokenizer = load_model_and_tokenizer(args, accelerator.device)
+    blocks = load_blocks(args, tokenizer, [args.split])
+    if args.split not in blocks:
+        raise ValueError(f"--split {args.split!r} is not a split of the data.")
+    split_blocks, _ = blocks[args.split]
+    batches = block_batches(split_blocks, args.per_device_batch_size)
+    started = time.perf_counter()
+    datastore = build_datastore(
+        model,
+        batches,
+        args.output_dir,
+        tokenizer=tokenizer,
+        key_point=args.key_point,
+        module_path=args.module_path,
+        key_dtype=getattr(torch, args.key_dtype),
+        shard_size=args.shard_size,
+        total=len(batches),
+        show_progress=accelerator.is_local_main_process,
+    )
+    seconds = time.perf_counter() - started
+    result = {
+        "datastore": args.output_dir,
+        "keys": datastore.size,
+        "dim": datastore.dim,
+        "build_seconds": seconds,
+        "tokens_per_second": datastore.size / max(seconds, 1e-9),
+        "indexes": {},
+    }
+    for index_type in args.index_types:
+        params = {}
+        if index_type.startswith("ivf"):
+            params["nlist"] = max(1, min(args.nlist, datastore.size // 39))
+        if index_type == "ivf_pq":
+            params["pq_m"] = args.pq_m
+            params["pq_bits"] = 8 if datastore.size >= 256 * 39 else max(1, int(math.log2(max(2, datastore.size // 39))))
+        started = time.perf_counter()
+        datastore.build_index(index_type, args.distance, show_progress=accelerator.is_local_main_process, **params)
+        result["indexes"][index_type] = {"seconds": time.perf_counter() - started, **params}
+    logger.info(f"datastore: {json.dumps(result)}", main_process_only=True)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------------- eval
+def score_grid(
+    model, datastore: KNNDatastore, blocks, args: argparse.Namespace, device: torch.device, recompute: bool
+) -> tuple[float, dict[tuple[int, float], float], int]:
+    """Summed NLL of the base LM and of every (k, λ) over the scored tokens of ``blocks``, and the token count."""
+    _, module = resolve_key_module(model, args.key_point, args.module_path)
+    k_max = max(args.ks)
+    base_total, count = 0.0, 0
+    totals = {(k, lmbda): 0.0 for k in args.ks for lmbda in args.lmbdas}
+    batches = block_batches(blocks, args.per_device_batch_size)
+    with torch.no_grad(), capture_module_inputs(module) as captured:
+        for batch in tqdm(batches, desc="kNN-LM grid", disable=not args.show_progress):
+            captured.clear()
+            logits = model(input_ids=batch["input_ids"].to(device)).logits
+            labels = batch["labels"].to(device)
+            keep = labels != IGNORE_INDEX
+            targets = labels[keep]  # (N,)
+            lm = F.log_softmax(logits.float(), -1)[keep].gather(1, targets[:, None])[:, 0]  # (N,) log p_LM(target)
+            queries = captured[-1].reshape(*labels.shape, -1)[keep]  # (N, D)
+            scores, tokens = datastore.search(queries, k_max, args.distance, recompute)  # (N, K) sorted
+            base_total -= lm.sum().item()
+            count += targets.numel()
+            for k in args.ks:
+                knn = knn_target_log_probs(scores[:, :k], tokens[:, :k], targets, args.knn_temperature)  # (N,)
+                for lmbda in args.lmbdas:
+                    if lmbda == 0.0:
+                        mixed = lm
+                    elif lmbda == 1.0:
+                        mixed = knn
+                    else:
+                        mixed = torch.logaddexp(lm + math.log1p(-lmbda), knn + math.log(lmbda))
+                    totals[(k, lmbda)] -= mixed.sum().item()
+    return base_total, totals, count
+
+
+def metrics_of(nll: float, count: int, characters: int) -> dict[str, float]:
+    loss = nll / max(count, 1)
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "bits_per_token": loss / math.log(2),
+        "bits_per_character": nll / math.log(2) / max(characters, 1),
+    }
+
+
+def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
+    model, tokenizer = load_model_and_tokenizer(args, accelerator.device)
+    datastore = KNNDatastore.load(args.datastore, model=model, tokenizer=tokenizer, force=args.force)
+    if args.index_type != "exact":
+        search = {"nprobe": args.nprobe} if args.nprobe else {}
+        datastore.load_index(args.index_type, **search)
+    recompute = args.index_type not in ("exact", "flat") and not args.no_recompute_distances
+    args.show_progress = accelerator.is_local_main_process
+    blocks = load_blocks(args, tokenizer, ["validation", "test"])
+    results: dict[str, Any] = {"datastore": args.datastore, "datastore_keys": datastore.size, "grid": {}}
+    val_blocks, val_characters = blocks["validation"]
+    started = time.perf_counter()
+    base_nll, totals, count = score_grid(model, datastore, val_blocks, args, accelerator.device, recompute)
+    results["validation_seconds"] = time.perf_counter() - started
+    results["validation_tokens"] = count
+    results["validation_base"] = metrics_of(base_nll, count, val_characters)
+    for (k, lmbda), nll in totals.items():
+        results["grid"][f"k={k},lmbda={lmbda}"] = metrics_of(nll, count, val_characters)["perplexity"]
+    best_k, best_lmbda = min(totals, key=totals.get)
+    results["best"] = {"k": best_k, "lmbda": best_lmbda}
+    results["validation_knn"] = metrics_of(totals[(best_k, best_lmbda)], count, val_characters)
+    if "test" in blocks:
+        test_blocks, test_characters = blocks["test"]
+        args.ks, args.lmbdas = [best_k], [best_lmbda]
+        base_nll, totals, count = score_grid(model, datastore, test_blocks, args, accelerator.device, recompute)
+        results["test_tokens"] = count
+        results["test_base"] = metrics_of(base_nll, count, test_characters)
+        results["test_knn"] = metrics_of(totals[(best_k, best_lmbda)], count, test_characters)
+    logger.info(f"kNN-LM: {json.dumps({k: v for k, v in results.items() if k != 'grid'})}", main_process_only=True)
+
+    if args.output_dir and accelerator.is_main_process:
+        output_dir = Path(args.output_dir)
+        knn_model = TffKNNLMForCausalLM.from_base(
+            model.cpu(),
+            k=best_k,
+            lmbda=best_lmbda,
+            knn_temperature=args.knn_temperature,
+            distance=args.distance,
+            index_type=args.index_type,
+            recompute_distances=not args.no_recompute_distances,
+            key_point=args.key_point,
+            key_module_path=args.module_path,
+            datastore_path=str(Path(args.datastore).resolve()),
+            base_model_name_or_path=args.model_name_or_path,
+        )
+        knn_model.save_pretrained(output_dir)
+        tokenizer.save_pretrained(output_dir)
+        split = "test" if "test_knn" in results else "validation"
+        run_info = {
+            "recipe": "recipes/knn_lm.py",
+            "task": "causal_lm",
+            "tf_family_version": tf_family.__version__,
+            "model_type": "tff_knn_lm",
+            "base_model": args.model_name_or_path,
+            "dataset": {
+                "name": args.train_file or args.dataset_name,
+                "title": "State of the Union addresses" if args.dataset_name == "sotu" and not args.train_file else None,
+                "eval_split": split,
+                "description": f"Datastore `{args.datastore}` ({datastore.size} keys).",
+            },
+            "hyperparameters": {"k": best_k, "lmbda": best_lmbda, "knn_temperature": args.knn_temperature},
+            "metrics": {
+                "perplexity": results[f"{split}_knn"]["perplexity"],
+                "base_perplexity": results[f"{split}_base"]["perplexity"],
+            },
+            "knn_lm": {k: v for k, v in results.items() if k != "grid"},
+            "grid": results["grid"],
+        }
+        run_info["dataset"] = {k: v for k, v in run_info["dataset"].items() if v is not None}
+        (output_dir / RUN_INFO_FILE).write_text(json.dumps(run_info, indent=2) + "\n")
+        write_model_card(output_dir)
+        (output_dir / "knn_lm_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    validate_args(args)
+    accelerator = Accelerator(cpu=args.cpu)
+    if accelerator.num_processes > 1:
+        raise ValueError(
+            f"recipes/knn_lm.py runs in one process (got {accelerator.num_processes}); launch it with "
+            "`accelerate launch --num_processes 1` or plain `python`."
+        )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    datasets.utils.logging.set_verbosity_warning()
+    transformers.utils.logging.set_verbosity_warning()
+    torch.manual_seed(args.seed)
+    result = build(args, accelerator) if args.command == "build" else evaluate_grid(args, accelerator)
+    accelerator.end_training()
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""recipes/knn_lm.py end to end on tiny data: build a datastore (with faiss indexes), evaluate a λ × k grid, reload
+the saved kNN-LM through Auto and check that its own forward reproduces the recipe's perplexity."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tf_family.data.packing import IGNORE_INDEX
+from tf_family.memory.datastore import DatastoreMismatchError
+from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
+
+from .conftest import data_args
+
+pytestmark = pytest.mark.recipe
+
+
+def load_recipe():
+    # from this checkout's recipes/ (an editable install elsewhere may map tf_family.recipes to another tree)
+    path = Path(__file__).parents[2] / "recipes" / "knn_lm.py"
+    spec = importlib.util.spec_from_file_location("knn_lm_recipe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+knn_lm = load_recipe()
+
+
+@pytest.fixture(autouse=True)
+def this_checkouts_model_cards(monkeypatch):
+    """Render cards from this checkout's model_cards/ when an editable install maps tf_family.model_cards to
+    another tree that lacks the kNN-LM template (a fresh `pip install -e .` needs nothing of this)."""
+    import tf_family.model_cards as cards
+
+    here = Path(__file__).parents[2] / "model_cards"
+    if not (Path(cards.__file__).parent / "knn_lm.md").is_file():
+        spec = importlib.util.spec_from_file_location(
+            "tf_family.model_cards", here / "__init__.py", submodule_search_locations=[str(here)]
+        )
+        monkeypatch.setattr(cards, "__spec__", spec)
+
+
+def test_build_then_eval_then_reload(corpus, tiny_gpt2, tmp_path):
+    faiss = importlib.util.find_spec("faiss") is not None
+    datastore = tmp_path / "datastore"
+    common = [*data_args(corpus), "--model_name_or_path", tiny_gpt2, "--block_size", "32", "--cpu"]
+    built = knn_lm.main(
+        ["build", *common, "--output_dir", str(datastore), *(["--index_types", "flat", "ivf_flat"] if faiss else [])]
+    )
+    assert built["keys"] > 500 and built["dim"] == 32 and built["tokens_per_second"] > 0
+    description = json.loads((datastore / "datastore.json").read_text())
+    assert description["size"] == built["keys"] and description["module_path"] == "lm_head"
+    if faiss:
+        assert (datastore / "index-flat" / "index.faiss").is_file() and "ivf_flat" in built["indexes"]
+
+    out = tmp_path / "knn-model"
+    grid = ["--ks", "4", "16", "--lmbdas", "0.0", "0.3", "0.6"]
+    result = knn_lm.main(["eval", *common, "--datastore", str(datastore), *grid, "--output_dir", str(out)])
+    assert set(result["grid"]) == {f"k={k},lmbda={x}" for k in (4, 16) for x in (0.0, 0.3, 0.6)}
+    # λ = 0 is the base model, whatever k
+    for k in (4, 16):
+        assert math.isclose(result["grid"][f"k={k},lmbda=0.0"], result["validation_base"]["perplexity"], rel_tol=1e-9)
+    best = result["best"]
+    assert result["validation_knn"]["perplexity"] == min(result["grid"].values())
+    assert "test_knn" not in result  # local files without a test split: validation only
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model) is TffKNNLMForCausalLM and model.datastore is not None
+    assert (model.config.k, model.config.lmbda) == (best["k"], best["lmbda"])
+    run = json.loads((out / "training_run.json").read_text())
+    assert run["model_type"] == "tff_knn_lm" and (out / "README.md").is_file()
+
+    # the saved model's own forward reproduces the recipe's validation perplexity (grid path == model path)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    args = knn_lm.parse_args(["eval", *common, "--datastore", str(datastore)])
+    blocks, _ = knn_lm.load_blocks(args, tokenizer, ["validation"])["validation"]
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for batch in knn_lm.block_batches(blocks, 8):
+            log_probs = model(batch["input_ids"]).logits
+            keep = batch["labels"] != IGNORE_INDEX
+            nll -= log_probs[keep].gather(1, batch["labels"][keep][:, None]).sum().item()
+            count += int(keep.sum())
+    assert count == result["validation_tokens"]
+    assert math.isclose(math.exp(nll / count), result["validation_knn"]["perplexity"], rel_tol=1e-4)
+
+    if faiss:  # the faiss Flat index gives the exact search's numbers
+        flat = knn_lm.main(["eval", *common, "--datastore", str(datastore), *grid, "--index_type", "flat"])
+        for key, value in result["grid"].items():
+            assert math.isclose(flat["grid"][key], value, rel_tol=1e-4), key
+
+
+def test_eval_refuses_a_datastore_of_another_model(corpus, tiny_gpt2, tmp_path):
+    other = tmp_path / "other"
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2)
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.01)  # tied: changes the embeddings too
+    model.save_pretrained(other)
+    AutoTokenizer.from_pretrained(tiny_gpt2).save_pretrained(other)
+    common = [*data_args(corpus), "--block_size", "32", "--cpu", "--max_samples", "2"]
+    knn_lm.main(["build", *common, "--model_name_or_path", tiny_gpt2, "--output_dir", str(tmp_path / "ds")])
+    with pytest.raises(DatastoreMismatchError, match="built by another model"):
+        knn_lm.main(["eval", *common, "--model_name_or_path", str(other), "--datastore", str(tmp_path / "ds")])
+    forced = knn_lm.main(
+        ["eval", *common, "--model_name_or_path", str(other), "--datastore", str(tmp_path / "ds"), "--force"]
+    )
+    assert forced["validation_tokens"] > 0
+
+
+def test_bad_arguments_are_refused_before_work(tmp_path):
+    (tmp_path / "datastore.json").write_text("{}")
+    with pytest.raises(ValueError, match="--lmbdas"):
+        knn_lm.main(["eval", "--model_name_or_path", "x", "--datastore", str(tmp_path), "--lmbdas", "1.5"])
+    with pytest.raises(ValueError, match="--ks"):
+        knn_lm.main(["eval", "--model_name_or_path", "x", "--datastore", str(tmp_path), "--ks", "0"])
+    with pytest.raises(ValueError, match="already holds a datastore"):
+        knn_lm.main(["build", "--model_name_or_path", "x", "--output_dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="not a datastore folder"):
+        knn_lm.main(["eval", "--model_name_or_path", "x", "--datastore", str(tmp_path / "none")])

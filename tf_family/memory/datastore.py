@@ -1,0 +1,481 @@
+"""The kNN-LM datastore: (context representation, next token) pairs of a causal LM over a corpus.
+
+Keys are taken with a forward hook at a named point of *any* ``AutoModelForCausalLM`` (no per-architecture code):
+
+* ``key_point="lm_head_input"`` (default): the input of the output layer (``model.get_output_embeddings()``, or a
+  module called ``lm_head`` such as Transformer-XL's adaptive softmax) — the final hidden state;
+* ``key_point="ffn_input"``: the input of the last layer's feed-forward block (the last module named ``mlp``,
+  ``feed_forward``, ``ffn`` or ``pos_ff``), the paper's best key (Khandelwal et al. 2020, Table 5).
+
+``module_path`` overrides the module (a dotted name from ``model.named_modules()``). The value of the key at
+position t is the token at t + 1 (the aligned ``labels`` of `tf_family.data.packing`).
+
+On disk a datastore is a folder: ``datastore.json`` (key point, module path, dimension, count, dtype, and the
+fingerprints of the model and the tokenizer that built it) plus shards ``shard-00000.safetensors`` … each holding
+``keys (S_i, D)`` and ``values (S_i,)``, written to a temporary name and renamed (a crash never leaves a
+half-written shard under its final name). Loading maps the shards into memory (no copy, no pickle); loading with a
+different model or tokenizer is refused unless ``force=True``. Indexes built over the keys live in sub-folders
+``index-<type>/`` (`FaissKNNStore`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers.utils import logging
+
+from .knn import ExactKNNStore, FaissKNNStore, KNNStore, Metric, _atomic_save, load_knn_store, neighbour_scores
+
+logger = logging.get_logger(__name__)
+
+KeyPoint = Literal["lm_head_input", "ffn_input"]
+KEY_POINTS = ("lm_head_input", "ffn_input")
+FFN_MODULE_NAMES = ("mlp", "feed_forward", "ffn", "pos_ff")
+DESCRIPTION_FILE = "datastore.json"
+FORMAT = "tf_family.knn_datastore"
+IGNORE_INDEX = -100
+_SAFETENSORS_DTYPES = {"F16": np.float16, "F32": np.float32, "BF16": None, "I64": np.int64, "I32": np.int32}
+
+
+class DatastoreMismatchError(ValueError):
+    """The datastore was built by another model or tokenizer than the one it is being used with."""
+
+
+# ------------------------------------------------------------------------------------------------------ fingerprints
+def fingerprint_model(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's parameter and buffer names, shapes and bytes (order independent)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def fingerprint_tokenizer(tokenizer: Any) -> str | None:
+    """SHA-256 of the tokenizer's vocabulary (token → id), or None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    return hashlib.sha256(json.dumps(vocabulary, ensure_ascii=False).encode()).hexdigest()
+
+
+# -------------------------------------------------------------------------------------------------------- key points
+def resolve_key_module(
+    model: torch.nn.Module, key_point: KeyPoint = "lm_head_input", module_path: str | None = None
+) -> tuple[str, torch.nn.Module]:
+    """The ``(dotted name, module)`` whose *input* is the key. ``module_path`` wins over ``key_point``."""
+    modules = dict(model.named_modules())
+    if module_path is not None:
+        if module_path not in modules:
+            near = [name for name in modules if name.split(".")[-1] == module_path.split(".")[-1]][:5]
+            raise ValueError(
+                f"module_path={module_path!r} is not a module of {type(model).__name__}"
+                + (f"; modules with that name: {near}" if near else "")
+                + ". Pass a dotted name from model.named_modules()."
+            )
+        return module_path, modules[module_path]
+    if key_point not in KEY_POINTS:
+        raise ValueError(f"key_point={key_point!r} is unknown; choose one of {list(KEY_POINTS)} or give module_path.")
+    if key_point == "lm_head_input":
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        for name, module in modules.items():
+            if (head is not None and module is head) or (head is None and name.split(".")[-1] == "lm_head"):
+                return name, module
+        raise ValueError(
+            f"{type(model).__name__} has no output embeddings and no module called 'lm_head'; pass module_path= "
+            "(the module whose input is the final hidden state)."
+        )
+    candidates = [name for name in modules if name and name.split(".")[-1] in FFN_MODULE_NAMES]
+    if not candidates:
+        raise ValueError(
+            f"found no feed-forward block (a module named one of {list(FFN_MODULE_NAMES)}) in {type(model).__name__}; "
+            "pass module_path= (the last layer's feed-forward module)."
+        )
+    return candidates[-1], modules[candidates[-1]]
+
+
+@contextlib.contextmanager
+def capture_module_inputs(module: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Within the block, every forward of ``module`` appends its first positional input (detached) to the list."""
+    captured: list[torch.Tensor] = []
+
+    def hook(_module, args, kwargs):
+        value = args[0] if args else next(iter(kwargs.values()))
+        captured.append(value.detach())
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+# ------------------------------------------------------------------------------------------------ safetensors memmap
+def _memmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file mapped from disk (copy-on-write pages, nothing read until used)."""
+    with open(path, "rb") as handle:
+        (header_size,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(header_size))
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which datastores do not use.")
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end == begin:
+            tensors[name] = torch.from_numpy(np.zeros(shape, dtype=dtype))
+            continue
+        array = np.memmap(path, dtype=dtype, mode="c", offset=8 + header_size + begin, shape=shape)
+        tensors[name] = torch.from_numpy(array)
+    return tensors
+
+
+# --------------------------------------------------------------------------------------------------------- datastore
+@dataclass
+class KNNDatastore:
+    """Keys (one tensor per shard, ``(S_i, D)``), their next tokens, and the description.
+
+    ``search`` goes through ``index`` when one is attached (a `FaissKNNStore` built with `build_index` or loaded
+    with `load_index`) and through an exact PyTorch search over the keys otherwise.
+    """
+
+    key_shards: list[torch.Tensor]
+    value_shards: list[torch.Tensor]
+    description: dict[str, Any]
+    folder: Path | None = None
+    index: KNNStore | None = None
+    _exact: dict[str, ExactKNNStore] = field(default_factory=dict, repr=False)
+    _values: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def size(self) -> int:
+        return sum(values.shape[0] for values in self.value_shards)
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def dim(self) -> int:
+        return int(self.description["dim"])
+
+    @property
+    def values(self) -> torch.Tensor:
+        """Next tokens of all keys, ``(S,)`` long, in id order."""
+        if self._values is None:
+            self._values = torch.cat([v.long() for v in self.value_shards]) if self.value_shards else torch.zeros(0)
+        return self._values
+
+    def keys_at(self, ids: torch.Tensor) -> torch.Tensor:
+        """Stored keys of ``ids`` (any shape) as float32 ``(*ids.shape, D)``; ids < 0 give zeros."""
+        flat = ids.reshape(-1).cpu()
+        out = torch.zeros(flat.shape[0], self.dim)
+        offset = 0
+        for shard in self.key_shards:
+            inside = (flat >= offset) & (flat < offset + shard.shape[0])
+            if inside.any():
+                out[inside] = shard[flat[inside] - offset].float()
+            offset += shard.shape[0]
+        return out.view(*ids.shape, self.dim).to(ids.device)
+
+    def exact_store(self, metric: Metric = "l2") -> ExactKNNStore:
+        if metric not in self._exact:
+            store = ExactKNNStore(self.dim, metric)
+            for shard in self.key_shards:
+                store.add(shard)
+            self._exact[metric] = store
+        return self._exact[metric]
+
+    def search(
+        self, queries: torch.Tensor, k: int, metric: Metric = "l2", recompute_distances: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N, D)`` queries → ``(scores (N, K), next tokens (N, K))``; missing neighbours have token -1.
+
+        With an approximate ``index`` (IVF-PQ …) and ``recompute_distances=True``, the scores are recomputed
+        exactly from the stored keys of the neighbours found (the paper's setting).
+        """
+        if queries.shape[-1] != self.dim:
+            raise ValueError(f"queries have width {queries.shape[-1]}, the datastore's keys {self.dim}.")
+        store = self.index if self.index is not None else self.exact_store(metric)
+        if store.metric != metric:
+            raise ValueError(f"the attached index searches with metric={store.metric!r}, not {metric!r}.")
+        scores, ids = store.search(queries.float(), k)
+        if recompute_distances and self.index is not None:
+            keys = self.keys_at(ids).to(queries.device)  # (N, K, D)
+            scores = neighbour_scores(queries.float(), keys, metric).masked_fill(ids < 0, float("-inf"))  # (N, K)
+            scores, order = scores.sort(-1, descending=True)
+            ids = ids.gather(1, order)
+        tokens = self.values.to(ids.device)[ids.clamp_min(0)].masked_fill(ids < 0, -1)
+        return scores, tokens
+
+    # ---------------------------------------------------------------------------------------------------- indexes
+    def build_index(
+        self,
+        index_type: str = "ivf_pq",
+        metric: Metric = "l2",
+        max_training_keys: int | None = 1_000_000,
+        save: bool = True,
+        show_progress: bool = True,
+        **params,
+    ) -> FaissKNNStore:
+        """Train a faiss index on (a prefix of) the keys, add every shard, attach it, and save it into the folder."""
+        store = FaissKNNStore(self.dim, metric, index_type, **params)
+        if not store.is_trained:
+            store.train(_prefix(self.key_shards, max_training_keys))
+        for shard in self.key_shards:
+            store.add(shard, show_progress=show_progress)
+        self.index = store
+        if save and self.folder is not None:
+            store.save(self.folder / f"index-{index_type}")
+        return store
+
+    def load_index(self, index_type: str, **kwargs) -> KNNStore:
+        if self.folder is None:
+            raise ValueError("this datastore has no folder to load an index from; save it first.")
+        path = self.folder / f"index-{index_type}"
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} does not exist; build it with datastore.build_index({index_type!r}).")
+        self.index = load_knn_store(path, **kwargs)
+        if self.index.size != self.size:
+            raise ValueError(f"{path} holds {self.index.size} keys, the datastore {self.size}; rebuild the index.")
+        return self.index
+
+    # ------------------------------------------------------------------------------------------------------ disk
+    def save(self, folder: str | os.PathLike, shard_size: int | None = None) -> None:
+        """Write every shard and the description into ``folder`` (re-sharded to ``shard_size`` keys if given)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        keys_shards, value_shards = self.key_shards, self.value_shards
+        if shard_size is not None:
+            keys, values = torch.cat(list(keys_shards)), torch.cat(list(value_shards))
+            keys_shards, value_shards = list(keys.split(shard_size)), list(values.split(shard_size))
+        shards = []
+        for number, (keys, values) in enumerate(zip(keys_shards, value_shards, strict=True)):
+            name = f"shard-{number:05d}.safetensors"
+            tensors = {"keys": keys.contiguous().cpu(), "values": values.contiguous().cpu()}
+            _atomic_save(lambda path, tensors=tensors: save_file(tensors, path), folder / name)
+            shards.append({"file": name, "size": int(values.shape[0])})
+        description = {**self.description, "shards": shards, "size": sum(s["size"] for s in shards)}
+        _atomic_save(lambda path: Path(path).write_text(json.dumps(description, indent=2)), folder / DESCRIPTION_FILE)
+        self.description, self.folder = description, folder
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | os.PathLike,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        force: bool = False,
+        index_type: str | None = None,
+    ) -> KNNDatastore:
+        """Map a saved datastore. With ``model`` / ``tokenizer``, check they are the ones that built it (raise
+        `DatastoreMismatchError` unless ``force=True``, which only logs a warning)."""
+        folder = Path(folder)
+        path = folder / DESCRIPTION_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{folder} is not a kNN datastore ({DESCRIPTION_FILE} is missing).")
+        description = json.loads(path.read_text())
+        if description.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} description (format={description.get('format')!r}).")
+        check_fingerprints(description, model, tokenizer, force, where=str(folder))
+        key_shards, value_shards = [], []
+        for shard in description["shards"]:
+            tensors = _memmap_safetensors(folder / shard["file"])
+            key_shards.append(tensors["keys"])
+            value_shards.append(tensors["values"])
+        datastore = cls(key_shards, value_shards, description, folder)
+        if datastore.size != description["size"]:
+            raise ValueError(f"{folder}: the shards hold {datastore.size} keys, the description {description['size']}.")
+        if index_type is not None and index_type != "exact":
+            datastore.load_index(index_type)
+        return datastore
+
+
+def check_fingerprints(
+    description: Mapping[str, Any], model: torch.nn.Module | None, tokenizer: Any, force: bool, where: str = ""
+) -> None:
+    """Compare the model / tokenizer at hand with those that built a datastore; raise (or warn when forced)."""
+    problems = []
+    if model is not None and description.get("model_fingerprint") not in (None, fingerprint_model(model)):
+        problems.append(
+            f"it was built by another model (weights fingerprint {description['model_fingerprint'][:12]}…, "
+            f"built from {description.get('model_name_or_path')!r})"
+        )
+    if tokenizer is not None and description.get("tokenizer_fingerprint") not in (None, fingerprint_tokenizer(tokenizer)):
+        problems.append("it was built with another tokenizer (a different vocabulary)")
+    if not problems:
+        return
+    message = f"The kNN datastore {where} does not match: " + "; ".join(problems) + "."
+    if force:
+        logger.warning(message + " Using it anyway (force=True).")
+        return
+    raise DatastoreMismatchError(
+        message + " Its keys live in another model's representation space, so neighbours would be meaningless. "
+        "Rebuild the datastore with this model, or pass force=True (e.g. after a change that keeps the keys valid)."
+    )
+
+
+def _prefix(shards: list[torch.Tensor], count: int | None) -> torch.Tensor:
+    if count is None:
+        return torch.cat([s.float() for s in shards])
+    taken, pieces = 0, []
+    for shard in shards:
+        if taken >= count:
+            break
+        pieces.append(shard[: count - taken].float())
+        taken += pieces[-1].shape[0]
+    return torch.cat(pieces)
+
+
+# ----------------------------------------------------------------------------------------------------------- builder
+def build_datastore(
+    model: torch.nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    folder: str | os.PathLike | None = None,
+    *,
+    tokenizer: Any = None,
+    key_point: KeyPoint = "lm_head_input",
+    module_path: str | None = None,
+    key_dtype: torch.dtype = torch.float16,
+    shard_size: int = 1_000_000,
+    total: int | None = None,
+    show_progress: bool = True,
+) -> KNNDatastore:
+    """Run ``model`` over ``batches`` and store (key, next token) for every scored position.
+
+    Args:
+        model: any causal LM (``model(input_ids=…, attention_mask=…)``); it runs in eval mode without gradients.
+        batches: dicts with ``input_ids (B, T)``, aligned next-token ``labels (B, T)`` (-100 where nothing is
+            stored) and optionally ``attention_mask``; e.g. ``LMBlocks.batch(...)`` of `tf_family.data.packing`.
+        folder: where each shard is written as soon as it fills, and the description at the end (None keeps the
+            datastore in memory).
+        tokenizer: fingerprinted into the description, so a later load with another tokenizer is refused.
+        key_point / module_path: where keys are read (see the module docstring).
+        key_dtype: ``torch.float16`` (half the disk, the paper's ``--dstore-fp16``) or ``torch.float32``.
+        shard_size: keys per shard file.
+        total: number of batches, for the progress bar.
+    """
+    if key_dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"key_dtype must be torch.float16 or torch.float32, got {key_dtype}.")
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}.")
+    name, module = resolve_key_module(model, key_point, module_path)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    folder = Path(folder) if folder is not None else None
+    pending_keys: list[torch.Tensor] = []
+    pending_values: list[torch.Tensor] = []
+    key_shards: list[torch.Tensor] = []
+    value_shards: list[torch.Tensor] = []
+    written: list[dict[str, Any]] = []  # shards already on disk (with a folder, memory holds one shard at most)
+    dim = None
+    if folder is not None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        # an earlier datastore's description goes first: until the new one is complete, the folder is no datastore
+        (folder / DESCRIPTION_FILE).unlink(missing_ok=True)
+
+    def emit(keys: torch.Tensor, values: torch.Tensor) -> None:
+        if folder is None:
+            key_shards.append(keys)
+            value_shards.append(values)
+            return
+        name = f"shard-{len(written):05d}.safetensors"
+        tensors = {"keys": keys.contiguous(), "values": values.contiguous()}
+        _atomic_save(lambda path: save_file(tensors, path), folder / name)
+        written.append({"file": name, "size": int(values.shape[0])})
+
+    def flush(final: bool) -> None:
+        nonlocal pending_keys, pending_values
+        keys = torch.cat(pending_keys) if pending_keys else torch.zeros(0, dim or 0, dtype=key_dtype)
+        values = torch.cat(pending_values) if pending_values else torch.zeros(0, dtype=torch.long)
+        while keys.shape[0] >= shard_size or (final and keys.shape[0] > 0):
+            emit(keys[:shard_size].clone(), values[:shard_size].clone())
+            keys, values = keys[shard_size:], values[shard_size:]
+        pending_keys, pending_values = [keys], [values]
+
+    with torch.no_grad(), capture_module_inputs(module) as captured:
+        for batch in tqdm(batches, total=total, desc="building kNN datastore", disable=not show_progress):
+            captured.clear()
+            inputs = {"input_ids": batch["input_ids"].to(device)}
+            if batch.get("attention_mask") is not None:
+                inputs["attention_mask"] = batch["attention_mask"].to(device)
+            model(**inputs)
+            if len(captured) != 1:
+                raise ValueError(
+                    f"the key module {name!r} ran {len(captured)} times in one forward; pass a module_path that "
+                    "runs once per forward (the input of the output layer or of one feed-forward block)."
+                )
+            hidden = captured[0]  # (B, T, D), or (B*T, D) for heads that flatten (adaptive softmax)
+            labels = batch["labels"].to(hidden.device)
+            if hidden.dim() == 2 and hidden.shape[0] == labels.numel():
+                hidden = hidden.view(*labels.shape, -1)
+            if hidden.shape[:2] != labels.shape:
+                raise ValueError(
+                    f"keys at {name!r} have shape {tuple(hidden.shape)}, labels {tuple(labels.shape)}: the key module "
+                    "must see one vector per input position."
+                )
+            keep = labels != IGNORE_INDEX
+            dim = hidden.shape[-1]
+            pending_keys.append(hidden[keep].to("cpu", key_dtype))
+            pending_values.append(labels[keep].to("cpu", torch.long))
+            if sum(k.shape[0] for k in pending_keys) >= shard_size:
+                flush(final=False)
+        flush(final=True)
+    model.train(was_training)
+    if dim is None:
+        raise ValueError("no batches: the datastore would be empty.")
+    config = getattr(model, "config", None)
+    description = {
+        "format": FORMAT,
+        "version": 1,
+        "key_point": key_point if module_path is None else "module_input",
+        "module_path": name,
+        "dim": int(dim),
+        "size": sum(v.shape[0] for v in value_shards) + sum(shard["size"] for shard in written),
+        "key_dtype": str(key_dtype).removeprefix("torch."),
+        "model_class": type(model).__name__,
+        "model_name_or_path": getattr(config, "_name_or_path", None) or None,
+        "vocab_size": getattr(config, "vocab_size", None),
+        "model_fingerprint": fingerprint_model(model),
+        "tokenizer_fingerprint": fingerprint_tokenizer(tokenizer),
+    }
+    if folder is None:
+        datastore = KNNDatastore(key_shards, value_shards, description)
+    else:
+        description["shards"] = written
+        _atomic_save(lambda path: Path(path).write_text(json.dumps(description, indent=2)), folder / DESCRIPTION_FILE)
+        datastore = KNNDatastore.load(folder)  # memory-mapped: a datastore larger than RAM is never held whole
+    logger.info(f"kNN datastore: {datastore.size} keys of width {dim} at {name!r}")
+    return datastore
+
+
+__all__ = [
+    "DESCRIPTION_FILE",
+    "KEY_POINTS",
+    "DatastoreMismatchError",
+    "KNNDatastore",
+    "build_datastore",
+    "capture_module_inputs",
+    "check_fingerprints",
+    "fingerprint_model",
+    "fingerprint_tokenizer",
+    "resolve_key_module",
+]

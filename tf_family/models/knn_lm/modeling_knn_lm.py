@@ -1,0 +1,258 @@
+"""kNN-LM: any causal LM interpolated with a nearest-neighbour distribution over a datastore.
+
+Paper: Khandelwal, Levy, Jurafsky, Zettlemoyer, Lewis, "Generalization through Memorization: Nearest Neighbor
+Language Models", ICLR 2020, arXiv:1911.00172. Reference implementations read: urvashik/knnlm (fairseq) and
+neulab/knn-transformers (forward hooks on hard-coded module paths per model type). Here the base model is any
+``AutoModelForCausalLM`` held as ``self.lm``; the query is read by a forward hook at the same point the datastore's
+keys were read (`tf_family.memory.datastore.resolve_key_module`), so no per-architecture code is needed.
+
+    p(y | x) = λ · p_kNN(y | x) + (1 − λ) · p_LM(y | x)                       (paper eq. 2; λ = ``lmbda``)
+    p_kNN(y | x) ∝ Σ_{(k_i, v_i) ∈ N(x), v_i = y} exp(−d(k_i, f(x)) / τ)     (eq. 1; τ = ``knn_temperature``)
+
+computed in log space (`tf_family.memory.knn_lm`). ``logits`` of the output are the interpolated
+*log-probabilities* (softmax of them is the distribution; log-softmax leaves them unchanged), so the usual
+cross-entropy, sampling and greedy decoding apply unchanged. The base model's KV cache is passed through, so
+``generate()`` decodes incrementally; each new position searches the datastore once.
+
+Deviations: the paper's datastore of WikiText-103 used fairseq's ``last_ffn_input`` key (``key_point="ffn_input"``
+here); the default here is the input of the output layer, which needs no knowledge of the layer layout. State is
+explicit: the datastore is attached (`set_datastore`, ``from_pretrained``) or passed to ``forward(datastore=...)``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers.utils import ModelOutput, logging
+
+from ...memory.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
+from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
+from .configuration_knn_lm import TffKNNLMConfig
+
+logger = logging.get_logger(__name__)
+
+DATASTORE_FOLDER = "datastore"
+
+
+@dataclass
+class KNNLMCausalLMOutput(ModelOutput):
+    """Output of `TffKNNLMForCausalLM`.
+
+    Args:
+        loss: mean negative log-likelihood of the interpolated distribution (labels shifted inside the model).
+        logits: ``(B, T, V)`` interpolated log-probabilities.
+        lm_log_probs: ``(B, T, V)`` the base model's log-probabilities (before interpolation).
+        knn_scores / knn_tokens: ``(B, T, K)`` the neighbours' scores and next tokens (None without retrieval).
+        past_key_values, hidden_states, attentions: the base model's.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    lm_log_probs: torch.FloatTensor | None = None
+    knn_scores: torch.FloatTensor | None = None
+    knn_tokens: torch.LongTensor | None = None
+    past_key_values: object | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class TffKNNLMPreTrainedModel(PreTrainedModel):
+    config_class = TffKNNLMConfig
+    base_model_prefix = "knn_lm"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _can_set_attn_implementation_cached_value = True
+
+    def _init_weights(self, module):
+        # the wrapper owns no parameters; the base model (a PreTrainedModel) initialises its own
+        return
+
+
+class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
+    """A causal LM whose next-token distribution is interpolated with a kNN distribution over a datastore.
+
+    Build one around a model you have with `from_base`, or from a config (the base is built from
+    ``config.base_config``). Attach a datastore (`set_datastore`) built by `tf_family.memory.build_datastore` with
+    the same base model; without a datastore (or with ``lmbda=0``) the model is exactly the base LM.
+    """
+
+    def __init__(self, config: TffKNNLMConfig, base_model: PreTrainedModel | None = None):
+        super().__init__(config)
+        self.lm = base_model if base_model is not None else AutoModelForCausalLM.from_config(config.base_config)
+        self.datastore: KNNDatastore | None = None
+        self.post_init()
+
+    # ------------------------------------------------------------------------------------------------ construction
+    @classmethod
+    def from_base(
+        cls, base_model: PreTrainedModel, datastore: KNNDatastore | None = None, **config_kwargs
+    ) -> TffKNNLMForCausalLM:
+        """Wrap ``base_model`` (its weights are shared, not copied); ``config_kwargs`` are `TffKNNLMConfig` fields."""
+        config_kwargs.setdefault("base_model_name_or_path", getattr(base_model.config, "_name_or_path", None) or None)
+        # building the composite config and model resets the sub-config's attention implementation (to None, which
+        # transformers then treats as "no mask"); the base model keeps the one it was built with
+        implementation = base_model.config._attn_implementation
+        config = TffKNNLMConfig(base_config=base_model.config, **config_kwargs)
+        model = cls(config, base_model=base_model)
+        base_model.config._attn_implementation = implementation
+        if datastore is not None:
+            model.set_datastore(datastore)
+        return model
+
+    def set_datastore(self, datastore: KNNDatastore | None, force: bool | None = None) -> None:
+        """Attach ``datastore`` (or detach with None) after checking it was built by this base model."""
+        if datastore is not None:
+            force = (not self.config.check_datastore) if force is None else force
+            check_fingerprints(datastore.description, self.lm, None, force, where=str(datastore.folder or ""))
+            if datastore.description.get("module_path") != self.key_module_name:
+                logger.warning(
+                    f"the datastore's keys were read at {datastore.description.get('module_path')!r}, the queries "
+                    f"are read at {self.key_module_name!r}; set config.key_module_path to match."
+                )
+        self.datastore = datastore
+
+    @property
+    def key_module_name(self) -> str:
+        return resolve_key_module(self.lm, self.config.key_point, self.config.key_module_path)[0]
+
+    def get_input_embeddings(self):
+        return self.lm.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.lm.set_input_embeddings(value)
+
+    def get_output_embeddings(self):
+        return self.lm.get_output_embeddings()
+
+    # -------------------------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values=None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        datastore: KNNDatastore | None = None,
+        lmbda: float | None = None,
+        k: int | None = None,
+        **kwargs,
+    ) -> KNNLMCausalLMOutput:
+        r"""
+        Args:
+            labels: ``(B, T)`` token ids, shifted inside the model (``labels[:, 1:]`` scores ``logits[:, :-1]``);
+                ``-100`` is ignored. The loss is on the interpolated distribution.
+            datastore: overrides the attached datastore for this call.
+            lmbda / k: override ``config.lmbda`` / ``config.k`` for this call (e.g. a λ sweep).
+        """
+        datastore = self.datastore if datastore is None else datastore
+        lmbda = self.config.lmbda if lmbda is None else lmbda
+        k = self.config.k if k is None else k
+        retrieve = datastore is not None and lmbda > 0
+        base_kwargs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "inputs_embeds": inputs_embeds,
+            "output_attentions": output_attentions,
+            "output_hidden_states": output_hidden_states,
+            "return_dict": True,
+            **kwargs,
+        }
+        if position_ids is not None:
+            base_kwargs["position_ids"] = position_ids
+        if past_key_values is not None:
+            base_kwargs["past_key_values"] = past_key_values
+        if use_cache is not None:
+            base_kwargs["use_cache"] = use_cache
+        if retrieve:
+            _, module = resolve_key_module(self.lm, self.config.key_point, self.config.key_module_path)
+            with capture_module_inputs(module) as captured:
+                outputs = self.lm(**base_kwargs)
+        else:
+            outputs = self.lm(**base_kwargs)
+        lm_log_probs = F.log_softmax(outputs.logits.float(), dim=-1)  # (B, T, V)
+        log_probs, scores, tokens = lm_log_probs, None, None
+        if retrieve:
+            batch, length = lm_log_probs.shape[:2]
+            queries = captured[-1].detach().reshape(batch * length, -1)  # (B*T, D); some heads see (B*T, D) already
+            scores, tokens = datastore.search(
+                queries, k, self.config.distance, self.config.recompute_distances
+            )  # (B*T, K) each
+            knn = knn_log_probs(scores, tokens, lm_log_probs.shape[-1], self.config.knn_temperature)  # (B*T, V)
+            log_probs = interpolate_log_probs(lm_log_probs, knn.view_as(lm_log_probs), lmbda)
+            scores, tokens = scores.view(batch, length, -1), tokens.view(batch, length, -1)
+        loss = None
+        if labels is not None:
+            loss = F.nll_loss(
+                log_probs[:, :-1].reshape(-1, log_probs.shape[-1]),
+                labels[:, 1:].reshape(-1).to(log_probs.device),
+                ignore_index=-100,
+            )
+        return KNNLMCausalLMOutput(
+            loss=loss,
+            logits=log_probs,
+            lm_log_probs=lm_log_probs,
+            knn_scores=scores,
+            knn_tokens=tokens,
+            # a KV cache, or a segment memory (Transformer-XL's `mems`), carried to the next decoding step
+            past_key_values=getattr(outputs, "past_key_values", None) or getattr(outputs, "mems", None),
+            hidden_states=getattr(outputs, "hidden_states", None),
+            attentions=getattr(outputs, "attentions", None),
+        )
+
+    # ------------------------------------------------------------------------------------------------ generation
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        inputs = self.lm.prepare_inputs_for_generation(*args, **kwargs)
+        for name in ("datastore", "lmbda", "k"):
+            if name in kwargs:
+                inputs[name] = kwargs[name]
+        return inputs
+
+    def _supports_default_dynamic_cache(self) -> bool:
+        # the base model decides: a KV-cache model gets a DynamicCache, a segment-memory model (Transformer-XL) not
+        return self.lm._supports_default_dynamic_cache()
+
+    # --------------------------------------------------------------------------------------------- save / load
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, save_datastore: bool | None = None, **kwargs):
+        """Save the base weights (safetensors) and config; the attached datastore goes to ``datastore/`` unless
+        ``config.datastore_path`` points at it elsewhere (``save_datastore=True`` copies it anyway)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if save_datastore is None:
+            save_datastore = self.datastore is not None and self.config.datastore_path is None
+        if save_datastore and self.datastore is not None:
+            target = Path(save_directory) / DATASTORE_FOLDER
+            if self.datastore.folder is None or Path(self.datastore.folder).resolve() != target.resolve():
+                folder, index = self.datastore.folder, self.datastore.index
+                copy = KNNDatastore(self.datastore.key_shards, self.datastore.value_shards, self.datastore.description)
+                copy.save(target)
+                if index is not None and folder is not None:
+                    index.save(target / f"index-{self.config.index_type}")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, datastore: KNNDatastore | None = None, **kwargs):
+        """Load the wrapper and attach ``datastore``, else ``config.datastore_path``, else the checkpoint's
+        ``datastore/`` folder (when local), searching with ``config.index_type``."""
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        if datastore is None:
+            folder = model.config.datastore_path
+            if folder is None and os.path.isdir(Path(pretrained_model_name_or_path) / DATASTORE_FOLDER):
+                folder = str(Path(pretrained_model_name_or_path) / DATASTORE_FOLDER)
+            if folder is not None:
+                index = None if model.config.index_type == "exact" else model.config.index_type
+                datastore = KNNDatastore.load(folder, index_type=index)
+        if datastore is not None:
+            model.set_datastore(datastore)
+        return model
+
+
+__all__ = ["KNNLMCausalLMOutput", "TffKNNLMForCausalLM", "TffKNNLMPreTrainedModel"]
