@@ -4,7 +4,6 @@ the saved kNN-LM through Auto and check that its own forward reproduces the reci
 import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,36 +12,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tf_family.data.packing import IGNORE_INDEX
 from tf_family.memory.datastore import DatastoreMismatchError
 from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
+from tf_family.recipes import knn_lm
 
 from .conftest import data_args
 
 pytestmark = pytest.mark.recipe
-
-
-def load_recipe():
-    # from this checkout's recipes/ (an editable install elsewhere may map tf_family.recipes to another tree)
-    path = Path(__file__).parents[2] / "recipes" / "knn_lm.py"
-    spec = importlib.util.spec_from_file_location("knn_lm_recipe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-knn_lm = load_recipe()
-
-
-@pytest.fixture(autouse=True)
-def this_checkouts_model_cards(monkeypatch):
-    """Render cards from this checkout's model_cards/ when an editable install maps tf_family.model_cards to
-    another tree that lacks the kNN-LM template (a fresh `pip install -e .` needs nothing of this)."""
-    import tf_family.model_cards as cards
-
-    here = Path(__file__).parents[2] / "model_cards"
-    if not (Path(cards.__file__).parent / "knn_lm.md").is_file():
-        spec = importlib.util.spec_from_file_location(
-            "tf_family.model_cards", here / "__init__.py", submodule_search_locations=[str(here)]
-        )
-        monkeypatch.setattr(cards, "__spec__", spec)
 
 
 def test_build_then_eval_then_reload(corpus, tiny_gpt2, tmp_path):
