@@ -300,9 +300,13 @@ def check_max_length(args: argparse.Namespace, model) -> None:
         )
 
 
-def apply_lora(model, args: argparse.Namespace, task_type: str, modules_to_save: list[str] | None = None):
+def apply_lora(model, args: argparse.Namespace, train_head: bool = False):
+    """LoRA adapters on the registry's (or the given) target modules. ``train_head``: the task head (every
+    parameter outside the base model, e.g. a freshly initialised classifier) is trained in full beside the adapters;
+    the run must then save merged weights (validated by `check_lora_head`)."""
     if not args.lora_r:
         return model
+    head = [p for name, p in model.named_parameters() if not name.startswith(f"{model.base_model_prefix}.")]
     from peft import LoraConfig, get_peft_model
 
     registry_spec = next(
@@ -316,10 +320,23 @@ def apply_lora(model, args: argparse.Namespace, task_type: str, modules_to_save:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         target_modules=targets,
-        task_type=task_type,
-        modules_to_save=modules_to_save,
-    )
-    return get_peft_model(model, config)
+    )  # no task_type: the plain PeftModel passes every keyword (labels, positions) through to the model
+    # not PEFT's modules_to_save: it matches names by suffix, and a head's names (e.g. Longformer's `out_proj`) can
+    # also name attention projections that carry adapters
+    model = get_peft_model(model, config)
+    if train_head:
+        for param in head:
+            param.requires_grad_(True)
+    return model
+
+
+def check_lora_head(args: argparse.Namespace) -> None:
+    """A task with a new head trains it in full: only merged weights hold it."""
+    if args.lora_r and not args.merge_lora:
+        raise ValueError(
+            "--lora_r trains this task's new head in full beside the adapters, and only merged weights keep it: add "
+            "--merge_lora."
+        )
 
 
 def make_optimizer(model, args: argparse.Namespace, updates_per_epoch: int, world: int):
@@ -405,8 +422,10 @@ def predict(accelerator: Accelerator, model, num_examples: int, per_device: int,
 def model_input_names(model, batch: dict) -> set[str]:
     import inspect
 
-    accepted = set(inspect.signature(model.forward).parameters)
-    return {k for k in batch if k in accepted}
+    parameters = inspect.signature(model.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):  # e.g. a PEFT wrapper
+        return set(batch)
+    return {k for k in batch if k in parameters}
 
 
 def train(
@@ -592,6 +611,7 @@ __all__ = [
     "add_common_arguments",
     "apply_lora",
     "build_model",
+    "check_lora_head",
     "check_max_length",
     "check_output_dir",
     "default_output_dir",

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "batch size, --gradient_accumulation_steps or --max_length."
         )
 
-    model = common.apply_lora(model, args, "FEATURE_EXTRACTION")
+    model = common.apply_lora(model, args)
     optimizer, scheduler, max_train_steps = common.make_optimizer(model, args, updates_per_epoch, world)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     hyperparameters = common.hyperparameters_of(args, world, max_train_steps, mlm_probability=args.mlm_probability)

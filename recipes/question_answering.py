@@ -54,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def validate_args(args: argparse.Namespace) -> None:
     common.validate_common_args(args, TASK, min_length=8)
+    common.check_lora_head(args)
     if not args.train_file and not args.dataset_name:
         raise ValueError("No data: pass --dataset_name (a Hub id such as rajpurkar/squad) or --train_file.")
     for name in ("train_file", "validation_file"):
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "--gradient_accumulation_steps."
         )
 
-    model = common.apply_lora(model, args, "QUESTION_ANS")
+    model = common.apply_lora(model, args, train_head=True)
     optimizer, scheduler, max_train_steps = common.make_optimizer(model, args, updates_per_epoch, world)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     pad_id = tokenizer.pad_token_id

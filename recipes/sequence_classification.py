@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def validate_args(args: argparse.Namespace) -> None:
     common.validate_common_args(args, TASK)
+    common.check_lora_head(args)
     for name in ("train_file", "validation_file", "test_file"):
         path = getattr(args, name)
         if path is not None and Path(path).suffix not in _BUILDERS:
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "or --gradient_accumulation_steps."
         )
 
-    model = common.apply_lora(model, args, "SEQ_CLS")
+    model = common.apply_lora(model, args, train_head=True)
     optimizer, scheduler, max_train_steps = common.make_optimizer(model, args, updates_per_epoch, world)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     pad_id = tokenizer.pad_token_id

@@ -121,11 +121,16 @@ def test_sequence_classification_resumes_exactly(tmp_path, brown_files):
     assert resumed["rank_weight_sha256"] == straight["rank_weight_sha256"]
 
 
-def test_masked_lm_recipe(tmp_path, corpus):
-    output = tmp_path / "mlm"
+@pytest.fixture(scope="module")
+def trained_mlm(tmp_path_factory, corpus):
+    output = tmp_path_factory.mktemp("mlm")
     data = ["--train_file", corpus["train"], "--validation_file", corpus["validation"]]
-    results = masked_lm.main(["--arch", "big_bird", "--variant", "tiny", *data, "--max_length", "32", *STEPS,
-                              "--output_dir", str(output)])  # fmt: skip
+    args = ["--arch", "longformer", "--variant", "tiny", *data, "--max_length", "32", *STEPS]
+    return output, masked_lm.main([*args, "--output_dir", str(output)])
+
+
+def test_masked_lm_recipe(trained_mlm):
+    output, results = trained_mlm
     assert results["eval_masked_tokens"] > 0 and 0.0 <= results["masked_accuracy"] <= 1.0
     assert results["perplexity"] == pytest.approx(torch.tensor(results["eval_loss"]).exp().item(), rel=1e-5)
     model = AutoModelForMaskedLM.from_pretrained(output).eval()
@@ -199,6 +204,26 @@ def test_question_answering_windows_hold_the_answer(squad_files):
     end_logits[feature["end_positions"] - feature["context_start"]] = 10.0
     predictions = question_answering.best_answers(raw["train"], [feature], [(start_logits, end_logits)], args)
     assert predictions[feature["example"]].strip() == raw["train"][feature["example"]]["answers"]["text"][0]
+
+
+def test_lora_fine_tunes_the_masked_lm_into_a_classifier(tmp_path, trained_mlm, brown_files):
+    """--model_name_or_path a recipe's MLM folder: its tokenizer already has every special token, the new head trains
+    in full beside the LoRA adapters, and the merged classifier reloads through Auto."""
+    mlm, _ = trained_mlm
+    output = tmp_path / "cls"
+    data = ["--train_file", brown_files["train"], "--validation_file", brown_files["validation"]]
+    args = ["--model_name_or_path", str(mlm), *data, "--max_length", "32", *STEPS, "--learning_rate", "1e-2"]
+    sequence_classification.main([*args, "--lora_r", "4", "--merge_lora", "--output_dir", str(output)])
+    base = AutoModelForMaskedLM.from_pretrained(mlm)
+    model = AutoModelForSequenceClassification.from_pretrained(output)
+    assert len(AutoTokenizer.from_pretrained(output)) == len(AutoTokenizer.from_pretrained(mlm))
+    # the merged attention weights moved (adapters trained), the head exists and trained
+    before = base.longformer.layers[0].attention.query.weight
+    after = model.longformer.layers[0].attention.query.weight
+    assert not torch.equal(before, after)
+    assert model.config.num_labels == 4
+    with pytest.raises(ValueError, match="add --merge_lora"):
+        sequence_classification.main([*args, "--lora_r", "4", "--output_dir", str(tmp_path / "never")])
 
 
 @pytest.mark.parametrize(
