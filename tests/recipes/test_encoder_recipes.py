@@ -15,6 +15,7 @@ from transformers import (
 )
 
 from tf_family.data import load_brown
+from tf_family.metrics import accuracy, macro_f1
 from tf_family.recipes import encoder_common, masked_lm, question_answering, sequence_classification
 
 pytestmark = pytest.mark.recipe
@@ -246,3 +247,37 @@ def test_lora_fine_tunes_the_masked_lm_into_a_classifier(tmp_path, trained_mlm, 
 def test_bad_arguments_are_refused(recipe, argv, message, tmp_path):
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
         recipe.main([*argv, "--output_dir", str(tmp_path / "never")])
+
+
+@pytest.mark.slow
+def test_two_processes_classify_like_one(tmp_path, brown_files):
+    """Two gloo CPU processes: same final weights on both ranks, and the gathered evaluation covers every
+    validation document once, in order (it equals the saved model's predictions in this process)."""
+    import os
+    import subprocess
+    import sys
+
+    config = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs" / "two_cpu_processes.yaml"
+    data = ["--train_file", brown_files["train"], "--validation_file", brown_files["validation"]]
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port", "0",
+        "-m", "tf_family.recipes.sequence_classification", "--cpu", "--arch", "longformer", "--variant", "tiny",
+        *data, "--max_length", "32", "--max_train_steps", "2", "--per_device_train_batch_size", "2",
+        "--per_device_eval_batch_size", "1", "--output_dir", str(tmp_path),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    run = json.loads((tmp_path / "training_run.json").read_text())
+    assert run["world_size"] == 2 and len(set(run["rank_weight_sha256"])) == 1
+    assert run["metrics"]["eval_examples"] == 4
+
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    rows = [json.loads(line) for line in Path(brown_files["validation"]).read_text().splitlines()]
+    batch = tokenizer([r["text"] for r in rows], truncation=True, max_length=32, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        predictions = model(**batch).logits.argmax(-1).tolist()
+    labels = [model.config.label2id[r["label"]] for r in rows]
+    assert run["metrics"]["eval_accuracy"] == pytest.approx(accuracy(predictions, labels))
+    assert run["metrics"]["eval_macro_f1"] == pytest.approx(macro_f1(predictions, labels, labels=range(4)))
