@@ -174,14 +174,12 @@ def test_question_answering_recipe(tmp_path, squad_files):
 
 
 def test_question_answering_windows_hold_the_answer(squad_files):
+    files = ["--train_file", squad_files["train"], "--validation_file", squad_files["validation"]]
     args = question_answering.parse_args(
-        ["--arch", "longformer", "--train_file", squad_files["train"], "--max_length", "48", "--doc_stride", "8",
-         "--max_question_length", "16"]
-    )  # fmt: skip
-    raw = question_answering.load_data(
-        question_answering.parse_args([*sum((["--" + k, v] for k, v in (("train_file", squad_files["train"]),
-        ("validation_file", squad_files["validation"]))), []), "--arch", "longformer"])
-    )  # fmt: skip
+        ["--arch", "longformer", *files, "--max_length", "48", "--doc_stride", "8", "--max_question_length", "16"]
+    )
+    raw = question_answering.load_data(args)  # the official nested JSON, flattened
+    assert raw["train"].column_names[:2] == ["id", "title"] and len(raw["validation"]) == 3
     tokenizer = encoder_common.load_tokenizer(args)
     features = question_answering.build_features(raw["train"], tokenizer, args, train=True)
     holding = [f for f in features if f["start_positions"] > 0]
@@ -281,3 +279,26 @@ def test_two_processes_classify_like_one(tmp_path, brown_files):
     labels = [model.config.label2id[r["label"]] for r in rows]
     assert run["metrics"]["eval_accuracy"] == pytest.approx(accuracy(predictions, labels))
     assert run["metrics"]["eval_macro_f1"] == pytest.approx(macro_f1(predictions, labels, labels=range(4)))
+
+
+def test_question_answering_reads_flat_rows_like_the_hub(tmp_path, squad_files):
+    """JSON lines with id / question / context / answers columns (the Hub's SQuAD layout) give the same rows as the
+    official nested file; a question without an answer is refused (SQuAD v1.1 scoring)."""
+    files = ["--train_file", squad_files["train"], "--validation_file", squad_files["validation"]]
+    nested = question_answering.load_data(question_answering.parse_args(["--arch", "longformer", *files]))
+    flat = {}
+    for split, path in (("train", squad_files["train"]), ("validation", squad_files["validation"])):
+        rows = question_answering.read_squad_json(path).to_list()
+        flat[split] = tmp_path / f"{split}.jsonl"
+        flat[split].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = question_answering.parse_args(
+        ["--arch", "longformer", "--train_file", str(flat["train"]), "--validation_file", str(flat["validation"])]
+    )
+    raw = question_answering.load_data(args)
+    assert raw["train"].to_list() == nested["train"].to_list()
+    rows = raw["train"].to_list()
+    rows[0]["answers"] = {"text": [], "answer_start": []}
+    with pytest.raises(ValueError, match="has no answer"):
+        question_answering.build_features(
+            type(raw["train"]).from_list(rows), encoder_common.load_tokenizer(args), args, train=True
+        )
