@@ -5,10 +5,11 @@ saved run (weights, tokenizer, ``training_run.json``, model card, optional push)
 are the causal-LM recipe's own (`tf_family.recipes.causal_lm`).
 
 Tokenizer: a model trained from scratch (``--arch``) uses the bundled SOTU BPE tokenizer unless ``--tokenizer_name``
-is given. That tokenizer has only ``<|endoftext|>`` (id 0); the recipes add ``<cls>``, ``<sep>`` and ``<mask>``
-(ids 8192-8194) and pad with ``<|endoftext|>``. Padding keeps id 0 on purpose: Longformer's positions start at
-``pad_token_id + 1`` (RoBERTa's convention), so a large pad id would eat the position table. Any tokenizer without
-cls / sep / pad tokens gets the same treatment (cls and sep fall back to its bos and eos tokens when it has them).
+is given. That tokenizer has only ``<|endoftext|>`` (id 0); the recipes add ``<cls>`` and ``<sep>`` (ids 8192, 8193;
+the masked LM also ``<mask>``, 8194) and pad with ``<|endoftext|>``. Padding keeps id 0 on purpose: Longformer's
+positions start at ``pad_token_id + 1`` (RoBERTa's convention), so a large pad id would eat the position table.
+Any tokenizer without cls / sep / pad tokens gets the same treatment (cls and sep fall back to its bos and eos tokens
+when it has them).
 Inputs are assembled by the recipes as ``<cls> text <sep>`` (and ``<cls> question <sep> context <sep>``), so any
 fast tokenizer works, with or without its own template; a tokenizer that gained cls / sep tokens also gets that
 template as its post-processor, so the saved tokenizer frames ``tokenizer(text)`` as the model was trained.
