@@ -76,6 +76,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lengths", nargs="+", type=int, default=[WHOLE, TRUNCATED])
     parser.add_argument("--quick", action="store_true", help="smoke run: 16 training documents, 1 epoch, 1024 tokens")
+    parser.add_argument(
+        "--name", default="long_document_classification", help="results file name in bench/results/ (without suffix)"
+    )
     return parser.parse_args()
 
 
@@ -174,7 +177,7 @@ def main() -> None:
     )
     markdown = "# Brown Corpus genres: whole documents against the first 512 tokens\n\n" + setting + "\n\n"
     markdown += markdown_table(headers, rows)
-    name = "long_document_classification" + ("_quick" if args.quick else "")
+    name = args.name + ("_quick" if args.quick else "")
     payload = {"settings": vars(args), "runs": runs, "majority_baseline": baseline}
     json_path, md_path = write_results(name, payload, markdown)
     print(markdown)

@@ -8,7 +8,10 @@ What goes into the ``model-index`` follows the run's ``task``: a causal LM (``"c
 perplexity and losses on the evaluation split of its dataset; a reinforcement-learning run (``"reinforcement_learning"``,
 e.g. ``recipes/decision_transformer.py``) reports, for every target return it was evaluated at, the mean return
 (``mean_reward``) and the normalised score (``normalized_score``) in its environment, with the environment id as the
-dataset (the convention of the Hub's RL models).
+dataset (the convention of the Hub's RL models). The encoder recipes' tasks report accuracy and macro-F1
+(``"sequence_classification"``), masked-token perplexity, loss and accuracy (``"masked_lm"``) or exact match and F1
+(``"question_answering"``), and set the card's pipeline tag and the Auto class of its usage example (templates may
+write ``{{ pipeline_tag }}`` and ``{{ auto_class }}``).
 """
 
 from __future__ import annotations
