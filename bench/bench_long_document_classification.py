@@ -14,10 +14,10 @@ The models are small (``--hidden`` 128, ``--layers`` 2, 2 heads; Longformer wind
 32 with 2 random blocks) and train for ``--epochs`` epochs: the point is the comparison at equal model and budget,
 not the best genre classifier. Reported: validation and test accuracy and macro-F1 (over all 15 genres) of each run,
 its training time, and the majority-class baseline. With 52 documents per split, one document is 1.9 points of
-accuracy, and a single seed is used: differences of a few points are noise. The whole-document runs cost about 8x
-the compute of the 512-token runs.
+accuracy, and a single seed is used: differences of a few points are noise. The whole-document runs read about 6.4x
+the tokens of the 512-token runs (5-7x the time measured).
 
-Run: ``python bench/bench_long_document_classification.py`` (about 20 minutes on 2 shared cores with both
+Run: ``python bench/bench_long_document_classification.py`` (12 minutes measured on 2 shared cores with both
 architectures; ``--archs longformer`` halves it), ``--quick`` for a smoke run under a minute.
 """
 
