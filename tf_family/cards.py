@@ -8,7 +8,10 @@ What goes into the ``model-index`` follows the run's ``task``: a causal LM (``"c
 perplexity and losses on the evaluation split of its dataset; a reinforcement-learning run (``"reinforcement_learning"``,
 e.g. ``recipes/decision_transformer.py``) reports, for every target return it was evaluated at, the mean return
 (``mean_reward``) and the normalised score (``normalized_score``) in its environment, with the environment id as the
-dataset (the convention of the Hub's RL models).
+dataset (the convention of the Hub's RL models). The encoder recipes' tasks report accuracy and macro-F1
+(``"sequence_classification"``), masked-token perplexity, loss and accuracy (``"masked_lm"``) or exact match and F1
+(``"question_answering"``), and set the card's pipeline tag and the Auto class of its usage example (templates may
+write ``{{ pipeline_tag }}`` and ``{{ auto_class }}``).
 """
 
 from __future__ import annotations
@@ -34,9 +37,44 @@ _METRICS = {
 }
 
 RL_TASK = "reinforcement_learning"
+# the encoder recipes' tasks: (pipeline tag, task type, task name, {metric key: (metric type, display name)})
+_ENCODER_TASKS = {
+    "sequence_classification": (
+        "text-classification",
+        "text-classification",
+        "Text classification",
+        {"eval_accuracy": ("accuracy", "Accuracy"), "eval_macro_f1": ("f1", "Macro F1")},
+    ),
+    "masked_lm": (
+        "fill-mask",
+        "fill-mask",
+        "Masked language modeling",
+        {
+            "perplexity": ("perplexity", "Perplexity of the masked tokens"),
+            "eval_loss": ("loss", "Cross-entropy of the masked tokens (nats)"),
+            "masked_accuracy": ("accuracy", "Masked-token accuracy"),
+        },
+    ),
+    "question_answering": (
+        "question-answering",
+        "question-answering",
+        "Extractive question answering",
+        {"exact_match": ("exact_match", "Exact match"), "f1": ("f1", "F1")},
+    ),
+}
+# the Auto class a card's usage example loads, per task
+AUTO_CLASSES = {
+    "causal_lm": "AutoModelForCausalLM",
+    "sequence_classification": "AutoModelForSequenceClassification",
+    "masked_lm": "AutoModelForMaskedLM",
+    "question_answering": "AutoModelForQuestionAnswering",
+}
 # training_run.json "dataset" keys shown as the size of the training data, per task
 _DATA_COUNTS = {
     "causal_lm": ("train_documents", "train_tokens", "eval_documents", "eval_tokens"),
+    "sequence_classification": ("train_documents", "eval_documents", "test_documents"),
+    "masked_lm": ("train_documents", "train_tokens", "eval_documents", "eval_tokens"),
+    "question_answering": ("train_examples", "eval_examples"),
     RL_TASK: ("num_episodes", "num_transitions", "mean_return", "max_return"),
 }
 
@@ -159,10 +197,15 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
     run = read_run_info(folder)
     config_path = folder / "config.json"
     model_type = json.loads(config_path.read_text())["model_type"] if config_path.is_file() else run.get("model_type")
-    template_front, body = _split_front_matter(template_text(template_for(model_type)))
-
     data = run.get("dataset", {})
     task = run.get("task", "causal_lm")
+    encoder_task = _ENCODER_TASKS.get(task)
+    # a template may leave its pipeline tag and Auto class to the task (the encoders' templates do)
+    template = jinja2.Template(template_text(template_for(model_type)), undefined=jinja2.DebugUndefined).render(
+        pipeline_tag=encoder_task[0] if encoder_task else "text-generation",
+        auto_class=AUTO_CLASSES.get(task, "AutoModel"),
+    )
+    template_front, body = _split_front_matter(template)
     dataset_id = data.get("name") or "local files"
     eval_split = data.get("eval_split", "validation")
     eval_results = [
@@ -181,6 +224,22 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
     ]
     if task == RL_TASK:
         eval_results = _rl_eval_results(run)
+    elif encoder_task:
+        _, task_type, task_name, metric_names = encoder_task
+        eval_results = [
+            EvalResult(
+                task_type=task_type,
+                task_name=task_name,
+                dataset_type=dataset_id,
+                dataset_name=data.get("title", dataset_id),
+                dataset_split=eval_split,
+                metric_type=metric_type,
+                metric_name=metric_name,
+                metric_value=round(float(run["metrics"][key]), 6),
+            )
+            for key, (metric_type, metric_name) in metric_names.items()
+            if key in run.get("metrics", {})
+        ]
     name = repo_id.split("/")[-1] if repo_id else folder.resolve().name
     tags = list(dict.fromkeys([*template_front.get("tags", []), "tf_family", *([model_type] if model_type else [])]))
     card_data = ModelCardData(

@@ -6,9 +6,10 @@ from pathlib import Path
 
 from datasets import DatasetDict, load_dataset
 
+from .brown import load_brown
 from .sotu import load_sotu
 
-BUNDLED_DATASETS = {"sotu": load_sotu}
+BUNDLED_DATASETS = {"sotu": load_sotu, "brown": load_brown}
 # file suffix -> `datasets` builder
 _BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -35,7 +36,7 @@ def load_text_datasets(
 ) -> tuple[DatasetDict, str]:
     """Load ``train`` and ``validation`` splits and name the text column.
 
-    ``dataset_name`` is ``"sotu"`` (the bundled corpus) or a Hub dataset id; local files take precedence when given.
+    ``dataset_name`` is ``"sotu"`` or ``"brown"`` (the bundled corpora) or a Hub dataset id; local files take precedence when given.
     Plain-text files are read ``sample_by`` ``"document"`` (a file is one document), ``"paragraph"`` or ``"line"``.
     Without a validation split the last ``validation_split_percentage`` % of the training rows are held out (rows
     keep their order, so a later part of an ordered corpus is held out, not a random sample).

@@ -1,0 +1,338 @@
+"""Train or fine-tune an extractive question-answering model with accelerate: any tf_family architecture with a
+``question_answering`` head (Longformer, BigBird, …), or any saved ``AutoModelForQuestionAnswering``.
+
+    accelerate launch recipes/question_answering.py --model_name_or_path runs/my-mlm --dataset_name rajpurkar/squad
+    accelerate launch -m tf_family.recipes.question_answering --arch longformer --variant tiny \\
+        --train_file train.json --validation_file dev.json --max_length 1024
+
+Data in the SQuAD (v1.1) format: a Hub dataset (``--dataset_name``, e.g. ``rajpurkar/squad``) or local files
+(``--train_file`` / ``--validation_file``): either the official nested JSON (``{"data": [{"paragraphs": [{"context",
+"qas": [{"id", "question", "answers": [{"text", "answer_start"}]}]}]}]}``) or flat rows (JSON lines, JSON, CSV,
+parquet) with ``id``, ``question``, ``context`` and ``answers`` = ``{"text": [...], "answer_start": [...]}``, as on
+the Hub. Every question has at least one answer (v1.1; unanswerable questions are refused).
+
+Features: ``<cls> question <sep> context window <sep>``, the question cut to ``--max_question_length`` tokens, the
+context cut into windows of the remaining length that overlap by ``--doc_stride`` tokens. Training targets the first
+gold answer in each window holding it whole, and the ``<cls>`` token in the others. Prediction takes, over all windows
+of a question, the span (at most ``--max_answer_length`` tokens, inside the context) with the highest start + end
+logit. Metrics: SQuAD's exact match and F1 (percent, best over the gold answers; `tf_family.metrics`). Longformer
+gives the tokens before the first ``<sep>`` (``<cls>`` and the question) global attention, as in transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.logging import get_logger
+from datasets import Dataset, DatasetDict, load_dataset
+from transformers import AutoModelForQuestionAnswering
+
+from tf_family.metrics import squad_scores
+from tf_family.recipes import encoder_common as common
+
+logger = get_logger(__name__)
+
+TASK = "question_answering"
+_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+COLUMNS = ("question", "context", "answers")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Train or fine-tune an extractive QA model (tf_family).")
+    common.add_common_arguments(parser, TASK, default_dataset=None, max_length=512)
+    data = parser.add_argument_group("question-answering data")
+    data.add_argument("--max_question_length", type=int, default=64, help="question tokens kept")
+    data.add_argument("--doc_stride", type=int, default=128, help="tokens shared by consecutive context windows")
+    data.add_argument("--max_answer_length", type=int, default=30, help="longest predicted answer, in tokens")
+    data.add_argument("--n_best_size", type=int, default=20, help="start / end candidates per window")
+    return parser.parse_args(argv)
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    common.validate_common_args(args, TASK, min_length=8)
+    common.check_lora_head(args)
+    if not args.train_file and not args.dataset_name:
+        raise ValueError("No data: pass --dataset_name (a Hub id such as rajpurkar/squad) or --train_file.")
+    for name in ("train_file", "validation_file"):
+        path = getattr(args, name)
+        if path is not None and Path(path).suffix not in _BUILDERS:
+            raise ValueError(f"--{name}={path!r}: use a {sorted(_BUILDERS)} file.")
+    for name in ("max_question_length", "max_answer_length", "n_best_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}={getattr(args, name)} must be at least 1.")
+    if args.doc_stride < 0:
+        raise ValueError(f"--doc_stride={args.doc_stride} must be >= 0.")
+    room = args.max_length - args.max_question_length - 3
+    if args.doc_stride >= room:
+        raise ValueError(
+            f"--doc_stride={args.doc_stride} must be smaller than the context room of a window ({room} = --max_length "
+            f"{args.max_length} - --max_question_length {args.max_question_length} - 3 special tokens); lower it or "
+            "raise --max_length."
+        )
+
+
+def read_squad_json(path: str) -> Dataset | None:
+    """The official nested SQuAD JSON as flat rows, or None when ``path`` is not in that format."""
+    if Path(path).suffix != ".json":
+        return None
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None  # JSON lines
+    if not isinstance(document, dict) or "data" not in document:
+        return None
+    rows = []
+    for article in document["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                rows.append(
+                    {
+                        "id": str(qa["id"]),
+                        "title": article.get("title", ""),
+                        "context": paragraph["context"],
+                        "question": qa["question"],
+                        "answers": {
+                            "text": [a["text"] for a in qa.get("answers", [])],
+                            "answer_start": [int(a["answer_start"]) for a in qa.get("answers", [])],
+                        },
+                    }
+                )
+    return Dataset.from_list(rows)
+
+
+def load_data(args: argparse.Namespace) -> DatasetDict:
+    if args.train_file:
+        files = {"train": args.train_file, **({"validation": args.validation_file} if args.validation_file else {})}
+        nested = {split: read_squad_json(path) for split, path in files.items()}
+        if all(d is not None for d in nested.values()):
+            raw = DatasetDict(nested)
+        elif any(d is not None for d in nested.values()):
+            raise ValueError("--train_file and --validation_file must both be nested SQuAD JSON, or both flat rows.")
+        else:
+            raw = load_dataset(_BUILDERS[Path(args.train_file).suffix], data_files=files)
+    else:
+        raw = load_dataset(args.dataset_name, args.dataset_config_name)
+    for split in ("train", "validation"):
+        if split not in raw:
+            raise ValueError(f"the data has no {split!r} split (it has {list(raw)}); pass --validation_file.")
+        missing = [c for c in COLUMNS if c not in raw[split].column_names]
+        if missing:
+            raise ValueError(
+                f"the {split} data lacks the SQuAD columns {missing} (it has {raw[split].column_names}); see "
+                "recipes/question_answering.py for the format."
+            )
+    return raw
+
+
+def build_features(examples: Dataset, tokenizer, args: argparse.Namespace, train: bool) -> list[dict[str, Any]]:
+    """Windows of every example: input ids, the example index, the character offsets of its context tokens and
+    (for training) the answer's start / end token (0, the cls token, when the window does not hold it whole)."""
+    questions = tokenizer(list(examples["question"]), add_special_tokens=False)["input_ids"]
+    contexts = tokenizer(list(examples["context"]), add_special_tokens=False, return_offsets_mapping=True)
+    features = []
+    for index, answers in enumerate(examples["answers"]):
+        if not answers["text"]:
+            raise ValueError(
+                f"example {examples[index].get('id', index)!r} has no answer; this recipe scores SQuAD v1.1 "
+                "(every question answerable): drop unanswerable questions."
+            )
+        question = questions[index][: args.max_question_length]
+        ids, offsets = contexts["input_ids"][index], contexts["offset_mapping"][index]
+        room = args.max_length - len(question) - 3
+        step = room - args.doc_stride  # > 0: validate_args checked the shortest room
+        answer_start = int(answers["answer_start"][0])
+        answer_end = answer_start + len(answers["text"][0])
+        start = 0
+        while True:
+            end = min(start + room, len(ids))
+            window = ids[start:end]
+            prefix = len(question) + 2
+            feature = {
+                "example": index,
+                "input_ids": [
+                    tokenizer.cls_token_id,
+                    *question,
+                    tokenizer.sep_token_id,
+                    *window,
+                    tokenizer.sep_token_id,
+                ],
+                "context_start": prefix,
+                "offsets": [tuple(o) for o in offsets[start:end]],
+            }
+            if train:
+                first = next((i for i, (a, b) in enumerate(feature["offsets"]) if b > answer_start), None)
+                last = next((i for i in reversed(range(len(window))) if feature["offsets"][i][0] < answer_end), None)
+                holds = (
+                    first is not None
+                    and last is not None
+                    and feature["offsets"][0][0] <= answer_start
+                    and feature["offsets"][-1][1] >= answer_end
+                    and first <= last
+                )
+                feature["start_positions"] = prefix + first if holds else 0
+                feature["end_positions"] = prefix + last if holds else 0
+            features.append(feature)
+            if end >= len(ids):
+                break
+            start += step
+    return features
+
+
+def best_answers(
+    examples: Dataset, features: list[dict], logits: list[tuple[list[float], list[float]]], args
+) -> list[str]:
+    """For every example, the highest-scoring span over all of its windows (start + end logit)."""
+    best: dict[int, tuple[float, str]] = {}
+    for feature, (start_logits, end_logits) in zip(features, logits, strict=True):
+        context = examples[feature["example"]]["context"]
+        starts = torch.tensor(start_logits).topk(min(args.n_best_size, len(start_logits))).indices.tolist()
+        ends = torch.tensor(end_logits).topk(min(args.n_best_size, len(end_logits))).indices.tolist()
+        for s in starts:
+            for e in ends:
+                if e < s or e - s + 1 > args.max_answer_length:
+                    continue
+                score = start_logits[s] + end_logits[e]
+                if feature["example"] not in best or score > best[feature["example"]][0]:
+                    text = context[feature["offsets"][s][0] : feature["offsets"][e][1]]
+                    best[feature["example"]] = (score, text)
+    return [best.get(i, (0.0, ""))[1] for i in range(len(examples))]
+
+
+def evaluate(accelerator, model, examples: Dataset, features: list[dict], args, pad_id: int) -> dict[str, float]:
+    """SQuAD exact match and F1 of the best spans."""
+
+    def collate(indices, train=False, **_):
+        return common.pad_batch([features[i]["input_ids"] for i in indices], pad_id)
+
+    def read(outputs, batch, indices):
+        items = []
+        for row, index in enumerate(indices):
+            first = features[index]["context_start"]
+            last = first + len(features[index]["offsets"])
+            items.append(
+                (
+                    index,
+                    (
+                        outputs.start_logits[row, first:last].float().tolist(),
+                        outputs.end_logits[row, first:last].float().tolist(),
+                    ),
+                )
+            )
+        return items
+
+    logits = common.predict(accelerator, model, len(features), args.per_device_eval_batch_size, collate, read)
+    predictions = best_answers(examples, features, logits, args)
+    scores = squad_scores(predictions, [a["text"] for a in examples["answers"]])
+    return {**scores, "eval_examples": len(examples), "eval_features": len(features)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    validate_args(args)
+    args.output_dir = args.output_dir or common.default_output_dir(args, TASK)
+    config_overrides = common.parse_config_overrides(args.config_overrides)
+    output_dir = common.check_output_dir(args)
+    accelerator = common.make_accelerator(args, output_dir)
+
+    # ---- data -------------------------------------------------------------------------------------------------
+    raw = load_data(args)
+    if args.max_train_samples:
+        raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
+    if args.max_eval_samples:
+        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
+    tokenizer = common.load_tokenizer(args)
+
+    # ---- model ------------------------------------------------------------------------------------------------
+    model = common.build_model(args, TASK, tokenizer, config_overrides, AutoModelForQuestionAnswering)
+    common.check_max_length(args, model)
+    with accelerator.main_process_first():
+        train_features = build_features(raw["train"], tokenizer, args, train=True)
+        eval_features = build_features(raw["validation"], tokenizer, args, train=False)
+    world = accelerator.num_processes
+    updates_per_epoch = (
+        len(train_features) // (world * args.per_device_train_batch_size) // args.gradient_accumulation_steps
+    )
+    if updates_per_epoch == 0:
+        raise ValueError(
+            f"{len(train_features)} training windows make fewer than one optimizer step of {world} × "
+            f"{args.per_device_train_batch_size} × {args.gradient_accumulation_steps}; lower the batch size or "
+            "--gradient_accumulation_steps."
+        )
+
+    model = common.apply_lora(model, args, train_head=True)
+    optimizer, scheduler, max_train_steps = common.make_optimizer(model, args, updates_per_epoch, world)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    pad_id = tokenizer.pad_token_id
+    hyperparameters = common.hyperparameters_of(
+        args, world, max_train_steps, doc_stride=args.doc_stride, max_question_length=args.max_question_length,
+        max_answer_length=args.max_answer_length,
+    )  # fmt: skip
+    if args.trackers:
+        accelerator.init_trackers("tf_family_question_answering", config=hyperparameters)
+
+    def collate(indices, train=True, **_):
+        rows = [train_features[i] for i in indices]
+        targets = {
+            "start_positions": [r["start_positions"] for r in rows],
+            "end_positions": [r["end_positions"] for r in rows],
+        }
+        return common.pad_batch([r["input_ids"] for r in rows], pad_id, targets)
+
+    def run_evaluation() -> dict[str, float]:
+        return evaluate(accelerator, model, raw["validation"], eval_features, args, pad_id)
+
+    parameters = common.num_parameters(model)
+    logger.info(
+        f"{parameters:,} parameters, {len(raw['train'])} training questions in {len(train_features)} windows, "
+        f"{max_train_steps} steps on {world} process(es)",
+        main_process_only=True,
+    )
+    completed_steps, history = common.train(
+        accelerator, args, model, optimizer, scheduler, max_train_steps, len(train_features), collate,
+        run_evaluation, output_dir,
+    )  # fmt: skip
+
+    # ---- evaluate ---------------------------------------------------------------------------------------------
+    metrics = run_evaluation()
+    accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
+    logger.info(f"validation: {metrics}", main_process_only=True)
+
+    # ---- save -------------------------------------------------------------------------------------------------
+    data = {
+        "name": None if args.train_file else args.dataset_name,
+        "title": "local files" if args.train_file else args.dataset_name,
+        "on_hub": not args.train_file,
+        "train_file": args.train_file,
+        "validation_file": args.validation_file,
+        "train_examples": len(raw["train"]),
+        "train_windows": len(train_features),
+        "eval_examples": len(raw["validation"]),
+        "eval_windows": len(eval_features),
+        "eval_split": "validation",
+    }
+    run_info = {
+        "recipe": "recipes/question_answering.py",
+        "task": TASK,
+        "dataset": {k: v for k, v in data.items() if v is not None},
+        "hyperparameters": hyperparameters,
+        "metrics": metrics,
+        "num_parameters": parameters,
+        "train_steps": completed_steps,
+        "train_history": history,
+    }
+    fingerprints = common.save_run(accelerator, args, model, tokenizer, output_dir, run_info)
+    return {
+        **metrics,
+        "output_dir": str(output_dir),
+        "world_size": world,
+        "rank_weight_sha256": fingerprints,
+        "train_steps": completed_steps,
+    }
+
+
+if __name__ == "__main__":
+    main()
