@@ -1,4 +1,10 @@
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
@@ -56,3 +62,35 @@ def fresh_accelerate_state():
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch_two_processes(module: str, recipe_args: list[str], timeout: float = 300) -> None:
+    """Run ``python -m module`` on two gloo CPU processes the way the README says, and fail with the run's stderr.
+
+    `accelerate launch --cpu --num_processes 2` silently starts one process (accelerate 1.15); the shipped config
+    (distributed_type MULTI_GPU, 2 processes) with the recipe's --cpu starts two. The rendezvous port is a free one
+    picked here (port 0 let two ranks wait for each other forever), and the launcher runs in its own process group,
+    so a hang kills the launcher and both ranks together instead of orphaning a rank.
+    """
+    config = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs" / "two_cpu_processes.yaml"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+        "--main_process_port", str(_free_port()), "-m", module, "--cpu", *recipe_args,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launcher = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, stderr = launcher.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        _, stderr = launcher.communicate()
+        pytest.fail(f"two-process run of {module} did not finish in {timeout} s: {stderr[-3000:]}")
+    assert launcher.returncode == 0, stderr[-3000:]

@@ -2,9 +2,6 @@
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,8 @@ pytest.importorskip("gymnasium")
 from tf_family.data.offline_rl import make_offline_dataset  # noqa: E402
 from tf_family.models.decision_transformer.evaluation_decision_transformer import evaluate_in_env  # noqa: E402
 from tf_family.recipes import decision_transformer  # noqa: E402
+
+from .conftest import launch_two_processes  # noqa: E402
 
 pytestmark = pytest.mark.recipe
 
@@ -213,16 +212,11 @@ def test_the_plot_asks_for_matplotlib_only_when_requested(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_two_processes_train_the_same_weights(tmp_path):
-    config = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs" / "two_cpu_processes.yaml"
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port", "0",
-        "-m", "tf_family.recipes.decision_transformer", "--cpu", *DATA, *TINY, "--eval_episodes", "3",
-        "--eval_target_returns", "100", "500", "--max_train_steps", "3", "--checkpointing_steps", "3", "--no_plot",
-        "--output_dir", str(tmp_path),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    launch_two_processes(
+        "tf_family.recipes.decision_transformer",
+        [*DATA, *TINY, "--eval_episodes", "3", "--eval_target_returns", "100", "500", "--max_train_steps", "3",
+         "--checkpointing_steps", "3", "--no_plot", "--output_dir", str(tmp_path)],
+    )  # fmt: skip
     run = json.loads((tmp_path / "training_run.json").read_text())
     assert run["world_size"] == 2 and run["hyperparameters"]["effective_batch_windows"] == 8
     first, second = run["rank_weight_sha256"]

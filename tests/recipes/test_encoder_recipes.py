@@ -18,6 +18,8 @@ from tf_family.data import load_brown
 from tf_family.metrics import accuracy, macro_f1
 from tf_family.recipes import encoder_common, masked_lm, question_answering, sequence_classification
 
+from .conftest import launch_two_processes
+
 pytestmark = pytest.mark.recipe
 
 STEPS = ["--max_train_steps", "3", "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "3"]
@@ -251,21 +253,12 @@ def test_bad_arguments_are_refused(recipe, argv, message, tmp_path):
 def test_two_processes_classify_like_one(tmp_path, brown_files):
     """Two gloo CPU processes: same final weights on both ranks, and the gathered evaluation covers every
     validation document once, in order (it equals the saved model's predictions in this process)."""
-    import os
-    import subprocess
-    import sys
-
-    config = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs" / "two_cpu_processes.yaml"
     data = ["--train_file", brown_files["train"], "--validation_file", brown_files["validation"]]
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port", "0",
-        "-m", "tf_family.recipes.sequence_classification", "--cpu", "--arch", "longformer", "--variant", "tiny",
-        *data, "--max_length", "32", "--max_train_steps", "2", "--per_device_train_batch_size", "2",
-        "--per_device_eval_batch_size", "1", "--output_dir", str(tmp_path),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    launch_two_processes(
+        "tf_family.recipes.sequence_classification",
+        ["--arch", "longformer", "--variant", "tiny", *data, "--max_length", "32", "--max_train_steps", "2",
+         "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "1", "--output_dir", str(tmp_path)],
+    )  # fmt: skip
     run = json.loads((tmp_path / "training_run.json").read_text())
     assert run["world_size"] == 2 and len(set(run["rank_weight_sha256"])) == 1
     assert run["metrics"]["eval_examples"] == 4
