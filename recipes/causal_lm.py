@@ -316,6 +316,19 @@ def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
     return math.exp(-log_probs[targets].mean().item())
 
 
+def check_output_dir(args: argparse.Namespace) -> Path:
+    """``--output_dir`` as a path; a folder holding an earlier run is refused unless the run resumes or overwrites
+    it (nothing the user saved is replaced by accident)."""
+    output_dir = Path(args.output_dir)
+    earlier_run = (output_dir / "checkpoints").is_dir() or (output_dir / RUN_INFO_FILE).is_file()
+    if earlier_run and not (args.resume_from_checkpoint or args.overwrite_output_dir):
+        raise ValueError(
+            f"--output_dir {output_dir} holds an earlier run; pass --resume_from_checkpoint latest to continue it, "
+            "--overwrite_output_dir to replace it, or another --output_dir."
+        )
+    return output_dir
+
+
 def find_checkpoint(output_dir: str, which: str) -> Path:
     if which != "latest":
         path = Path(which)
@@ -394,13 +407,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     validate_args(args)
     args.output_dir = args.output_dir or default_output_dir(args)
     config_overrides = parse_config_overrides(args.config_overrides)
-    output_dir = Path(args.output_dir)
-    earlier_run = (output_dir / "checkpoints").is_dir() or (output_dir / RUN_INFO_FILE).is_file()
-    if earlier_run and not (args.resume_from_checkpoint or args.overwrite_output_dir):
-        raise ValueError(
-            f"--output_dir {output_dir} holds an earlier run; pass --resume_from_checkpoint latest to continue it, "
-            "--overwrite_output_dir to replace it, or another --output_dir."
-        )
+    output_dir = check_output_dir(args)
 
     accelerator = Accelerator(
         # adaptive input embeddings leave a cluster's weights unused when a batch has no token of that cluster:

@@ -72,6 +72,7 @@ from tf_family.recipes.causal_lm import (
     SCHEDULERS,
     TRACKERS,
     check_lora_targets,
+    check_output_dir,
     find_checkpoint,
     parse_config_overrides,
     save_checkpoint,
@@ -523,13 +524,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     validate_args(args)
     args.output_dir = args.output_dir or default_output_dir(args)
     config_overrides = parse_config_overrides(args.config_overrides)
-    output_dir = Path(args.output_dir)
-    earlier_run = (output_dir / "checkpoints").is_dir() or (output_dir / RUN_INFO_FILE).is_file()
-    if earlier_run and not (args.resume_from_checkpoint or args.overwrite_output_dir):
-        raise ValueError(
-            f"--output_dir {output_dir} holds an earlier run; pass --resume_from_checkpoint latest to continue it, "
-            "--overwrite_output_dir to replace it, or another --output_dir."
-        )
+    output_dir = check_output_dir(args)
 
     accelerator = Accelerator(
         # a prediction head whose loss weight is 0 gets no gradient: DDP must not wait for it

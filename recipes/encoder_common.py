@@ -46,6 +46,7 @@ from tf_family.recipes.causal_lm import (
     SCHEDULERS,
     TRACKERS,
     check_lora_targets,
+    check_output_dir,
     find_checkpoint,
     parse_config_overrides,
     save_checkpoint,
@@ -179,17 +180,6 @@ def default_output_dir(args: argparse.Namespace, task: str) -> str:
     model = args.arch or Path(args.model_name_or_path.rstrip("/")).name
     data = Path(args.train_file).stem if args.train_file else args.dataset_name.replace("/", "_")
     return os.path.join("runs", f"{model}-{task}-{data}")
-
-
-def check_output_dir(args: argparse.Namespace) -> Path:
-    output_dir = Path(args.output_dir)
-    earlier_run = (output_dir / "checkpoints").is_dir() or (output_dir / RUN_INFO_FILE).is_file()
-    if earlier_run and not (args.resume_from_checkpoint or args.overwrite_output_dir):
-        raise ValueError(
-            f"--output_dir {output_dir} holds an earlier run; pass --resume_from_checkpoint latest to continue it, "
-            "--overwrite_output_dir to replace it, or another --output_dir."
-        )
-    return output_dir
 
 
 def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
