@@ -70,6 +70,18 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _kill_ranks(recipe_args: list[str]) -> None:
+    """SIGKILL every process whose command line holds this run's --output_dir (a hung rank keeps the pipes open)."""
+    marker = recipe_args[recipe_args.index("--output_dir") + 1].encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+
+
 def launch_two_processes(module: str, recipe_args: list[str], timeout: float = 300) -> None:
     """Run ``python -m module`` on two gloo CPU processes the way the README says, and fail with the run's stderr.
 
@@ -91,6 +103,7 @@ def launch_two_processes(module: str, recipe_args: list[str], timeout: float = 3
         _, stderr = launcher.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(launcher.pid, signal.SIGKILL)
+        _kill_ranks(recipe_args)  # the ranks run in sessions of their own: find them by their command line
         _, stderr = launcher.communicate()
         pytest.fail(f"two-process run of {module} did not finish in {timeout} s: {stderr[-3000:]}")
     assert launcher.returncode == 0, stderr[-3000:]
