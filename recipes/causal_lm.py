@@ -133,6 +133,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--logging_steps", type=int, default=10)
     run.add_argument("--report_to", default="none", help="experiment tracking: none, tensorboard, trackio, wandb, all")
 
+    add_lora_and_hub_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def add_lora_and_hub_arguments(parser: argparse.ArgumentParser) -> None:
+    """The LoRA and Hub options every training recipe shares."""
     lora = parser.add_argument_group("LoRA (PEFT)")
     lora.add_argument("--lora_r", type=int, default=0, help="LoRA rank; 0 trains all weights")
     lora.add_argument("--lora_alpha", type=float, default=16.0)
@@ -145,7 +151,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     hub.add_argument("--hub_model_id", help="user/name of the repository to push to")
     hub.add_argument("--hub_token")
     hub.add_argument("--hub_private", action="store_true")
-    return parser.parse_args(argv)
 
 
 def validate_args(args: argparse.Namespace) -> None:

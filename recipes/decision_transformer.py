@@ -71,6 +71,7 @@ from tf_family.models.decision_transformer.evaluation_decision_transformer impor
 from tf_family.recipes.causal_lm import (
     SCHEDULERS,
     TRACKERS,
+    add_lora_and_hub_arguments,
     check_lora_targets,
     check_output_dir,
     find_checkpoint,
@@ -149,18 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--logging_steps", type=int, default=50)
     run.add_argument("--report_to", default="none", help="experiment tracking: none, tensorboard, trackio, wandb, all")
 
-    lora = parser.add_argument_group("LoRA (PEFT)")
-    lora.add_argument("--lora_r", type=int, default=0, help="LoRA rank; 0 trains all weights")
-    lora.add_argument("--lora_alpha", type=float, default=16.0)
-    lora.add_argument("--lora_dropout", type=float, default=0.05)
-    lora.add_argument("--lora_target_modules", nargs="+", help="module names (default: the registry's)")
-    lora.add_argument("--merge_lora", action="store_true", help="save merged weights instead of the adapter")
-
-    hub = parser.add_argument_group("Hub")
-    hub.add_argument("--push_to_hub", action="store_true")
-    hub.add_argument("--hub_model_id", help="user/name of the repository to push to")
-    hub.add_argument("--hub_token")
-    hub.add_argument("--hub_private", action="store_true")
+    add_lora_and_hub_arguments(parser)
     return parser.parse_args(argv)
 
 

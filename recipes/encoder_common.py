@@ -45,6 +45,7 @@ from tf_family.hub import push_folder
 from tf_family.recipes.causal_lm import (
     SCHEDULERS,
     TRACKERS,
+    add_lora_and_hub_arguments,
     check_lora_targets,
     check_output_dir,
     find_checkpoint,
@@ -107,18 +108,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, task: str, default_dat
     run.add_argument("--logging_steps", type=int, default=10)
     run.add_argument("--report_to", default="none", help="experiment tracking: none, tensorboard, trackio, wandb, all")
 
-    lora = parser.add_argument_group("LoRA (PEFT)")
-    lora.add_argument("--lora_r", type=int, default=0, help="LoRA rank; 0 trains all weights")
-    lora.add_argument("--lora_alpha", type=float, default=16.0)
-    lora.add_argument("--lora_dropout", type=float, default=0.05)
-    lora.add_argument("--lora_target_modules", nargs="+", help="module names (default: the registry's per arch)")
-    lora.add_argument("--merge_lora", action="store_true", help="save merged weights instead of the adapter")
-
-    hub = parser.add_argument_group("Hub")
-    hub.add_argument("--push_to_hub", action="store_true")
-    hub.add_argument("--hub_model_id", help="user/name of the repository to push to")
-    hub.add_argument("--hub_token")
-    hub.add_argument("--hub_private", action="store_true")
+    add_lora_and_hub_arguments(parser)
 
 
 def validate_common_args(args: argparse.Namespace, task: str, min_length: int = 3) -> None:
