@@ -72,6 +72,45 @@ def test_sliding_window_matches_dense_twin(length, window, dilation, causal, wit
     )
 
 
+@pytest.mark.parametrize("window", [2, 5])
+@pytest.mark.parametrize("dilation", [1, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_training_path_with_dropout_matches_dense_twin(window, dilation, causal):
+    """Under dropout the kernel takes its own attention function (not PyTorch's); with a rate that rounds to no
+    dropped entry it must give the twin's values and gradients."""
+    length = 37
+    tensors, padding = _inputs(length, seed=window)
+    pattern = WindowPattern(window, dilation, causal)
+    global_tokens = _global(length, padding, [[0, length - 1], [length // 2], [5, 7, 11]])
+    _check(
+        lambda q, k, v: sliding_window_attention(q, k, v, pattern, padding, global_tokens, dropout_p=1e-7),
+        lambda q, k, v: sliding_window_attention_reference(q, k, v, pattern, padding, global_tokens),
+        tensors,
+        padding,
+        torch.tensor(True),
+    )
+
+
+def test_dropout_is_unbiased():
+    """Dropout on the attention probabilities keeps the expected output: the mean over many independent rows
+    approaches the output without dropout."""
+    rows, length = 4000, 13
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, 1, length, 4, generator=generator).expand(rows, -1, -1, -1).contiguous()
+                         for _ in range(3))  # fmt: skip
+    pattern = WindowPattern(3)
+    global_mask = torch.zeros(rows, length).index_fill(1, torch.tensor([6]), 1)
+    torch.manual_seed(1)
+    dropped = sliding_window_attention(
+        query, key, value, pattern, None, GlobalTokens.from_mask(global_mask), dropout_p=0.3
+    )
+    exact = sliding_window_attention(
+        query[:1], key[:1], value[:1], pattern, None, GlobalTokens.from_mask(global_mask[:1])
+    )
+    assert not torch.allclose(dropped[0], exact[0])
+    torch.testing.assert_close(dropped.mean(0, keepdim=True), exact, atol=0.05, rtol=0)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_global_attention_matches_dense_twin(causal):
     length = 21
@@ -115,7 +154,8 @@ def test_mask_shape_and_rules():
         WindowPattern(-1)
 
 
-def test_fast_path_memory_is_linear_in_length():
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_fast_path_memory_is_linear_in_length(dropout_p):
     """The fast path never builds a (T, T) tensor: what autograd saves grows linearly with T."""
     saved = {}
     for length in (512, 2048):
@@ -128,6 +168,6 @@ def test_fast_path_memory_is_linear_in_length():
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             globals_ = GlobalTokens.from_mask(torch.isin(torch.arange(length)[None], torch.tensor([0, 7, 300])))
-            sliding_window_attention(query, query, query, WindowPattern(16), None, globals_).sum()
+            sliding_window_attention(query, query, query, WindowPattern(16), None, globals_, dropout_p).sum()
         saved[length] = sum(sizes)
     assert saved[2048] <= 4 * saved[512] * 1.1, saved

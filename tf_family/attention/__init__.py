@@ -19,6 +19,7 @@ from .block_sparse import (
     random_block_indices,
     seeded_generator,
 )
+from .dropout import Dropout, dropout, dropout_mask, masked_attention, masked_attention_reference
 from .masks import build_causal_memory_mask, build_key_padding_mask
 from .relative import (
     rel_shift,
@@ -41,6 +42,7 @@ from .sliding_window import (
 )
 
 __all__ = [
+    "Dropout",
     "GlobalTokens",
     "WindowPattern",
     "block_sparse_attention",
@@ -51,8 +53,12 @@ __all__ = [
     "build_key_padding_mask",
     "build_sliding_window_mask",
     "dense_attention",
+    "dropout",
+    "dropout_mask",
     "global_attention",
     "global_attention_reference",
+    "masked_attention",
+    "masked_attention_reference",
     "min_sparse_blocks",
     "random_block_indices",
     "rel_shift",

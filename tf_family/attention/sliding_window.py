@@ -16,10 +16,13 @@ padded query attends to itself (its output is meaningless but finite, so padding
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .dropout import dropout_mask, masked_attention
 
 
 @dataclass(frozen=True)
@@ -212,12 +215,31 @@ def global_attention_reference(
 
 
 # ------------------------------------------------------------------------------------------------------ fast path
+class _Unfold(torch.autograd.Function):
+    """Zero-padded overlapping windows along dim 1, with a backward that adds the windows back in a few strided
+    passes (one per ``step``-sized piece of a window) instead of `torch.Tensor.unfold`'s generic backward."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, left: int, right: int, span: int, step: int) -> torch.Tensor:
+        padded = F.pad(tensor, [0, 0] * (tensor.dim() - 2) + [left, right])
+        ctx.shape = (left, tensor.shape[1], padded.shape[1], span, step)
+        return padded.unfold(1, span, step).movedim(-1, 2)  # (B, N, span, ...)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        left, length, padded_length, span, step = ctx.shape
+        batch, num_windows, _, *rest = grad.shape
+        total = grad.new_zeros(batch, max(padded_length, num_windows * step + span), *rest)
+        for start in range(0, span, step):  # window n's keys [start, start + width) sit at n * step + start
+            width = min(step, span - start)
+            target = total[:, start : start + num_windows * step].view(batch, num_windows, step, *rest)
+            target[:, :, :width] += grad[:, :, start : start + width]
+        return total[:, left : left + length], None, None, None, None
+
+
 def _unfold_keys(tensor: torch.Tensor, left: int, right: int, span: int, step: int) -> torch.Tensor:
     """``(B, T, ...)`` -> ``(B, N, span, ...)``: the overlapping key spans of every query chunk (zero-padded)."""
-    pad = [0, 0] * (tensor.dim() - 2) + [left, right]
-    padded = F.pad(tensor, pad)
-    unfolded = padded.unfold(1, span, step)  # (B, N, ..., span)
-    return unfolded.movedim(-1, 2)  # (B, N, span, ...)
+    return _Unfold.apply(tensor, left, right, span, step)
 
 
 def _banded_attention(
@@ -272,13 +294,19 @@ def _banded_attention(
         value_spans = torch.cat([global_values[:, None].expand(-1, num_chunks, -1, -1, -1), value_spans], dim=2)
 
     keys_total = key_spans.shape[2]
-    out = F.scaled_dot_product_attention(
-        query_chunks.transpose(2, 3).reshape(batch * num_chunks, heads, chunk, head_dim),
-        key_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim),
-        value_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim),
-        attn_mask=allowed.reshape(batch * num_chunks, 1, chunk, keys_total),
-        dropout_p=dropout_p,
-    )  # (B*N, H, c, Dh)
+    query_chunks = query_chunks.transpose(2, 3).reshape(batch * num_chunks, heads, chunk, head_dim)
+    key_spans = key_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim)
+    value_spans = value_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim)
+    allowed = allowed.reshape(batch * num_chunks, 1, chunk, keys_total)
+    if dropout_p > 0.0 and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64):
+        # PyTorch's CPU attention takes its unfused math path under dropout; ours saves its passes and copies
+        bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, -math.inf)
+        dropped, scale = dropout_mask((batch * num_chunks, heads, chunk, keys_total), dropout_p, query.device)
+        out = masked_attention(query_chunks, key_spans, value_spans, bias, dropped, scale)
+    else:
+        out = F.scaled_dot_product_attention(
+            query_chunks, key_spans, value_spans, attn_mask=allowed, dropout_p=dropout_p
+        )  # (B*N, H, c, Dh)
     out = out.view(batch, num_chunks, heads, chunk, head_dim).transpose(2, 3).reshape(batch, padded_length, heads, -1)
     return out[:, :length]
 

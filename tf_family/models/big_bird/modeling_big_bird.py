@@ -40,6 +40,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import logging
 
 from ...attention import (
+    Dropout,
     block_sparse_attention,
     build_block_sparse_counts,
     dense_attention,
@@ -48,6 +49,7 @@ from ...attention import (
     seeded_generator,
 )
 from ...losses import sequence_classification_loss, span_loss
+from ...modeling_utils import fused_projections
 from .configuration_big_bird import TffBigBirdConfig
 
 logger = logging.get_logger(__name__)
@@ -77,7 +79,7 @@ class TffBigBirdEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.scale = config.hidden_size**0.5 if config.rescale_embeddings else 1.0
 
     def forward(self, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids) -> torch.Tensor:
@@ -118,7 +120,7 @@ class TffBigBirdAttention(nn.Module):
         self.query, self.key, self.value = (nn.Linear(width, width, bias=config.use_bias) for _ in range(3))
         self.out_proj = nn.Linear(width, width)
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
 
     def uses_sparse(self, length: int) -> bool:
@@ -144,8 +146,8 @@ class TffBigBirdAttention(nn.Module):
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
         query, key, value = (
-            proj(hidden).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-            for proj in (self.query, self.key, self.value)
+            projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+            for projected in fused_projections(hidden, self.query, self.key, self.value)
         )  # (B, H, T, Dh)
         probs = None
         if self.uses_sparse(length):
@@ -180,7 +182,7 @@ class TffBigBirdFeedForward(nn.Module):
         self.activation = _activation(config.hidden_act)
         self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.layer_norm(hidden + self.dropout(self.fc_out(self.activation(self.fc_in(hidden)))))
@@ -378,7 +380,7 @@ class TffBigBirdForSequenceClassification(TffBigBirdPreTrainedModel):
         self.num_labels = config.num_labels
         self.bert = TffBigBirdModel(config, add_pooling_layer=False)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = _activation(config.hidden_act)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
@@ -423,7 +425,7 @@ class TffBigBirdForTokenClassification(TffBigBirdPreTrainedModel):
         self.num_labels = config.num_labels
         self.bert = TffBigBirdModel(config, add_pooling_layer=False)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -462,7 +464,7 @@ class TffBigBirdQuestionAnsweringHead(nn.Module):
 
     def __init__(self, config: TffBigBirdConfig):
         super().__init__()
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation = _activation(config.hidden_act)
         self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
@@ -549,7 +551,7 @@ class TffBigBirdForMultipleChoice(TffBigBirdPreTrainedModel):
     def __init__(self, config: TffBigBirdConfig):
         super().__init__(config)
         self.bert = TffBigBirdModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 

@@ -45,15 +45,18 @@ from transformers.modeling_outputs import (
 from transformers.utils import logging
 
 from ...attention import (
+    Dropout,
     GlobalTokens,
     WindowPattern,
     build_global_query_mask,
     build_sliding_window_mask,
     dense_attention,
+    dropout,
     global_attention,
     sliding_window_attention,
 )
 from ...losses import sequence_classification_loss, span_loss
+from ...modeling_utils import fused_projections
 from .configuration_longformer import TffLongformerConfig
 
 logger = logging.get_logger(__name__)
@@ -106,7 +109,7 @@ class TffLongformerEmbeddings(nn.Module):
         )
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def position_ids(self, input_ids, attention_mask, batch: int, length: int, device) -> torch.Tensor:
         if attention_mask is not None:
@@ -154,7 +157,7 @@ class TffLongformerAttention(nn.Module):
         self.global_query, self.global_key, self.global_value = (nn.Linear(width, width) for _ in range(3))
         self.out_proj = nn.Linear(width, width)
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
 
     def _heads(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -179,7 +182,7 @@ class TffLongformerAttention(nn.Module):
         scores = scores + torch.einsum("bhgd,hd->bhg", global_query, key_bias)[..., None] * head_dim**-0.5
         allowed = build_global_query_mask(global_tokens, key_valid, self.pattern.causal, hidden.shape[1])
         scores = scores.float().masked_fill(~allowed[:, None], float("-inf"))
-        probs = F.dropout(scores.softmax(dim=-1), self.attention_dropout, self.training).to(hidden.dtype)
+        probs = dropout(scores.softmax(dim=-1), self.attention_dropout, self.training).to(hidden.dtype)
         mixed = torch.einsum("bhgt,bte->bhge", probs, hidden)  # (B, H, G, D)
         out = torch.einsum("bhge,hde->bhgd", mixed, value_weight)  # (B, H, G, Dh)
         return out + self.global_value.bias.view(heads, head_dim)[None, :, None, :] * probs.sum(-1, keepdim=True)
@@ -200,7 +203,7 @@ class TffLongformerAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
-        query, key, value = (self._heads(proj(hidden)) for proj in (self.query, self.key, self.value))
+        query, key, value = (self._heads(x) for x in fused_projections(hidden, self.query, self.key, self.value))
         probs = None
         if self.use_dense(length, output_attentions):
             allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens)[:, None]  # (B, 1, T, T)
@@ -241,7 +244,7 @@ class TffLongformerFeedForward(nn.Module):
         self.activation = _activation(config.hidden_act)
         self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.layer_norm(hidden + self.dropout(self.fc_out(self.activation(self.fc_in(hidden)))))
@@ -510,7 +513,7 @@ class TffLongformerForSequenceClassification(TffLongformerPreTrainedModel):
         self.num_labels = config.num_labels
         self.longformer = TffLongformerModel(config, add_pooling_layer=False)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -557,7 +560,7 @@ class TffLongformerForTokenClassification(TffLongformerPreTrainedModel):
         self.num_labels = config.num_labels
         self.longformer = TffLongformerModel(config, add_pooling_layer=False)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -648,7 +651,7 @@ class TffLongformerForMultipleChoice(TffLongformerPreTrainedModel):
         super().__init__(config)
         self.longformer = TffLongformerModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 

@@ -1,0 +1,44 @@
+"""`fused_projections` equals calling the projections one by one, and steps aside for wrapped modules."""
+
+import torch
+from torch import nn
+
+from tf_family.modeling_utils import fused_projections
+
+
+def _linears(bias=True):
+    torch.manual_seed(0)
+    return [nn.Linear(6, width, bias=bias) for width in (6, 6, 4)]
+
+
+def test_fused_equals_separate_values_and_gradients():
+    for bias in (True, False):
+        linears = _linears(bias)
+        hidden = torch.randn(2, 3, 6, requires_grad=True)
+        fused = fused_projections(hidden, *linears)
+        separate = [linear(hidden) for linear in linears]
+        for got, want in zip(fused, separate, strict=True):
+            torch.testing.assert_close(got, want)
+        params = [hidden, *(p for linear in linears for p in linear.parameters())]
+        weights = [torch.randn_like(t) for t in separate]
+        grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(fused, weights, strict=True)), params)
+        expected = torch.autograd.grad(sum((t * w).sum() for t, w in zip(separate, weights, strict=True)), params)
+        for got, want in zip(grads, expected, strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def test_wrapped_or_hooked_modules_are_called():
+    class Wrapped(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 1.0
+
+    linears = _linears()
+    wrapped = Wrapped(6, 6)
+    wrapped.load_state_dict(linears[1].state_dict())
+    hidden = torch.randn(2, 6)
+    out = fused_projections(hidden, linears[0], wrapped)
+    torch.testing.assert_close(out[1], linears[1](hidden) + 1.0)
+    calls = []
+    linears[2].register_forward_hook(lambda module, args, output: calls.append(output.shape))
+    fused_projections(hidden, *linears)
+    assert calls == [(2, 4)]

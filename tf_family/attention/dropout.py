@@ -1,0 +1,191 @@
+"""Dropout that is cheap on CPU, and masked softmax attention with dropout whose backward is written out by hand.
+
+PyTorch's CPU dropout draws one Bernoulli sample per element (``bernoulli_``, about 6 ns each on this project's
+2-core machine). On the attention probabilities of a long sequence that costs more than the attention's matrix
+products. `dropout_mask` draws 64 random bits at a time from the same generator and compares each 16-bit slice
+with a threshold, four elements per draw (about 1 ns each). The drop probability is therefore rounded to a multiple of
+``1 / 65536`` (0.1 becomes 0.100006); the kept values are scaled by ``1 / (1 - rounded p)``, so the expected value
+is exactly preserved, as with `torch.nn.functional.dropout`. Seeding (`torch.manual_seed`, a ``generator``) makes
+it reproducible. On other devices `dropout` is `torch.nn.functional.dropout`, whose fused kernels are already fast.
+
+`masked_attention` is ``softmax(q k^T / sqrt(Dh) + bias)`` with dropout on the probabilities, times ``v``. Its
+backward needs only the probabilities and the dropout mask (``P * dP = P_kept * dP_kept``), which saves the
+element-wise passes and the copies of PyTorch's math attention (the path `scaled_dot_product_attention` takes on
+CPU whenever dropout is on). `masked_attention_reference` is its plain-autograd twin.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_LEVELS = 65536  # 16-bit slices of the random words
+
+
+def _check_p(p: float) -> None:
+    if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1), got {p!r}.")
+
+
+def dropout_mask(
+    shape: tuple[int, ...] | torch.Size,
+    p: float,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, float]:
+    """A bool mask of ``shape``, True where a value is *dropped*, and the scale for the kept values.
+
+    Each element is dropped with probability ``round(p * 65536) / 65536``; the scale is ``1 / (1 - that)``.
+    """
+    _check_p(p)
+    numel = 1
+    for size in shape:
+        numel *= int(size)
+    words = -(-numel // 4)
+    bits = torch.randint(-(2**63), 2**63 - 1, (words,), dtype=torch.int64, device=device, generator=generator)
+    num_dropped = round(p * _LEVELS)
+    dropped = bits.view(torch.int16)[:numel] < num_dropped - _LEVELS // 2
+    return dropped.view(shape), _LEVELS / (_LEVELS - num_dropped)
+
+
+def _apply_mask(tensor: torch.Tensor, dropped: torch.Tensor, scale: float) -> torch.Tensor:
+    return tensor.masked_fill(dropped, 0.0).mul_(scale)
+
+
+class _DropoutFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, dropped: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(dropped)
+        ctx.scale = scale
+        return _apply_mask(tensor, dropped, scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (dropped,) = ctx.saved_tensors
+        return _apply_mask(grad, dropped, ctx.scale), None, None
+
+
+def dropout(tensor: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
+    """`torch.nn.functional.dropout` (not in place), with `dropout_mask` on CPU."""
+    _check_p(p)
+    if not training or p == 0.0:
+        return tensor
+    if tensor.device.type != "cpu":
+        return F.dropout(tensor, p, training=True)
+    dropped, scale = dropout_mask(tensor.shape, p, tensor.device)
+    return _DropoutFunction.apply(tensor, dropped, scale)
+
+
+class Dropout(nn.Dropout):
+    """`torch.nn.Dropout` computed by `dropout` (same ``p``, no state; ``inplace`` is not supported)."""
+
+    def __init__(self, p: float = 0.5):
+        _check_p(p)
+        super().__init__(p)
+
+    def forward(self, tensor: torch.Tensor) -> torch.Tensor:
+        return dropout(tensor, self.p, self.training)
+
+
+def _batched(tensor: torch.Tensor) -> torch.Tensor:
+    """``(..., X, Y)`` -> ``(batch, X, Y)`` (a view when the leading dims allow it), for `torch.bmm`."""
+    return tensor.reshape(-1, *tensor.shape[-2:])
+
+
+class _MaskedAttention(torch.autograd.Function):
+    # Few fresh (..., T, S) buffers and in-place passes: on CPU every new buffer of that size costs page faults.
+    # Products go through `torch.bmm` on 3-D views, which takes transposed operands without copying them.
+    @staticmethod
+    def forward(ctx, query, key, value, bias, dropped, scale):
+        shape = query.shape
+        scaled_query = _batched(query * shape[-1] ** -0.5)  # (B*, T, Dh)
+        key, value = _batched(key), _batched(value)  # (B*, S, Dh)
+        probs = torch.bmm(scaled_query, key.transpose(1, 2)).view(*shape[:-1], key.shape[1])  # scores (..., T, S)
+        if bias is not None:
+            probs.add_(bias)
+        torch.softmax(probs, dim=-1, out=probs)
+        kept = probs if dropped is None else _apply_mask(probs, dropped, scale)
+        ctx.save_for_backward(scaled_query, key, value, probs, dropped)
+        ctx.scale = scale
+        return torch.bmm(_batched(kept), value).view(shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        scaled_query, key, value, probs, dropped = ctx.saved_tensors
+        shape = grad_out.shape
+        grad_out = _batched(grad_out.contiguous())  # (B*, T, Dh)
+        kept = _batched(probs if dropped is None else _apply_mask(probs, dropped, ctx.scale))  # (B*, T, S)
+        grad_value = torch.bmm(kept.transpose(1, 2), grad_out) if ctx.needs_input_grad[2] else None
+        # softmax backward through the dropout: P * dP = P_kept * dP_kept
+        grad_scores = torch.bmm(grad_out, value.transpose(1, 2)).mul_(kept)  # (B*, T, S)
+        del kept
+        probs = _batched(probs)
+        grad_scores.addcmul_(probs, grad_scores.sum(dim=-1, keepdim=True), value=-1)
+        scale = shape[-1] ** -0.5
+        key_shape = (*shape[:-2], key.shape[1], shape[-1])
+        grad_query = torch.bmm(grad_scores, key).mul_(scale).view(shape) if ctx.needs_input_grad[0] else None
+        grad_key = None
+        if ctx.needs_input_grad[1]:
+            grad_key = torch.bmm(grad_scores.transpose(1, 2), scaled_query).view(key_shape)
+        if grad_value is not None:
+            grad_value = grad_value.view(key_shape)
+        return grad_query, grad_key, grad_value, None, None, None
+
+
+def _check_shapes(query, key, value, dropped) -> None:
+    if key.shape != value.shape or query.shape[:-2] != key.shape[:-2] or query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            "query (..., T, Dh), key and value (..., S, Dh) must share their leading dims and Dh, got "
+            f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}."
+        )
+    expected = (*query.shape[:-1], key.shape[-2])
+    if dropped is not None and (dropped.dtype != torch.bool or tuple(dropped.shape) != expected):
+        raise ValueError(
+            f"dropped must be a bool tensor of shape {expected} (one entry per attention probability), got "
+            f"{dropped.dtype} {tuple(dropped.shape)}; build it with dropout_mask."
+        )
+
+
+def masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    dropped: torch.Tensor | None = None,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """Softmax attention with an additive score bias and an explicit dropout mask on the probabilities.
+
+    Args:
+        query: ``(..., T, Dh)``; key, value: ``(..., S, Dh)`` with the same leading dims.
+        bias: float, broadcastable to ``(..., T, S)``; ``-inf`` masks a key. Every row needs one finite entry.
+        dropped: ``(..., T, S)`` bool, True for the probabilities dropout zeroes (`dropout_mask`); None: no dropout.
+        scale: the factor for the kept probabilities (``1 / (1 - p)``).
+
+    Returns:
+        ``(..., T, Dh)``. No gradient flows to ``bias``.
+    """
+    _check_shapes(query, key, value, dropped)
+    return _MaskedAttention.apply(query, key, value, bias, dropped, scale)
+
+
+def masked_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    dropped: torch.Tensor | None = None,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """Plain-autograd twin of `masked_attention`."""
+    scores = torch.matmul(query, key.transpose(-1, -2)) * query.shape[-1] ** -0.5
+    if bias is not None:
+        scores = scores + bias
+    probs = scores.softmax(dim=-1)
+    if dropped is not None:
+        probs = probs * ~dropped * scale
+    return torch.matmul(probs, value)
+
+
+__all__ = ["Dropout", "dropout", "dropout_mask", "masked_attention", "masked_attention_reference"]
