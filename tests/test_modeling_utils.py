@@ -1,9 +1,11 @@
-"""`fused_projections` equals calling the projections one by one, and steps aside for wrapped modules."""
+"""`fused_projections` equals calling the projections one by one, and steps aside for wrapped modules;
+`build_activation` and `find_first_real_token` do what their docstrings say."""
 
 import torch
 from torch import nn
+from transformers.activations import ACT2FN
 
-from tf_family.modeling_utils import fused_projections
+from tf_family.modeling_utils import build_activation, find_first_real_token, fused_projections
 
 
 def _linears(bias=True):
@@ -42,3 +44,21 @@ def test_wrapped_or_hooked_modules_are_called():
     linears[2].register_forward_hook(lambda module, args, output: calls.append(output.shape))
     fused_projections(hidden, *linears)
     assert calls == [(2, 4)]
+
+
+def test_build_activation_swaps_only_the_python_tanh_gelu():
+    hidden = torch.linspace(-6, 6, 101)
+    for name in ("gelu_new", "gelu_pytorch_tanh"):
+        activation = build_activation(name)
+        assert isinstance(activation, nn.GELU) and activation.approximate == "tanh"
+        torch.testing.assert_close(activation(hidden), ACT2FN[name](hidden))
+    for name in ("gelu", "relu", "silu"):
+        assert type(build_activation(name)) is type(ACT2FN[name])
+
+
+def test_find_first_real_token_under_left_and_right_padding():
+    mask = torch.tensor([[1, 1, 1, 0], [0, 0, 1, 1], [0, 1, 0, 1]])
+    assert find_first_real_token(mask, 3, "cpu").tolist() == [0, 2, 1]
+    assert find_first_real_token(mask.bool(), 3, "cpu").tolist() == [0, 2, 1]
+    none = find_first_real_token(None, 2, "cpu")
+    assert none.tolist() == [0, 0] and none.dtype == torch.long

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
@@ -49,24 +48,10 @@ from ...attention import (
     seeded_generator,
 )
 from ...losses import sequence_classification_loss, span_loss
-from ...modeling_utils import fused_projections
+from ...modeling_utils import build_activation, find_first_real_token, fused_projections
 from .configuration_big_bird import TffBigBirdConfig
 
 logger = logging.get_logger(__name__)
-
-
-def _activation(name: str) -> nn.Module:
-    """transformers' activation ``name``; its Python tanh-approximate GELU (``gelu_new``) becomes PyTorch's fused
-    one (the same function, several times faster on CPU)."""
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return nn.GELU(approximate="tanh")
-    return ACT2FN[name]
-
-
-def _first_real_token(attention_mask: torch.Tensor | None, batch: int, device) -> torch.Tensor:
-    if attention_mask is None:
-        return torch.zeros(batch, dtype=torch.long, device=device)
-    return attention_mask.to(torch.int).argmax(dim=1)  # (B,)
 
 
 class TffBigBirdEmbeddings(nn.Module):
@@ -179,7 +164,7 @@ class TffBigBirdFeedForward(nn.Module):
     def __init__(self, config: TffBigBirdConfig):
         super().__init__()
         self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.activation = _activation(config.hidden_act)
+        self.activation = build_activation(config.hidden_act)
         self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
@@ -302,7 +287,7 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
             all_hidden += (hidden,)
         pooled = None
         if self.pooler is not None:
-            first = _first_real_token(attention_mask, batch, source.device)
+            first = find_first_real_token(attention_mask, batch, source.device)
             pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=source.device), first]))  # (B, D)
         output = BaseModelOutputWithPooling(
             last_hidden_state=hidden,
@@ -319,7 +304,7 @@ class TffBigBirdLMHead(nn.Module):
     def __init__(self, config: TffBigBirdConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.activation = _activation(config.hidden_act)
+        self.activation = build_activation(config.hidden_act)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
@@ -382,7 +367,7 @@ class TffBigBirdForSequenceClassification(TffBigBirdPreTrainedModel):
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = Dropout(dropout)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.activation = _activation(config.hidden_act)
+        self.activation = build_activation(config.hidden_act)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -407,7 +392,7 @@ class TffBigBirdForSequenceClassification(TffBigBirdPreTrainedModel):
             output_hidden_states, return_dict=True,
         )  # fmt: skip
         hidden = outputs.last_hidden_state
-        first = _first_real_token(attention_mask, hidden.shape[0], hidden.device)
+        first = find_first_real_token(attention_mask, hidden.shape[0], hidden.device)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, D)
         logits = self.out_proj(self.dropout(self.activation(self.dense(self.dropout(pooled)))))  # (B, num_labels)
         loss = None
@@ -466,7 +451,7 @@ class TffBigBirdQuestionAnsweringHead(nn.Module):
         super().__init__()
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.activation = _activation(config.hidden_act)
+        self.activation = build_activation(config.hidden_act)
         self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
@@ -512,7 +497,7 @@ class TffBigBirdForQuestionAnswering(TffBigBirdPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         source = input_ids if input_ids is not None else inputs_embeds
         batch, length = source.shape[:2]
-        first = _first_real_token(attention_mask, batch, source.device)
+        first = find_first_real_token(attention_mask, batch, source.device)
         position = torch.arange(length, device=source.device)[None, :] - first[:, None]  # from the first real token
         if question_lengths is None and input_ids is not None and self.config.sep_token_id is not None:
             is_separator = (input_ids == self.config.sep_token_id) & (position >= 0)

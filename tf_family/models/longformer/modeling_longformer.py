@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
@@ -56,18 +55,10 @@ from ...attention import (
     sliding_window_attention,
 )
 from ...losses import sequence_classification_loss, span_loss
-from ...modeling_utils import fused_projections
+from ...modeling_utils import build_activation, find_first_real_token, fused_projections
 from .configuration_longformer import TffLongformerConfig
 
 logger = logging.get_logger(__name__)
-
-
-def _activation(name: str) -> nn.Module:
-    """transformers' activation ``name``; its Python tanh-approximate GELU (``gelu_new``) becomes PyTorch's fused
-    one (the same function, several times faster on CPU)."""
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return nn.GELU(approximate="tanh")
-    return ACT2FN[name]
 
 
 def separator_global_attention_mask(
@@ -88,12 +79,6 @@ def separator_global_attention_mask(
     position = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
     mask = position < first[:, None] if before_separator else position > first[:, None] + 1
     return (mask & has_separator[:, None]).long()
-
-
-def _first_real_token(attention_mask: torch.Tensor | None, batch: int, device) -> torch.Tensor:
-    if attention_mask is None:
-        return torch.zeros(batch, dtype=torch.long, device=device)
-    return attention_mask.to(torch.int).argmax(dim=1)  # (B,)
 
 
 class TffLongformerEmbeddings(nn.Module):
@@ -241,7 +226,7 @@ class TffLongformerFeedForward(nn.Module):
     def __init__(self, config: TffLongformerConfig):
         super().__init__()
         self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.activation = _activation(config.hidden_act)
+        self.activation = build_activation(config.hidden_act)
         self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
@@ -370,7 +355,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
 
         pooled = None
         if self.pooler is not None:
-            first = _first_real_token(attention_mask, batch, device)
+            first = find_first_real_token(attention_mask, batch, device)
             pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=device), first]))  # (B, D)
         output = BaseModelOutputWithPooling(
             last_hidden_state=hidden,
@@ -536,7 +521,7 @@ class TffLongformerForSequenceClassification(TffLongformerPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         source = input_ids if input_ids is not None else inputs_embeds
         batch, length = source.shape[:2]
-        first = _first_real_token(attention_mask, batch, source.device)
+        first = find_first_real_token(attention_mask, batch, source.device)
         if global_attention_mask is None:
             global_attention_mask = F.one_hot(first, length)  # (B, T): the first real token
         outputs = self.longformer(
