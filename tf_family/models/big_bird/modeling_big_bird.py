@@ -357,6 +357,12 @@ class TffBigBirdForMaskedLM(TffBigBirdPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+# Copied from tf_family.models.longformer.modeling_longformer._classifier_dropout with Longformer->BigBird
+def _classifier_dropout(config: TffBigBirdConfig) -> Dropout:
+    """The classification heads' dropout: `classifier_dropout`, or `hidden_dropout_prob` when it is unset."""
+    return Dropout(config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob)
+
+
 class TffBigBirdForSequenceClassification(TffBigBirdPreTrainedModel):
     """Classifier (dense + activation + linear) on the first real token."""
 
@@ -364,8 +370,7 @@ class TffBigBirdForSequenceClassification(TffBigBirdPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = TffBigBirdModel(config, add_pooling_layer=False)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
+        self.dropout = _classifier_dropout(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = build_activation(config.hidden_act)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
@@ -409,8 +414,7 @@ class TffBigBirdForTokenClassification(TffBigBirdPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = TffBigBirdModel(config, add_pooling_layer=False)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
+        self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 

@@ -489,6 +489,11 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
         return model_inputs
 
 
+def _classifier_dropout(config: TffLongformerConfig) -> Dropout:
+    """The classification heads' dropout: `classifier_dropout`, or `hidden_dropout_prob` when it is unset."""
+    return Dropout(config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob)
+
+
 class TffLongformerForSequenceClassification(TffLongformerPreTrainedModel):
     """Classifier (dense + tanh + linear) on the first real token, which is global unless a
     `global_attention_mask` says otherwise (as transformers' Longformer does)."""
@@ -497,8 +502,7 @@ class TffLongformerForSequenceClassification(TffLongformerPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.longformer = TffLongformerModel(config, add_pooling_layer=False)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
+        self.dropout = _classifier_dropout(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -544,8 +548,7 @@ class TffLongformerForTokenClassification(TffLongformerPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.longformer = TffLongformerModel(config, add_pooling_layer=False)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
+        self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -635,8 +638,7 @@ class TffLongformerForMultipleChoice(TffLongformerPreTrainedModel):
     def __init__(self, config: TffLongformerConfig):
         super().__init__(config)
         self.longformer = TffLongformerModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
+        self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
