@@ -160,6 +160,7 @@ class TffBigBirdAttention(nn.Module):
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 
 
+# Copied from tf_family.models.longformer.modeling_longformer.TffLongformerFeedForward with Longformer->BigBird
 class TffBigBirdFeedForward(nn.Module):
     def __init__(self, config: TffBigBirdConfig):
         super().__init__()
@@ -192,6 +193,7 @@ class TffBigBirdPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffBigBirdLayer"]
 
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerPreTrainedModel._init_weights
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
         std = self.config.initializer_range
@@ -207,6 +209,7 @@ class TffBigBirdPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerPreTrainedModel.from_pretrained with Longformer->BigBird, longformer->big_bird
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """Load a tf_family checkpoint, or a folder saved by transformers' own ``big_bird`` model (translated)."""
@@ -220,6 +223,7 @@ class TffBigBirdPreTrainedModel(PreTrainedModel):
 class TffBigBirdModel(TffBigBirdPreTrainedModel):
     """The BigBird encoder, with an optional pooler (dense + tanh) on the first real token."""
 
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerModel.__init__ with Longformer->BigBird
     def __init__(self, config: TffBigBirdConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = TffBigBirdEmbeddings(config)
@@ -228,9 +232,11 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerModel.get_input_embeddings
     def get_input_embeddings(self) -> nn.Module:
         return self.embeddings.word_embeddings
 
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerModel.set_input_embeddings
     def set_input_embeddings(self, value: nn.Module):
         self.embeddings.word_embeddings = value
 
@@ -315,15 +321,18 @@ class TffBigBirdLMHead(nn.Module):
 class TffBigBirdForMaskedLM(TffBigBirdPreTrainedModel):
     _tied_weights_keys = {"lm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
 
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerForMaskedLM.__init__ with Longformer->BigBird, longformer->bert
     def __init__(self, config: TffBigBirdConfig):
         super().__init__(config)
         self.bert = TffBigBirdModel(config, add_pooling_layer=False)
         self.lm_head = TffBigBirdLMHead(config)
         self.post_init()
 
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerForMaskedLM.get_output_embeddings
     def get_output_embeddings(self):
         return self.lm_head.decoder
 
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerForMaskedLM.set_output_embeddings
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
@@ -410,6 +419,7 @@ class TffBigBirdForSequenceClassification(TffBigBirdPreTrainedModel):
 
 
 class TffBigBirdForTokenClassification(TffBigBirdPreTrainedModel):
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerForTokenClassification.__init__ with Longformer->BigBird, longformer->bert
     def __init__(self, config: TffBigBirdConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
