@@ -2,7 +2,8 @@
 
 `TffBigBird*.from_pretrained(folder)` calls `load_transformers_big_bird` when the folder's ``config.json`` says
 ``big_bird``: the config is translated to `TffBigBirdConfig` (with ``eval_random_blocks="first_block"``, which is
-what transformers computes in eval mode) and every tensor renamed and shape-checked into the tf_family layout.
+what transformers computes in eval mode; pass ``eval_random_blocks="same"`` to `from_pretrained` to keep the training
+pattern) and every tensor renamed and shape-checked into the tf_family layout.
 ``tf-family convert big-bird IN OUT`` saves the result in the tf_family format.
 """
 
@@ -56,12 +57,25 @@ _KEY_RULES = [
 _DROPPED_KEYS = (r"embeddings\.(position_ids|token_type_ids)$",)
 
 
+# Copied from tf_family.models.longformer.convert_longformer.is_transformers_longformer with Longformer->BigBird, longformer->big_bird
 def is_transformers_big_bird(path: str | os.PathLike, config: Any = None) -> bool:
     """Whether ``path`` (or ``config``) is a checkpoint of transformers' ``big_bird`` model."""
     if config is not None and not isinstance(config, (str, os.PathLike)):
         return isinstance(config, BigBirdConfig)
     values = read_config_dict(path)
     return values is not None and values.get("model_type") == MODEL_TYPE
+
+
+# Copied from tf_family.models.longformer.convert_longformer._config_kwargs with longformer->big_bird
+def _config_kwargs(values: dict[str, Any]) -> dict[str, Any]:
+    """The values of a transformers ``big_bird`` config dict that tf_family copies (unknown keys are logged)."""
+    unknown = sorted(set(values) - set(_COPIED_CONFIG_KEYS) - _IGNORED_CONFIG_KEYS)
+    if unknown:
+        logger.warning(f"Ignoring big_bird config keys tf_family does not use: {unknown}.")
+    kwargs = {key: values[key] for key in _COPIED_CONFIG_KEYS if key in values}
+    if isinstance(kwargs.get("id2label"), dict):
+        kwargs["id2label"] = {int(k): v for k, v in kwargs["id2label"].items()}
+    return kwargs
 
 
 def translate_config(values: dict[str, Any], **overrides: Any) -> TffBigBirdConfig:
@@ -72,12 +86,7 @@ def translate_config(values: dict[str, Any], **overrides: Any) -> TffBigBirdConf
             "This big_bird checkpoint is a decoder (is_decoder / add_cross_attention); tf_family's BigBird is an "
             "encoder. Load it with transformers' BigBirdForCausalLM instead."
         )
-    unknown = sorted(set(values) - set(_COPIED_CONFIG_KEYS) - _IGNORED_CONFIG_KEYS)
-    if unknown:
-        logger.warning(f"Ignoring big_bird config keys tf_family does not use: {unknown}.")
-    kwargs = {key: values[key] for key in _COPIED_CONFIG_KEYS if key in values}
-    if isinstance(kwargs.get("id2label"), dict):
-        kwargs["id2label"] = {int(k): v for k, v in kwargs["id2label"].items()}
+    kwargs = _config_kwargs(values)
     kwargs["eval_random_blocks"] = "first_block"
     return TffBigBirdConfig(**{**kwargs, **overrides})
 
@@ -89,11 +98,12 @@ def convert_state_dict(state_dict: dict) -> dict:
     return rename_keys(state_dict, _KEY_RULES, _DROPPED_KEYS)
 
 
+# Copied from tf_family.models.longformer.convert_longformer.load_transformers_longformer with Longformer->BigBird, longformer->big_bird
 def load_transformers_big_bird(cls: type, path: str | os.PathLike, **kwargs: Any):
     """Build ``cls`` from a transformers ``big_bird`` checkpoint folder (or cached Hub id).
 
     Keyword arguments: ``config`` (a transformers `BigBirdConfig`), ``dtype``, the Hub arguments of
-    `from_pretrained`, and `TffBigBirdConfig` overrides (``eval_random_blocks="same"``, ``num_labels=3`` ...).
+    `from_pretrained`, and `TffBigBirdConfig` overrides (``num_labels=3`` ...).
     """
     hub_kwargs, config, dtype, overrides = split_load_kwargs(dict(kwargs))
     overrides.pop("attn_implementation", None)
@@ -104,15 +114,17 @@ def load_transformers_big_bird(cls: type, path: str | os.PathLike, **kwargs: Any
     tff_config.architectures = [cls.__name__]
     model = cls(tff_config)
     tied = set(getattr(model, "_tied_weights_keys", None) or {}) if tff_config.tie_word_embeddings else set()
-    load_checked_state_dict(model, convert_state_dict(read_weights(path, hub_kwargs)), "bert.", tied)
+    state_dict = convert_state_dict(read_weights(path, hub_kwargs))
+    load_checked_state_dict(model, state_dict, f"{model.base_model_prefix}.", tied)
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
 
 
+# Copied from tf_family.models.longformer.convert_longformer.convert_folder with Longformer->BigBird, longformer->big_bird
 def convert_folder(source: str | os.PathLike, output_dir: str | os.PathLike):
-    """``tf-family convert big-bird``: load a transformers ``big_bird`` checkpoint into the tf_family class of the
-    same task (from its ``architectures``; the base model otherwise) and save it in the tf_family format."""
+    """What ``tf-family convert`` runs: load a transformers ``big_bird`` checkpoint into the tf_family class of
+    the same task (from its ``architectures``; the base model otherwise) and save it in the tf_family format."""
     from . import modeling_big_bird
 
     values = read_config_dict(source)

@@ -2,7 +2,8 @@
 
 `TffLongformer*.from_pretrained(folder)` calls `load_transformers_longformer` when the folder's ``config.json`` says
 ``longformer``: the config is translated to `TffLongformerConfig` and every tensor renamed (and shape-checked) into
-the tf_family layout. ``tf-family convert longformer IN OUT`` saves the result in the tf_family format.
+the tf_family layout; config fields passed to `from_pretrained` (``attention_mode="sparse"``) override the translated
+ones. ``tf-family convert longformer IN OUT`` saves the result in the tf_family format.
 """
 
 from __future__ import annotations
@@ -61,15 +62,20 @@ def is_transformers_longformer(path: str | os.PathLike, config: Any = None) -> b
     return values is not None and values.get("model_type") == MODEL_TYPE
 
 
-def translate_config(values: dict[str, Any], **overrides: Any) -> TffLongformerConfig:
-    """The `TffLongformerConfig` equivalent to a transformers ``longformer`` config dict."""
+def _config_kwargs(values: dict[str, Any]) -> dict[str, Any]:
+    """The values of a transformers ``longformer`` config dict that tf_family copies (unknown keys are logged)."""
     unknown = sorted(set(values) - set(_COPIED_CONFIG_KEYS) - _IGNORED_CONFIG_KEYS)
     if unknown:
         logger.warning(f"Ignoring longformer config keys tf_family does not use: {unknown}.")
     kwargs = {key: values[key] for key in _COPIED_CONFIG_KEYS if key in values}
     if isinstance(kwargs.get("id2label"), dict):
         kwargs["id2label"] = {int(k): v for k, v in kwargs["id2label"].items()}
-    return TffLongformerConfig(**{**kwargs, **overrides})
+    return kwargs
+
+
+def translate_config(values: dict[str, Any], **overrides: Any) -> TffLongformerConfig:
+    """The `TffLongformerConfig` equivalent to a transformers ``longformer`` config dict."""
+    return TffLongformerConfig(**{**_config_kwargs(values), **overrides})
 
 
 def convert_state_dict(state_dict: dict) -> dict:
@@ -86,7 +92,7 @@ def load_transformers_longformer(cls: type, path: str | os.PathLike, **kwargs: A
     """Build ``cls`` from a transformers ``longformer`` checkpoint folder (or cached Hub id).
 
     Keyword arguments: ``config`` (a transformers `LongformerConfig`), ``dtype``, the Hub arguments of
-    `from_pretrained`, and `TffLongformerConfig` overrides (``attention_mode="sparse"``, ``num_labels=3`` ...).
+    `from_pretrained`, and `TffLongformerConfig` overrides (``num_labels=3`` ...).
     """
     hub_kwargs, config, dtype, overrides = split_load_kwargs(dict(kwargs))
     overrides.pop("attn_implementation", None)
@@ -97,7 +103,8 @@ def load_transformers_longformer(cls: type, path: str | os.PathLike, **kwargs: A
     tff_config.architectures = [cls.__name__]
     model = cls(tff_config)
     tied = set(getattr(model, "_tied_weights_keys", None) or {}) if tff_config.tie_word_embeddings else set()
-    load_checked_state_dict(model, convert_state_dict(read_weights(path, hub_kwargs)), "longformer.", tied)
+    state_dict = convert_state_dict(read_weights(path, hub_kwargs))
+    load_checked_state_dict(model, state_dict, f"{model.base_model_prefix}.", tied)
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
@@ -113,7 +120,7 @@ __all__ = [
 
 
 def convert_folder(source: str | os.PathLike, output_dir: str | os.PathLike):
-    """``tf-family convert longformer``: load a transformers ``longformer`` checkpoint into the tf_family class of
+    """What ``tf-family convert`` runs: load a transformers ``longformer`` checkpoint into the tf_family class of
     the same task (from its ``architectures``; the base model otherwise) and save it in the tf_family format."""
     from . import modeling_longformer
 
