@@ -260,7 +260,10 @@ def _banded_attention(
     ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
     """
     batch, length, heads, head_dim = query.shape
-    chunk = min(max(window, 64), length)
+    # PyTorch's fused attention (no dropout) does best with chunks of one window; our masked_attention (dropout on
+    # CPU) with half a window, whose spans waste fewer scores (measured at window 256 on 2 cores: 7 % per step)
+    own_path = dropout_p > 0.0 and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64)
+    chunk = min(max(window // 2 if own_path else window, 64), length)
     num_chunks = -(-length // chunk)
     padded_length = num_chunks * chunk
     right = 0 if causal else window
@@ -298,7 +301,7 @@ def _banded_attention(
     key_spans = key_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim)
     value_spans = value_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim)
     allowed = allowed.reshape(batch * num_chunks, 1, chunk, keys_total)
-    if dropout_p > 0.0 and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64):
+    if own_path:
         # PyTorch's CPU attention takes its unfused math path under dropout; ours saves its passes and copies
         bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, -math.inf)
         dropped, scale = dropout_mask((batch * num_chunks, heads, chunk, keys_total), dropout_p, query.device)
