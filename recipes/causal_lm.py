@@ -22,6 +22,7 @@ reached and each process's memory, so ``--resume_from_checkpoint latest`` contin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -407,6 +408,40 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def final_barrier(accelerator: Accelerator) -> Any:
+    """`accelerator.wait_for_everyone()` that returns the barrier's work handle under gloo (else None): keep it until
+    the process group is destroyed, then drop it.
+
+    Why: a gloo barrier holds weak references to the collectives still in flight when it was issued (here the previous
+    barrier and, through it, the ``all_gather`` of `gather_object`), so their work objects and tensors are freed only
+    with the barrier's work object. If the Python handle goes first, a gloo worker thread frees them, and it needs the
+    GIL for the tensors `gather_object` made in Python. ``~ProcessGroupGloo`` joins the worker threads while holding
+    the GIL, so a rank that destroys its group right after the barrier (when it frees the DDP wrapper, whose reducer
+    holds the last reference) can deadlock: the worker waits for the GIL, the main thread for the worker. With the
+    handle held, the workers free nothing, and this thread frees the lot when it drops the handle.
+    """
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not distributed or torch.distributed.get_backend() != "gloo":
+        accelerator.wait_for_everyone()
+        return None
+    work = torch.distributed.barrier(async_op=True)
+    work.wait()
+    return work
+
+
+@contextlib.contextmanager
+def ending_run(accelerator: Accelerator):
+    """The end of a run: the last barrier (`final_barrier`), then, after the block (where the caller lets go of the
+    prepared model: ``model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)``),
+    `accelerator.end_training`, and only then the barrier's handle is dropped."""
+    handle = final_barrier(accelerator)
+    try:
+        yield
+    finally:
+        accelerator.end_training()
+        del handle
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     validate_args(args)
@@ -780,8 +815,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.push_to_hub:
             pushed = push_folder(output_dir, args.hub_model_id, token=args.hub_token, private=args.hub_private or None)
             logger.info(f"pushed {pushed} to {args.hub_model_id}")
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    with ending_run(accelerator):
+        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
     return {
         **metrics,
         "output_dir": str(output_dir),

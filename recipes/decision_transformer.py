@@ -74,6 +74,7 @@ from tf_family.recipes.causal_lm import (
     add_lora_and_hub_arguments,
     check_lora_targets,
     check_output_dir,
+    ending_run,
     find_checkpoint,
     parse_config_overrides,
     save_checkpoint,
@@ -458,27 +459,6 @@ def summary_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
     if evaluation["best_normalized_score"] is not None:
         metrics["best_normalized_score"] = evaluation["best_normalized_score"]
     return metrics
-
-
-def final_barrier(accelerator: Accelerator) -> Any:
-    """`accelerator.wait_for_everyone()` that returns the barrier's work handle under gloo (else None): keep it until
-    the process group is destroyed, then drop it.
-
-    Why: a gloo barrier holds weak references to the collectives still in flight when it was issued (here the previous
-    barrier and, through it, the ``all_gather`` of `gather_object`), so their work objects and tensors are freed only
-    with the barrier's work object. If the Python handle goes first, a gloo worker thread frees them, and it needs the
-    GIL for the tensors `gather_object` made in Python. ``~ProcessGroupGloo`` joins the worker threads while holding
-    the GIL, so a rank that destroys its group right after the barrier (when it frees the DDP wrapper, whose reducer
-    holds the last reference) can deadlock: the worker waits for the GIL, the main thread for the worker. With the
-    handle held, the workers free nothing, and this thread frees the lot when it drops the handle.
-    """
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if not distributed or torch.distributed.get_backend() != "gloo":
-        accelerator.wait_for_everyone()
-        return None
-    work = torch.distributed.barrier(async_op=True)
-    work.wait()
-    return work
 
 
 def plot_returns(
@@ -868,10 +848,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             pushed = push_folder(output_dir, args.hub_model_id, token=args.hub_token, private=args.hub_private or None)
             logger.info(f"pushed {pushed} to {args.hub_model_id}")
     # ---- end: the process group goes while the last barrier is held (see final_barrier) -----------------------
-    last_barrier = final_barrier(accelerator)
-    model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP's reducer holds the group
-    accelerator.end_training()  # destroys the process group, its last reference gone with the DDP wrapper
-    del last_barrier  # this thread frees the barrier and the collectives it kept
+    with ending_run(accelerator):
+        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
     return {
         **metrics,
         "evaluation": evaluation,

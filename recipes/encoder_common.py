@@ -48,6 +48,7 @@ from tf_family.recipes.causal_lm import (
     add_lora_and_hub_arguments,
     check_lora_targets,
     check_output_dir,
+    ending_run,
     find_checkpoint,
     parse_config_overrides,
     save_checkpoint,
@@ -554,7 +555,8 @@ def save_run(
     run_info: dict[str, Any],
 ) -> list[str] | None:
     """Weights (safetensors), tokenizer, ``training_run.json`` and the model card; optional push. Returns every
-    process's weight fingerprint (data parallelism must end with the same weights everywhere)."""
+    process's weight fingerprint (data parallelism must end with the same weights everywhere). The caller ends the
+    run with `ending_run` (after letting go of the prepared model)."""
     unwrapped = accelerator.unwrap_model(model)
     sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
     fingerprints = None if sharded else gather_object([weights_fingerprint(unwrapped)])
@@ -579,8 +581,6 @@ def save_run(
         if args.push_to_hub:
             pushed = push_folder(output_dir, args.hub_model_id, token=args.hub_token, private=args.hub_private or None)
             logger.info(f"pushed {pushed} to {args.hub_model_id}")
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
     return fingerprints
 
 
@@ -590,6 +590,7 @@ def num_parameters(model) -> int:
 
 __all__ = [
     "add_common_arguments",
+    "ending_run",
     "apply_lora",
     "build_model",
     "check_lora_head",

@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "train_history": history,
     }
     fingerprints = common.save_run(accelerator, args, model, tokenizer, output_dir, run_info)
+    with common.ending_run(accelerator):
+        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
     return {
         **metrics,
         "output_dir": str(output_dir),
