@@ -590,13 +590,13 @@ def num_parameters(model) -> int:
 
 __all__ = [
     "add_common_arguments",
-    "ending_run",
     "apply_lora",
     "build_model",
     "check_lora_head",
     "check_max_length",
     "check_output_dir",
     "default_output_dir",
+    "ending_run",
     "epoch_batches",
     "eval_batches",
     "hyperparameters_of",

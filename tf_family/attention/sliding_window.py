@@ -215,9 +215,10 @@ def global_attention_reference(
 
 
 # ------------------------------------------------------------------------------------------------------ fast path
-class _Unfold(torch.autograd.Function):
-    """Zero-padded overlapping windows along dim 1, with a backward that adds the windows back in a few strided
-    passes (one per ``step``-sized piece of a window) instead of `torch.Tensor.unfold`'s generic backward."""
+class _UnfoldKeys(torch.autograd.Function):
+    """``(B, T, ...)`` -> ``(B, N, span, ...)``: the overlapping, zero-padded key spans of every query chunk. The
+    backward adds the spans back in a few strided passes (one per ``step``-sized piece of a span) instead of
+    `torch.Tensor.unfold`'s generic backward."""
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, left: int, right: int, span: int, step: int) -> torch.Tensor:
@@ -235,11 +236,6 @@ class _Unfold(torch.autograd.Function):
             target = total[:, start : start + num_windows * step].view(batch, num_windows, step, *rest)
             target[:, :, :width] += grad[:, :, start : start + width]
         return total[:, left : left + length], None, None, None, None
-
-
-def _unfold_keys(tensor: torch.Tensor, left: int, right: int, span: int, step: int) -> torch.Tensor:
-    """``(B, T, ...)`` -> ``(B, N, span, ...)``: the overlapping key spans of every query chunk (zero-padded)."""
-    return _Unfold.apply(tensor, left, right, span, step)
 
 
 def _banded_attention(
@@ -271,9 +267,9 @@ def _banded_attention(
     tail = padded_length - length
 
     query_chunks = F.pad(query, (0, 0, 0, 0, 0, tail)).reshape(batch, num_chunks, chunk, heads, head_dim)
-    key_spans = _unfold_keys(key, window, right + tail, span, chunk)  # (B, N, span, H, Dh)
-    value_spans = _unfold_keys(value, window, right + tail, span, chunk)
-    usable = _unfold_keys(key_valid & ~is_global, window, right + tail, span, chunk)  # (B, N, span)
+    key_spans = _UnfoldKeys.apply(key, window, right + tail, span, chunk)  # (B, N, span, H, Dh)
+    value_spans = _UnfoldKeys.apply(value, window, right + tail, span, chunk)
+    usable = _UnfoldKeys.apply(key_valid & ~is_global, window, right + tail, span, chunk)  # (B, N, span)
     query_valid = F.pad(key_valid, (0, tail)).view(batch, num_chunks, chunk)  # (B, N, c)
 
     offset = (
