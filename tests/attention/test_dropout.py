@@ -8,12 +8,12 @@ from tf_family.attention import Dropout, dropout, dropout_mask, masked_attention
 
 
 def test_mask_rate_scale_and_reproducibility():
-    dropped, scale = dropout_mask((50, 40, 30), 0.1)
-    assert dropped.dtype == torch.bool and dropped.shape == (50, 40, 30)
+    kept, scale = dropout_mask((50, 40, 30), 0.1)
+    assert kept.dtype == torch.bool and kept.shape == (50, 40, 30)
     assert scale == 65536 / (65536 - 6554)  # p rounded to a multiple of 1/65536
-    assert abs(dropped.float().mean().item() - 0.1) < 0.005  # 60000 draws: 6 standard deviations
+    assert abs(kept.float().mean().item() - 0.9) < 0.005  # 60000 draws: 6 standard deviations
     for p in (0.0, 0.5, 0.9):
-        rate = dropout_mask((100_000,), p)[0].float().mean().item()
+        rate = 1 - dropout_mask((100_000,), p)[0].float().mean().item()
         assert abs(rate - p) < 0.01, (p, rate)
     # every 16-bit slice of a random word is used, and none is biased (an unsigned draw would leave one at zero)
     lanes = dropout_mask((40_000,), 0.5)[0].view(-1, 4).float().mean(0)
@@ -69,23 +69,23 @@ def _attention_inputs(seed=0):
 @pytest.mark.parametrize("p", [0.0, 0.4])
 def test_masked_attention_matches_its_twin(p):
     tensors, bias = _attention_inputs()
-    dropped, scale = dropout_mask((2, 3, 5, 7), p) if p else (None, 1.0)
+    kept, scale = dropout_mask((2, 3, 5, 7), p) if p else (None, 1.0)
     weights = torch.randn(2, 3, 5, 4, dtype=torch.float64)
-    fast = masked_attention(*tensors, bias, dropped, scale)
-    reference = masked_attention_reference(*tensors, bias, dropped, scale)
+    fast = masked_attention(*tensors, bias, kept, scale)
+    reference = masked_attention_reference(*tensors, bias, kept, scale)
     torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)
     grads = torch.autograd.grad((fast * weights).sum(), tensors)
     expected = torch.autograd.grad((reference * weights).sum(), tensors)
     for got, want in zip(grads, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    torch.autograd.gradcheck(lambda q, k, v: masked_attention(q, k, v, bias, dropped, scale), tensors)
+    torch.autograd.gradcheck(lambda q, k, v: masked_attention(q, k, v, bias, kept, scale), tensors)
 
 
 def test_masked_attention_rejects_mismatched_inputs():
     (query, key, value), bias = _attention_inputs()
     with pytest.raises(ValueError, match="leading dims"):
         masked_attention(query[:1], key, value, bias)
-    with pytest.raises(ValueError, match="dropped must be a bool tensor of shape"):
+    with pytest.raises(ValueError, match="kept must be a bool tensor of shape"):
         masked_attention(query, key, value, bias, torch.zeros(2, 3, 5, 6, dtype=torch.bool))
-    with pytest.raises(ValueError, match="dropped must be a bool tensor"):
+    with pytest.raises(ValueError, match="kept must be a bool tensor"):
         masked_attention(query, key, value, bias, torch.zeros(2, 3, 5, 7))

@@ -16,7 +16,6 @@ padded query attends to itself (its output is meaningless but finite, so padding
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -215,27 +214,44 @@ def global_attention_reference(
 
 
 # ------------------------------------------------------------------------------------------------------ fast path
-class _UnfoldKeys(torch.autograd.Function):
-    """``(B, T, ...)`` -> ``(B, N, span, ...)``: the overlapping, zero-padded key spans of every query chunk. The
-    backward adds the spans back in a few strided passes (one per ``step``-sized piece of a span) instead of
-    `torch.Tensor.unfold`'s generic backward."""
+def _unfold(tensor: torch.Tensor, left: int, right: int, span: int, step: int) -> torch.Tensor:
+    """``(B, T, ...)`` -> ``(B, N, ...,  span)``: overlapping, zero-padded spans of ``span`` rows every ``step``."""
+    return F.pad(tensor, [0, 0] * (tensor.dim() - 2) + [left, right]).unfold(1, span, step)
+
+
+class _KeySpans(torch.autograd.Function):
+    """``(B, T, H, Dh)`` -> ``(B*N, H, G + span, Dh)``: each query chunk's key span, zero-padded at the ends, after
+    the ``G`` global keys ``(B, G, H, Dh)`` that every chunk also sees -- written in one copy, in the layout
+    `masked_attention` and `scaled_dot_product_attention` take. The backward adds the spans back in a few strided
+    passes (one per ``step``-sized piece of a span) instead of the generic backward of ``unfold`` and ``cat``."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, left: int, right: int, span: int, step: int) -> torch.Tensor:
-        padded = F.pad(tensor, [0, 0] * (tensor.dim() - 2) + [left, right])
-        ctx.shape = (left, tensor.shape[1], padded.shape[1], span, step)
-        return padded.unfold(1, span, step).movedim(-1, 2)  # (B, N, span, ...)
+    def forward(ctx, tensor, global_rows, left: int, right: int, span: int, step: int):
+        batch, length, heads, head_dim = tensor.shape
+        windows = _unfold(tensor, left, right, span, step)  # (B, N, H, Dh, span)
+        num_windows = windows.shape[1]
+        num_global = 0 if global_rows is None else global_rows.shape[1]
+        out = tensor.new_empty(batch, num_windows, heads, num_global + span, head_dim)
+        out[:, :, :, num_global:] = windows.transpose(-1, -2)
+        if global_rows is not None:
+            out[:, :, :, :num_global] = global_rows.transpose(1, 2)[:, None]
+        ctx.shape = (left, length, length + left + right, span, step, num_global, num_windows)
+        return out.view(batch * num_windows, heads, num_global + span, head_dim)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        left, length, padded_length, span, step = ctx.shape
-        batch, num_windows, _, *rest = grad.shape
-        total = grad.new_zeros(batch, max(padded_length, num_windows * step + span), *rest)
+        left, length, padded_length, span, step, num_global, num_windows = ctx.shape
+        _, heads, _, head_dim = grad.shape
+        grad = grad.reshape(-1, num_windows, heads, num_global + span, head_dim)
+        batch = grad.shape[0]
+        grad_global = grad[:, :, :, :num_global].sum(1).transpose(1, 2) if ctx.needs_input_grad[1] else None
+        grad_spans = grad[:, :, :, num_global:].transpose(2, 3)  # (B, N, span, H, Dh)
+        total = grad.new_zeros(batch, max(padded_length, num_windows * step + span), heads, head_dim)
         for start in range(0, span, step):  # window n's keys [start, start + width) sit at n * step + start
             width = min(step, span - start)
-            target = total[:, start : start + num_windows * step].view(batch, num_windows, step, *rest)
-            target[:, :, :width] += grad[:, :, start : start + width]
-        return total[:, left : left + length], None, None, None, None
+            target = total[:, start : start + num_windows * step].view(batch, num_windows, step, heads, head_dim)
+            target[:, :, :width] += grad_spans[:, :, start : start + width]
+        return total[:, left : left + length], grad_global, None, None, None, None
 
 
 def _banded_attention(
@@ -266,10 +282,14 @@ def _banded_attention(
     span = chunk + window + right
     tail = padded_length - length
 
-    query_chunks = F.pad(query, (0, 0, 0, 0, 0, tail)).reshape(batch, num_chunks, chunk, heads, head_dim)
-    key_spans = _UnfoldKeys.apply(key, window, right + tail, span, chunk)  # (B, N, span, H, Dh)
-    value_spans = _UnfoldKeys.apply(value, window, right + tail, span, chunk)
-    usable = _UnfoldKeys.apply(key_valid & ~is_global, window, right + tail, span, chunk)  # (B, N, span)
+    query_chunks = F.pad(query, (0, 0, 0, 0, 0, tail)).view(batch, num_chunks, chunk, heads, head_dim)
+    query_chunks = query_chunks.transpose(2, 3).reshape(batch * num_chunks, heads, chunk, head_dim)
+    global_keys = global_values = None
+    if global_kv is not None:
+        global_keys, global_values, global_valid, global_positions = global_kv
+    key_spans = _KeySpans.apply(key, global_keys, window, right + tail, span, chunk)  # (B*N, H, G + span, Dh)
+    value_spans = _KeySpans.apply(value, global_values, window, right + tail, span, chunk)
+    usable = _unfold(key_valid & ~is_global, window, right + tail, span, chunk)  # (B, N, span)
     query_valid = F.pad(key_valid, (0, tail)).view(batch, num_chunks, chunk)  # (B, N, c)
 
     offset = (
@@ -281,7 +301,6 @@ def _banded_attention(
     allowed = band & (usable[:, :, None, :] | (diagonal & ~query_valid[..., None]))  # (B, N, c, span)
 
     if global_kv is not None:
-        global_keys, global_values, global_valid, global_positions = global_kv
         num_global = global_keys.shape[1]
         see_global = global_valid[:, None, None, :].expand(batch, num_chunks, chunk, num_global)
         if causal:
@@ -289,19 +308,14 @@ def _banded_attention(
             see_global = see_global & (global_positions[:, None, None, :] <= positions[..., None])
             # a query that sees no key at all (possible only for chunk padding) keeps its diagonal
         allowed = torch.cat([see_global, allowed], dim=-1)  # (B, N, c, G + span)
-        key_spans = torch.cat([global_keys[:, None].expand(-1, num_chunks, -1, -1, -1), key_spans], dim=2)
-        value_spans = torch.cat([global_values[:, None].expand(-1, num_chunks, -1, -1, -1), value_spans], dim=2)
 
     keys_total = key_spans.shape[2]
-    query_chunks = query_chunks.transpose(2, 3).reshape(batch * num_chunks, heads, chunk, head_dim)
-    key_spans = key_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim)
-    value_spans = value_spans.transpose(2, 3).reshape(batch * num_chunks, heads, keys_total, head_dim)
     allowed = allowed.reshape(batch * num_chunks, 1, chunk, keys_total)
     if own_path:
         # PyTorch's CPU attention takes its unfused math path under dropout; ours saves its passes and copies
-        bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, -math.inf)
-        dropped, scale = dropout_mask((batch * num_chunks, heads, chunk, keys_total), dropout_p, query.device)
-        out = masked_attention(query_chunks, key_spans, value_spans, bias, dropped, scale)
+        bias = allowed.view(torch.uint8).to(query.dtype).log_()  # 0 where allowed, -inf elsewhere
+        kept, scale = dropout_mask((batch * num_chunks, heads, chunk, keys_total), dropout_p, query.device)
+        out = masked_attention(query_chunks, key_spans, value_spans, bias, kept, scale)
     else:
         out = F.scaled_dot_product_attention(
             query_chunks, key_spans, value_spans, attn_mask=allowed, dropout_p=dropout_p
