@@ -47,6 +47,41 @@ def test_block_sparse_matches_dense_twin(length, num_random, window_blocks, repe
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("length", [35, 90])
+@pytest.mark.parametrize("num_random", [0, 2])
+def test_training_path_with_dropout_matches_dense_twin(length, num_random):
+    """Under dropout on CPU the middle blocks go through our attention function (not PyTorch's math path); with a
+    rate that rounds to no dropped entry it must give the twin's values and gradients (up to the global blocks'
+    `F.dropout` scale, ``1 / (1 - 1e-7)``)."""
+    block, window_blocks = 4, 1
+    tensors, padding = _inputs(length, seed=length + 1)
+    random_blocks = random_block_indices(-(-length // block), H, num_random, window_blocks, seeded_generator(5, 1))
+    weights = torch.randn(B, H, length, DH, dtype=torch.float64) * padding[:, None, :, None]
+    fast = block_sparse_attention(*tensors, block, random_blocks, window_blocks, padding, dropout_p=1e-7)
+    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
+    reference = block_sparse_attention_reference(*tensors, block, random_blocks, window_blocks, padding)
+    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
+    select = padding[:, None, :, None].expand_as(fast)
+    torch.testing.assert_close(fast[select], reference[select], rtol=1e-6, atol=1e-10)
+    for got, expected in zip(fast_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-10)
+
+
+def test_dropout_is_unbiased():
+    """Dropout on the attention probabilities keeps the expected output: the mean over many independent rows
+    approaches the output without dropout (middle blocks and global blocks alike)."""
+    rows, length, block = 3000, 40, 4
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, 1, length, 4, generator=generator).expand(rows, -1, -1, -1).contiguous()
+                         for _ in range(3))  # fmt: skip
+    random_blocks = random_block_indices(length // block, 1, 1, 1, seeded_generator(2, 0))
+    torch.manual_seed(1)
+    dropped = block_sparse_attention(query, key, value, block, random_blocks, dropout_p=0.3)
+    exact = block_sparse_attention(query[:1], key[:1], value[:1], block, random_blocks)
+    assert not torch.allclose(dropped[0], exact[0])
+    torch.testing.assert_close(dropped.mean(0, keepdim=True), exact, atol=0.05, rtol=0)
+
+
 def test_covering_window_without_random_blocks_is_full_attention():
     tensors, padding = _inputs(30)
     full = torch.nn.functional.scaled_dot_product_attention(*tensors, attn_mask=padding[:, None, None, :])

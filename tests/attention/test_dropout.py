@@ -4,7 +4,15 @@ import pytest
 import torch
 from torch import nn
 
-from tf_family.attention import Dropout, dropout, dropout_mask, masked_attention, masked_attention_reference
+from tf_family.attention import (
+    Dropout,
+    attention_under_mask,
+    dropout,
+    dropout_mask,
+    masked_attention,
+    masked_attention_reference,
+    takes_masked_attention,
+)
 
 
 def test_mask_rate_scale_and_reproducibility():
@@ -89,3 +97,21 @@ def test_masked_attention_rejects_mismatched_inputs():
         masked_attention(query, key, value, bias, torch.zeros(2, 3, 5, 6, dtype=torch.bool))
     with pytest.raises(ValueError, match="kept must be a bool tensor"):
         masked_attention(query, key, value, bias, torch.zeros(2, 3, 5, 7))
+
+
+def test_attention_under_mask_takes_our_function_only_under_dropout_on_cpu():
+    (query, key, value), bias = _attention_inputs()
+    allowed = bias == 0
+    allowed[1, :, 3] = True  # every row keeps a key
+    assert takes_masked_attention(query, 0.1) and not takes_masked_attention(query, 0.0)
+    assert not takes_masked_attention(query.half(), 0.1)
+    weights = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    ours = attention_under_mask(query, key, value, allowed, dropout_p=1e-7)  # rounds to no dropped entry
+    sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed)
+    torch.testing.assert_close(ours, sdpa)
+    for got, want in zip(
+        torch.autograd.grad((ours * weights).sum(), (query, key, value)),
+        torch.autograd.grad((sdpa * weights).sum(), (query, key, value)),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, want)

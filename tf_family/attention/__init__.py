@@ -19,7 +19,15 @@ from .block_sparse import (
     random_block_indices,
     seeded_generator,
 )
-from .dropout import Dropout, dropout, dropout_mask, masked_attention, masked_attention_reference
+from .dropout import (
+    Dropout,
+    attention_under_mask,
+    dropout,
+    dropout_mask,
+    masked_attention,
+    masked_attention_reference,
+    takes_masked_attention,
+)
 from .masks import build_causal_memory_mask, build_key_padding_mask
 from .relative import (
     rel_shift,
@@ -45,6 +53,7 @@ __all__ = [
     "Dropout",
     "GlobalTokens",
     "WindowPattern",
+    "attention_under_mask",
     "block_sparse_attention",
     "block_sparse_attention_reference",
     "build_block_sparse_counts",
@@ -63,11 +72,12 @@ __all__ = [
     "random_block_indices",
     "rel_shift",
     "rel_shift_reference",
-    "seeded_generator",
     "relative_attention_scores",
     "relative_position_scores",
     "relative_position_sequence",
+    "seeded_generator",
     "sinusoid_position_embedding",
     "sliding_window_attention",
     "sliding_window_attention_reference",
+    "takes_masked_attention",
 ]

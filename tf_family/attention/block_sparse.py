@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .dropout import attention_under_mask
 from .sliding_window import dense_attention
 
 
@@ -160,14 +161,11 @@ def block_sparse_attention(
             f"{tuple(random_blocks.shape)}."
         )
     if num_blocks <= 2:  # every block is global
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=valid[:, None, None, :], dropout_p=dropout_p)
-        return out[:, :, :length]
+        return attention_under_mask(query, key, value, valid[:, None, None, :], dropout_p)[:, :, :length]
 
     # global query blocks: the first and the last, against every key
     global_rows = torch.cat([query[:, :, :block_size], query[:, :, -block_size:]], dim=2)  # (B, H, 2b, Dh)
-    global_out = F.scaled_dot_product_attention(
-        global_rows, key, value, attn_mask=valid[:, None, None, :], dropout_p=dropout_p
-    )  # (B, H, 2b, Dh)
+    global_out = attention_under_mask(global_rows, key, value, valid[:, None, None, :], dropout_p)  # (B, H, 2b, Dh)
 
     # middle query blocks: window blocks + the two global blocks + random blocks, gathered per head
     device = query.device
@@ -195,13 +193,9 @@ def block_sparse_attention(
     key_valid = valid.view(batch, num_blocks, block_size)[:, table.transpose(0, 1)]  # (B, N-2, H, K, b)
     mask = key_valid & slot_valid.transpose(0, 1)[None, :, :, :, None]
     middle_query = query.view(batch, heads, num_blocks, block_size, head_dim)[:, :, 1:-1]  # (B, H, N-2, b, Dh)
-    middle_out = F.scaled_dot_product_attention(
-        middle_query.transpose(1, 2).reshape(batch * middle, heads, block_size, head_dim),
-        blocks(key),
-        blocks(value),
-        attn_mask=mask.reshape(batch * middle, heads, 1, slots * block_size),
-        dropout_p=dropout_p,
-    )  # (B*(N-2), H, b, Dh)
+    middle_query = middle_query.transpose(1, 2).reshape(batch * middle, heads, block_size, head_dim)
+    mask = mask.reshape(batch * middle, heads, 1, slots * block_size)
+    middle_out = attention_under_mask(middle_query, blocks(key), blocks(value), mask, dropout_p)  # (B*(N-2), H, b, Dh)
     middle_out = middle_out.view(batch, middle, heads, block_size, head_dim).transpose(1, 2)
     middle_out = middle_out.reshape(batch, heads, middle * block_size, head_dim)
     out = torch.cat([global_out[:, :, :block_size], middle_out, global_out[:, :, block_size:]], dim=2)

@@ -178,6 +178,24 @@ def masked_attention(
     return _MaskedAttention.apply(query, key, value, bias, kept, scale)
 
 
+def takes_masked_attention(query: torch.Tensor, dropout_p: float) -> bool:
+    """Whether `attention_under_mask` computes with `masked_attention`: under dropout, on CPU, in float32/64."""
+    return dropout_p > 0.0 and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64)
+
+
+def attention_under_mask(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """`torch.nn.functional.scaled_dot_product_attention` under a bool mask (True: may attend), except under dropout
+    on CPU, where PyTorch takes its unfused math path and `masked_attention` is faster. Every row of ``allowed``
+    needs one True entry."""
+    if takes_masked_attention(query, dropout_p):
+        bias = allowed.view(torch.uint8).to(query.dtype).log_()  # 0 where allowed, -inf elsewhere
+        kept, scale = dropout_mask((*query.shape[:-1], key.shape[-2]), dropout_p, query.device)
+        return masked_attention(query, key, value, bias, kept, scale)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p)
+
+
 def masked_attention_reference(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -196,4 +214,12 @@ def masked_attention_reference(
     return torch.matmul(probs, value)
 
 
-__all__ = ["Dropout", "dropout", "dropout_mask", "masked_attention", "masked_attention_reference"]
+__all__ = [
+    "Dropout",
+    "attention_under_mask",
+    "dropout",
+    "dropout_mask",
+    "masked_attention",
+    "masked_attention_reference",
+    "takes_masked_attention",
+]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .dropout import dropout_mask, masked_attention
+from .dropout import attention_under_mask, takes_masked_attention
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def _banded_attention(
     batch, length, heads, head_dim = query.shape
     # PyTorch's fused attention (no dropout) does best with chunks of one window; our masked_attention (dropout on
     # CPU) with half a window, whose spans waste fewer scores (measured at window 256 on 2 cores: 7 % per step)
-    own_path = dropout_p > 0.0 and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64)
+    own_path = takes_masked_attention(query, dropout_p)
     chunk = min(max(window // 2 if own_path else window, 64), length)
     num_chunks = -(-length // chunk)
     padded_length = num_chunks * chunk
@@ -311,15 +311,7 @@ def _banded_attention(
 
     keys_total = key_spans.shape[2]
     allowed = allowed.reshape(batch * num_chunks, 1, chunk, keys_total)
-    if own_path:
-        # PyTorch's CPU attention takes its unfused math path under dropout; ours saves its passes and copies
-        bias = allowed.view(torch.uint8).to(query.dtype).log_()  # 0 where allowed, -inf elsewhere
-        kept, scale = dropout_mask((batch * num_chunks, heads, chunk, keys_total), dropout_p, query.device)
-        out = masked_attention(query_chunks, key_spans, value_spans, bias, kept, scale)
-    else:
-        out = F.scaled_dot_product_attention(
-            query_chunks, key_spans, value_spans, attn_mask=allowed, dropout_p=dropout_p
-        )  # (B*N, H, c, Dh)
+    out = attention_under_mask(query_chunks, key_spans, value_spans, allowed, dropout_p)  # (B*N, H, c, Dh)
     out = out.view(batch, num_chunks, heads, chunk, head_dim).transpose(2, 3).reshape(batch, padded_length, heads, -1)
     return out[:, :length]
 
@@ -433,7 +425,7 @@ def global_attention(
         ``global_tokens.scatter(output, result)``.
     """
     allowed = build_global_query_mask(global_tokens, key_padding_mask, causal, key.shape[2])  # (B, G, T)
-    return F.scaled_dot_product_attention(global_query, key, value, attn_mask=allowed[:, None], dropout_p=dropout_p)
+    return attention_under_mask(global_query, key, value, allowed[:, None], dropout_p)
 
 
 __all__ = [

@@ -40,6 +40,7 @@ from transformers.utils import logging
 
 from ...attention import (
     Dropout,
+    attention_under_mask,
     block_sparse_attention,
     build_block_sparse_counts,
     dense_attention,
@@ -153,9 +154,7 @@ class TffBigBirdAttention(nn.Module):
         elif output_attentions:
             attended, probs = dense_attention(query, key, value, key_valid[:, None, None, :], dropout_p)
         else:
-            attended = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=key_valid[:, None, None, :], dropout_p=dropout_p
-            )
+            attended = attention_under_mask(query, key, value, key_valid[:, None, None, :], dropout_p)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 

@@ -47,6 +47,7 @@ from ...attention import (
     Dropout,
     GlobalTokens,
     WindowPattern,
+    attention_under_mask,
     build_global_query_mask,
     build_sliding_window_mask,
     dense_attention,
@@ -195,7 +196,7 @@ class TffLongformerAttention(nn.Module):
             if output_attentions:
                 attended, probs = dense_attention(query, key, value, allowed, dropout_p)
             else:
-                attended = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p)
+                attended = attention_under_mask(query, key, value, allowed, dropout_p)
         else:
             attended = sliding_window_attention(
                 query, key, value, self.pattern, key_valid, global_tokens, dropout_p
