@@ -99,12 +99,14 @@ def test_masked_attention_rejects_mismatched_inputs():
         masked_attention(query, key, value, bias, torch.zeros(2, 3, 5, 7))
 
 
-def test_attention_under_mask_takes_our_function_only_under_dropout_on_cpu():
+def test_attention_under_mask_takes_our_function_for_cpu_training():
     (query, key, value), bias = _attention_inputs()
     allowed = bias == 0
     allowed[1, :, 3] = True  # every row keeps a key
-    assert takes_masked_attention(query, 0.1) and not takes_masked_attention(query, 0.0)
-    assert not takes_masked_attention(query.half(), 0.1)
+    assert takes_masked_attention(query, key, value, 0.1) and takes_masked_attention(query, key, value, 0.0)
+    with torch.no_grad():  # eval: PyTorch's fused attention
+        assert takes_masked_attention(query, key, value, 0.1) and not takes_masked_attention(query, key, value, 0.0)
+    assert not takes_masked_attention(query.half(), key.half(), value.half(), 0.1)
     weights = torch.randn(2, 3, 5, 4, dtype=torch.float64)
     ours = attention_under_mask(query, key, value, allowed, dropout_p=1e-7)  # rounds to no dropped entry
     sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed)

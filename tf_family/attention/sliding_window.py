@@ -272,9 +272,9 @@ def _banded_attention(
     ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
     """
     batch, length, heads, head_dim = query.shape
-    # PyTorch's fused attention (no dropout) does best with chunks of one window; our masked_attention (dropout on
-    # CPU) with half a window, whose spans waste fewer scores (measured at window 256 on 2 cores: 7 % per step)
-    own_path = takes_masked_attention(query, dropout_p)
+    # PyTorch's fused attention (eval) does best with chunks of one window; our masked_attention (CPU training) with
+    # half a window, whose spans waste fewer scores (measured at window 256 on 2 cores: 7 % per step)
+    own_path = takes_masked_attention(query, key, value, dropout_p)
     chunk = min(max(window // 2 if own_path else window, 64), length)
     num_chunks = -(-length // chunk)
     padded_length = num_chunks * chunk
