@@ -118,31 +118,35 @@ def build_sliding_window_mask(
     pattern: WindowPattern,
     key_padding_mask: torch.Tensor,
     global_tokens: GlobalTokens | None = None,
+    query_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The ``(B, T, T)`` bool mask of which key each (non-global) query attends to in `sliding_window_attention`.
 
     Args:
         pattern: the window.
         key_padding_mask: ``(B, T)`` bool, True at real tokens.
-        global_tokens: tokens every query also attends to (causal: only those at or before the query).
+        global_tokens: tokens every query also attends to (causal: only those at or before it).
+        query_positions: ``(Q,)`` the positions of the rows to build (default: all ``T``), giving ``(B, Q, T)``; a
+            decoder with a key/value cache builds the rows of its new tokens only.
     """
     batch, length = key_padding_mask.shape
     device = key_padding_mask.device
     valid = key_padding_mask.to(torch.bool)
     position = torch.arange(length, device=device)
-    distance = position[:, None] - position[None, :]  # (T, T): query i minus key j
+    rows = position if query_positions is None else query_positions.to(device)
+    distance = rows[:, None] - position[None, :]  # (Q, T): query i minus key j
     steps = torch.div(distance, pattern.dilation, rounding_mode="floor")
     in_window = (distance % pattern.dilation == 0) & (steps.abs() <= pattern.window)
     if pattern.causal:
         in_window &= distance >= 0
     is_global = torch.zeros_like(valid) if global_tokens is None else global_tokens.mask
-    allowed = in_window[None] & (valid & ~is_global)[:, None, :]  # (B, T, T)
+    allowed = in_window[None] & (valid & ~is_global)[:, None, :]  # (B, Q, T)
     if global_tokens is not None:
-        see_global = is_global[:, None, :].expand(batch, length, length)
+        see_global = is_global[:, None, :].expand(batch, rows.shape[0], length)
         if pattern.causal:
             see_global = see_global & (distance >= 0)[None]
         allowed |= see_global
-    allowed |= torch.eye(length, dtype=torch.bool, device=device)[None] & ~valid[:, :, None]
+    allowed |= (distance == 0)[None] & ~valid[:, rows, None]  # a padded query attends to itself
     return allowed
 
 

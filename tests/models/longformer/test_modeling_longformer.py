@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import RobertaConfig, RobertaModel
+from transformers import DynamicCache, RobertaConfig, RobertaModel
 
 from tf_family import TffLongformerConfig, TffLongformerForCausalLM, TffLongformerModel, create_model
 from tf_family.models.longformer.convert_longformer import convert_state_dict
@@ -127,6 +127,71 @@ def test_causal_lm_with_dilation_generates_and_ignores_the_future():
     assert generated.shape == (2, 9)
     loss = model(ids, labels=ids).loss
     assert torch.isfinite(loss)
+
+
+def _causal_lm_and_prompt():
+    """Windows much shorter than the prompt (so the cached path reads a slice), one dilated layer, left padding in
+    row 1 and two global tokens in the prompt of row 0."""
+    model = _perturbed(TffLongformerForCausalLM(_config(attention_window=[4, 6], attention_dilation=[2, 1])))
+    ids = torch.randint(3, 61, (2, 14))
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 1, 0
+    global_mask = torch.zeros_like(ids)
+    global_mask[0, [2, 12]] = 1  # 12 lies inside the windows of the first new tokens
+    return model, ids, mask, global_mask
+
+
+def test_key_value_cache_gives_the_full_forward_logits():
+    model, ids, mask, global_mask = _causal_lm_and_prompt()
+    more = torch.randint(3, 61, (2, 9))
+    full_ids = torch.cat([ids, more], 1)
+    full_mask = torch.cat([mask, torch.ones_like(more)], 1)
+    full_global = torch.cat([global_mask, torch.zeros_like(more)], 1)
+    with torch.no_grad():
+        expected = model(full_ids, attention_mask=full_mask, global_attention_mask=full_global).logits
+        out = model(ids, attention_mask=mask, global_attention_mask=global_mask, use_cache=True)
+        assert isinstance(out.past_key_values, DynamicCache) and out.past_key_values.get_seq_length() == 14
+        pieces, cache = [out.logits], out.past_key_values
+        for start, stop in ((14, 15), (15, 18), (18, 23)):  # one token, then several at a time
+            step = model(
+                full_ids[:, start:stop], attention_mask=full_mask[:, :stop], global_attention_mask=full_global[:, :stop],
+                past_key_values=cache, use_cache=True, output_attentions=stop == 23,  # the last through the dense path
+            )  # fmt: skip
+            pieces.append(step.logits)
+            cache = step.past_key_values
+    got = torch.cat(pieces, 1)
+    select = full_mask.bool()
+    torch.testing.assert_close(got[select], expected[select], rtol=1e-5, atol=1e-5)
+    probs = step.attentions[0]  # (B, H, new tokens, every position)
+    assert probs.shape == (2, 3, 5, 23)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 3, 5))
+    assert (probs[0, :, :, 2] > 0).all() and (probs[0, :, :, 3:12] == 0).all()  # the global token; outside windows
+
+
+def test_generate_with_the_cache_equals_generate_without():
+    model, ids, mask, global_mask = _causal_lm_and_prompt()
+    with torch.no_grad():
+        kwargs = dict(attention_mask=mask, global_attention_mask=global_mask, max_new_tokens=12, do_sample=False)  # noqa: C408
+        cached = model.generate(ids, **kwargs)
+        uncached = model.generate(ids, use_cache=False, **kwargs)
+    assert cached.shape == (2, 26)
+    assert torch.equal(cached, uncached)
+
+
+def test_cache_errors_name_the_argument():
+    model, ids, mask, global_mask = _causal_lm_and_prompt()
+    with torch.no_grad():
+        cache = model(ids, attention_mask=mask, use_cache=True).past_key_values
+        with pytest.raises(ValueError, match="attention_mask must have shape .* plus the 14 cached positions"):
+            model(ids[:, :1], attention_mask=mask[:, :1], past_key_values=cache)
+        late_global = torch.cat([global_mask, torch.ones(2, 1, dtype=torch.long)], 1)
+        with pytest.raises(ValueError, match="global_attention_mask marks a new token as global"):
+            model(
+                ids[:, :1], attention_mask=torch.ones(2, 15), global_attention_mask=late_global, past_key_values=cache
+            )
+    encoder = TffLongformerModel(_config(attention_window=4))
+    with pytest.raises(ValueError, match="need a causal model"):
+        encoder(ids, use_cache=True)
 
 
 def test_question_rule_marks_tokens_before_the_first_separator():

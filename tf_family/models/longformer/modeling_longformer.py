@@ -3,7 +3,9 @@
 A RoBERTa encoder whose self-attention is a sliding window (per-layer size, optional dilation; bidirectional, or
 causal for language modelling) plus *global* tokens that attend to everything and are attended to by everything,
 with their own query/key/value projections (section 3.1). Time and memory grow linearly with the length: the
-window is computed chunk by chunk with PyTorch's scaled-dot-product attention (`tf_family.attention.sliding_window`).
+window is computed chunk by chunk (`tf_family.attention.sliding_window`). The causal LM generates with a key/value
+cache (`transformers.DynamicCache`): a new token attends to the last ``window * dilation`` cached positions and the
+global tokens of the prompt, so each generation step costs the same at any length.
 
 Parity reference: transformers 5 `LongformerModel` and its heads (`tests/models/longformer/test_parity_longformer.py`
 loads random transformers checkpoints into these classes and compares outputs); `convert_longformer.py` maps their
@@ -29,12 +31,12 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
-    BaseModelOutputWithPooling,
-    CausalLMOutput,
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    CausalLMOutputWithPast,
     MaskedLMOutput,
     MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
@@ -137,6 +139,7 @@ class TffLongformerAttention(nn.Module):
             config.layer_windows()[layer_idx] // 2, config.layer_dilations()[layer_idx], config.causal
         )
         self.mode = config.attention_mode
+        self.layer_idx = layer_idx
         width = config.hidden_size
         self.query, self.key, self.value = (nn.Linear(width, width) for _ in range(3))
         # separate projections for the global tokens (section 3.1, "Linear Projections for Global Attention")
@@ -180,16 +183,52 @@ class TffLongformerAttention(nn.Module):
             return self.mode == "dense" or output_attentions
         return self.pattern.window * self.pattern.dilation >= length - 1
 
+    def _attend_with_cache(
+        self, query, key, value, key_valid, global_tokens, output_attentions, cache: Cache, past_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The new tokens' windowed attention over the cached keys: the last ``window * dilation`` positions and the
+        global tokens (none of the new tokens is global)."""
+        keys, values = cache.update(key, value, self.layer_idx)  # (B, H, P + t, Dh)
+        total = keys.shape[2]
+        dropout_p = self.attention_dropout if self.training else 0.0
+        rows = torch.arange(past_length, total, device=query.device)
+        allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens, rows)  # (B, t, P + t)
+        if output_attentions:
+            return dense_attention(query, keys, values, allowed[:, None], dropout_p)
+        start = max(0, past_length - self.pattern.window * self.pattern.dilation)  # the oldest key a window reaches
+        if global_tokens is not None:  # the global keys first, then the reachable span without them
+            span_allowed = allowed[:, :, start:] & ~global_tokens.mask[:, None, start:]
+            global_index = global_tokens.indices[:, None, :].expand(-1, rows.shape[0], -1)
+            global_allowed = allowed.gather(2, global_index) & global_tokens.valid[:, None, :]
+            allowed = torch.cat([global_allowed, span_allowed], dim=2)
+            keys = torch.cat([global_tokens.gather(keys, dim=2), keys[:, :, start:]], dim=2)
+            values = torch.cat([global_tokens.gather(values, dim=2), values[:, :, start:]], dim=2)
+        else:
+            allowed, keys, values = allowed[:, :, start:], keys[:, :, start:], values[:, :, start:]
+        return attention_under_mask(query, keys, values, allowed[:, None], dropout_p), None
+
     def forward(
         self,
         hidden: torch.Tensor,
         key_valid: torch.Tensor,
         global_tokens: GlobalTokens | None,
         output_attentions: bool = False,
+        past_key_values: Cache | None = None,
+        past_length: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``key_valid`` and ``global_tokens`` cover the cached positions too (``past_length`` of them) when a
+        ``past_key_values`` cache is given; ``hidden`` holds the new tokens only."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
         query, key, value = (self._heads(x) for x in fused_projections(hidden, self.query, self.key, self.value))
+        if past_length > 0:
+            attended, probs = self._attend_with_cache(
+                query, key, value, key_valid, global_tokens, output_attentions, past_key_values, past_length
+            )
+            attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, t, D)
+            return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
+        if past_key_values is not None:
+            past_key_values.update(key, value, self.layer_idx)
         probs = None
         if self.use_dense(length, output_attentions):
             allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens)[:, None]  # (B, 1, T, T)
@@ -242,8 +281,12 @@ class TffLongformerLayer(GradientCheckpointingLayer):
         self.attention = TffLongformerAttention(config, layer_idx)
         self.feed_forward = TffLongformerFeedForward(config)
 
-    def forward(self, hidden, key_valid, global_tokens=None, output_attentions=False):
-        hidden, probs = self.attention(hidden, key_valid, global_tokens, output_attentions)
+    def forward(
+        self, hidden, key_valid, global_tokens=None, output_attentions=False, past_key_values=None, past_length=0
+    ):
+        hidden, probs = self.attention(
+            hidden, key_valid, global_tokens, output_attentions, past_key_values, past_length
+        )
         return self.feed_forward(hidden), probs
 
 
@@ -313,16 +356,25 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPooling | tuple:
+    ) -> BaseModelOutputWithPoolingAndCrossAttentions | tuple:
         r"""
         Args:
-            input_ids: ``(B, T)`` token ids (or pass ``inputs_embeds`` ``(B, T, D)``).
-            attention_mask: ``(B, T)`` 1 for real tokens, 0 for padding (left or right).
-            global_attention_mask: ``(B, T)`` 1 for tokens with global attention (see every token and are seen by
-                every token), 0 for windowed attention. Given per call; padding is never global.
+            input_ids: ``(B, T)`` token ids (or pass ``inputs_embeds`` ``(B, T, D)``); with a filled
+                ``past_key_values``, the new tokens only.
+            attention_mask: ``(B, P + T)`` 1 for real tokens, 0 for padding (left or right); ``P`` is the number of
+                cached positions (0 without a cache).
+            global_attention_mask: ``(B, P + T)`` 1 for tokens with global attention (see every token and are seen by
+                every token), 0 for windowed attention. Given per call; padding is never global. With a cache, only
+                cached positions (the prompt) can be global.
             token_type_ids, position_ids: ``(B, T)``; positions default to RoBERTa's, counted over real tokens.
-            output_attentions: return ``(B, H, T, T)`` attention probabilities per layer (runs the dense path).
+            output_attentions: return ``(B, H, T, P + T)`` attention probabilities per layer (runs the dense path).
+            past_key_values: a `transformers.Cache` (e.g. `DynamicCache`) of the keys and values of earlier calls;
+                causal models only. The new tokens attend to the last ``window * dilation`` cached positions and the
+                global ones, so a generation step costs the same at any length.
+            use_cache: return the cache (a new `DynamicCache` when none is given); causal models only.
         """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
@@ -331,24 +383,45 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        if (past_key_values is not None or use_cache) and not self.config.causal:
+            raise ValueError(
+                "past_key_values / use_cache need a causal model (config.causal=True, e.g. TffLongformerForCausalLM): "
+                "a bidirectional window also reads tokens that come later."
+            )
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = (input_ids if input_ids is not None else inputs_embeds).device
+        total = past_length + length
         for name, mask in (("attention_mask", attention_mask), ("global_attention_mask", global_attention_mask)):
-            if mask is not None and tuple(mask.shape) != (batch, length):
-                raise ValueError(f"{name} must have shape {(batch, length)} like the input, got {tuple(mask.shape)}.")
+            if mask is not None and tuple(mask.shape) != (batch, total):
+                expected = f"{(batch, total)} like the input" + (
+                    f" plus the {past_length} cached positions" if past_length else ""
+                )
+                raise ValueError(f"{name} must have shape {expected}, got {tuple(mask.shape)}.")
+        if past_length and global_attention_mask is not None and bool(global_attention_mask[:, past_length:].any()):
+            raise ValueError(
+                "global_attention_mask marks a new token as global while a key/value cache is in use; global tokens "
+                "must be in the prompt (the first call). Run without past_key_values to make later tokens global."
+            )
         key_valid = (
-            torch.ones(batch, length, dtype=torch.bool, device=device)
+            torch.ones(batch, total, dtype=torch.bool, device=device)
             if attention_mask is None
             else attention_mask.to(torch.bool)
         )
         global_tokens = GlobalTokens.from_mask(global_attention_mask, key_valid)
+        if position_ids is None and past_length:
+            real = key_valid.long()
+            position_ids = (real.cumsum(dim=1) * real + self.config.pad_token_id)[:, past_length:]  # (B, T)
 
-        hidden = self.embeddings(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        new_mask = attention_mask[:, past_length:] if attention_mask is not None else None
+        hidden = self.embeddings(input_ids, inputs_embeds, new_mask, token_type_ids, position_ids)
         all_hidden, all_attentions = (), ()
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden += (hidden,)
-            hidden, probs = layer(hidden, key_valid, global_tokens, output_attentions)
+            hidden, probs = layer(hidden, key_valid, global_tokens, output_attentions, past_key_values, past_length)
             if output_attentions:
                 all_attentions += (probs,)
         if output_hidden_states:
@@ -356,11 +429,12 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
 
         pooled = None
         if self.pooler is not None:
-            first = find_first_real_token(attention_mask, batch, device)
+            first = find_first_real_token(new_mask, batch, device)
             pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=device), first]))  # (B, D)
-        output = BaseModelOutputWithPooling(
+        output = BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=hidden,
             pooler_output=pooled,
+            past_key_values=past_key_values,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
         )
@@ -457,35 +531,51 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        past_key_values=None,
+        use_cache=None,
+        position_ids=None,
         **kwargs,
-    ) -> CausalLMOutput | tuple:
+    ) -> CausalLMOutputWithPast | tuple:
         r"""labels: ``(B, T)``, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1`` (the
-        shift happens inside), -100 is ignored."""
+        shift happens inside), -100 is ignored. ``past_key_values`` / ``use_cache``: a key/value cache, as in
+        `TffLongformerModel` (`generate` uses one unless ``use_cache=False``)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.longformer(
-            input_ids, attention_mask, global_attention_mask, token_type_ids, None, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
+            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict=True, past_key_values=past_key_values,
+            use_cache=use_cache,
         )  # fmt: skip
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         loss = None
         if labels is not None:
             shifted = labels[:, 1:].reshape(-1).to(logits.device)
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), shifted)
-        output = CausalLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs) -> dict:
-        """No key/value cache: every step re-reads the whole prefix (positions follow `attention_mask`)."""
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
+    ) -> dict:
+        """With a cache (the default), only the tokens it has not seen; without, the whole prefix every step.
+        ``attention_mask`` and ``global_attention_mask`` always cover the whole sequence."""
+        past_length = past_key_values.get_seq_length() if past_key_values is not None and use_cache else 0
+        total = attention_mask.shape[1] if attention_mask is not None else input_ids.shape[1]  # prompt embeds too
         model_inputs = {"attention_mask": attention_mask}
-        if inputs_embeds is not None and kwargs.get("is_first_iteration", True):
+        if use_cache:
+            model_inputs.update(past_key_values=past_key_values, use_cache=True)
+        if inputs_embeds is not None and past_length == 0 and kwargs.get("is_first_iteration", True):
             model_inputs["inputs_embeds"] = inputs_embeds
         else:
-            model_inputs["input_ids"] = input_ids
+            model_inputs["input_ids"] = input_ids[:, input_ids.shape[1] - (total - past_length) :]
         if kwargs.get("global_attention_mask") is not None:
             global_mask = kwargs["global_attention_mask"]
-            grow = input_ids.shape[1] - global_mask.shape[1]
+            grow = total - global_mask.shape[1]
             model_inputs["global_attention_mask"] = F.pad(global_mask, (0, grow)) if grow > 0 else global_mask
         return model_inputs
 
