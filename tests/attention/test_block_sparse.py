@@ -25,6 +25,23 @@ def _inputs(length, seed=0):
     return tensors, padding
 
 
+def _check_twin(tensors, padding, block, random_blocks, window_blocks, dropout_p=0.0):
+    """Values and gradients against the dense twin at real query positions, run with gradients (on CPU,
+    tf_family's `masked_attention`) and without (PyTorch's fused attention, unless dropout is on)."""
+    weights = torch.randn(*tensors[0].shape, dtype=torch.float64) * padding[:, None, :, None]
+    fast = block_sparse_attention(*tensors, block, random_blocks, window_blocks, padding, dropout_p)
+    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
+    with torch.no_grad():
+        fast_eval = block_sparse_attention(*tensors, block, random_blocks, window_blocks, padding, dropout_p)
+    reference = block_sparse_attention_reference(*tensors, block, random_blocks, window_blocks, padding)
+    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
+    select = padding[:, None, :, None].expand_as(fast)
+    torch.testing.assert_close(fast[select], reference[select], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(fast_eval[select], reference[select], rtol=1e-9, atol=1e-10)
+    for got, expected in zip(fast_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.parametrize("length", [35, 64, 90])
 @pytest.mark.parametrize("num_random", [0, 2])
 @pytest.mark.parametrize("window_blocks", [1, 2])
@@ -36,35 +53,17 @@ def test_block_sparse_matches_dense_twin(length, num_random, window_blocks, repe
     random_blocks = random_block_indices(num_blocks, H, num_random, window_blocks, seeded_generator(3, 0))
     if repeated:  # transformers' eval pattern: every random slot on block 0 (repeats the global block)
         random_blocks = torch.zeros_like(random_blocks)
-    weights = torch.randn(B, H, length, DH, dtype=torch.float64) * padding[:, None, :, None]
-    fast = block_sparse_attention(*tensors, block, random_blocks, window_blocks, padding)
-    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
-    reference = block_sparse_attention_reference(*tensors, block, random_blocks, window_blocks, padding)
-    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
-    select = padding[:, None, :, None].expand_as(fast)
-    torch.testing.assert_close(fast[select], reference[select], rtol=1e-9, atol=1e-10)
-    for got, expected in zip(fast_grads, reference_grads, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
+    _check_twin(tensors, padding, block, random_blocks, window_blocks)
 
 
 @pytest.mark.parametrize("length", [35, 90])
 @pytest.mark.parametrize("num_random", [0, 2])
 def test_training_path_with_dropout_matches_dense_twin(length, num_random):
-    """Under dropout on CPU the middle blocks go through our attention function (not PyTorch's math path); with a
-    rate that rounds to no dropped entry it must give the twin's values and gradients (up to the global blocks'
-    `F.dropout` scale, ``1 / (1 - 1e-7)``)."""
-    block, window_blocks = 4, 1
+    """Under dropout every block goes through our attention function; with a rate that rounds to no dropped entry
+    it must give the twin's values and gradients."""
     tensors, padding = _inputs(length, seed=length + 1)
-    random_blocks = random_block_indices(-(-length // block), H, num_random, window_blocks, seeded_generator(5, 1))
-    weights = torch.randn(B, H, length, DH, dtype=torch.float64) * padding[:, None, :, None]
-    fast = block_sparse_attention(*tensors, block, random_blocks, window_blocks, padding, dropout_p=1e-7)
-    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
-    reference = block_sparse_attention_reference(*tensors, block, random_blocks, window_blocks, padding)
-    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
-    select = padding[:, None, :, None].expand_as(fast)
-    torch.testing.assert_close(fast[select], reference[select], rtol=1e-6, atol=1e-10)
-    for got, expected in zip(fast_grads, reference_grads, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-10)
+    random_blocks = random_block_indices(-(-length // 4), H, num_random, 1, seeded_generator(5, 1))
+    _check_twin(tensors, padding, 4, random_blocks, 1, dropout_p=1e-7)
 
 
 def test_dropout_is_unbiased():

@@ -36,14 +36,18 @@ def _global(length, padding, positions):
 
 
 def _check(fast_fn, reference_fn, tensors, padding, rows):
-    """Compare outputs and gradients at real query positions (padded queries carry no meaning)."""
+    """Compare outputs and gradients at real query positions (padded queries carry no meaning). The kernel runs
+    twice: with gradients (on CPU, tf_family's `masked_attention`) and without (PyTorch's fused attention)."""
     weights = torch.randn(B, H, padding.shape[1], DH, dtype=torch.float64) * padding[:, None, :, None] * rows
     fast = fast_fn(*tensors)
     fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
+    with torch.no_grad():
+        fast_eval = fast_fn(*tensors)
     reference = reference_fn(*tensors)
     reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
     select = (padding[:, None, :, None] & rows).expand_as(fast)
     torch.testing.assert_close(fast[select], reference[select], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(fast_eval[select], reference[select], rtol=1e-9, atol=1e-10)
     for got, expected in zip(fast_grads, reference_grads, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
 
