@@ -442,16 +442,12 @@ def ending_run(accelerator: Accelerator):
         del handle
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    validate_args(args)
-    args.output_dir = args.output_dir or default_output_dir(args)
-    config_overrides = parse_config_overrides(args.config_overrides)
-    output_dir = check_output_dir(args)
-
+def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
+    """The recipes' `Accelerator` (gradient accumulation, ``--cpu``, mixed precision, trackers under ``output_dir``),
+    with logging set up per process and the seed set. Rejects ``--merge_lora`` under FSDP / DeepSpeed."""
     accelerator = Accelerator(
-        # adaptive input embeddings leave a cluster's weights unused when a batch has no token of that cluster:
-        # DDP must not wait for their gradients (a collective mismatch otherwise)
+        # a step can leave parameters without gradient (adaptive-input clusters absent from a batch, heads with loss
+        # weight 0, pooler weights a masked LM never uses): DDP must not wait for them (a collective mismatch)
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         cpu=args.cpu,
@@ -469,6 +465,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
     set_seed(args.seed)
+    return accelerator
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    validate_args(args)
+    args.output_dir = args.output_dir or default_output_dir(args)
+    config_overrides = parse_config_overrides(args.config_overrides)
+    output_dir = check_output_dir(args)
+
+    accelerator = make_accelerator(args, output_dir)
 
     # ---- data -------------------------------------------------------------------------------------------------
     raw, text_column = load_text_datasets(

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import logging
 import math
 import os
 import statistics
@@ -48,10 +47,9 @@ from typing import Any
 
 import datasets
 import torch
-import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, get_scheduler
 
@@ -76,6 +74,7 @@ from tf_family.recipes.causal_lm import (
     check_output_dir,
     ending_run,
     find_checkpoint,
+    make_accelerator,
     parse_config_overrides,
     save_checkpoint,
     weights_fingerprint,
@@ -517,22 +516,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config_overrides = parse_config_overrides(args.config_overrides)
     output_dir = check_output_dir(args)
 
-    accelerator = Accelerator(
-        # a prediction head whose loss weight is 0 gets no gradient: DDP must not wait for it
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        cpu=args.cpu,
-        mixed_precision=args.mixed_precision,
-        log_with=args.trackers or None,
-        project_dir=str(output_dir),
-    )
-    if args.merge_lora and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        raise ValueError("--merge_lora cannot merge sharded (FSDP / DeepSpeed) weights; save the adapter instead.")
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    if not accelerator.is_local_main_process:
-        datasets.utils.logging.set_verbosity_error()
-        transformers.utils.logging.set_verbosity_error()
-    set_seed(args.seed)
+    accelerator = make_accelerator(args, output_dir)
 
     # ---- data -------------------------------------------------------------------------------------------------
     # generation is deterministic: every process makes the same trajectories

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import logging
 import math
 import os
 import time
@@ -28,12 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
-import transformers
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, get_scheduler
 
@@ -50,6 +47,7 @@ from tf_family.recipes.causal_lm import (
     check_output_dir,
     ending_run,
     find_checkpoint,
+    make_accelerator,
     parse_config_overrides,
     save_checkpoint,
     weights_fingerprint,
@@ -171,29 +169,6 @@ def default_output_dir(args: argparse.Namespace, task: str) -> str:
     model = args.arch or Path(args.model_name_or_path.rstrip("/")).name
     data = Path(args.train_file).stem if args.train_file else args.dataset_name.replace("/", "_")
     return os.path.join("runs", f"{model}-{task}-{data}")
-
-
-def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
-    accelerator = Accelerator(
-        # heads and LoRA can leave parameters without gradient in a step (e.g. pooler weights an MLM never uses)
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        cpu=args.cpu,
-        mixed_precision=args.mixed_precision,
-        log_with=args.trackers or None,
-        project_dir=str(output_dir),
-    )
-    if args.merge_lora and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        raise ValueError(
-            "--merge_lora cannot merge sharded (FSDP / DeepSpeed) weights; save the adapter (drop --merge_lora) and "
-            "merge it afterwards with PeftModel.merge_and_unload() on one process."
-        )
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    if not accelerator.is_local_main_process:
-        datasets.utils.logging.set_verbosity_error()
-        transformers.utils.logging.set_verbosity_error()
-    set_seed(args.seed)
-    return accelerator
 
 
 def load_tokenizer(args: argparse.Namespace, need_mask: bool = False):
@@ -552,11 +527,30 @@ def save_run(
     model,
     tokenizer,
     output_dir: Path,
-    run_info: dict[str, Any],
-) -> list[str] | None:
-    """Weights (safetensors), tokenizer, ``training_run.json`` and the model card; optional push. Returns every
-    process's weight fingerprint (data parallelism must end with the same weights everywhere). The caller ends the
-    run with `ending_run` (after letting go of the prepared model)."""
+    *,
+    recipe: str,
+    task: str,
+    data: dict[str, Any],
+    hyperparameters: dict[str, Any],
+    metrics: dict[str, Any],
+    parameters: int,
+    steps: int,
+    history: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Weights (safetensors), tokenizer, ``training_run.json`` and the model card; optional push. Returns what a
+    recipe's `main` returns: the metrics, the output folder, the world size, every process's weight fingerprint
+    (data parallelism must end with the same weights everywhere) and the number of steps. The caller then ends the
+    run with `ending_run`, after letting go of the prepared model (its own references to the DDP wrapper)."""
+    run_info = {
+        "recipe": f"recipes/{recipe}.py",
+        "task": task,
+        "dataset": {k: v for k, v in data.items() if v is not None},
+        "hyperparameters": hyperparameters,
+        "metrics": metrics,
+        "num_parameters": parameters,
+        "train_steps": steps,
+        "train_history": history,
+    }
     unwrapped = accelerator.unwrap_model(model)
     sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
     fingerprints = None if sharded else gather_object([weights_fingerprint(unwrapped)])
@@ -581,7 +575,13 @@ def save_run(
         if args.push_to_hub:
             pushed = push_folder(output_dir, args.hub_model_id, token=args.hub_token, private=args.hub_private or None)
             logger.info(f"pushed {pushed} to {args.hub_model_id}")
-    return fingerprints
+    return {
+        **metrics,
+        "output_dir": str(output_dir),
+        "world_size": accelerator.num_processes,
+        "rank_weight_sha256": fingerprints,
+        "train_steps": steps,
+    }
 
 
 def num_parameters(model) -> int:

@@ -314,26 +314,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "eval_windows": len(eval_features),
         "eval_split": "validation",
     }
-    run_info = {
-        "recipe": "recipes/question_answering.py",
-        "task": TASK,
-        "dataset": {k: v for k, v in data.items() if v is not None},
-        "hyperparameters": hyperparameters,
-        "metrics": metrics,
-        "num_parameters": parameters,
-        "train_steps": completed_steps,
-        "train_history": history,
-    }
-    fingerprints = common.save_run(accelerator, args, model, tokenizer, output_dir, run_info)
+    summary = common.save_run(
+        accelerator, args, model, tokenizer, output_dir, recipe="question_answering", task=TASK, data=data,
+        hyperparameters=hyperparameters, metrics=metrics, parameters=parameters, steps=completed_steps,
+        history=history,
+    )  # fmt: skip
     with common.ending_run(accelerator):
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
-    return {
-        **metrics,
-        "output_dir": str(output_dir),
-        "world_size": world,
-        "rank_weight_sha256": fingerprints,
-        "train_steps": completed_steps,
-    }
+    return summary
 
 
 if __name__ == "__main__":

@@ -232,27 +232,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "Genre classification (15 genres) of the Brown Corpus documents, bundled with tf_family "
             "(`tf_family.data.load_brown`, fixed stratified split)."
         )
-    run_info = {
-        "recipe": "recipes/sequence_classification.py",
-        "task": TASK,
-        "dataset": {k: v for k, v in data.items() if v is not None},
-        "hyperparameters": hyperparameters,
-        "metrics": metrics,
-        "num_parameters": parameters,
-        "train_steps": completed_steps,
-        "train_history": history,
-    }
-    fingerprints = common.save_run(accelerator, args, model, tokenizer, output_dir, run_info)
+    summary = common.save_run(
+        accelerator, args, model, tokenizer, output_dir, recipe="sequence_classification", task=TASK, data=data,
+        hyperparameters=hyperparameters, metrics=metrics, parameters=parameters, steps=completed_steps,
+        history=history,
+    )  # fmt: skip
     with common.ending_run(accelerator):
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
-    return {
-        **metrics,
-        "output_dir": str(output_dir),
-        "world_size": world,
-        "rank_weight_sha256": fingerprints,
-        "train_steps": completed_steps,
-        "truncated_inputs": truncated,
-    }
+    return {**summary, "truncated_inputs": truncated}
 
 
 if __name__ == "__main__":

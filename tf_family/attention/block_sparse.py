@@ -10,8 +10,9 @@ seeds, so a forward pass never touches the global RNG and the same seed gives th
 repeat a block the query already sees (transformers' BigBird, in eval mode, points every random slot at block 0);
 a repeated key block then counts as many times as it appears in the softmax, exactly as in that implementation.
 
-The fast path (`block_sparse_attention`) gathers each query block's key blocks and runs PyTorch's
-scaled-dot-product attention on them, so time and memory grow linearly with the length; the dense twin
+The fast path (`block_sparse_attention`) gathers each query block's key blocks and attends to them through
+`attention_under_mask` (PyTorch's scaled-dot-product attention, or on CPU under a gradient or dropout tf_family's
+`masked_attention`), so time and memory grow linearly with the length; the dense twin
 (`block_sparse_attention_reference`) applies the block multiplicities of `build_block_sparse_counts` to full scores.
 Tensors are ``(B, H, T, Dh)``; ``T`` need not be a multiple of ``block_size`` (the tail block is padded and masked).
 """

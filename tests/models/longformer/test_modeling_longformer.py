@@ -194,6 +194,17 @@ def test_cache_errors_name_the_argument():
         encoder(ids, use_cache=True)
 
 
+def test_gradient_checkpointing_turns_the_cache_off_in_training():
+    model, ids, mask, _ = _causal_lm_and_prompt()
+    model.gradient_checkpointing_enable()
+    model.train()
+    out = model(ids, attention_mask=mask, labels=ids, use_cache=True)
+    assert out.past_key_values is None
+    out.loss.backward()
+    with pytest.raises(ValueError, match="past_key_values cannot be used with gradient checkpointing"):
+        model(ids, attention_mask=mask, past_key_values=DynamicCache())
+
+
 def test_question_rule_marks_tokens_before_the_first_separator():
     ids = torch.tensor([[0, 7, 8, 2, 2, 9, 9, 2], [0, 7, 2, 2, 9, 9, 2, 1], [0, 7, 7, 7, 9, 9, 9, 1]])
     assert separator_global_attention_mask(ids, 2).tolist() == [

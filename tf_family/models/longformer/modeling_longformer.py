@@ -388,6 +388,11 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
                 "past_key_values / use_cache need a causal model (config.causal=True, e.g. TffLongformerForCausalLM): "
                 "a bidirectional window also reads tokens that come later."
             )
+        if self.gradient_checkpointing and self.training and (use_cache or past_key_values is not None):
+            if past_key_values is not None:  # recomputed layers would append their keys twice
+                raise ValueError("past_key_values cannot be used with gradient checkpointing in training mode.")
+            logger.warning_once("use_cache=True is incompatible with gradient checkpointing in training; not caching.")
+            use_cache = False
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
