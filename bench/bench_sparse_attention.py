@@ -19,6 +19,11 @@ peak is that of the measured calls, and "delta" is the peak minus the RSS after 
 memory under `--max-gb`, or over `--timeout`) is recorded as failed and the sweep goes on.
 
 forward = eval mode under `torch.no_grad()`; train = train mode, forward + backward of the mean squared output.
+
+`--interleave-rounds N` (with `--interleave-lengths`) also times each tf_family / transformers pair in one
+subprocess: both models built, two warm-up calls each, then N rounds of one call of each, alternating, so that the
+drift of a shared machine's load hits both sides alike; the table gives both medians, their ratio and the range of
+the per-round ratios.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,22 +118,22 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def worker(model_name: str, length: int, mode: str, folder: str, repeats: int, cap_s: float) -> dict:
-    import resource
-
-    common.setup_threads()
+def _inputs(model_name: str, length: int) -> dict:
     import torch
 
-    model = _build(model_name, folder)
     generator = torch.Generator().manual_seed(length)
     inputs = {"input_ids": torch.randint(5, BODY["vocab_size"], (1, length), generator=generator)}
     if "longformer" in model_name:
         global_mask = torch.zeros(1, length, dtype=torch.long)
         global_mask[:, 0] = 1
         inputs["global_attention_mask"] = global_mask
-    reset = _reset_peak_rss()
-    rss_built = _status_mib("VmRSS") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    checksum = None
+    return inputs
+
+
+def _step(model, inputs: dict, mode: str):
+    """forward: eval mode under `torch.no_grad()`, returns the output; train: forward + backward of the mean square."""
+    import torch
+
     if mode == "forward":
         model.eval()
 
@@ -135,15 +141,57 @@ def worker(model_name: str, length: int, mode: str, folder: str, repeats: int, c
             with torch.no_grad():
                 return model(**inputs).last_hidden_state
 
+        return step
+    model.train()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(**inputs).last_hidden_state.pow(2).mean().backward()
+
+    return step
+
+
+def pair_worker(ours: str, theirs: str, length: int, mode: str, folder: str, rounds: int) -> dict:
+    """Both models in one process, two warm-up calls each, then ``rounds`` rounds of one call each, alternating: a
+    shared machine's drift hits both sides alike."""
+    import time
+
+    common.setup_threads()
+    steps = {name: _step(_build(name, folder), _inputs(name, length), mode) for name in (ours, theirs)}
+    for step in steps.values():
+        step()
+        step()
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(round(time.perf_counter() - start, 5))
+    return {
+        "ours": ours,
+        "theirs": theirs,
+        "length": length,
+        "mode": mode,
+        "times_s": times,
+        "loadavg_end": common.loadavg(),
+    }
+
+
+def worker(model_name: str, length: int, mode: str, folder: str, repeats: int, cap_s: float) -> dict:
+    import resource
+
+    common.setup_threads()
+    import torch
+
+    model = _build(model_name, folder)
+    inputs = _inputs(model_name, length)
+    reset = _reset_peak_rss()
+    rss_built = _status_mib("VmRSS") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    step = _step(model, inputs, mode)
+    checksum = None
+    if mode == "forward":
         output = step().double()  # (1, T, D); a position-free weighting of the features (layer norm zeroes plain sums)
         checksum = float((output * torch.linspace(-1, 1, output.shape[-1], dtype=torch.float64)).sum())
-    else:
-        model.train()
-
-        def step():
-            model.zero_grad(set_to_none=True)
-            model(**inputs).last_hidden_state.pow(2).mean().backward()
-
     timing = common.time_callable(step, repeats=repeats, max_repeats=max(repeats, 5), min_total_s=0.0, cap_s=cap_s)
     peak = _status_mib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
@@ -159,9 +207,9 @@ def worker(model_name: str, length: int, mode: str, folder: str, repeats: int, c
     }
 
 
-def run_worker(args: list[str], max_gb: float, timeout: float) -> dict:
+def run_worker(args: list[str], max_gb: float, timeout: float, flag: str = "--worker") -> dict:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    command = [sys.executable, __file__, "--worker", *args, "--max-gb", str(max_gb)]
+    command = [sys.executable, __file__, flag, *args, "--max-gb", str(max_gb)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -182,6 +230,30 @@ def _cell(record: dict | None) -> str:
     timing = record["timing"]
     flag = f" n={timing['n']}" if timing.get("flag") else ""
     return f"{common.format_seconds(timing['median_s'])} (min {common.format_seconds(timing['min_s'])}){flag}"
+
+
+def interleaved_markdown(pairs: list[dict]) -> str:
+    rows = []
+    for pair in pairs:
+        label = f"{pair['theirs']} / {pair['ours']}, L={pair['length']}, {pair['mode']}"
+        if "error" in pair:
+            rows.append([label, "failed", "failed", "—", "—"])
+            continue
+        ours = statistics.median(pair["times_s"][pair["ours"]])
+        theirs = statistics.median(pair["times_s"][pair["theirs"]])
+        per_round = [
+            b / a for a, b in zip(pair["times_s"][pair["ours"]], pair["times_s"][pair["theirs"]], strict=True)
+        ]
+        rows.append([
+            label, common.format_seconds(ours), common.format_seconds(theirs), f"{theirs / ours:.2f}x",
+            f"{min(per_round):.2f}-{max(per_round):.2f}x",
+        ])  # fmt: skip
+    rounds = len(next(iter(pairs[0]["times_s"].values()))) if pairs and "error" not in pairs[0] else 0
+    return (
+        f"#### Interleaved in one process ({rounds} rounds, one call of each model per round, after two warm-up calls "
+        "each): medians and the ratio\n\n"
+        + common.markdown_table(["pair", "tf_family", "transformers", "speed-up", "per-round range"], rows)
+    )
 
 
 def markdown(records: list[dict], models: list[str], lengths: list[int], modes: list[str]) -> str:
@@ -238,16 +310,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-gb", type=float, default=20.0, help="address-space limit of each measurement")
     parser.add_argument("--quick", action="store_true", help="512 and 1024 tokens, one repeat (a smoke run)")
     parser.add_argument("--name", default=None, help="results file name (default sparse_attention[_quick])")
+    parser.add_argument(
+        "--interleave-rounds", type=int, default=0,
+        help="also time each tf_family / transformers pair in one process, alternating call by call, N rounds",
+    )  # fmt: skip
+    parser.add_argument(
+        "--interleave-lengths", nargs="+", type=int, help="lengths of the interleaved pairs (default: --lengths)"
+    )
     parser.add_argument("--worker", nargs=5, metavar=("MODEL", "LENGTH", "MODE", "FOLDER", "REPEATS"))
+    parser.add_argument("--pair-worker", nargs=6, metavar=("OURS", "THEIRS", "LENGTH", "MODE", "FOLDER", "ROUNDS"))
     args = parser.parse_args(argv)
 
-    if args.worker:
+    if args.worker or args.pair_worker:
         import resource
 
         limit = int(args.max_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        model_name, length, mode, folder, repeats = args.worker
-        print(RESULT_TAG + json.dumps(worker(model_name, int(length), mode, folder, int(repeats), args.cap_s)))
+        if args.worker:
+            model_name, length, mode, folder, repeats = args.worker
+            result = worker(model_name, int(length), mode, folder, int(repeats), args.cap_s)
+        else:
+            ours, theirs, length, mode, folder, rounds = args.pair_worker
+            result = pair_worker(ours, theirs, int(length), mode, folder, int(rounds))
+        print(RESULT_TAG + json.dumps(result))
         return
 
     if args.quick:
@@ -265,9 +350,24 @@ def main(argv: list[str] | None = None) -> None:
                     record.update({"model": model_name, "length": length, "mode": mode})
                     records.append(record)
                     print(f"{model_name:>15} L={length:<6} {mode:<8} {_cell(record)}", flush=True)
+        pairs = []
+        for length in args.interleave_lengths or args.lengths if args.interleave_rounds else []:
+            for mode in args.modes:
+                for ours, theirs in (("tff_longformer", "hf_longformer"), ("tff_big_bird", "hf_big_bird")):
+                    if ours not in args.models or theirs not in args.models:
+                        continue
+                    pair_args = [ours, theirs, str(length), mode, folder, str(args.interleave_rounds)]
+                    record = run_worker(pair_args, args.max_gb, args.timeout, flag="--pair-worker")
+                    record.update({"ours": ours, "theirs": theirs, "length": length, "mode": mode})
+                    pairs.append(record)
+                    print(interleaved_markdown([record]).splitlines()[-1], flush=True)
     payload = {"config": {**BODY, "longformer_window": 256, "big_bird_block": 64, "big_bird_random_blocks": 3},
-               "args": {k: v for k, v in vars(args).items() if k != "worker"}, "records": records}  # fmt: skip
-    json_path, md_path = common.write_results(name, payload, markdown(records, args.models, args.lengths, args.modes))
+               "args": {k: v for k, v in vars(args).items() if k not in ("worker", "pair_worker")},
+               "records": records, "interleaved": pairs}  # fmt: skip
+    text = markdown(records, args.models, args.lengths, args.modes)
+    if pairs:
+        text += "\n\n" + interleaved_markdown(pairs)
+    json_path, md_path = common.write_results(name, payload, text)
     print(f"wrote {json_path} and {md_path}")
 
 
