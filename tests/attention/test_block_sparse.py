@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import tf_family.attention.block_sparse as block_sparse_module
 from tf_family.attention import (
     block_sparse_attention,
     block_sparse_attention_reference,
@@ -54,6 +55,19 @@ def test_block_sparse_matches_dense_twin(length, num_random, window_blocks, repe
     if repeated:  # transformers' eval pattern: every random slot on block 0 (repeats the global block)
         random_blocks = torch.zeros_like(random_blocks)
     _check_twin(tensors, padding, block, random_blocks, window_blocks)
+
+
+@pytest.mark.parametrize("blocks_per_slab", [1, 4])
+def test_slabs_of_query_blocks_match_dense_twin(monkeypatch, blocks_per_slab):
+    """On CPU the middle query blocks run in slabs whose score buffers stay small; 21 middle blocks in slabs of 1
+    and of 4 (the last one shorter) give the twin's values and gradients."""
+    length, block, num_random = 90, 4, 2
+    slots = 2 + 3 + num_random  # global, window, random key blocks per query block
+    score_bytes = B * H * block * slots * block * 8  # float64
+    monkeypatch.setattr(block_sparse_module, "_SLAB_BYTES", blocks_per_slab * score_bytes)
+    tensors, padding = _inputs(length, seed=7)
+    random_blocks = random_block_indices(-(-length // block), H, num_random, 1, seeded_generator(1, 0))
+    _check_twin(tensors, padding, block, random_blocks, 1)
 
 
 @pytest.mark.parametrize("length", [35, 90])
