@@ -108,12 +108,13 @@ def test_attention_under_mask_takes_our_function_for_cpu_training():
         assert takes_masked_attention(query, key, value, 0.1) and not takes_masked_attention(query, key, value, 0.0)
     assert not takes_masked_attention(query.half(), key.half(), value.half(), 0.1)
     weights = torch.randn(2, 3, 5, 4, dtype=torch.float64)
-    ours = attention_under_mask(query, key, value, allowed, dropout_p=1e-7)  # rounds to no dropped entry
-    sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed)
-    torch.testing.assert_close(ours, sdpa)
-    for got, want in zip(
-        torch.autograd.grad((ours * weights).sum(), (query, key, value)),
-        torch.autograd.grad((sdpa * weights).sum(), (query, key, value)),
-        strict=True,
-    ):
-        torch.testing.assert_close(got, want)
+    for mask in (allowed, torch.ones_like(allowed)):  # a mask with nothing masked skips the bias
+        ours = attention_under_mask(query, key, value, mask, dropout_p=1e-7)  # rounds to no dropped entry
+        sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        torch.testing.assert_close(ours, sdpa)
+        for got, want in zip(
+            torch.autograd.grad((ours * weights).sum(), (query, key, value)),
+            torch.autograd.grad((sdpa * weights).sum(), (query, key, value)),
+            strict=True,
+        ):
+            torch.testing.assert_close(got, want)

@@ -194,7 +194,9 @@ def attention_under_mask(
     where that is faster (`takes_masked_attention`). Every row of ``allowed`` needs one True entry."""
     if not takes_masked_attention(query, key, value, dropout_p):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p)
-    bias = allowed.view(torch.uint8).to(query.dtype).log_()  # 0 where allowed, -inf elsewhere
+    bias = None  # nothing masked (e.g. BigBird's middle blocks without padding): no pass over the scores for it
+    if not bool(allowed.all()):
+        bias = allowed.view(torch.uint8).to(query.dtype).log_()  # 0 where allowed, -inf elsewhere
     kept, scale = None, 1.0
     if dropout_p > 0.0:
         kept, scale = dropout_mask((*query.shape[:-1], key.shape[-2]), dropout_p, query.device)
