@@ -152,21 +152,10 @@ def _step(model, inputs: dict, mode: str):
 
 
 def pair_worker(ours: str, theirs: str, length: int, mode: str, folder: str, rounds: int) -> dict:
-    """Both models in one process, two warm-up calls each, then ``rounds`` rounds of one call each, alternating: a
-    shared machine's drift hits both sides alike."""
-    import time
-
+    """Both models in one process, timed by `common.time_interleaved`: a shared machine's drift hits both alike."""
     common.setup_threads()
     steps = {name: _step(_build(name, folder), _inputs(name, length), mode) for name in (ours, theirs)}
-    for step in steps.values():
-        step()
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(round(time.perf_counter() - start, 5))
+    times = common.time_interleaved(steps, rounds)
     return {
         "ours": ours,
         "theirs": theirs,

@@ -98,15 +98,7 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
         "identity": step_of(ours, _identity),
         "transformers": step_of(theirs, kernel),
     }
-    for step in steps.values():
-        step()
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
+    times = common.time_interleaved(steps, rounds)
 
     body = sparse.BODY
     heads, layers = body["num_attention_heads"], body["num_hidden_layers"]
@@ -129,7 +121,7 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
     return {
         "family": family,
         "length": length,
-        "times_s": {name: [round(t, 5) for t in values] for name, values in times.items()},
+        "times_s": times,
         "medians_s": medians,
         "products_per_layer_s": products,
         "products_s": products_s,

@@ -93,6 +93,22 @@ def time_callable(
     return Timing(times_s=[round(t, 5) for t in times], warmup_s=round(warmup, 5), flag=flag)
 
 
+def time_interleaved(steps: dict[str, Callable[[], object]], rounds: int, warmups: int = 2) -> dict[str, list[float]]:
+    """``warmups`` calls of each step, then ``rounds`` rounds of one call of each, alternating (the order reversed
+    every other round): a shared machine's drift hits every step alike. Returns each step's times in seconds."""
+    for step in steps.values():
+        for _ in range(warmups):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else reversed(names):
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(round(time.perf_counter() - start, 5))
+    return times
+
+
 def machine_info() -> dict:
     """CPU, core count, versions, threads and load: what a reader needs to compare two result files."""
     import torch
