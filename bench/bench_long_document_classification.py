@@ -18,7 +18,8 @@ accuracy, and a single seed is used: differences of a few points are noise. The 
 the tokens of the 512-token runs (5-7x the time measured).
 
 Run: ``python bench/bench_long_document_classification.py`` (12 minutes measured on 2 shared cores with both
-architectures; ``--archs longformer`` halves it), ``--quick`` for a smoke run under a minute.
+architectures; ``--archs longformer`` halves it), ``--quick`` for a smoke run under a minute. ``--seeds 0 1 2``
+repeats every run with each seed and adds the mean and standard deviation over seeds.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
+import itertools
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -74,6 +77,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", nargs="+", type=int, help="several seeds (overrides --seed): adds mean and spread")
     parser.add_argument("--lengths", nargs="+", type=int, default=[WHOLE, TRUNCATED])
     parser.add_argument("--quick", action="store_true", help="smoke run: 16 training documents, 1 epoch, 1024 tokens")
     parser.add_argument(
@@ -106,45 +110,46 @@ def main() -> None:
     lengths = [1024, TRUNCATED] if args.quick else args.lengths
     runs = []
     baseline = majority_baseline()
-    for arch in args.archs:
-        for length in lengths:
-            overrides = [
-                f"hidden_size={args.hidden}",
-                f"num_hidden_layers={args.layers}",
-                f"num_attention_heads={args.heads}",
-                f"intermediate_size={4 * args.hidden}",
-                *ARCH_OVERRIDES[arch],
-            ]
-            argv = [
-                "--arch", arch, "--variant", "small", "--config_overrides", *overrides,
-                "--dataset_name", "brown", "--max_length", str(length),
-                "--num_train_epochs", str(1 if args.quick else args.epochs),
-                "--per_device_train_batch_size", str(args.batch), "--per_device_eval_batch_size", str(args.batch),
-                "--learning_rate", str(args.lr), "--num_warmup_steps", str(args.warmup), "--seed", str(args.seed),
-                "--logging_steps", "25",
-            ]  # fmt: skip
-            if args.quick:
-                argv += ["--max_train_samples", "16", "--max_eval_samples", "8"]
-            with tempfile.TemporaryDirectory() as folder:
-                reset_accelerate()
-                start = time.perf_counter()
-                result = sequence_classification.main([*argv, "--output_dir", folder])
-                seconds = time.perf_counter() - start
-            runs.append(
-                {
-                    "arch": arch,
-                    "max_length": length,
-                    "train_and_eval_s": seconds,
-                    "truncated_inputs": result["truncated_inputs"],
-                    **{k: result[k] for k in result if k.startswith(("eval_", "test_"))},
-                    "recipe_args": argv,
-                }
-            )
-            print(f"{arch} max_length {length}: {runs[-1]}", flush=True)
+    seeds = args.seeds or [args.seed]
+    for arch, length, seed in itertools.product(args.archs, lengths, seeds):  # one run each
+        overrides = [
+            f"hidden_size={args.hidden}",
+            f"num_hidden_layers={args.layers}",
+            f"num_attention_heads={args.heads}",
+            f"intermediate_size={4 * args.hidden}",
+            *ARCH_OVERRIDES[arch],
+        ]
+        argv = [
+            "--arch", arch, "--variant", "small", "--config_overrides", *overrides,
+            "--dataset_name", "brown", "--max_length", str(length),
+            "--num_train_epochs", str(1 if args.quick else args.epochs),
+            "--per_device_train_batch_size", str(args.batch), "--per_device_eval_batch_size", str(args.batch),
+            "--learning_rate", str(args.lr), "--num_warmup_steps", str(args.warmup), "--seed", str(seed),
+            "--logging_steps", "25",
+        ]  # fmt: skip
+        if args.quick:
+            argv += ["--max_train_samples", "16", "--max_eval_samples", "8"]
+        with tempfile.TemporaryDirectory() as folder:
+            reset_accelerate()
+            start = time.perf_counter()
+            result = sequence_classification.main([*argv, "--output_dir", folder])
+            seconds = time.perf_counter() - start
+        runs.append(
+            {
+                "arch": arch,
+                "max_length": length,
+                "seed": seed,
+                "train_and_eval_s": seconds,
+                "truncated_inputs": result["truncated_inputs"],
+                **{k: result[k] for k in result if k.startswith(("eval_", "test_"))},
+                "recipe_args": argv,
+            }
+        )
+        print(f"{arch} max_length {length} seed {seed}: {runs[-1]}", flush=True)
 
     rows = [
         [
-            r["arch"],
+            r["arch"] + (f" (seed {r['seed']})" if len(seeds) > 1 else ""),
             f"{r['max_length']} ({'whole' if r['truncated_inputs']['train'] == 0 else 'cut'})",
             f"{r['truncated_inputs']['train']} / {r['truncated_inputs']['validation']} / {r['truncated_inputs']['test']}",
             f"{100 * r['eval_accuracy']:.1f}",
@@ -172,11 +177,29 @@ def main() -> None:
     setting = (
         f"{'QUICK SMOKE RUN (16 training documents, 1 epoch): not a result. ' if args.quick else ''}"
         f"From scratch, hidden {args.hidden}, {args.layers} layers, {args.heads} heads, {args.epochs if not args.quick else 1} "
-        f"epochs, batch {args.batch}, AdamW lr {args.lr} (linear, {args.warmup} warm-up steps), seed {args.seed}. "
-        "52 documents per split: one document is 1.9 points of accuracy; one seed."
+        f"epochs, batch {args.batch}, AdamW lr {args.lr} (linear, {args.warmup} warm-up steps), "
+        f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}. "
+        "52 documents per split: one document is 1.9 points of accuracy."
     )
     markdown = "# Brown Corpus genres: whole documents against the first 512 tokens\n\n" + setting + "\n\n"
     markdown += markdown_table(headers, rows)
+    if len(seeds) > 1:
+        summary = []
+        for arch in args.archs:
+            for length in lengths:
+                group = [r for r in runs if r["arch"] == arch and r["max_length"] == length]
+                cells = []
+                for key in ("eval_accuracy", "eval_macro_f1", "test_accuracy", "test_macro_f1"):
+                    values = [100 * r[key] for r in group]
+                    cells.append(f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}")
+                summary.append([arch, length, len(group), *cells])
+        markdown += (
+            f"\n\nMean ± standard deviation over seeds {', '.join(map(str, seeds))}:\n\n"
+            + markdown_table(
+                ["model", "max_length", "runs", "val acc %", "val macro-F1 %", "test acc %", "test macro-F1 %"],
+                summary,
+            )  # fmt: skip
+        )
     name = args.name + ("_quick" if args.quick else "")
     payload = {"settings": vars(args), "runs": runs, "majority_baseline": baseline}
     json_path, md_path = write_results(name, payload, markdown)
