@@ -3,11 +3,12 @@
 PyTorch's CPU dropout draws one Bernoulli sample per element (``bernoulli_``, about 6 ns each on this project's
 2-core machine). On the attention probabilities of a long sequence that costs more than the attention's matrix
 products. `dropout_mask` draws 64 random bits at a time from the same generator and compares each 16-bit slice
-with a threshold, four elements per draw (about 1 ns each). The mask is applied as a product with its 0/1 float
-image (a bool ``masked_fill`` or ``where`` over the same tensor is 4-6x slower on CPU). The drop probability is therefore rounded to a multiple of
-``1 / 65536`` (0.1 becomes 0.100006); the kept values are scaled by ``1 / (1 - rounded p)``, so the expected value
-is exactly preserved, as with `torch.nn.functional.dropout`. Seeding (`torch.manual_seed`, a ``generator``) makes
-it reproducible. On other devices `dropout` is `torch.nn.functional.dropout`, whose fused kernels are already fast.
+with a threshold, four elements per draw (about 1 ns each). The drop probability is therefore rounded to a multiple
+of ``1 / 65536`` (0.1 becomes 0.100006); the kept values are scaled by ``1 / (1 - rounded p)``, so the expected value
+is exactly preserved, as with `torch.nn.functional.dropout`. The mask is applied as a product with its 0/1 float
+image (a bool ``masked_fill`` or ``where`` over the same tensor is 4-6x slower on CPU). Seeding (`torch.manual_seed`,
+a ``generator``) makes it reproducible. On other devices `dropout` is `torch.nn.functional.dropout`, whose fused
+kernels are already fast.
 
 `masked_attention` is ``softmax(q k^T / sqrt(Dh) + bias)`` with dropout on the probabilities, times ``v``. Its
 backward needs only the probabilities and the dropout mask (``P * dP = P_kept * dP_kept``), which saves the

@@ -7,8 +7,9 @@ A global key that also lies in a window is counted once.
 The fast path (`sliding_window_attention`) cuts the queries into chunks and lets each chunk attend to the keys its
 window can reach plus the global keys, so time and memory grow linearly with the length. The chunks go through
 `attention_under_mask`: PyTorch's `scaled_dot_product_attention` in eval, tf_family's `masked_attention` when a CPU
-forward needs a gradient or dropout (with chunks of half a window there, which waste fewer scores). Dilation ``d`` is handled by regrouping the sequence into ``d`` interleaved streams
-(positions ``r, r + d, r + 2d, ...``): a dilated window is an ordinary window inside each stream. The dense twin
+forward needs a gradient or dropout (with chunks of half a window there, which waste fewer scores). Dilation ``d``
+is handled by regrouping the sequence into ``d`` interleaved streams (positions ``r, r + d, r + 2d, ...``): a
+dilated window is an ordinary window inside each stream. The dense twin
 (`sliding_window_attention_reference`) materialises the full ``(B, T, T)`` mask of `build_sliding_window_mask`.
 
 Conventions: tensors are ``(B, H, T, Dh)``; masks are bool with ``True`` meaning "may attend" / "real token". A
