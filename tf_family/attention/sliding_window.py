@@ -221,7 +221,7 @@ def global_attention_reference(
 
 # ------------------------------------------------------------------------------------------------------ fast path
 def _unfold(tensor: torch.Tensor, left: int, right: int, span: int, step: int) -> torch.Tensor:
-    """``(B, T, ...)`` -> ``(B, N, ...,  span)``: overlapping, zero-padded spans of ``span`` rows every ``step``."""
+    """``(B, T, ...)`` -> ``(B, N, ..., span)``: overlapping, zero-padded spans of ``span`` rows every ``step``."""
     return F.pad(tensor, [0, 0] * (tensor.dim() - 2) + [left, right]).unfold(1, span, step)
 
 
