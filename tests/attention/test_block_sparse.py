@@ -13,6 +13,7 @@ from tf_family.attention import (
 )
 
 B, H, DH = 3, 2, 8
+pytestmark = pytest.mark.usefixtures("attention_backend")  # native kernel and PyTorch path alike
 
 
 def _inputs(length, seed=0):

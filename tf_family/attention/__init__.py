@@ -29,6 +29,7 @@ from .dropout import (
     takes_masked_attention,
 )
 from .masks import build_causal_memory_mask, build_key_padding_mask
+from .native import fused_attention, fused_keep_mask
 from .relative import (
     rel_shift,
     rel_shift_reference,
@@ -64,6 +65,8 @@ __all__ = [
     "dense_attention",
     "dropout",
     "dropout_mask",
+    "fused_attention",
+    "fused_keep_mask",
     "global_attention",
     "global_attention_reference",
     "masked_attention",

@@ -14,6 +14,10 @@ kernels are already fast.
 backward needs only the probabilities and the dropout mask (``P * dP = P_kept * dP_kept``), which saves the
 element-wise passes and the copies of PyTorch's math attention (the path `scaled_dot_product_attention` takes on
 CPU whenever dropout is on). `masked_attention_reference` is its plain-autograd twin.
+
+`attention_under_mask` is the one place the kernels choose how to attend: PyTorch's SDPA in eval, and for CPU
+training tf_family's native fused kernel (`native.fused_attention`, compiled on first use) or, where that cannot be
+built or ``TF_FAMILY_NATIVE=0``, `masked_attention`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import native
 
 _LEVELS = 65536  # 16-bit slices of the random words
 
@@ -191,12 +197,16 @@ def takes_masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
 def attention_under_mask(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, dropout_p: float = 0.0
 ) -> torch.Tensor:
-    """`torch.nn.functional.scaled_dot_product_attention` under a bool mask (True: may attend), or `masked_attention`
-    where that is faster (`takes_masked_attention`). Every row of ``allowed`` needs one True entry."""
+    """`torch.nn.functional.scaled_dot_product_attention` under a bool mask (True: may attend), or where our own
+    function is faster (`takes_masked_attention`) the native fused kernel (`native.fused_attention`, 4-D inputs) or
+    `masked_attention`. Every row of ``allowed`` needs one True entry."""
     if not takes_masked_attention(query, key, value, dropout_p):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p)
+    everything = bool(allowed.all())
+    if query.dim() == 4 and native.extension() is not None:
+        return native.fused_attention(query, key, value, None if everything else allowed, dropout_p)
     bias = None  # nothing masked (e.g. BigBird's middle blocks without padding): no pass over the scores for it
-    if not bool(allowed.all()):
+    if not everything:
         bias = allowed.view(torch.uint8).to(query.dtype).log_()  # 0 where allowed, -inf elsewhere
     kept, scale = None, 1.0
     if dropout_p > 0.0:

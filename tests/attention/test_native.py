@@ -1,0 +1,152 @@
+"""tf_family's native CPU attention kernel agrees with its dense twin, and its dropout is seeded and unbiased."""
+
+import warnings
+
+import pytest
+import torch
+
+from tf_family.attention import attention_under_mask, masked_attention_reference, native
+
+pytestmark = pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
+
+
+def _inputs(shape=(3, 2, 5, 7, 4), dtype=torch.float64, seed=0):
+    a, h, t, s, d = shape
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(a, h, t, d, generator=generator, dtype=dtype)
+    key, value = (torch.randn(a, h, s, d, generator=generator, dtype=dtype) for _ in range(2))
+    return [x.requires_grad_(True) for x in (query, key, value)]
+
+
+def _masks(a, h, t, s, seed=1):
+    """Masks broadcast over heads, over query rows, and full; every row keeps at least one key."""
+    generator = torch.Generator().manual_seed(seed)
+    over_heads = torch.rand(a, 1, t, s, generator=generator) > 0.4
+    over_heads[..., -1] = True
+    over_rows = torch.rand(a, h, 1, s, generator=generator) > 0.4
+    over_rows[..., 0] = True
+    full = torch.rand(a, h, t, s, generator=generator) > 0.7
+    full[..., s // 2] = True
+    return {"none": None, "over heads": over_heads, "over rows": over_rows, "full": full}
+
+
+def _reference(tensors, allowed, kept, scale):
+    bias = (
+        None
+        if allowed is None
+        else torch.zeros(allowed.shape, dtype=tensors[0].dtype).masked_fill(~allowed, -torch.inf)
+    )
+    return masked_attention_reference(*tensors, bias, kept, scale)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("mask_kind", ["none", "over heads", "over rows", "full"])
+def test_fused_attention_matches_its_twin(p, mask_kind):
+    tensors = _inputs()
+    allowed = _masks(3, 2, 5, 7)[mask_kind]
+    seed = 1234
+    kept, scale = native.fused_keep_mask((3, 2, 5, 7), p, seed) if p else (None, 1.0)
+    if p:
+        assert not kept.all() and kept.any()
+    weights = torch.randn(3, 2, 5, 4, dtype=torch.float64)
+    fast = native.fused_attention(*tensors, allowed, p, seed=seed)
+    reference = _reference(tensors, allowed, kept, scale)
+    torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad((fast * weights).sum(), tensors)
+    expected = torch.autograd.grad((reference * weights).sum(), tensors)
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    torch.autograd.gradcheck(lambda q, k, v: native.fused_attention(q, k, v, allowed, p, seed=seed), tensors)
+
+
+def test_float32_long_rows_match_pytorch():
+    """float32 uses the kernel's own vectorised exp: rows of 1000 keys agree with PyTorch's softmax attention."""
+    tensors = _inputs((2, 3, 64, 1000, 16), dtype=torch.float32, seed=2)
+    allowed = _masks(2, 3, 64, 1000)["over heads"]
+    fast = native.fused_attention(*tensors, allowed)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(*tensors, attn_mask=allowed)
+    torch.testing.assert_close(fast, sdpa, rtol=1e-5, atol=2e-6)
+    weights = torch.randn_like(fast)
+    for got, want in zip(
+        torch.autograd.grad((fast * weights).sum(), tensors),
+        torch.autograd.grad((sdpa * weights).sum(), tensors),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_rate_seed_and_threads():
+    kept, scale = native.fused_keep_mask((1000, 1000), 0.1, seed=7)
+    assert scale == 65536 / (65536 - 6554)  # the same rounding of p as dropout_mask
+    assert abs(kept.float().mean().item() - 0.9) < 0.002  # 10^6 draws: 7 standard deviations
+    assert ((kept.view(-1, 2).float().mean(0) - 0.9).abs() < 0.003).all()  # both halves of each hash are used
+    assert torch.equal(kept, native.fused_keep_mask((1000, 1000), 0.1, seed=7)[0])
+    assert not torch.equal(kept, native.fused_keep_mask((1000, 1000), 0.1, seed=8)[0])
+    # a seed drawn from PyTorch's generator: torch.manual_seed reproduces the call, on any number of threads
+    tensors = _inputs((4, 2, 33, 70, 8), dtype=torch.float32)
+    torch.manual_seed(5)
+    first = native.fused_attention(*tensors, None, 0.2)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(5)
+        again = native.fused_attention(*tensors, None, 0.2)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, native.fused_attention(*tensors, None, 0.2))
+
+
+def test_dropout_is_unbiased():
+    rows = 4000
+    query, key, value = (x.detach()[:1, :1].expand(rows, 1, -1, -1).contiguous() for x in _inputs((1, 1, 6, 9, 4)))
+    exact = native.fused_attention(query[:1], key[:1], value[:1])
+    dropped = native.fused_attention(query, key, value, None, 0.3)
+    assert not torch.allclose(dropped[0], exact[0])
+    torch.testing.assert_close(dropped.mean(0, keepdim=True), exact, atol=0.05, rtol=0)
+
+
+def test_gradient_checkpointing_replays_the_dropout_mask():
+    tensors = _inputs((2, 2, 9, 11, 4))
+    torch.manual_seed(0)
+    plain = torch.autograd.grad(native.fused_attention(*tensors, None, 0.5).sum(), tensors)
+    torch.manual_seed(0)
+    out = torch.utils.checkpoint.checkpoint(
+        lambda q, k, v: native.fused_attention(q, k, v, None, 0.5), *tensors, use_reentrant=False
+    )
+    for got, want in zip(torch.autograd.grad(out.sum(), tensors), plain, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_attention_under_mask_uses_the_kernel_unless_turned_off(monkeypatch):
+    tensors = _inputs()
+    allowed = _masks(3, 2, 5, 7)["full"]
+    calls = []
+    real = native.fused_attention
+    monkeypatch.setattr(native, "fused_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    on = attention_under_mask(*tensors, allowed, 0.0)
+    assert calls == [1]
+    monkeypatch.setenv("TF_FAMILY_NATIVE", "0")
+    off = attention_under_mask(*tensors, allowed, 0.0)
+    assert calls == [1]
+    torch.testing.assert_close(on, off)
+
+
+def test_bad_inputs_are_named():
+    query, key, value = _inputs()
+    with pytest.raises(ValueError, match="fused_attention takes query"):
+        native.fused_attention(query, key[:, :1], value)
+    with pytest.raises(ValueError, match="float32/float64"):
+        native.fused_attention(query.half(), key.half(), value.half())
+
+
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native, "_build", lambda: (_ for _ in ()).throw(OSError("no compiler\ng++: not found")))
+    with pytest.warns(RuntimeWarning, match="could not be built .*g\\+\\+: not found.*TF_FAMILY_NATIVE=0"):
+        assert native.extension() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.extension() is None  # no second warning
+        tensors = _inputs()
+        assert attention_under_mask(*tensors, torch.ones(3, 2, 5, 7, dtype=torch.bool)).shape == (3, 2, 5, 4)

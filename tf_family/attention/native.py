@@ -1,0 +1,163 @@
+"""tf_family's native CPU kernel: fused masked softmax attention with dropout (``csrc/fused_attention.cpp``).
+
+On CPU, the unfused training path (`masked_attention`) makes one pass over the whole ``(..., T, S)`` score tensor in
+memory for each step: scores, mask, softmax, dropout, and as many again in the backward. On this project's 2-core
+machine those passes cost about as much as the matrix products. The native kernel instead works one (batch, head)
+tile at a time and keeps the tile's scores in cache. It saves no probabilities, only each row's log-sum-exp, and
+the backward recomputes the scores. Dropout draws no random numbers ahead of time: each element's keep decision is
+a hash of a per-call seed and its position, and the backward regenerates it. The seed comes from PyTorch's default
+generator, so `torch.manual_seed` makes a run reproducible and gradient checkpointing replays the same mask.
+
+The kernel is compiled on first use with `torch.utils.cpp_extension` (about 25 s on 2 cores; needs a C++ compiler
+and ninja) and cached under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). It links the BLAS
+inside PyTorch's CPU build (Intel MKL on x86-64 Linux). When the build or the load fails, one warning says why and
+`attention_under_mask` keeps using `masked_attention`. ``TF_FAMILY_NATIVE=0`` turns the kernel off.
+
+`fused_attention` is the entry point; its dense twin is `masked_attention_reference` given the same dropout mask
+(`fused_keep_mask`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import warnings
+from pathlib import Path
+
+import torch
+
+_SOURCE = Path(__file__).with_name("csrc") / "fused_attention.cpp"
+_LEVELS = 65536  # dropout resolution, shared with dropout.dropout_mask
+_state: dict = {}
+
+
+def _cpu_signature() -> str:
+    """What the ``-march=native`` build depends on: the CPU model and its instruction-set flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+        return "\n".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _build():
+    from torch.utils.cpp_extension import load
+
+    try:  # the `ninja` wheel (a dependency) may sit in a virtual environment that is not on PATH
+        import ninja
+
+        if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    except ImportError:
+        pass
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[:12]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the build's own chatter (compiler version notes)
+        return load(
+            name=f"tf_family_fused_attention_{key}",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+
+
+def extension():
+    """The compiled kernel module, building it on first call; ``None`` when it is off or cannot be built/loaded."""
+    if os.environ.get("TF_FAMILY_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if "module" not in _state:
+        module = None
+        if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64"):
+            try:
+                module = _build()
+            except Exception as error:  # a missing compiler, ninja or BLAS symbol: fall back, say why once
+                warnings.warn(
+                    f"tf_family's native CPU attention kernel could not be built ({type(error).__name__}: "
+                    f"{str(error).strip().splitlines()[-1] if str(error).strip() else error!r}); CPU training uses the "
+                    "slower PyTorch path. Install a C++ compiler and ninja to build it, or set TF_FAMILY_NATIVE=0 to "
+                    "skip the attempt.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        _state["module"] = module
+    return _state["module"]
+
+
+def dropped_levels(dropout_p: float) -> int:
+    """How many of 65536 levels a drop probability rounds to (as in `dropout_mask`)."""
+    return round(dropout_p * _LEVELS)
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, mask, dropped: int, seed: int):
+        out, lse = extension().forward(query, key, value, mask, dropped, seed)
+        ctx.save_for_backward(query, key, value, mask, lse)
+        ctx.dropout = (dropped, seed)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, mask, lse = ctx.saved_tensors
+        grads = extension().backward(grad_out.contiguous(), query, key, value, mask, lse, *ctx.dropout)
+        return (*grads, None, None, None)
+
+
+def fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> torch.Tensor:
+    """Softmax attention under a bool mask with dropout on the probabilities, computed by the native kernel.
+
+    Args:
+        query: ``(A, H, T, Dh)``; key, value: ``(A, H, S, Dh)``; float32 or float64 on CPU.
+        allowed: bool, broadcastable to ``(A, H, T, S)``, True where a query may attend; every row needs one True
+            entry. ``None``: nothing masked.
+        dropout_p: drop probability, rounded to a multiple of ``1 / 65536`` (the kept values are scaled to keep the
+            expectation, as in `torch.nn.functional.dropout`).
+        seed: the dropout seed (default: drawn from PyTorch's default generator).
+
+    Returns:
+        ``(A, H, T, Dh)``. Raises `RuntimeError` when the kernel is not available (see `extension`).
+    """
+    if extension() is None:
+        raise RuntimeError("tf_family's native attention kernel is not available (see the earlier warning).")
+    if query.dim() != 4 or key.shape != value.shape or query.shape[:2] != key.shape[:2] or key.dim() != 4:
+        raise ValueError(
+            "fused_attention takes query (A, H, T, Dh) and key, value (A, H, S, Dh), got "
+            f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}."
+        )
+    if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"fused_attention runs on CPU in float32/float64, got {query.dtype} on {query.device}.")
+    mask = None
+    if allowed is not None:
+        mask = allowed.to(torch.bool).expand(*query.shape[:-1], key.shape[-2])
+        if mask.stride(-1) != 1:  # the kernel reads each row's keys contiguously
+            mask = mask.contiguous()
+        mask = mask.view(torch.uint8)
+    dropped = dropped_levels(dropout_p) if dropout_p > 0.0 else -1
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ())) if dropped >= 0 else 0
+    query, key, value = (t.contiguous() for t in (query, key, value))
+    return _FusedAttention.apply(query, key, value, mask, dropped, seed)
+
+
+def fused_keep_mask(shape: tuple[int, ...] | torch.Size, dropout_p: float, seed: int) -> tuple[torch.Tensor, float]:
+    """The dropout mask `fused_attention` applies for ``seed`` (True = kept) and the scale of the kept values."""
+    numel = 1
+    for size in shape:
+        numel *= int(size)
+    dropped = dropped_levels(dropout_p)
+    kept = extension().keep_mask(numel, dropped, seed).view(*shape).to(torch.bool)
+    return kept, _LEVELS / (_LEVELS - dropped)
+
+
+__all__ = ["extension", "fused_attention", "fused_keep_mask"]
