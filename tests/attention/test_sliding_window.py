@@ -81,9 +81,10 @@ def test_sliding_window_matches_dense_twin(length, window, dilation, causal, wit
 @pytest.mark.parametrize("dilation", [1, 3])
 @pytest.mark.parametrize("causal", [False, True])
 def test_training_path_with_dropout_matches_dense_twin(window, dilation, causal):
-    """Under dropout the kernel takes its own attention function (not PyTorch's) and chunks of half a window; with
-    a rate that rounds to no dropped entry it must give the twin's values and gradients."""
-    length = 37 if window < 64 else 301  # 301: chunks of 75 keys, spans of 5 chunks
+    """Under dropout the kernel takes its own attention function (not PyTorch's): the native kernel with chunks of
+    one window, or masked_attention with chunks of half a window. With a rate that rounds to no dropped entry it must
+    give the twin's values and gradients."""
+    length = 37 if window < 64 else 301  # 301 at window 150: chunks of 150 (native) or 75 queries
     tensors, padding = _inputs(length, seed=window)
     pattern = WindowPattern(window, dilation, causal)
     global_tokens = _global(length, padding, [[0, length - 1], [length // 2], [5, 7, 11]])

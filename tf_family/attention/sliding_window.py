@@ -6,10 +6,10 @@ A global key that also lies in a window is counted once.
 
 The fast path (`sliding_window_attention`) cuts the queries into chunks and lets each chunk attend to the keys its
 window can reach plus the global keys, so time and memory grow linearly with the length. The chunks go through
-`attention_under_mask`: PyTorch's `scaled_dot_product_attention` in eval, tf_family's `masked_attention` when a CPU
-forward needs a gradient or dropout (with chunks of half a window there, which waste fewer scores). Dilation ``d``
-is handled by regrouping the sequence into ``d`` interleaved streams (positions ``r, r + d, r + 2d, ...``): a
-dilated window is an ordinary window inside each stream. The dense twin
+`attention_under_mask`: PyTorch's `scaled_dot_product_attention` in eval; when a CPU forward needs a gradient or
+dropout, tf_family's native kernel, or where that is not built `masked_attention` (with chunks of half a window,
+which waste fewer scores). Dilation ``d`` is handled by regrouping the sequence into ``d`` interleaved streams
+(positions ``r, r + d, r + 2d, ...``): a dilated window is an ordinary window inside each stream. The dense twin
 (`sliding_window_attention_reference`) materialises the full ``(B, T, T)`` mask of `build_sliding_window_mask`.
 
 Conventions: tensors are ``(B, H, T, Dh)``; masks are bool with ``True`` meaning "may attend" / "real token". A
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .dropout import attention_under_mask, takes_masked_attention
 
 
@@ -278,10 +279,11 @@ def _banded_attention(
     ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
     """
     batch, length, heads, head_dim = query.shape
-    # PyTorch's fused attention (eval) does best with chunks of one window; our masked_attention (CPU training) with
-    # half a window, whose spans waste fewer scores (measured at window 256 on 2 cores: 7 % per step)
-    own_path = takes_masked_attention(query, key, value, dropout_p)
-    chunk = min(max(window // 2 if own_path else window, 64), length)
+    # Chunks of one window suit PyTorch's fused attention (eval) and the native kernel (CPU training; its products
+    # are more efficient on 128 rows than on 64, which outweighs the wasted scores of longer spans: 47 vs 51 ms per
+    # layer at window 256, 2 cores); the unfused masked_attention does best with half a window (7 % per step).
+    unfused = takes_masked_attention(query, key, value, dropout_p) and native.extension() is None
+    chunk = min(max(window // 2 if unfused else window, 64), length)
     num_chunks = -(-length // chunk)
     padded_length = num_chunks * chunk
     right = 0 if causal else window
