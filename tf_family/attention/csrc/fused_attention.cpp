@@ -110,21 +110,23 @@ struct Geometry {
   bool has_mask;
 };
 
-// The tile's probabilities softmax(q k^T * scale) under the mask, written to `probs` (T x S). Forward: computes each
-// row's log-sum-exp into `lse`; backward: recomputes the same probabilities from the saved `lse`.
+// Rows [r0, r0 + rows) of a tile's probabilities softmax(q k^T * scale) under the mask, written to `probs`
+// (rows x S). Forward: computes each row's log-sum-exp into `lse`; backward: recomputes the same probabilities from
+// the saved `lse`.
 template <typename scalar_t>
-void tile_probs(const Geometry& g, int64_t tile, const scalar_t* q, const scalar_t* k, const uint8_t* mask,
-                scalar_t* probs, scalar_t* lse, bool recompute) {
+void tile_probs(const Geometry& g, int64_t tile, int64_t r0, int64_t rows, const scalar_t* q, const scalar_t* k,
+                const uint8_t* mask, scalar_t* probs, scalar_t* lse, bool recompute) {
   const int64_t T = g.T, S = g.S, D = g.D;
   const scalar_t scale = static_cast<scalar_t>(1.0 / std::sqrt(static_cast<double>(D)));
-  gemm_rm<scalar_t>(false, true, T, S, D, scale, q + tile * T * D, D, k + tile * S * D, D, scalar_t(0), probs, S);
+  gemm_rm<scalar_t>(false, true, rows, S, D, scale, q + (tile * T + r0) * D, D, k + tile * S * D, D, scalar_t(0),
+                    probs, S);
   const uint8_t* mask_tile = g.has_mask ? mask + (tile / g.heads) * g.m_outer + (tile % g.heads) * g.m_head : nullptr;
   const scalar_t neg_inf = -std::numeric_limits<scalar_t>::infinity();
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t t = 0; t < rows; ++t) {
     scalar_t* row = probs + t * S;
-    const uint8_t* allowed = mask_tile ? mask_tile + t * g.m_row : nullptr;
+    const uint8_t* allowed = mask_tile ? mask_tile + (r0 + t) * g.m_row : nullptr;
     if (recompute) {
-      const scalar_t shift = lse[t];
+      const scalar_t shift = lse[r0 + t];
       if (allowed) {
 #pragma omp simd
         for (int64_t j = 0; j < S; ++j) row[j] = allowed[j] ? exp_nonpositive(row[j] - shift) : scalar_t(0);
@@ -161,7 +163,7 @@ void tile_probs(const Geometry& g, int64_t tile, const scalar_t* q, const scalar
     const scalar_t inv = scalar_t(1) / total;
 #pragma omp simd
     for (int64_t j = 0; j < S; ++j) row[j] *= inv;
-    lse[t] = top + std::log(total);
+    lse[r0 + t] = top + std::log(total);
   }
 }
 
@@ -172,61 +174,75 @@ struct Dropout {
   double keep_scale;
 };
 
+// Query rows per block: a block's (rows x S) buffers stay within about 256 KiB, so they live in the core's L2 cache
+// while the block is worked on (at least 16 rows, so the products keep a useful shape).
 template <typename scalar_t>
-void forward_tile(const Geometry& g, int64_t tile, const scalar_t* q, const scalar_t* k, const scalar_t* v,
-                  const uint8_t* mask, scalar_t* out, scalar_t* lse, scalar_t* probs, uint8_t* keep,
-                  const Dropout& drop) {
+int64_t rows_per_block(const Geometry& g) {
+  const int64_t fit = (256 * 1024) / (std::max<int64_t>(g.S, 1) * static_cast<int64_t>(sizeof(scalar_t)));
+  return std::max<int64_t>(1, std::min(g.T, std::max<int64_t>(16, fit)));
+}
+
+template <typename scalar_t>
+void forward_block(const Geometry& g, int64_t tile, int64_t r0, int64_t rows, const scalar_t* q, const scalar_t* k,
+                   const scalar_t* v, const uint8_t* mask, scalar_t* out, scalar_t* lse, scalar_t* probs,
+                   uint8_t* keep, const Dropout& drop) {
   const int64_t T = g.T, S = g.S, D = g.D;
-  tile_probs<scalar_t>(g, tile, q, k, mask, probs, lse + tile * T, false);
+  tile_probs<scalar_t>(g, tile, r0, rows, q, k, mask, probs, lse + tile * T, false);
   if (drop.on) {
-    for (int64_t t = 0; t < T; ++t) {
-      keep_row(drop.seed, (tile * T + t) * S, S, drop.threshold, keep);
+    for (int64_t t = 0; t < rows; ++t) {
+      keep_row(drop.seed, (tile * T + r0 + t) * S, S, drop.threshold, keep);
       scalar_t* row = probs + t * S;
 #pragma omp simd
       for (int64_t j = 0; j < S; ++j) row[j] = keep[j] ? row[j] : scalar_t(0);
     }
   }
   const scalar_t alpha = drop.on ? static_cast<scalar_t>(drop.keep_scale) : scalar_t(1);
-  gemm_rm<scalar_t>(false, false, T, D, S, alpha, probs, S, v + tile * S * D, D, scalar_t(0), out + tile * T * D, D);
+  gemm_rm<scalar_t>(false, false, rows, D, S, alpha, probs, S, v + tile * S * D, D, scalar_t(0),
+                    out + (tile * T + r0) * D, D);
 }
 
+// One tile's gradients, its query rows taken in blocks; the key and value gradients add up over the blocks.
 template <typename scalar_t>
-void backward_tile(const Geometry& g, int64_t tile, const scalar_t* q, const scalar_t* k, const scalar_t* v,
-                   const uint8_t* mask, const scalar_t* lse, const scalar_t* grad_out, scalar_t* grad_q,
-                   scalar_t* grad_k, scalar_t* grad_v, scalar_t* probs, scalar_t* grad_p, scalar_t* kept_p,
-                   uint8_t* keep, const Dropout& drop) {
+void backward_tile(const Geometry& g, int64_t tile, int64_t block_rows, const scalar_t* q, const scalar_t* k,
+                   const scalar_t* v, const uint8_t* mask, const scalar_t* lse, const scalar_t* grad_out,
+                   scalar_t* grad_q, scalar_t* grad_k, scalar_t* grad_v, scalar_t* probs, scalar_t* grad_p,
+                   scalar_t* kept_p, uint8_t* keep, const Dropout& drop) {
   const int64_t T = g.T, S = g.S, D = g.D;
   const scalar_t scale = static_cast<scalar_t>(1.0 / std::sqrt(static_cast<double>(D)));
   const scalar_t keep_scale = static_cast<scalar_t>(drop.keep_scale);
-  const scalar_t* got = grad_out + tile * T * D;
-  tile_probs<scalar_t>(g, tile, q, k, mask, probs, const_cast<scalar_t*>(lse) + tile * T, true);
-  // dP = dO v^T (the gradient of the kept, scaled probabilities)
-  gemm_rm<scalar_t>(false, true, T, S, D, scalar_t(1), got, D, v + tile * S * D, D, scalar_t(0), grad_p, S);
-  for (int64_t t = 0; t < T; ++t) {
-    const scalar_t* p = probs + t * S;
-    scalar_t* dp = grad_p + t * S;
-    if (drop.on) {
-      keep_row(drop.seed, (tile * T + t) * S, S, drop.threshold, keep);
-      scalar_t* kp = kept_p + t * S;
+  for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
+    const int64_t rows = std::min(block_rows, T - r0);
+    const scalar_t beta = r0 == 0 ? scalar_t(0) : scalar_t(1);
+    const scalar_t* got = grad_out + (tile * T + r0) * D;
+    tile_probs<scalar_t>(g, tile, r0, rows, q, k, mask, probs, const_cast<scalar_t*>(lse) + tile * T, true);
+    // dP = dO v^T (the gradient of the kept, scaled probabilities)
+    gemm_rm<scalar_t>(false, true, rows, S, D, scalar_t(1), got, D, v + tile * S * D, D, scalar_t(0), grad_p, S);
+    for (int64_t t = 0; t < rows; ++t) {
+      const scalar_t* p = probs + t * S;
+      scalar_t* dp = grad_p + t * S;
+      if (drop.on) {
+        keep_row(drop.seed, (tile * T + r0 + t) * S, S, drop.threshold, keep);
+        scalar_t* kp = kept_p + t * S;
 #pragma omp simd
-      for (int64_t j = 0; j < S; ++j) {
-        dp[j] = keep[j] ? dp[j] * keep_scale : scalar_t(0);
-        kp[j] = keep[j] ? p[j] * keep_scale : scalar_t(0);
+        for (int64_t j = 0; j < S; ++j) {
+          dp[j] = keep[j] ? dp[j] * keep_scale : scalar_t(0);
+          kp[j] = keep[j] ? p[j] * keep_scale : scalar_t(0);
+        }
       }
-    }
-    scalar_t dot = 0;
+      scalar_t dot = 0;
 #pragma omp simd reduction(+ : dot)
-    for (int64_t j = 0; j < S; ++j) dot += p[j] * dp[j];
+      for (int64_t j = 0; j < S; ++j) dot += p[j] * dp[j];
 #pragma omp simd
-    for (int64_t j = 0; j < S; ++j) dp[j] = p[j] * (dp[j] - dot);  // now the scores' gradient
+      for (int64_t j = 0; j < S; ++j) dp[j] = p[j] * (dp[j] - dot);  // now the scores' gradient
+    }
+    // dV += P_kept^T dO; dQ = dS k * scale; dK += dS^T q * scale
+    gemm_rm<scalar_t>(true, false, S, D, rows, scalar_t(1), drop.on ? kept_p : probs, S, got, D, beta,
+                      grad_v + tile * S * D, D);
+    gemm_rm<scalar_t>(false, false, rows, D, S, scale, grad_p, S, k + tile * S * D, D, scalar_t(0),
+                      grad_q + (tile * T + r0) * D, D);
+    gemm_rm<scalar_t>(true, false, S, D, rows, scale, grad_p, S, q + (tile * T + r0) * D, D, beta,
+                      grad_k + tile * S * D, D);
   }
-  // dV = P_kept^T dO; dQ = dS k * scale; dK = dS^T q * scale
-  gemm_rm<scalar_t>(true, false, S, D, T, scalar_t(1), drop.on ? kept_p : probs, S, got, D, scalar_t(0),
-                    grad_v + tile * S * D, D);
-  gemm_rm<scalar_t>(false, false, T, D, S, scale, grad_p, S, k + tile * S * D, D, scalar_t(0), grad_q + tile * T * D,
-                    D);
-  gemm_rm<scalar_t>(true, false, S, D, T, scale, grad_p, S, q + tile * T * D, D, scalar_t(0), grad_k + tile * S * D,
-                    D);
 }
 
 Geometry geometry(const at::Tensor& q, const at::Tensor& k, const c10::optional<at::Tensor>& mask) {
@@ -262,12 +278,16 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_attention_forward", [&] {
     const scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
     scalar_t *op = out.data_ptr<scalar_t>(), *lp = lse.data_ptr<scalar_t>();
-    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    const int64_t block_rows = rows_per_block<scalar_t>(g);
+    const int64_t blocks = (g.T + block_rows - 1) / block_rows;
+    at::parallel_for(0, tiles * blocks, 1, [&](int64_t begin, int64_t end) {
       const int previous = MKL_Set_Num_Threads_Local(1);
-      std::vector<scalar_t> probs(g.T * g.S);
+      std::vector<scalar_t> probs(block_rows * g.S);
       std::vector<uint8_t> keep(g.S);
-      for (int64_t tile = begin; tile < end; ++tile) {
-        forward_tile<scalar_t>(g, tile, qp, kp, vp, mask_ptr, op, lp, probs.data(), keep.data(), drop);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t tile = item / blocks, r0 = (item % blocks) * block_rows;
+        forward_block<scalar_t>(g, tile, r0, std::min(block_rows, g.T - r0), qp, kp, vp, mask_ptr, op, lp,
+                                probs.data(), keep.data(), drop);
       }
       MKL_Set_Num_Threads_Local(previous);
     });
@@ -290,13 +310,15 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
     const scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
     const scalar_t *lp = lse.data_ptr<scalar_t>(), *gp = grad_out.data_ptr<scalar_t>();
     scalar_t *gq = grad_q.data_ptr<scalar_t>(), *gk = grad_k.data_ptr<scalar_t>(), *gv = grad_v.data_ptr<scalar_t>();
+    const int64_t block_rows = rows_per_block<scalar_t>(g);
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
       const int previous = MKL_Set_Num_Threads_Local(1);
-      std::vector<scalar_t> probs(g.T * g.S), grad_p(g.T * g.S), kept_p(drop.on ? g.T * g.S : 0);
+      const int64_t size = block_rows * g.S;
+      std::vector<scalar_t> probs(size), grad_p(size), kept_p(drop.on ? size : 0);
       std::vector<uint8_t> keep(g.S);
       for (int64_t tile = begin; tile < end; ++tile) {
-        backward_tile<scalar_t>(g, tile, qp, kp, vp, mask_ptr, lp, gp, gq, gk, gv, probs.data(), grad_p.data(),
-                                kept_p.data(), keep.data(), drop);
+        backward_tile<scalar_t>(g, tile, block_rows, qp, kp, vp, mask_ptr, lp, gp, gq, gk, gv, probs.data(),
+                                grad_p.data(), kept_p.data(), keep.data(), drop);
       }
       MKL_Set_Num_Threads_Local(previous);
     });
