@@ -20,6 +20,7 @@ inside PyTorch's CPU build (Intel MKL on x86-64 Linux). When the build or the lo
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import warnings
@@ -30,6 +31,7 @@ import torch
 _SOURCE = Path(__file__).with_name("csrc") / "fused_attention.cpp"
 _LEVELS = 65536  # dropout resolution, shared with dropout.dropout_mask
 _state: dict = {}
+logger = logging.getLogger(__name__)
 
 
 def _cpu_signature() -> str:
@@ -54,6 +56,7 @@ def _build():
         pass
     source = _SOURCE.read_bytes()
     key = hashlib.sha256(source + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[:12]
+    logger.info("Loading tf_family's native attention kernel (the first use on a machine compiles it, ~25 s).")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the build's own chatter (compiler version notes)
         return load(
