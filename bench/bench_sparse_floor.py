@@ -5,6 +5,7 @@ weights (the config of `bench_sparse_attention.py`) and times, alternating call 
 (forward + backward of the mean squared output) of
 
 - tf_family's model;
+- tf_family's model on its PyTorch path (``TF_FAMILY_NATIVE=0``: `masked_attention` instead of the native kernel);
 - tf_family's model with its sparse attention kernel replaced by the identity on the values (every other op kept:
   projections, global attention, feed-forward, layer norms, dropout, embeddings, masks);
 - transformers' model.
@@ -16,13 +17,14 @@ against every key. ``floor = step with identity attention + products`` is what a
 masking and dropout were free and no score were wasted; ``transformers / floor`` bounds the speed-up any
 implementation of the same attention, on the same linear algebra, can reach.
 
-    .venv/bin/python bench/bench_sparse_floor.py                  # 4096 tokens, 7 rounds: about 2 minutes
+    .venv/bin/python bench/bench_sparse_floor.py                  # 4096 tokens, 7 rounds: about 3 minutes
     .venv/bin/python bench/bench_sparse_floor.py --length 8192
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -81,20 +83,23 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
     kernel = getattr(module, kernel_name)
     inputs = sparse._inputs(f"tff_{family}", length)
 
-    def step_of(model, attention):
+    def step_of(model, attention, native="1"):
         step = sparse._step(model, inputs, "train")
 
         def run():
             setattr(module, kernel_name, attention)
+            os.environ["TF_FAMILY_NATIVE"] = native
             try:
                 step()
             finally:
                 setattr(module, kernel_name, kernel)
+                os.environ["TF_FAMILY_NATIVE"] = "1"
 
         return run
 
     steps = {
         "tf_family": step_of(ours, kernel),
+        "pytorch_path": step_of(ours, kernel, native="0"),
         "identity": step_of(ours, _identity),
         "transformers": step_of(theirs, kernel),
     }
@@ -136,14 +141,16 @@ def markdown(records: list[dict], rounds: int) -> str:
     for r in records:
         m = r["medians_s"]
         rows.append([
-            r["family"], r["length"], common.format_seconds(m["tf_family"]), common.format_seconds(m["identity"]),
+            r["family"], r["length"], common.format_seconds(m["tf_family"]), common.format_seconds(m["pytorch_path"]),
+            common.format_seconds(m["identity"]),
             common.format_seconds(r["products_s"]), common.format_seconds(r["floor_s"]),
             common.format_seconds(m["transformers"]), f"{r['speedup']:.2f}x", f"{r['best_possible_speedup']:.2f}x",
         ])  # fmt: skip
-    headers = ["family", "tokens", "tf_family step", "identity-attention step", "attention products", "floor",
+    headers = ["family", "tokens", "tf_family step", "PyTorch path step", "identity-attention step", "attention products", "floor",
                "transformers step", "speed-up now", "best possible"]  # fmt: skip
     return (
-        f"Training step (forward + backward), batch 1, medians of {rounds} interleaved rounds. floor = the step with "
+        f"Training step (forward + backward), batch 1, medians of {rounds} interleaved rounds. PyTorch path = "
+        "tf_family with its native attention kernel off (TF_FAMILY_NATIVE=0). floor = the step with "
         "the sparse kernel replaced by the identity + the attention's six matrix products per layer at the exact "
         "pattern sizes; best possible = transformers / floor.\n\n" + common.markdown_table(headers, rows)
     )

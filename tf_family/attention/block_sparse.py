@@ -196,7 +196,8 @@ def block_sparse_attention(
     middle_query = query.view(batch, heads, num_blocks, block_size, head_dim)[:, :, 1:-1].transpose(1, 2)
     flat_keys, flat_values = (t.reshape(batch, heads * num_blocks, block_size * head_dim) for t in (key, value))
 
-    # On CPU, query blocks go in slabs whose score buffers stay under _SLAB_BYTES (see there); elsewhere in one piece
+    # On CPU, query blocks go in slabs whose score buffers (unfused path) stay under _SLAB_BYTES (see there), which
+    # also bounds the gathered key and value blocks (as large when block_size == Dh); elsewhere in one piece
     score_bytes = batch * heads * block_size * slots * block_size * query.element_size()  # per query block
     per_slab = max(1, _SLAB_BYTES // score_bytes) if device.type == "cpu" else middle
     pieces = []
