@@ -35,6 +35,7 @@ def measure(name: str, shape: tuple[int, ...], rounds: int, dropout_p: float) ->
     import torch
 
     from tf_family.attention import dropout_mask, masked_attention, native
+    from tf_family.attention.dropout import _dropout_levels
 
     a, h, t, s, d = shape
     generator = torch.Generator().manual_seed(0)
@@ -47,7 +48,7 @@ def measure(name: str, shape: tuple[int, ...], rounds: int, dropout_p: float) ->
     if ext is None:
         raise SystemExit("the native kernel could not be built here; nothing to measure")
     mask = allowed.expand(a, h, t, s).view(torch.uint8)
-    dropped = native.dropped_levels(dropout_p)
+    dropped = _dropout_levels(dropout_p)[0]
     _, lse = ext.forward(query, key, value, mask, dropped, 1)
     leaves = [x.clone().requires_grad_(True) for x in (query, key, value)]
 

@@ -21,6 +21,7 @@ from .block_sparse import (
 )
 from .dropout import (
     Dropout,
+    attention_backend,
     attention_under_mask,
     dropout,
     dropout_mask,
@@ -54,6 +55,7 @@ __all__ = [
     "Dropout",
     "GlobalTokens",
     "WindowPattern",
+    "attention_backend",
     "attention_under_mask",
     "block_sparse_attention",
     "block_sparse_attention_reference",

@@ -26,14 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import native
-
 _LEVELS = 65536  # 16-bit slices of the random words
 
 
 def _check_p(p: float) -> None:
     if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability p must be in [0, 1), got {p!r}.")
+
+
+def _dropout_levels(p: float) -> tuple[int, float]:
+    """How many of the 65536 levels a drop probability rounds to, and the scale that keeps the expectation (the rule of
+    both CPU dropout paths: `dropout_mask` and the native kernel's hashed mask)."""
+    dropped = round(p * _LEVELS)
+    return dropped, _LEVELS / (_LEVELS - dropped)
 
 
 def dropout_mask(
@@ -52,9 +57,9 @@ def dropout_mask(
         numel *= int(size)
     words = -(-numel // 4)
     bits = torch.randint(-(2**63), 2**63 - 1, (words,), dtype=torch.int64, device=device, generator=generator)
-    num_dropped = round(p * _LEVELS)
+    num_dropped, scale = _dropout_levels(p)
     kept = bits.view(torch.int16)[:numel] >= num_dropped - _LEVELS // 2
-    return kept.view(shape), _LEVELS / (_LEVELS - num_dropped)
+    return kept.view(shape), scale
 
 
 def _kept_factor(kept: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -194,16 +199,29 @@ def takes_masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
 
 
+def attention_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> str:
+    """Which function `attention_under_mask` computes with: ``"sdpa"`` (PyTorch's), or where our own is faster
+    (`takes_masked_attention`) ``"native"`` (the fused kernel, `native.fused_attention`; 4-D inputs, when built) or
+    ``"masked"`` (`masked_attention`)."""
+    from . import native  # imported here: native imports this module
+
+    if not takes_masked_attention(query, key, value, dropout_p):
+        return "sdpa"
+    return "native" if query.dim() == 4 and native.extension() is not None else "masked"
+
+
 def attention_under_mask(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, dropout_p: float = 0.0
 ) -> torch.Tensor:
-    """`torch.nn.functional.scaled_dot_product_attention` under a bool mask (True: may attend), or where our own
-    function is faster (`takes_masked_attention`) the native fused kernel (`native.fused_attention`, 4-D inputs) or
-    `masked_attention`. Every row of ``allowed`` needs one True entry."""
-    if not takes_masked_attention(query, key, value, dropout_p):
+    """`torch.nn.functional.scaled_dot_product_attention` under a bool mask (True: may attend), or our native kernel or
+    `masked_attention` where those are faster (`attention_backend`). Every row of ``allowed`` needs one True entry."""
+    backend = attention_backend(query, key, value, dropout_p)
+    if backend == "sdpa":
         return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p)
     everything = bool(allowed.all())
-    if query.dim() == 4 and native.extension() is not None:
+    if backend == "native":
+        from . import native
+
         return native.fused_attention(query, key, value, None if everything else allowed, dropout_p)
     bias = None  # nothing masked (e.g. BigBird's middle blocks without padding): no pass over the scores for it
     if not everything:
@@ -234,6 +252,7 @@ def masked_attention_reference(
 
 __all__ = [
     "Dropout",
+    "attention_backend",
     "attention_under_mask",
     "dropout",
     "dropout_mask",

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
+from .dropout import _dropout_levels
+
 _SOURCE = Path(__file__).with_name("csrc") / "fused_attention.cpp"
-_LEVELS = 65536  # dropout resolution, shared with dropout.dropout_mask
 _state: dict = {}
 logger = logging.getLogger(__name__)
 
@@ -90,11 +91,6 @@ def extension():
     return _state["module"]
 
 
-def dropped_levels(dropout_p: float) -> int:
-    """How many of 65536 levels a drop probability rounds to (as in `dropout_mask`)."""
-    return round(dropout_p * _LEVELS)
-
-
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, mask, dropped: int, seed: int):
@@ -146,7 +142,7 @@ def fused_attention(
         if mask.stride(-1) != 1:  # the kernel reads each row's keys contiguously
             mask = mask.contiguous()
         mask = mask.view(torch.uint8)
-    dropped = dropped_levels(dropout_p) if dropout_p > 0.0 else -1
+    dropped = _dropout_levels(dropout_p)[0] if dropout_p > 0.0 else -1  # -1: no dropout
     if seed is None:
         seed = int(torch.randint(0, 2**62, ())) if dropped >= 0 else 0
     query, key, value = (t.contiguous() for t in (query, key, value))
@@ -158,9 +154,9 @@ def fused_keep_mask(shape: tuple[int, ...] | torch.Size, dropout_p: float, seed:
     numel = 1
     for size in shape:
         numel *= int(size)
-    dropped = dropped_levels(dropout_p)
+    dropped, scale = _dropout_levels(dropout_p)
     kept = extension().keep_mask(numel, dropped, seed).view(*shape).to(torch.bool)
-    return kept, _LEVELS / (_LEVELS - dropped)
+    return kept, scale
 
 
 __all__ = ["extension", "fused_attention", "fused_keep_mask"]

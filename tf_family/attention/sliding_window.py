@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import native
-from .dropout import attention_under_mask, takes_masked_attention
+from .dropout import attention_backend, attention_under_mask
 
 
 @dataclass(frozen=True)
@@ -282,7 +281,7 @@ def _banded_attention(
     # Chunks of one window suit PyTorch's fused attention (eval) and the native kernel (CPU training; its products
     # are more efficient on 128 rows than on 64, which outweighs the wasted scores of longer spans: 47 vs 51 ms per
     # layer at window 256, 2 cores); the unfused masked_attention does best with half a window (7 % per step).
-    unfused = takes_masked_attention(query, key, value, dropout_p) and native.extension() is None
+    unfused = attention_backend(query, key, value, dropout_p) == "masked"
     chunk = min(max(window // 2 if unfused else window, 64), length)
     num_chunks = -(-length // chunk)
     padded_length = num_chunks * chunk

@@ -6,8 +6,9 @@
 // about as much as the matrix products themselves.
 //
 // Dropout draws no random numbers ahead of time: element i of a call keeps its probability when a hash of
-// (seed, i) is at least a threshold, so the backward regenerates the same mask from the seed and nothing but the
-// probabilities is saved. Tiles are independent, so the result does not depend on the number of threads.
+// (seed, i) is at least a threshold, so the backward regenerates the same mask from the seed; besides the inputs,
+// only each row's log-sum-exp is saved. Tiles are independent, so the result does not depend on the number of
+// threads.
 //
 // The products go through the BLAS that PyTorch itself links (sgemm_/dgemm_, exported by libtorch_cpu), single-
 // threaded inside the tile loop, which at::parallel_for spreads over the cores.
