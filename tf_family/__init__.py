@@ -47,7 +47,8 @@ from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLModel,
     TffTransfoXLPreTrainedModel,
 )
-from .registry import ARCHITECTURES, ArchSpec, create_model, get_arch, list_architectures
+from .registry import ARCHITECTURES, create_model, find_arch, get_arch, list_architectures
+from .spec import ArchSpec
 
 __version__ = "0.1.0"
 
@@ -92,6 +93,7 @@ __all__ = [
     "TffTransfoXLPreTrainedModel",
     "TrajectoryContext",
     "create_model",
+    "find_arch",
     "get_arch",
     "list_architectures",
     "register_all",

@@ -18,13 +18,8 @@ from transformers import (
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from .models.transfo_xl.convert_transfo_xl import TffTransfoXLLegacyConfig
-from .models.transfo_xl.modeling_transfo_xl import (
-    TffTransfoXLForSequenceClassification,
-    TffTransfoXLLMHeadModel,
-    TffTransfoXLModel,
-)
 from .registry import ARCHITECTURES
+from .spec import ArchSpec
 
 AUTO_CLASS_BY_TASK = {
     "base": AutoModel,
@@ -39,18 +34,23 @@ AUTO_CLASS_BY_TASK = {
 }
 
 
-def _legacy_class(tff_class: type) -> type:
-    """A subclass whose `config_class` is the 4.x config, so the Auto classes route ``transfo-xl`` folders to it;
-    its `from_pretrained` returns the plain tf_family model (see `load_legacy_checkpoint`)."""
+def _legacy_class(spec: ArchSpec, legacy_config: type, tff_class: type) -> type:
+    """A subclass of ``tff_class`` whose `config_class` is ``legacy_config``, so that the Auto classes route folders
+    of the legacy model type to it; its `from_pretrained` returns the plain tf_family model (the architecture's
+    foreign-checkpoint loader), and building it from a legacy config translates the config first
+    (``legacy_config.to_tff_config()``)."""
 
     def _from_config(cls, config, **kwargs):
         return tff_class._from_config(config.to_tff_config(), **kwargs)
 
+    # TffTransfoXLLMHeadModel -> TffTransfoXLLegacyLMHeadModel
+    prefix = spec.config_class.__name__.removesuffix("Config")
+    name = legacy_config.__name__.removesuffix("Config") + tff_class.__name__.removeprefix(prefix)
     return type(
-        tff_class.__name__.replace("TffTransfoXL", "TffTransfoXLLegacy"),
+        name,
         (tff_class,),
         {
-            "config_class": TffTransfoXLLegacyConfig,
+            "config_class": legacy_config,
             "_tff_class": tff_class,
             "_from_config": classmethod(_from_config),
             "__module__": __name__,
@@ -58,13 +58,15 @@ def _legacy_class(tff_class: type) -> type:
     )
 
 
-TffTransfoXLLegacyModel = _legacy_class(TffTransfoXLModel)
-TffTransfoXLLegacyLMHeadModel = _legacy_class(TffTransfoXLLMHeadModel)
-TffTransfoXLLegacyForSequenceClassification = _legacy_class(TffTransfoXLForSequenceClassification)
-_LEGACY_MODELS = {
-    "base": TffTransfoXLLegacyModel,
-    "causal_lm": TffTransfoXLLegacyLMHeadModel,
-    "sequence_classification": TffTransfoXLLegacyForSequenceClassification,
+# legacy config class -> task -> legacy model class, built once from the specs
+_LEGACY_MODELS: dict[type, dict[str, type]] = {
+    legacy_config: {
+        task: _legacy_class(spec, legacy_config, model_class)
+        for task, model_class in spec.model_classes.items()
+        if task in AUTO_CLASS_BY_TASK
+    }
+    for spec in ARCHITECTURES.values()
+    for legacy_config in spec.legacy_configs
 }
 
 
@@ -82,15 +84,17 @@ def _register_model(auto_class: type, config_class: type, model_class: type) -> 
 
 
 def register_all() -> None:
-    """Register every registry entry (and the legacy ``transfo-xl`` type) with AutoConfig and AutoModel*."""
+    """Register every registry entry (and its legacy model types, e.g. ``transfo-xl``) with AutoConfig and
+    AutoModel*."""
     for spec in ARCHITECTURES.values():
         _register_config(spec.config_class)
         for task, model_class in spec.model_classes.items():
             if task in AUTO_CLASS_BY_TASK:
                 _register_model(AUTO_CLASS_BY_TASK[task], spec.config_class, model_class)
-    _register_config(TffTransfoXLLegacyConfig)
-    for task, model_class in _LEGACY_MODELS.items():
-        _register_model(AUTO_CLASS_BY_TASK[task], TffTransfoXLLegacyConfig, model_class)
+    for legacy_config, models in _LEGACY_MODELS.items():
+        _register_config(legacy_config)
+        for task, model_class in models.items():
+            _register_model(AUTO_CLASS_BY_TASK[task], legacy_config, model_class)
 
 
 __all__ = ["AUTO_CLASS_BY_TASK", "register_all"]

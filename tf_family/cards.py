@@ -89,12 +89,10 @@ def template_text(name: str) -> str:
 
 def template_for(model_type: str | None) -> str:
     """The template file name for ``model_type``: the registry's card, or the generic one."""
-    from .registry import ARCHITECTURES
+    from .registry import find_arch  # the registry imports every model: only when a card is rendered
 
-    for spec in ARCHITECTURES.values():
-        if model_type in (spec.model_type, *spec.legacy_model_types):
-            return spec.card
-    return DEFAULT_TEMPLATE
+    spec = find_arch(model_type)
+    return spec.card if spec is not None else DEFAULT_TEMPLATE
 
 
 def _split_front_matter(text: str) -> tuple[dict[str, Any], str]:

@@ -33,7 +33,7 @@ def zoo_table() -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for spec in ARCHITECTURES.values():
-        model_types = ", ".join(f"`{t}`" for t in (spec.model_type, *spec.legacy_model_types))
+        model_types = ", ".join(f"`{t}`" for t in spec.model_types)
         rows.append(
             f"| {spec.title} (`{spec.name}`) | {model_types} | {', '.join(spec.tasks)} | {spec.reference} | "
             f"{spec.parity} |"

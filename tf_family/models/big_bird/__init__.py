@@ -1,0 +1,71 @@
+"""BigBird: what the architecture declares about itself (its `ArchSpec`, read by `tf_family.registry`)."""
+
+from types import MappingProxyType
+
+from ...spec import ArchSpec
+from .configuration_big_bird import TffBigBirdConfig
+from .modeling_big_bird import (
+    TffBigBirdForMaskedLM,
+    TffBigBirdForMultipleChoice,
+    TffBigBirdForQuestionAnswering,
+    TffBigBirdForSequenceClassification,
+    TffBigBirdForTokenClassification,
+    TffBigBirdModel,
+)
+
+SPEC = ArchSpec(
+    name="big_bird",
+    title="BigBird (Zaheer et al. 2020)",
+    config_class=TffBigBirdConfig,
+    model_classes=MappingProxyType(
+        {
+            "base": TffBigBirdModel,
+            "masked_lm": TffBigBirdForMaskedLM,
+            "sequence_classification": TffBigBirdForSequenceClassification,
+            "token_classification": TffBigBirdForTokenClassification,
+            "question_answering": TffBigBirdForQuestionAnswering,
+            "multiple_choice": TffBigBirdForMultipleChoice,
+        }
+    ),
+    variants=MappingProxyType(
+        {
+            # block 2 with one random block: inputs of >= 16 tokens take the block-sparse path
+            "tiny": MappingProxyType(
+                {
+                    "vocab_size": 128,
+                    "hidden_size": 32,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 2,
+                    "intermediate_size": 64,
+                    "block_size": 2,
+                    "num_random_blocks": 1,
+                    "max_position_embeddings": 64,
+                    "hidden_dropout_prob": 0.0,
+                    "attention_probs_dropout_prob": 0.0,
+                }
+            ),
+            "small": MappingProxyType(
+                {
+                    "vocab_size": 32000,
+                    "hidden_size": 256,
+                    "num_hidden_layers": 4,
+                    "num_attention_heads": 4,
+                    "intermediate_size": 1024,
+                    "max_position_embeddings": 16384,
+                }
+            ),
+            # the shapes of google/bigbird-roberta-base (the config defaults) and google/bigbird-roberta-large
+            "roberta-base": MappingProxyType({}),
+            "roberta-large": MappingProxyType(
+                {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
+            ),
+        }
+    ),
+    lora_target_modules=("query", "key", "value", "out_proj"),
+    reference="transformers 5.23 BigBirdModel and heads (random tiny checkpoints, eval)",
+    parity="outputs within 1e-4 in eval, block-sparse and full paths (random blocks as transformers draws them in eval)",
+    card="big_bird.md",
+    paper="2007.14062",
+)
+
+__all__ = ["SPEC"]

@@ -188,6 +188,7 @@ class TffBigBirdPreTrainedModel(PreTrainedModel):
     config_class = TffBigBirdConfig
     config: TffBigBirdConfig
     base_model_prefix = "bert"
+    carried_state = None  # nothing carried between calls
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffBigBirdLayer"]

@@ -330,6 +330,7 @@ class TffCompressivePreTrainedModel(PreTrainedModel):
     config_class = TffCompressiveConfig
     config: TffCompressiveConfig
     base_model_prefix = "transformer"
+    carried_state = "compressive_memory"  # a CompressiveMemory, passed as `mems` and returned
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffCompressiveLayer"]

@@ -169,6 +169,7 @@ class TffDecisionTransformerPreTrainedModel(PreTrainedModel):
     config_class = TffDecisionTransformerConfig
     config: TffDecisionTransformerConfig
     base_model_prefix = "decision_transformer"
+    carried_state = None  # nothing carried between calls
     main_input_name = "states"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffDecisionTransformerBlock"]

@@ -64,6 +64,7 @@ class KNNLMCausalLMOutput(ModelOutput):
 class TffKNNLMPreTrainedModel(PreTrainedModel):
     config_class = TffKNNLMConfig
     base_model_prefix = "knn_lm"
+    carried_state = None  # nothing carried between calls
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _supports_sdpa = True

@@ -1,0 +1,73 @@
+"""Longformer: what the architecture declares about itself (its `ArchSpec`, read by `tf_family.registry`)."""
+
+from types import MappingProxyType
+
+from ...spec import ArchSpec
+from .configuration_longformer import TffLongformerConfig
+from .modeling_longformer import (
+    TffLongformerForCausalLM,
+    TffLongformerForMaskedLM,
+    TffLongformerForMultipleChoice,
+    TffLongformerForQuestionAnswering,
+    TffLongformerForSequenceClassification,
+    TffLongformerForTokenClassification,
+    TffLongformerModel,
+)
+
+SPEC = ArchSpec(
+    name="longformer",
+    title="Longformer (Beltagy et al. 2020)",
+    config_class=TffLongformerConfig,
+    model_classes=MappingProxyType(
+        {
+            "base": TffLongformerModel,
+            "masked_lm": TffLongformerForMaskedLM,
+            "causal_lm": TffLongformerForCausalLM,
+            "sequence_classification": TffLongformerForSequenceClassification,
+            "token_classification": TffLongformerForTokenClassification,
+            "question_answering": TffLongformerForQuestionAnswering,
+            "multiple_choice": TffLongformerForMultipleChoice,
+        }
+    ),
+    variants=MappingProxyType(
+        {
+            "tiny": MappingProxyType(
+                {
+                    "vocab_size": 128,
+                    "hidden_size": 32,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 2,
+                    "intermediate_size": 64,
+                    "attention_window": [4, 6],
+                    "attention_dilation": [1, 2],
+                    "max_position_embeddings": 64,
+                    "hidden_dropout_prob": 0.0,
+                    "attention_probs_dropout_prob": 0.0,
+                }
+            ),
+            "small": MappingProxyType(
+                {
+                    "vocab_size": 32000,
+                    "hidden_size": 256,
+                    "num_hidden_layers": 4,
+                    "num_attention_heads": 4,
+                    "intermediate_size": 1024,
+                    "attention_window": 256,
+                    "max_position_embeddings": 16386,
+                }
+            ),
+            # the shapes of allenai/longformer-base-4096 (the config defaults) and allenai/longformer-large-4096
+            "base-4096": MappingProxyType({}),
+            "large-4096": MappingProxyType(
+                {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
+            ),
+        }
+    ),
+    lora_target_modules=("query", "key", "value", "out_proj"),
+    reference="transformers 5.23 LongformerModel and heads (random tiny checkpoints)",
+    parity="outputs within 1e-4 in eval (windows, global tokens, odd lengths, padding)",
+    card="longformer.md",
+    paper="2004.05150",
+)
+
+__all__ = ["SPEC"]

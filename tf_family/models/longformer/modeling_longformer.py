@@ -294,6 +294,7 @@ class TffLongformerPreTrainedModel(PreTrainedModel):
     config_class = TffLongformerConfig
     config: TffLongformerConfig
     base_model_prefix = "longformer"
+    carried_state = None  # nothing carried between calls
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffLongformerLayer"]

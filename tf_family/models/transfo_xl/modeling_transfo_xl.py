@@ -265,6 +265,7 @@ class TffTransfoXLPreTrainedModel(PreTrainedModel):
     config_class = TffTransfoXLConfig
     config: TffTransfoXLConfig
     base_model_prefix = "transformer"
+    carried_state = "segment_memory"  # a SegmentMemory, passed as `mems` and returned
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffTransfoXLLayer"]
