@@ -15,7 +15,14 @@ from .compression import (
     mean_pool_compress,
     most_used_compress,
 )
-from .compressive import CompressiveMemory, append_compressed, evicted_length, split_memory, update_compressive_memory
+from .compressive import (
+    CompressiveMemory,
+    CompressiveUpdate,
+    append_compressed,
+    evicted_length,
+    split_memory,
+    update_compressive_memory,
+)
 from .knn import ExactKNNStore, FaissKNNStore, KNNStore, chunked_knn_search, dense_knn_search, load_knn_store
 from .knn_lm import dense_knn_log_probs, interpolate_log_probs, knn_log_probs
 from .segment import SegmentMemory, update_segment_memory
@@ -23,6 +30,7 @@ from .segment import SegmentMemory, update_segment_memory
 __all__ = [
     "COMPRESSION_KINDS",
     "CompressiveMemory",
+    "CompressiveUpdate",
     "ExactKNNStore",
     "FaissKNNStore",
     "KNNStore",

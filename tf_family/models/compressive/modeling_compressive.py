@@ -34,6 +34,8 @@ Config field <-> paper symbol: `mem_len` = n_m, `cmem_len` = n_cm, `compression_
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -58,7 +60,6 @@ from ...memory import (
     compress_memory,
     conv_transpose_decompress,
     dilated_conv_layers,
-    update_compressive_memory,
 )
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
 from .configuration_compressive import TffCompressiveConfig
@@ -309,17 +310,17 @@ class TffCompressiveCompression(nn.Module):
         if config.autoencoding_loss_weight > 0:
             self.decoder = nn.ConvTranspose1d(width, width, kernel_size=self.rate, stride=self.rate)
 
-    def forward(
-        self, states: torch.Tensor, mask: torch.Tensor, usage: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(B, N, D)`` states leaving the memory -> ``(B, N / c, D)`` compressed slots and their mask."""
+    def compression_function(self) -> functools.partial:
+        """``f_c`` with this layer's parameters bound, as `CompressiveMemory.update` takes it: called as
+        ``f(states, mask, usage=usage)``, ``(B, N, D)`` states leaving the memory -> ``(B, N / c, D)`` compressed
+        slots and their mask."""
         weights, biases = (), ()
         if self.kind == "conv":
             weights, biases = (self.conv.weight,), (self.conv.bias,)
         elif self.kind == "dilated_conv":
             weights = tuple(conv.weight for conv in self.dilated)
             biases = tuple(conv.bias for conv in self.dilated)
-        return compress_memory(self.kind, states, mask, self.rate, weights=weights, biases=biases, usage=usage)
+        return functools.partial(compress_memory, self.kind, rate=self.rate, weights=weights, biases=biases)
 
     def decode(self, compressed: torch.Tensor) -> torch.Tensor:
         """``(B, G, D)`` -> ``(B, G * c, D)``: the decoder ``g`` of the auto-encoding loss."""
@@ -531,13 +532,10 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
             )
             if need_usage:
                 # per key of [memory, segment]: attention received (mean over heads, summed over queries) and the
-                # number of queries allowed to see it, added to what the memory slots had gathered before
+                # number of queries allowed to see it (the memory adds what its slots had gathered before)
                 received = probs.detach().float().mean(1)[..., compressed_length:].sum(1)  # (B, M + T)
                 seen_by = allowed[:, 0, :, compressed_length:].sum(1).float().expand(batch, -1)  # (B, M + T)
-                usage = torch.stack([received, seen_by], dim=-1)  # (B, M + T, 2)
-                if memory is not None and memory.usage is not None:
-                    usage = usage + F.pad(memory.usage[index], (0, 0, 0, query_length))
-                usages.append(usage)
+                usages.append(torch.stack([received, seen_by], dim=-1))  # (B, M + T, 2)
             if output_attentions:
                 all_attentions += (probs,)
         hidden = self.dropout(hidden)
@@ -546,22 +544,20 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
 
         new_memory = reconstruction = autoencoding = aux_loss = None
         if use_cache and config.mem_len > 0:
-
-            def compress(layer: int, states: torch.Tensor, mask: torch.Tensor):
-                usage = None
-                if need_usage:  # the evicted states are the oldest of [memory, segment]; rank by average usage
-                    received, seen_by = usages[layer][:, : states.shape[1]].unbind(-1)
-                    usage = received / seen_by.clamp(min=1)
-                return self.compression[layer](states, mask, usage)
-
+            compress = None
+            if config.cmem_len > 0:
+                compress = [compression.compression_function() for compression in self.compression]
+            previous = memory if memory is not None else CompressiveMemory.empty_like(layer_inputs)
             with torch.set_grad_enabled(torch.is_grad_enabled() and compute_losses):
-                new_memory, evicted, evicted_mask, compressed, compressed_mask = update_compressive_memory(
-                    memory, layer_inputs, segment_mask, (config.mem_len, config.cmem_len, config.compression_rate),
-                    compress,
-                )  # fmt: skip
-            if need_usage:  # the kept slots carry their usage statistics to the next segment
-                kept_usage = tuple(usage[:, evicted_mask.shape[1] :] for usage in usages)
-                new_memory = CompressiveMemory(new_memory.memory, new_memory.compressed, kept_usage)
+                new_memory, evicted, evicted_mask, compressed, compressed_mask = previous.update(
+                    layer_inputs,
+                    mem_len=config.mem_len,
+                    cmem_len=config.cmem_len,
+                    rate=config.compression_rate,
+                    compress=compress,
+                    new_mask=segment_mask,
+                    usage=usages if need_usage else None,
+                )
             if compute_losses and config.cmem_len > 0:
                 if compressed:
                     reconstruction, autoencoding = self._auxiliary_losses(

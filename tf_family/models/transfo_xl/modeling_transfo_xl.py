@@ -36,7 +36,7 @@ from ...attention import (
     relative_position_sequence,
     sinusoid_position_embedding,
 )
-from ...memory import SegmentMemory, update_segment_memory
+from ...memory import SegmentMemory
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from .configuration_transfo_xl import TffTransfoXLConfig
 
@@ -429,14 +429,8 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
 
         new_memory = None
         if use_cache:
-            updated = update_segment_memory(
-                None if memory is None else memory.states,
-                None if memory is None else memory.mask,
-                layer_inputs,
-                segment_mask,
-                self.config.mem_len,
-            )
-            new_memory = None if updated is None else SegmentMemory(*updated)
+            previous = memory if memory is not None else SegmentMemory.empty_like(layer_inputs)
+            new_memory = previous.update(layer_inputs, mem_len=self.config.mem_len, new_mask=segment_mask)
 
         output = MemoryModelOutput(
             last_hidden_state=hidden,
