@@ -5,7 +5,7 @@ and search latency per token of the exact PyTorch store and of each faiss index.
    bundled 8k BPE tokenizer) trained from scratch by `recipes/causal_lm.py` on the corpus's train split (addresses
    1790-1994) for ``--train-steps`` steps of 16 blocks of 128 tokens. The trained folder is cached in
    ``bench/data/`` keyed by the settings (``--retrain`` trains again).
-2. **Datastore** (`tf_family.memory.build_datastore`): keys at the input of the LM head, float16, over the last
+2. **Datastore** (`tf_family.retrieval.build_datastore`): keys at the input of the LM head, float16, over the last
    ``--datastore-tokens`` tokens of the train split (its latest addresses, the nearest in time to validation /
    test); build throughput in tokens per second (one timed run, after a warm-up on a few blocks).
 3. **Perplexity**: the first ``--eval-tokens`` scored tokens of validation (1995-2009) pick λ and k from a grid
@@ -41,7 +41,7 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 
 from tf_family.data import SOTU_TOKENIZER_DIR, load_sotu, pack_into_blocks  # noqa: E402
 from tf_family.data.packing import LMBlocks  # noqa: E402
-from tf_family.memory.datastore import build_datastore, capture_module_inputs, resolve_key_module  # noqa: E402
+from tf_family.retrieval.datastore import build_datastore, capture_module_inputs, resolve_key_module  # noqa: E402
 
 transformers_logging.disable_progress_bar()
 REPO = Path(__file__).resolve().parents[1]

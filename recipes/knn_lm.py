@@ -44,16 +44,16 @@ import tf_family
 from tf_family.cards import RUN_INFO_FILE, write_model_card
 from tf_family.data import SOTU_TOKENIZER_DIR, load_text_datasets, pack_into_blocks
 from tf_family.data.packing import IGNORE_INDEX
-from tf_family.memory.datastore import (
+from tf_family.memory.knn import FAISS_INDEX_TYPES
+from tf_family.memory.knn_lm import knn_target_log_probs
+from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
+from tf_family.retrieval.datastore import (
     KEY_POINTS,
     KNNDatastore,
     build_datastore,
     capture_module_inputs,
     resolve_key_module,
 )
-from tf_family.memory.knn import FAISS_INDEX_TYPES
-from tf_family.memory.knn_lm import knn_target_log_probs
-from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
 
 logger = get_logger(__name__)
 

@@ -1,5 +1,7 @@
 """The FIFO rules of the Compressive Transformer's two memories (algorithm 1 of Rae et al. 2019)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from tf_family.memory import (
     CompressiveMemory,
     SegmentMemory,
     append_compressed,
+    compress_memory,
     evicted_length,
     mean_pool_compress,
     split_memory,
@@ -140,3 +143,71 @@ def test_compressive_memory_object():
     assert torch.equal(with_usage.index_select(torch.tensor([2])).usage[0][0], with_usage.usage[0][2])
     with pytest.raises(TypeError, match="SegmentMemory objects"):
         CompressiveMemory(memory.memory, None)
+
+
+def memory_tensors(memory):
+    return {key: value.clone() for key, value in memory.state_dict().items()}
+
+
+def assert_same_memory(ours, theirs):
+    ours, theirs = ours.state_dict(), theirs.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_update_method_returns_the_pure_functions_update_and_leaves_its_own_memory_alone():
+    memory, _ = run([3, 3])  # memory [2, 3, 4, 5], compressed [0.5]
+    before = memory_tensors(memory)
+    new, mask = positions(6, 9), torch.tensor([[True, False, True]])
+    weights = [torch.randn(1, 1, 2, requires_grad=True) for _ in range(2)]
+    compress = [functools.partial(compress_memory, "conv", rate=2, weights=(w,), biases=(None,)) for w in weights]
+    step = memory.update(new, mem_len=4, cmem_len=3, rate=2, compress=compress, new_mask=mask)
+
+    def pure_compress(layer, states, states_mask):
+        return compress_memory("conv", states, states_mask, 2, weights=(weights[layer],), biases=(None,))
+
+    expected = update_compressive_memory(memory, new, mask, (4, 3, 2), pure_compress)
+    assert step.memory is not memory
+    assert_same_memory(step.memory, expected.memory)
+    for ours, theirs in zip(step[1:], expected[1:], strict=True):
+        if isinstance(ours, tuple):
+            assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+        else:
+            assert torch.equal(ours, theirs)
+    assert step.compressed[0].requires_grad  # the compression's output keeps its graph for the auxiliary losses
+    assert_same_memory(memory, CompressiveMemory.from_state_dict(before))
+
+
+def test_update_of_an_empty_memory_starts_the_stream():
+    new, mask = positions(0, 6), torch.ones(1, 6, dtype=torch.bool)
+    compress = [functools.partial(compress_memory, "mean_pool", rate=2)] * 2
+    empty = CompressiveMemory.empty_like(new)
+    assert empty.memory.length == 0 and empty.compressed.length == 0 and len(empty) == 2
+    step = empty.update(new, mem_len=4, cmem_len=3, rate=2, compress=compress)
+    assert_same_memory(step.memory, update_compressive_memory(None, new, mask, (4, 3, 2), mean_pool).memory)
+    # no compressed memory: no compression function needed, the Transformer-XL memory
+    plain = empty.update(new, mem_len=4, cmem_len=0, rate=2).memory
+    assert plain.memory.states[0].flatten().tolist() == [2, 3, 4, 5] and plain.compressed.length == 0
+    with pytest.raises(ValueError, match="one compression function per layer"):
+        empty.update(new, mem_len=4, cmem_len=3, rate=2)
+
+
+def test_update_accumulates_usage_and_ranks_the_leaving_states_by_it():
+    new = positions(0, 4, 1)  # one layer, states 0..3
+    compress = [functools.partial(compress_memory, "most_used", rate=2)]
+    memory = CompressiveMemory.empty_like(new).update(
+        new, mem_len=2, cmem_len=2, rate=2, compress=compress, usage=[torch.tensor([[[0, 1], [9, 1], [0, 0], [0, 0]]])]
+    ).memory  # fmt: skip
+    # states 0 and 1 left: 1 was used more, so it is kept; 2 and 3 stay with their statistics
+    assert memory.compressed.states[0].flatten().tolist() == [1.0]
+    assert memory.usage[0].tolist() == [[[0, 0], [0, 0]]]
+    segment_usage = torch.tensor([[[4.0, 2.0], [1.0, 2.0], [0, 1], [0, 1]]])  # keys [2, 3, 4, 5]
+    before = memory_tensors(memory)
+    step = memory.update(positions(4, 6, 1), mem_len=2, cmem_len=2, rate=2, compress=compress, usage=[segment_usage])
+    assert step.compressed[0].flatten().tolist() == [2.0]  # 2 received 4 / 2 queries, 3 only 1 / 2
+    assert step.memory.usage[0].tolist() == [[[0, 1], [0, 1]]]
+    assert step.memory.compressed.states[0].flatten().tolist() == [1.0, 2.0]
+    assert_same_memory(memory, CompressiveMemory.from_state_dict(before))
+    with pytest.raises(ValueError, match=r"usage must hold one \(1, 4, 2\) tensor per layer"):
+        memory.update(
+            positions(4, 6, 1), mem_len=2, cmem_len=2, rate=2, compress=compress, usage=[segment_usage[:, 1:]]
+        )

@@ -35,3 +35,43 @@ def test_segment_memory_reset_select_and_validation():
         memory.reset(torch.tensor([1, 0, 1]))
     with pytest.raises(ValueError, match="mask must have shape"):
         SegmentMemory((torch.randn(2, 3, 1),), torch.ones(2, 4, dtype=bool))
+
+
+def snapshot(memory):
+    return {key: value.clone() for key, value in memory.state_dict().items()}
+
+
+def assert_unchanged(memory, before):
+    after = memory.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_update_method_returns_the_pure_functions_memory_and_leaves_its_own_alone():
+    memory = SegmentMemory(
+        (torch.randn(2, 3, 4), torch.randn(2, 3, 4)), torch.tensor([[True, False, True], [True, True, True]])
+    )
+    before = snapshot(memory)
+    new = [torch.randn(2, 2, 4, requires_grad=True) for _ in range(2)]
+    new_mask = torch.tensor([[True, True], [False, True]])
+    updated = memory.update(new, mem_len=4, new_mask=new_mask)
+    states, mask = update_segment_memory(memory.states, memory.mask, new, new_mask, 4)
+    assert updated is not memory and isinstance(updated, SegmentMemory)
+    assert torch.equal(updated.mask, mask) and updated.length == 4
+    assert all(torch.equal(a, b) and not a.requires_grad for a, b in zip(updated.states, states, strict=True))
+    assert_unchanged(memory, before)
+    # without a mask every new position is real; mem_len=0 means no recurrence
+    assert memory.update(new, mem_len=5).mask.tolist() == [[True, False, True, True, True], [True] * 5]
+    assert memory.update(new, mem_len=0) is None
+
+
+def test_update_of_an_empty_memory_starts_the_stream():
+    new = [torch.randn(2, 5, 3), torch.randn(2, 5, 3)]
+    empty = SegmentMemory.empty_like(new)
+    assert empty.length == 0 and len(empty) == 2 and empty.batch_size == 2
+    memory = empty.update(new, mem_len=3)
+    states, mask = update_segment_memory(None, None, new, torch.ones(2, 5, dtype=torch.bool), 3)
+    assert torch.equal(memory.mask, mask)
+    assert all(torch.equal(a, b) for a, b in zip(memory.states, states, strict=True))
+    assert empty.length == 0
+    with pytest.raises(ValueError, match="at least one layer"):
+        SegmentMemory.empty_like([])

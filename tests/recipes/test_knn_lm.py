@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tf_family.data.packing import IGNORE_INDEX
-from tf_family.memory.datastore import DatastoreMismatchError
 from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
 from tf_family.recipes import knn_lm
+from tf_family.retrieval.datastore import DatastoreMismatchError
 
 from .conftest import data_args
 

@@ -1,5 +1,5 @@
-"""Pure memory math shared by the tf_family models: segment-level recurrence, compression, kNN search and the
-kNN-LM datastore."""
+"""Carried state and its pure math, shared by the tf_family models: segment-level recurrence, compression, kNN search
+and the kNN-LM interpolation. The kNN-LM datastore, which runs models to build itself, is in `tf_family.retrieval`."""
 
 from .compression import (
     COMPRESSION_KINDS,
@@ -15,14 +15,13 @@ from .compression import (
     mean_pool_compress,
     most_used_compress,
 )
-from .compressive import CompressiveMemory, append_compressed, evicted_length, split_memory, update_compressive_memory
-from .datastore import (
-    DatastoreMismatchError,
-    KNNDatastore,
-    build_datastore,
-    fingerprint_model,
-    fingerprint_tokenizer,
-    resolve_key_module,
+from .compressive import (
+    CompressiveMemory,
+    CompressiveUpdate,
+    append_compressed,
+    evicted_length,
+    split_memory,
+    update_compressive_memory,
 )
 from .knn import ExactKNNStore, FaissKNNStore, KNNStore, chunked_knn_search, dense_knn_search, load_knn_store
 from .knn_lm import dense_knn_log_probs, interpolate_log_probs, knn_log_probs
@@ -31,21 +30,16 @@ from .segment import SegmentMemory, update_segment_memory
 __all__ = [
     "COMPRESSION_KINDS",
     "CompressiveMemory",
-    "DatastoreMismatchError",
+    "CompressiveUpdate",
     "ExactKNNStore",
     "FaissKNNStore",
-    "KNNDatastore",
     "KNNStore",
-    "build_datastore",
     "chunked_knn_search",
     "dense_knn_log_probs",
     "dense_knn_search",
-    "fingerprint_model",
-    "fingerprint_tokenizer",
     "interpolate_log_probs",
     "knn_log_probs",
     "load_knn_store",
-    "resolve_key_module",
     "SegmentMemory",
     "append_compressed",
     "attention_reconstruction_loss",

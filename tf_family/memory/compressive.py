@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from .segment import SegmentMemory
 
@@ -154,12 +156,82 @@ class CompressiveMemory:
             compressed_states = [state[:, :0] for state in memory.states]
         return cls(memory, SegmentMemory.from_states(compressed_states))
 
+    @classmethod
+    def empty_like(cls, new_states: Sequence[torch.Tensor]) -> CompressiveMemory:
+        """Both memories with no slots yet, for per-layer ``(B, T, D)`` states like ``new_states``: the start of a
+        stream, which `update` then fills."""
+        empty = SegmentMemory.empty_like(new_states)
+        return cls(empty, empty)
+
     @property
     def batch_size(self) -> int:
         return self.memory.batch_size
 
     def __len__(self) -> int:
         return len(self.memory)
+
+    def update(
+        self,
+        new_states: Sequence[torch.Tensor],
+        *,
+        mem_len: int,
+        cmem_len: int,
+        rate: int,
+        compress: Sequence[LayerCompressFn] | None = None,
+        new_mask: torch.Tensor | None = None,
+        usage: Sequence[torch.Tensor] | None = None,
+    ) -> CompressiveUpdate:
+        """The memories after a segment (algorithm 1, `update_compressive_memory`); this memory is left as it is.
+
+        Args:
+            new_states: per layer ``(B, T, D)``, the hidden states that entered each layer for the segment.
+            mem_len, cmem_len, rate: ``n_m`` (``>= 1``), ``n_cm`` and ``c``.
+            compress: per layer the compression function ``f_c`` with that layer's parameters bound, called as
+                ``compress[layer](states, mask, usage=usage)``: ``(B, N, D)`` states leaving the memory (mask
+                ``(B, N)``) to ``(B, N / c, D)`` slots and their mask, e.g.
+                ``functools.partial(compress_memory, "conv", rate=c, weights=(kernel,), biases=(bias,))``.
+                Needed when ``cmem_len > 0``. Its output may carry gradients (for the auxiliary losses).
+            new_mask: ``(B, T)`` bool, ``True`` for real positions (default: all).
+            usage: only for "most-used" compression: per layer ``(B, M + T, 2)``, the attention that the memory
+                slots and the new states received in this segment (summed over queries, mean over heads) and the
+                number of queries that could attend to them. They are added to the statistics this memory
+                carries; ``f_c`` ranks the leaving states by their ratio, and the kept slots carry theirs on.
+
+        Returns:
+            `CompressiveUpdate`: the next memory, and the states that left the memory with their compression (for
+            the auxiliary losses; empty when nothing was compressed).
+        """
+        if new_mask is None:
+            new_mask = torch.ones(new_states[0].shape[:2], dtype=torch.bool, device=new_states[0].device)
+        if cmem_len > 0 and (compress is None or len(compress) != len(new_states)):
+            raise ValueError(
+                f"compress must hold one compression function per layer ({len(new_states)}) when cmem_len > 0 "
+                f"(cmem_len={cmem_len}); pass cmem_len=0 for a memory without compressed slots."
+            )
+        if usage is not None:
+            usage = self._gathered_usage(usage, new_mask.shape[1])
+
+        def compress_layer(layer: int, states: torch.Tensor, mask: torch.Tensor):
+            average = None
+            if usage is not None:  # the leaving states are the oldest of [memory, segment]
+                received, seen_by = usage[layer][:, : states.shape[1]].unbind(-1)
+                average = received / seen_by.clamp(min=1)
+            return compress[layer](states, mask, usage=average)
+
+        step = update_compressive_memory(self, new_states, new_mask, (mem_len, cmem_len, rate), compress_layer)
+        if usage is not None:  # the kept slots carry their usage statistics to the next segment
+            kept_usage = tuple(layer_usage[:, step.evicted_mask.shape[1] :] for layer_usage in usage)
+            step = step._replace(memory=CompressiveMemory(step.memory.memory, step.memory.compressed, kept_usage))
+        return step
+
+    def _gathered_usage(self, usage: Sequence[torch.Tensor], new_length: int) -> tuple[torch.Tensor, ...]:
+        """A segment's usage statistics over ``[memory, segment]`` plus what the memory slots gathered before."""
+        expected = (self.batch_size, self.memory.length + new_length, 2)
+        if len(usage) != len(self) or any(tuple(u.shape) != expected for u in usage):
+            raise ValueError(f"usage must hold one {expected} tensor per layer ({len(self)}).")
+        if self.usage is None:
+            return tuple(usage)
+        return tuple(u + F.pad(old, (0, 0, 0, new_length)) for u, old in zip(usage, self.usage, strict=True))
 
     def reset(self, rows: torch.Tensor) -> CompressiveMemory:
         """Forget both memories of the batch rows where ``rows`` (``(B,)`` bool) is True (a document starts)."""
@@ -199,6 +271,19 @@ class CompressiveMemory:
 
 
 CompressFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+LayerCompressFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+class CompressiveUpdate(NamedTuple):
+    """What one memory update returns: the next memory and, for the auxiliary losses, the states that left the
+    memory ``(B, N, D)`` per layer (detached) with their ``(B, N)`` mask and their compression ``(B, N / c, D)``
+    per layer with its ``(B, N / c)`` mask (empty tuples when nothing was compressed)."""
+
+    memory: CompressiveMemory
+    evicted: tuple[torch.Tensor, ...]
+    evicted_mask: torch.Tensor
+    compressed: tuple[torch.Tensor, ...]
+    compressed_mask: torch.Tensor
 
 
 def update_compressive_memory(
@@ -207,7 +292,7 @@ def update_compressive_memory(
     new_mask: torch.Tensor,
     sizes: tuple[int, int, int],
     compress: CompressFn,
-) -> tuple[CompressiveMemory, tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+) -> CompressiveUpdate:
     """One step of algorithm 1's memory update, for every layer.
 
     Args:
@@ -219,9 +304,9 @@ def update_compressive_memory(
             gradients (for the auxiliary losses); what is stored is detached.
 
     Returns:
-        ``(new_memory, evicted, evicted_mask, compressed, compressed_mask)``: the evicted states per layer
-        ``(B, N, D)`` (detached) and their compression per layer ``(B, N / c, D)`` as returned by ``compress``
-        (empty tuples when nothing was compressed).
+        `CompressiveUpdate` ``(memory, evicted, evicted_mask, compressed, compressed_mask)``: the evicted states per
+        layer ``(B, N, D)`` (detached) and their compression per layer ``(B, N / c, D)`` as returned by
+        ``compress`` (empty tuples when nothing was compressed).
     """
     mem_len, cmem_len, rate = sizes
     if mem_len < 1:
@@ -251,11 +336,12 @@ def update_compressive_memory(
     else:
         stored, stored_mask = tuple(state.detach() for state in old_compressed), old_compressed_mask
     new_memory = CompressiveMemory(SegmentMemory(kept, kept_mask), SegmentMemory(stored, stored_mask))
-    return new_memory, evicted, evicted_mask, compressed, compressed_mask
+    return CompressiveUpdate(new_memory, evicted, evicted_mask, compressed, compressed_mask)
 
 
 __all__ = [
     "CompressiveMemory",
+    "CompressiveUpdate",
     "append_compressed",
     "evicted_length",
     "split_memory",

@@ -85,6 +85,15 @@ class SegmentMemory:
         mask = torch.ones(states[0].shape[:2], dtype=torch.bool, device=states[0].device)
         return cls(states, mask)
 
+    @classmethod
+    def empty_like(cls, new_states: Sequence[torch.Tensor]) -> SegmentMemory:
+        """A memory with no slots yet, for per-layer ``(B, T, D)`` states like ``new_states``: the start of a
+        stream, which `update` then fills."""
+        states = tuple(state[:, :0].detach() for state in new_states)  # (B, 0, D) per layer
+        if not states:
+            raise ValueError("SegmentMemory.empty_like needs at least one layer of states.")
+        return cls(states, torch.zeros(states[0].shape[:2], dtype=torch.bool, device=states[0].device))
+
     @property
     def length(self) -> int:
         return self.mask.shape[1]
@@ -112,6 +121,20 @@ class SegmentMemory:
         """Reorder or repeat batch rows (beam search, expanding a prompt to several samples)."""
         index = index.to(self.mask.device)
         return SegmentMemory(tuple(state.index_select(0, index) for state in self.states), self.mask[index])
+
+    def update(
+        self, new_states: Sequence[torch.Tensor], *, mem_len: int, new_mask: torch.Tensor | None = None
+    ) -> SegmentMemory | None:
+        """The memory after a segment: ``new_states`` (per layer ``(B, T, D)``, the hidden states that entered each
+        layer) appended and the ``mem_len`` most recent positions kept, detached (`update_segment_memory`).
+
+        ``new_mask`` ``(B, T)`` bool marks the real (non-padding) positions of the segment (default: all). Returns a
+        new memory (this one is left as it is), or ``None`` when ``mem_len == 0`` (no recurrence).
+        """
+        if new_mask is None:
+            new_mask = torch.ones(new_states[0].shape[:2], dtype=torch.bool, device=new_states[0].device)
+        updated = update_segment_memory(self.states, self.mask, new_states, new_mask, mem_len)
+        return None if updated is None else SegmentMemory(*updated)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Flat tensors for saving (e.g. with safetensors in a training checkpoint): ``mask`` and ``states.<layer>``."""

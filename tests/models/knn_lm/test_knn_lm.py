@@ -10,16 +10,16 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from tf_family import ARCHITECTURES, create_model
 from tf_family.data.packing import IGNORE_INDEX, pack_into_blocks
-from tf_family.memory.datastore import (
+from tf_family.memory.knn import dense_knn_search
+from tf_family.memory.knn_lm import dense_knn_log_probs
+from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
+from tf_family.retrieval.datastore import (
     DatastoreMismatchError,
     KNNDatastore,
     build_datastore,
     fingerprint_tokenizer,
     resolve_key_module,
 )
-from tf_family.memory.knn import dense_knn_search
-from tf_family.memory.knn_lm import dense_knn_log_probs
-from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
 
 VOCAB = 128
 

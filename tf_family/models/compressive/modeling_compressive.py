@@ -25,14 +25,17 @@ Choices where the paper is silent (documented, tested):
 - "dilated convolution" is a stack of kernel-2 convolutions with dilations 1, 2, 4, ... inside each group of ``c``;
 - the auxiliary losses are mean squared errors, summed over layers; the auto-encoding decoder is a transposed
   convolution with kernel = stride = ``c``;
-- the Transformer-XL modules below are marked copies (`tests/test_copies.py` keeps them identical); the attention
-  module receives ``[compressed memory, memory]`` as its ``memory``.
+- the adaptive input / softmax and the feed-forward block are Transformer-XL's (`tf_family.layers`); its attention
+  and layer are marked copies below (`tests/test_copies.py` keeps them identical), and the attention module
+  receives ``[compressed memory, memory]`` as its ``memory``.
 
 Config field <-> paper symbol: `mem_len` = n_m, `cmem_len` = n_cm, `compression_rate` = c, `compression` = f_c,
 `n_layer` = l, `attention_reconstruction_loss_weight` weights L^attn, `autoencoding_loss_weight` weights L^ae.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +53,7 @@ from ...attention import (
     relative_position_sequence,
     sinusoid_position_embedding,
 )
+from ...layers import AdaptiveEmbedding, PositionwiseFeedForward, ProjectedAdaptiveLogSoftmax
 from ...memory import (
     CompressiveMemory,
     SegmentMemory,
@@ -58,148 +62,11 @@ from ...memory import (
     compress_memory,
     conv_transpose_decompress,
     dilated_conv_layers,
-    update_compressive_memory,
 )
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
 from .configuration_compressive import TffCompressiveConfig
 
 logger = logging.get_logger(__name__)
-
-
-# Copied from tf_family.models.transfo_xl.modeling_transfo_xl._cluster_bounds with TransfoXL->Compressive
-def _cluster_bounds(config: TffCompressiveConfig) -> list[int]:
-    return [0, *config.cutoffs, config.vocab_size]
-
-
-# Copied from tf_family.models.transfo_xl.modeling_transfo_xl._cluster_width with TransfoXL->Compressive
-def _cluster_width(config: TffCompressiveConfig, cluster: int) -> int:
-    return config.d_embed // (config.div_val**cluster)
-
-
-# Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLAdaptiveEmbedding with TransfoXL->Compressive
-class TffCompressiveAdaptiveEmbedding(nn.Module):
-    """Adaptive input embeddings: cluster ``i`` has width ``d_embed // div_val**i``, projected to ``d_model``."""
-
-    def __init__(self, config: TffCompressiveConfig):
-        super().__init__()
-        self.bounds = _cluster_bounds(config)
-        self.scale = config.d_model**0.5
-        self.layers = nn.ModuleList()
-        self.projections = nn.ParameterList()
-        if config.div_val == 1:
-            self.layers.append(nn.Embedding(config.vocab_size, config.d_embed))
-            if config.d_model != config.d_embed:
-                self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
-        else:
-            for cluster in range(len(self.bounds) - 1):
-                width = _cluster_width(config, cluster)
-                self.layers.append(nn.Embedding(self.bounds[cluster + 1] - self.bounds[cluster], width))
-                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
-
-    def forward(self, input_ids: torch.LongTensor) -> torch.Tensor:
-        if len(self.layers) == 1:
-            embeddings = self.layers[0](input_ids)  # (B, T, d_embed)
-            if len(self.projections):
-                embeddings = F.linear(embeddings, self.projections[0])  # (B, T, D)
-            return embeddings * self.scale
-        flat_ids = input_ids.reshape(-1)  # (B*T,)
-        embeddings = None
-        for cluster, layer in enumerate(self.layers):
-            low, high = self.bounds[cluster], self.bounds[cluster + 1]
-            index = ((flat_ids >= low) & (flat_ids < high)).nonzero().squeeze(1)
-            if index.numel() == 0:
-                continue
-            cluster_embeddings = F.linear(layer(flat_ids[index] - low), self.projections[cluster])  # (n, D)
-            if embeddings is None:  # allocate in the dtype autocast produced
-                embeddings = cluster_embeddings.new_zeros(flat_ids.shape[0], cluster_embeddings.shape[-1])
-            embeddings = embeddings.index_copy(0, index, cluster_embeddings.to(embeddings.dtype))
-        if embeddings is None:
-            raise ValueError("input_ids is empty.")
-        return embeddings.view(*input_ids.shape, -1) * self.scale  # (B, T, D)
-
-
-# Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLAdaptiveLogSoftmax with TransfoXL->Compressive
-class TffCompressiveAdaptiveLogSoftmax(nn.Module):
-    """Adaptive softmax with projections (Grave et al. 2017): a head over the frequent tokens plus one entry per
-    tail cluster, and one small softmax per tail cluster. With no cutoffs it is a plain (projected) softmax.
-
-    Returns log-probabilities ``(N, V)`` or, given labels, negative log-likelihoods ``(N,)`` (0 for label -100).
-    """
-
-    def __init__(self, config: TffCompressiveConfig):
-        super().__init__()
-        self.bounds = _cluster_bounds(config)
-        self.num_tail_clusters = len(config.cutoffs)
-        if self.num_tail_clusters:
-            self.cluster_weight = nn.Parameter(torch.zeros(self.num_tail_clusters, config.d_embed))
-            self.cluster_bias = nn.Parameter(torch.zeros(self.num_tail_clusters))
-        self.out_layers = nn.ModuleList()
-        self.projections = nn.ParameterList()
-        if config.div_val == 1:
-            self.out_layers.append(nn.Linear(config.d_embed, config.vocab_size))
-            if config.d_model != config.d_embed:
-                for _ in range(len(self.bounds) - 1):
-                    self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
-        else:
-            for cluster in range(len(self.bounds) - 1):
-                width = _cluster_width(config, cluster)
-                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
-                self.out_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
-
-    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
-        """Unnormalised scores of cluster ``cluster`` (the head also scores the tail clusters)."""
-        if len(self.out_layers) == 1:
-            low, high = self.bounds[cluster], self.bounds[cluster + 1]
-            weight, bias = self.out_layers[0].weight[low:high], self.out_layers[0].bias[low:high]
-        else:
-            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
-        if cluster == 0 and self.num_tail_clusters:
-            weight = torch.cat([weight, self.cluster_weight], dim=0)
-            bias = torch.cat([bias, self.cluster_bias], dim=0)
-        if len(self.projections):
-            hidden = F.linear(hidden, self.projections[cluster].t())  # (N, d_cluster)
-        return F.linear(hidden, weight, bias)  # (N, V_cluster)
-
-    def forward(self, hidden: torch.Tensor, labels: torch.LongTensor | None = None) -> torch.Tensor:
-        head_size = self.bounds[1]
-        head_logprobs = F.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)  # (N, head + clusters)
-        if labels is None:
-            pieces = [head_logprobs[:, :head_size]]
-            for cluster in range(1, self.num_tail_clusters + 1):
-                tail = F.log_softmax(self._cluster_logits(hidden, cluster).float(), dim=-1)
-                pieces.append(head_logprobs[:, head_size + cluster - 1, None] + tail)
-            return torch.cat(pieces, dim=-1)  # (N, V)
-        nll = head_logprobs.new_zeros(labels.shape[0])  # (N,)
-        for cluster in range(self.num_tail_clusters + 1):
-            low, high = self.bounds[cluster], self.bounds[cluster + 1]
-            index = ((labels >= low) & (labels < high)).nonzero().squeeze(1)
-            if index.numel() == 0:
-                continue
-            target = labels[index] - low
-            logprob = head_logprobs[index]
-            if cluster == 0:
-                logprob = logprob.gather(1, target[:, None]).squeeze(1)
-            else:
-                tail = F.log_softmax(self._cluster_logits(hidden[index], cluster).float(), dim=-1)
-                logprob = logprob[:, head_size + cluster - 1] + tail.gather(1, target[:, None]).squeeze(1)
-            nll = nll.index_copy(0, index, -logprob)
-        return nll
-
-
-# Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLFeedForward with TransfoXL->Compressive
-class TffCompressiveFeedForward(nn.Module):
-    def __init__(self, config: TffCompressiveConfig):
-        super().__init__()
-        self.pre_lnorm = config.pre_lnorm
-        self.fc_in = nn.Linear(config.d_model, config.d_inner)
-        self.fc_out = nn.Linear(config.d_inner, config.d_model)
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        inputs = self.layer_norm(hidden) if self.pre_lnorm else hidden
-        out = self.dropout(self.fc_out(self.dropout(F.relu(self.fc_in(inputs)))))
-        return hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
 
 
 # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLAttention with TransfoXL->Compressive
@@ -276,7 +143,9 @@ class TffCompressiveLayer(GradientCheckpointingLayer):
     def __init__(self, config: TffCompressiveConfig, layer_idx: int):
         super().__init__()
         self.attention = TffCompressiveAttention(config, layer_idx)
-        self.feed_forward = TffCompressiveFeedForward(config)
+        self.feed_forward = PositionwiseFeedForward(
+            config.d_model, config.d_inner, config.dropout, config.pre_lnorm, config.layer_norm_epsilon
+        )
 
     def forward(
         self,
@@ -309,17 +178,17 @@ class TffCompressiveCompression(nn.Module):
         if config.autoencoding_loss_weight > 0:
             self.decoder = nn.ConvTranspose1d(width, width, kernel_size=self.rate, stride=self.rate)
 
-    def forward(
-        self, states: torch.Tensor, mask: torch.Tensor, usage: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(B, N, D)`` states leaving the memory -> ``(B, N / c, D)`` compressed slots and their mask."""
+    def compression_function(self) -> functools.partial:
+        """``f_c`` with this layer's parameters bound, as `CompressiveMemory.update` takes it: called as
+        ``f(states, mask, usage=usage)``, ``(B, N, D)`` states leaving the memory -> ``(B, N / c, D)`` compressed
+        slots and their mask."""
         weights, biases = (), ()
         if self.kind == "conv":
             weights, biases = (self.conv.weight,), (self.conv.bias,)
         elif self.kind == "dilated_conv":
             weights = tuple(conv.weight for conv in self.dilated)
             biases = tuple(conv.bias for conv in self.dilated)
-        return compress_memory(self.kind, states, mask, self.rate, weights=weights, biases=biases, usage=usage)
+        return functools.partial(compress_memory, self.kind, rate=self.rate, weights=weights, biases=biases)
 
     def decode(self, compressed: torch.Tensor) -> torch.Tensor:
         """``(B, G, D)`` -> ``(B, G * c, D)``: the decoder ``g`` of the auto-encoding loss."""
@@ -354,7 +223,7 @@ class TffCompressivePreTrainedModel(PreTrainedModel):
             # the adaptive input / softmax projections
             for projection in module:
                 init.normal_(projection, mean=0.0, std=proj_std)
-        elif isinstance(module, TffCompressiveAdaptiveLogSoftmax) and module.num_tail_clusters:
+        elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
             init.normal_(module.cluster_weight, mean=0.0, std=std)
             init.zeros_(module.cluster_bias)
         elif isinstance(module, TffCompressiveAttention | TffCompressiveModel):
@@ -400,7 +269,9 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
 
     def __init__(self, config: TffCompressiveConfig):
         super().__init__(config)
-        self.word_embeddings = TffCompressiveAdaptiveEmbedding(config)
+        self.word_embeddings = AdaptiveEmbedding(
+            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
+        )
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(TffCompressiveLayer(config, i) for i in range(config.n_layer))
         if not config.untie_r:
@@ -532,13 +403,10 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
             )
             if need_usage:
                 # per key of [memory, segment]: attention received (mean over heads, summed over queries) and the
-                # number of queries allowed to see it, added to what the memory slots had gathered before
+                # number of queries allowed to see it (the memory adds what its slots had gathered before)
                 received = probs.detach().float().mean(1)[..., compressed_length:].sum(1)  # (B, M + T)
                 seen_by = allowed[:, 0, :, compressed_length:].sum(1).float().expand(batch, -1)  # (B, M + T)
-                usage = torch.stack([received, seen_by], dim=-1)  # (B, M + T, 2)
-                if memory is not None and memory.usage is not None:
-                    usage = usage + F.pad(memory.usage[index], (0, 0, 0, query_length))
-                usages.append(usage)
+                usages.append(torch.stack([received, seen_by], dim=-1))  # (B, M + T, 2)
             if output_attentions:
                 all_attentions += (probs,)
         hidden = self.dropout(hidden)
@@ -547,22 +415,20 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
 
         new_memory = reconstruction = autoencoding = aux_loss = None
         if use_cache and config.mem_len > 0:
-
-            def compress(layer: int, states: torch.Tensor, mask: torch.Tensor):
-                usage = None
-                if need_usage:  # the evicted states are the oldest of [memory, segment]; rank by average usage
-                    received, seen_by = usages[layer][:, : states.shape[1]].unbind(-1)
-                    usage = received / seen_by.clamp(min=1)
-                return self.compression[layer](states, mask, usage)
-
+            compress = None
+            if config.cmem_len > 0:
+                compress = [compression.compression_function() for compression in self.compression]
+            previous = memory if memory is not None else CompressiveMemory.empty_like(layer_inputs)
             with torch.set_grad_enabled(torch.is_grad_enabled() and compute_losses):
-                new_memory, evicted, evicted_mask, compressed, compressed_mask = update_compressive_memory(
-                    memory, layer_inputs, segment_mask, (config.mem_len, config.cmem_len, config.compression_rate),
-                    compress,
-                )  # fmt: skip
-            if need_usage:  # the kept slots carry their usage statistics to the next segment
-                kept_usage = tuple(usage[:, evicted_mask.shape[1] :] for usage in usages)
-                new_memory = CompressiveMemory(new_memory.memory, new_memory.compressed, kept_usage)
+                new_memory, evicted, evicted_mask, compressed, compressed_mask = previous.update(
+                    layer_inputs,
+                    mem_len=config.mem_len,
+                    cmem_len=config.cmem_len,
+                    rate=config.compression_rate,
+                    compress=compress,
+                    new_mask=segment_mask,
+                    usage=usages if need_usage else None,
+                )
             if compute_losses and config.cmem_len > 0:
                 if compressed:
                     reconstruction, autoencoding = self._auxiliary_losses(
@@ -596,7 +462,9 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
     def __init__(self, config: TffCompressiveConfig):
         super().__init__(config)
         self.transformer = TffCompressiveModel(config)
-        self.lm_head = TffCompressiveAdaptiveLogSoftmax(config)
+        self.lm_head = ProjectedAdaptiveLogSoftmax(
+            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
+        )
         # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
         self._tied_weights_keys = self.get_expanded_tied_weights_keys()
         self.post_init()
@@ -605,17 +473,13 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
         """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
         projections (`proj_share_all_but_first`), as in the original code."""
-        tied = {}
-        embedding, head = self.transformer.word_embeddings, self.lm_head
-        if self.config.tie_word_embeddings:
-            for index in range(len(head.out_layers)):
-                tied[f"lm_head.out_layers.{index}.weight"] = f"transformer.word_embeddings.layers.{index}.weight"
-        if len(head.projections):
-            for cluster, tie in enumerate(self.config.tie_projs):
-                if tie:
-                    source = 0 if len(embedding.projections) == 1 else cluster
-                    tied[f"lm_head.projections.{cluster}"] = f"transformer.word_embeddings.projections.{source}"
-        return tied
+        return self.lm_head.tied_weights_keys(
+            self.transformer.word_embeddings,
+            self.config.tie_word_embeddings,
+            self.config.tie_projs,
+            prefix="lm_head",
+            embedding_prefix="transformer.word_embeddings",
+        )
 
     def get_output_embeddings(self):
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
@@ -662,24 +526,8 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
             output_compression_loss=output_compression_loss,
             return_dict=True,
         )
-        hidden = outputs.last_hidden_state  # (B, T, D)
-        batch, length, width = hidden.shape
-        logits = loss = losses = lm_loss = None
-        if labels is None or not self.config.cutoffs:
-            logits = self.lm_head(hidden.reshape(-1, width)).view(batch, length, -1)  # (B, T, V)
-        if labels is not None:
-            if labels.shape != (batch, length):
-                raise ValueError(f"labels must have shape {(batch, length)}, got {tuple(labels.shape)}.")
-            targets = labels[:, 1:].reshape(-1)  # (B*(T-1),)
-            if logits is not None:
-                flat = logits[:, :-1].reshape(-1, logits.shape[-1])
-                losses = F.nll_loss(flat, targets.clamp(min=0), reduction="none") * (targets != -100)
-            else:
-                losses = self.lm_head(hidden[:, :-1].reshape(-1, width), targets)
-            losses = losses.view(batch, length - 1)  # (B, T-1)
-            count = (labels[:, 1:] != -100).sum()
-            lm_loss = losses.sum() / count.clamp(min=1)
-            loss = lm_loss if outputs.aux_loss is None else lm_loss + outputs.aux_loss
+        logits, losses, lm_loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels)
+        loss = lm_loss if lm_loss is None or outputs.aux_loss is None else lm_loss + outputs.aux_loss
         output = CompressiveCausalLMOutput(
             loss=loss,
             logits=logits,

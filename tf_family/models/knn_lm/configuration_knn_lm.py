@@ -20,7 +20,7 @@ class TffKNNLMConfig(PreTrainedConfig):
             model type: ``llama``, ``gpt2``, ``tff_transfo_xl`` …). A dict needs its ``model_type``.
         base_model_name_or_path (`str`, *optional*): where the base weights came from (Hub id or folder); recorded
             for provenance and shown in errors about mismatched datastores.
-        datastore_path (`str`, *optional*): a datastore folder elsewhere (`tf_family.memory.KNNDatastore`). When
+        datastore_path (`str`, *optional*): a datastore folder elsewhere (`tf_family.retrieval.KNNDatastore`). When
             ``None``, ``from_pretrained`` uses the ``datastore/`` sub-folder of the checkpoint if there is one.
         k (`int`, defaults to 1024): neighbours retrieved per position (k in the paper).
         lmbda (`float`, defaults to 0.25): interpolation weight of p_kNN (λ in the paper; 0 is the base LM).

@@ -4,7 +4,7 @@ Paper: Khandelwal, Levy, Jurafsky, Zettlemoyer, Lewis, "Generalization through M
 Language Models", ICLR 2020, arXiv:1911.00172. Reference implementations read: urvashik/knnlm (fairseq) and
 neulab/knn-transformers (forward hooks on hard-coded module paths per model type). Here the base model is any
 ``AutoModelForCausalLM`` held as ``self.lm``; the query is read by a forward hook at the same point the datastore's
-keys were read (`tf_family.memory.datastore.resolve_key_module`), so no per-architecture code is needed.
+keys were read (`tf_family.retrieval.datastore.resolve_key_module`), so no per-architecture code is needed.
 
     p(y | x) = λ · p_kNN(y | x) + (1 − λ) · p_LM(y | x)                       (paper eq. 2; λ = ``lmbda``)
     p_kNN(y | x) ∝ Σ_{(k_i, v_i) ∈ N(x), v_i = y} exp(−d(k_i, f(x)) / τ)     (eq. 1; τ = ``knn_temperature``)
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
-from ...memory.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
+from ...retrieval.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -79,7 +79,7 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
     """A causal LM whose next-token distribution is interpolated with a kNN distribution over a datastore.
 
     Build one around a model you have with `from_base`, or from a config (the base is built from
-    ``config.base_config``). Attach a datastore (`set_datastore`) built by `tf_family.memory.build_datastore` with
+    ``config.base_config``). Attach a datastore (`set_datastore`) built by `tf_family.retrieval.build_datastore` with
     the same base model; without a datastore (or with ``lmbda=0``) the model is exactly the base LM.
     """
 

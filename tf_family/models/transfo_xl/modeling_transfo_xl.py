@@ -3,7 +3,7 @@
 Segment-level recurrence: every layer attends over the hidden states of the previous segment(s) kept as a memory
 without gradient (section 3.2), with relative positional attention so that positions stay coherent when states are
 reused (section 3.3). Adaptive input embeddings (Baevski & Auli 2019) and an adaptive softmax (Grave et al. 2017)
-handle large vocabularies.
+handle large vocabularies (`tf_family.layers`, shared with the Compressive Transformer).
 
 Parity reference: transformers 4.35.2 `TransfoXLLMHeadModel` (the last release whose TransfoXL runs), checked
 against committed fixtures in `tests/fixtures/transfo_xl_4x/`; `convert_transfo_xl.py` loads its checkpoints.
@@ -36,142 +36,12 @@ from ...attention import (
     relative_position_sequence,
     sinusoid_position_embedding,
 )
-from ...memory import SegmentMemory, update_segment_memory
+from ...layers import AdaptiveEmbedding, PositionwiseFeedForward, ProjectedAdaptiveLogSoftmax
+from ...memory import SegmentMemory
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from .configuration_transfo_xl import TffTransfoXLConfig
 
 logger = logging.get_logger(__name__)
-
-
-def _cluster_bounds(config: TffTransfoXLConfig) -> list[int]:
-    return [0, *config.cutoffs, config.vocab_size]
-
-
-def _cluster_width(config: TffTransfoXLConfig, cluster: int) -> int:
-    return config.d_embed // (config.div_val**cluster)
-
-
-class TffTransfoXLAdaptiveEmbedding(nn.Module):
-    """Adaptive input embeddings: cluster ``i`` has width ``d_embed // div_val**i``, projected to ``d_model``."""
-
-    def __init__(self, config: TffTransfoXLConfig):
-        super().__init__()
-        self.bounds = _cluster_bounds(config)
-        self.scale = config.d_model**0.5
-        self.layers = nn.ModuleList()
-        self.projections = nn.ParameterList()
-        if config.div_val == 1:
-            self.layers.append(nn.Embedding(config.vocab_size, config.d_embed))
-            if config.d_model != config.d_embed:
-                self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
-        else:
-            for cluster in range(len(self.bounds) - 1):
-                width = _cluster_width(config, cluster)
-                self.layers.append(nn.Embedding(self.bounds[cluster + 1] - self.bounds[cluster], width))
-                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
-
-    def forward(self, input_ids: torch.LongTensor) -> torch.Tensor:
-        if len(self.layers) == 1:
-            embeddings = self.layers[0](input_ids)  # (B, T, d_embed)
-            if len(self.projections):
-                embeddings = F.linear(embeddings, self.projections[0])  # (B, T, D)
-            return embeddings * self.scale
-        flat_ids = input_ids.reshape(-1)  # (B*T,)
-        embeddings = None
-        for cluster, layer in enumerate(self.layers):
-            low, high = self.bounds[cluster], self.bounds[cluster + 1]
-            index = ((flat_ids >= low) & (flat_ids < high)).nonzero().squeeze(1)
-            if index.numel() == 0:
-                continue
-            cluster_embeddings = F.linear(layer(flat_ids[index] - low), self.projections[cluster])  # (n, D)
-            if embeddings is None:  # allocate in the dtype autocast produced
-                embeddings = cluster_embeddings.new_zeros(flat_ids.shape[0], cluster_embeddings.shape[-1])
-            embeddings = embeddings.index_copy(0, index, cluster_embeddings.to(embeddings.dtype))
-        if embeddings is None:
-            raise ValueError("input_ids is empty.")
-        return embeddings.view(*input_ids.shape, -1) * self.scale  # (B, T, D)
-
-
-class TffTransfoXLAdaptiveLogSoftmax(nn.Module):
-    """Adaptive softmax with projections (Grave et al. 2017): a head over the frequent tokens plus one entry per
-    tail cluster, and one small softmax per tail cluster. With no cutoffs it is a plain (projected) softmax.
-
-    Returns log-probabilities ``(N, V)`` or, given labels, negative log-likelihoods ``(N,)`` (0 for label -100).
-    """
-
-    def __init__(self, config: TffTransfoXLConfig):
-        super().__init__()
-        self.bounds = _cluster_bounds(config)
-        self.num_tail_clusters = len(config.cutoffs)
-        if self.num_tail_clusters:
-            self.cluster_weight = nn.Parameter(torch.zeros(self.num_tail_clusters, config.d_embed))
-            self.cluster_bias = nn.Parameter(torch.zeros(self.num_tail_clusters))
-        self.out_layers = nn.ModuleList()
-        self.projections = nn.ParameterList()
-        if config.div_val == 1:
-            self.out_layers.append(nn.Linear(config.d_embed, config.vocab_size))
-            if config.d_model != config.d_embed:
-                for _ in range(len(self.bounds) - 1):
-                    self.projections.append(nn.Parameter(torch.empty(config.d_model, config.d_embed)))
-        else:
-            for cluster in range(len(self.bounds) - 1):
-                width = _cluster_width(config, cluster)
-                self.projections.append(nn.Parameter(torch.empty(config.d_model, width)))
-                self.out_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
-
-    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
-        """Unnormalised scores of cluster ``cluster`` (the head also scores the tail clusters)."""
-        if len(self.out_layers) == 1:
-            low, high = self.bounds[cluster], self.bounds[cluster + 1]
-            weight, bias = self.out_layers[0].weight[low:high], self.out_layers[0].bias[low:high]
-        else:
-            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
-        if cluster == 0 and self.num_tail_clusters:
-            weight = torch.cat([weight, self.cluster_weight], dim=0)
-            bias = torch.cat([bias, self.cluster_bias], dim=0)
-        if len(self.projections):
-            hidden = F.linear(hidden, self.projections[cluster].t())  # (N, d_cluster)
-        return F.linear(hidden, weight, bias)  # (N, V_cluster)
-
-    def forward(self, hidden: torch.Tensor, labels: torch.LongTensor | None = None) -> torch.Tensor:
-        head_size = self.bounds[1]
-        head_logprobs = F.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)  # (N, head + clusters)
-        if labels is None:
-            pieces = [head_logprobs[:, :head_size]]
-            for cluster in range(1, self.num_tail_clusters + 1):
-                tail = F.log_softmax(self._cluster_logits(hidden, cluster).float(), dim=-1)
-                pieces.append(head_logprobs[:, head_size + cluster - 1, None] + tail)
-            return torch.cat(pieces, dim=-1)  # (N, V)
-        nll = head_logprobs.new_zeros(labels.shape[0])  # (N,)
-        for cluster in range(self.num_tail_clusters + 1):
-            low, high = self.bounds[cluster], self.bounds[cluster + 1]
-            index = ((labels >= low) & (labels < high)).nonzero().squeeze(1)
-            if index.numel() == 0:
-                continue
-            target = labels[index] - low
-            logprob = head_logprobs[index]
-            if cluster == 0:
-                logprob = logprob.gather(1, target[:, None]).squeeze(1)
-            else:
-                tail = F.log_softmax(self._cluster_logits(hidden[index], cluster).float(), dim=-1)
-                logprob = logprob[:, head_size + cluster - 1] + tail.gather(1, target[:, None]).squeeze(1)
-            nll = nll.index_copy(0, index, -logprob)
-        return nll
-
-
-class TffTransfoXLFeedForward(nn.Module):
-    def __init__(self, config: TffTransfoXLConfig):
-        super().__init__()
-        self.pre_lnorm = config.pre_lnorm
-        self.fc_in = nn.Linear(config.d_model, config.d_inner)
-        self.fc_out = nn.Linear(config.d_inner, config.d_model)
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        inputs = self.layer_norm(hidden) if self.pre_lnorm else hidden
-        out = self.dropout(self.fc_out(self.dropout(F.relu(self.fc_in(inputs)))))
-        return hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
 
 
 class TffTransfoXLAttention(nn.Module):
@@ -246,7 +116,9 @@ class TffTransfoXLLayer(GradientCheckpointingLayer):
     def __init__(self, config: TffTransfoXLConfig, layer_idx: int):
         super().__init__()
         self.attention = TffTransfoXLAttention(config, layer_idx)
-        self.feed_forward = TffTransfoXLFeedForward(config)
+        self.feed_forward = PositionwiseFeedForward(
+            config.d_model, config.d_inner, config.dropout, config.pre_lnorm, config.layer_norm_epsilon
+        )
 
     def forward(
         self,
@@ -290,7 +162,7 @@ class TffTransfoXLPreTrainedModel(PreTrainedModel):
             # the module that directly owns the parameters, so this is where they arrive)
             for projection in module:
                 init.normal_(projection, mean=0.0, std=proj_std)
-        elif isinstance(module, TffTransfoXLAdaptiveLogSoftmax) and module.num_tail_clusters:
+        elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
             init.normal_(module.cluster_weight, mean=0.0, std=std)
             init.zeros_(module.cluster_bias)
         elif isinstance(module, TffTransfoXLAttention | TffTransfoXLModel):
@@ -335,7 +207,9 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
 
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
-        self.word_embeddings = TffTransfoXLAdaptiveEmbedding(config)
+        self.word_embeddings = AdaptiveEmbedding(
+            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
+        )
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(TffTransfoXLLayer(config, i) for i in range(config.n_layer))
         if not config.untie_r:
@@ -430,14 +304,8 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
 
         new_memory = None
         if use_cache:
-            updated = update_segment_memory(
-                None if memory is None else memory.states,
-                None if memory is None else memory.mask,
-                layer_inputs,
-                segment_mask,
-                self.config.mem_len,
-            )
-            new_memory = None if updated is None else SegmentMemory(*updated)
+            previous = memory if memory is not None else SegmentMemory.empty_like(layer_inputs)
+            new_memory = previous.update(layer_inputs, mem_len=self.config.mem_len, new_mask=segment_mask)
 
         output = MemoryModelOutput(
             last_hidden_state=hidden,
@@ -454,7 +322,9 @@ class TffTransfoXLLMHeadModel(TffTransfoXLPreTrainedModel, GenerationMixin):
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
         self.transformer = TffTransfoXLModel(config)
-        self.lm_head = TffTransfoXLAdaptiveLogSoftmax(config)
+        self.lm_head = ProjectedAdaptiveLogSoftmax(
+            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
+        )
         # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
         self._tied_weights_keys = self.get_expanded_tied_weights_keys()
         self.post_init()
@@ -462,17 +332,13 @@ class TffTransfoXLLMHeadModel(TffTransfoXLPreTrainedModel, GenerationMixin):
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
         """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
         projections (`proj_share_all_but_first`), as in the original code."""
-        tied = {}
-        embedding, head = self.transformer.word_embeddings, self.lm_head
-        if self.config.tie_word_embeddings:
-            for index in range(len(head.out_layers)):
-                tied[f"lm_head.out_layers.{index}.weight"] = f"transformer.word_embeddings.layers.{index}.weight"
-        if len(head.projections):
-            for cluster, tie in enumerate(self.config.tie_projs):
-                if tie:
-                    source = 0 if len(embedding.projections) == 1 else cluster
-                    tied[f"lm_head.projections.{cluster}"] = f"transformer.word_embeddings.projections.{source}"
-        return tied
+        return self.lm_head.tied_weights_keys(
+            self.transformer.word_embeddings,
+            self.config.tie_word_embeddings,
+            self.config.tie_projs,
+            prefix="lm_head",
+            embedding_prefix="transformer.word_embeddings",
+        )
 
     def get_output_embeddings(self):
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
@@ -514,23 +380,7 @@ class TffTransfoXLLMHeadModel(TffTransfoXLPreTrainedModel, GenerationMixin):
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        hidden = outputs.last_hidden_state  # (B, T, D)
-        batch, length, width = hidden.shape
-        logits = loss = losses = None
-        if labels is None or not self.config.cutoffs:
-            logits = self.lm_head(hidden.reshape(-1, width)).view(batch, length, -1)  # (B, T, V)
-        if labels is not None:
-            if labels.shape != (batch, length):
-                raise ValueError(f"labels must have shape {(batch, length)}, got {tuple(labels.shape)}.")
-            targets = labels[:, 1:].reshape(-1)  # (B*(T-1),)
-            if logits is not None:
-                flat = logits[:, :-1].reshape(-1, logits.shape[-1])
-                losses = F.nll_loss(flat, targets.clamp(min=0), reduction="none") * (targets != -100)
-            else:
-                losses = self.lm_head(hidden[:, :-1].reshape(-1, width), targets)
-            losses = losses.view(batch, length - 1)  # (B, T-1)
-            count = (labels[:, 1:] != -100).sum()
-            loss = losses.sum() / count.clamp(min=1)
+        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels)
         output = MemoryCausalLMOutput(
             loss=loss,
             logits=logits,

@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from .knn import ExactKNNStore, FaissKNNStore, KNNStore, Metric, _atomic_save, load_knn_store, neighbour_scores
+from ..memory.knn import ExactKNNStore, FaissKNNStore, KNNStore, Metric, _atomic_save, load_knn_store, neighbour_scores
 
 logger = logging.get_logger(__name__)
 
@@ -300,7 +300,9 @@ class KNNDatastore:
             value_shards.append(tensors["values"])
         datastore = cls(key_shards, value_shards, description, folder)
         if datastore.size != description["size"]:
-            raise ValueError(f"{folder}: the shards hold {datastore.size} keys, the description {description['size']}.")
+            raise ValueError(
+                f"{folder}: the shards hold {datastore.size} keys, the description {description['size']}."
+            )
         if index_type is not None and index_type != "exact":
             datastore.load_index(index_type)
         return datastore
@@ -316,7 +318,10 @@ def check_fingerprints(
             f"it was built by another model (weights fingerprint {description['model_fingerprint'][:12]}…, "
             f"built from {description.get('model_name_or_path')!r})"
         )
-    if tokenizer is not None and description.get("tokenizer_fingerprint") not in (None, fingerprint_tokenizer(tokenizer)):
+    if tokenizer is not None and description.get("tokenizer_fingerprint") not in (
+        None,
+        fingerprint_tokenizer(tokenizer),
+    ):
         problems.append("it was built with another tokenizer (a different vocabulary)")
     if not problems:
         return

@@ -1,0 +1,6 @@
+"""`nn.Module`s shared unchanged by several models; they take plain numbers, never a config."""
+
+from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from .feed_forward import PositionwiseFeedForward
+
+__all__ = ["AdaptiveEmbedding", "PositionwiseFeedForward", "ProjectedAdaptiveLogSoftmax"]

@@ -1,0 +1,182 @@
+"""Adaptive input embeddings (Baevski & Auli 2019, arXiv:1809.10853) and the projected adaptive softmax (Grave et al.
+2017, arXiv:1609.04309) of the Transformer-XL family, shared by Transformer-XL and the Compressive Transformer.
+
+The vocabulary is cut into clusters at ``cutoffs`` (frequent tokens first); cluster ``i`` has width
+``d_embed // div_val**i`` and a projection to ``d_model``. With ``div_val == 1`` one matrix covers the whole
+vocabulary (projected only when ``d_embed != d_model``). Parameter names follow transformers 4.x
+``TransfoXLLMHeadModel`` after tf_family's key rules (``layers`` / ``out_layers``, ``projections``,
+``cluster_weight`` / ``cluster_bias``), so checkpoints convert key by key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _cluster_widths(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
+    return [d_embed // (div_val**cluster) for cluster in range(num_clusters)]
+
+
+class AdaptiveEmbedding(nn.Module):
+    """Adaptive input embeddings: cluster ``i`` has width ``d_embed // div_val**i``, projected to ``d_model`` and
+    scaled by ``sqrt(d_model)``."""
+
+    def __init__(self, vocab_size: int, d_embed: int, d_model: int, cutoffs: Sequence[int], div_val: int):
+        super().__init__()
+        self.bounds = [0, *cutoffs, vocab_size]
+        self.scale = d_model**0.5
+        self.layers = nn.ModuleList()
+        self.projections = nn.ParameterList()
+        if div_val == 1:
+            self.layers.append(nn.Embedding(vocab_size, d_embed))
+            if d_model != d_embed:
+                self.projections.append(nn.Parameter(torch.empty(d_model, d_embed)))
+        else:
+            for cluster, width in enumerate(_cluster_widths(d_embed, div_val, len(self.bounds) - 1)):
+                self.layers.append(nn.Embedding(self.bounds[cluster + 1] - self.bounds[cluster], width))
+                self.projections.append(nn.Parameter(torch.empty(d_model, width)))
+
+    def forward(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        if len(self.layers) == 1:
+            embeddings = self.layers[0](input_ids)  # (B, T, d_embed)
+            if len(self.projections):
+                embeddings = F.linear(embeddings, self.projections[0])  # (B, T, D)
+            return embeddings * self.scale
+        flat_ids = input_ids.reshape(-1)  # (B*T,)
+        embeddings = None
+        for cluster, layer in enumerate(self.layers):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            index = ((flat_ids >= low) & (flat_ids < high)).nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+            cluster_embeddings = F.linear(layer(flat_ids[index] - low), self.projections[cluster])  # (n, D)
+            if embeddings is None:  # allocate in the dtype autocast produced
+                embeddings = cluster_embeddings.new_zeros(flat_ids.shape[0], cluster_embeddings.shape[-1])
+            embeddings = embeddings.index_copy(0, index, cluster_embeddings.to(embeddings.dtype))
+        if embeddings is None:
+            raise ValueError("input_ids is empty.")
+        return embeddings.view(*input_ids.shape, -1) * self.scale  # (B, T, D)
+
+
+class ProjectedAdaptiveLogSoftmax(nn.Module):
+    """Adaptive softmax with projections (Grave et al. 2017): a head over the frequent tokens plus one entry per
+    tail cluster, and one small softmax per tail cluster. With no cutoffs it is a plain (projected) softmax.
+
+    Returns log-probabilities ``(N, V)`` or, given labels, negative log-likelihoods ``(N,)`` (0 for label -100).
+    """
+
+    def __init__(self, vocab_size: int, d_embed: int, d_model: int, cutoffs: Sequence[int], div_val: int):
+        super().__init__()
+        self.bounds = [0, *cutoffs, vocab_size]
+        self.num_tail_clusters = len(cutoffs)
+        if self.num_tail_clusters:
+            self.cluster_weight = nn.Parameter(torch.zeros(self.num_tail_clusters, d_embed))
+            self.cluster_bias = nn.Parameter(torch.zeros(self.num_tail_clusters))
+        self.out_layers = nn.ModuleList()
+        self.projections = nn.ParameterList()
+        if div_val == 1:
+            self.out_layers.append(nn.Linear(d_embed, vocab_size))
+            if d_model != d_embed:
+                for _ in range(len(self.bounds) - 1):
+                    self.projections.append(nn.Parameter(torch.empty(d_model, d_embed)))
+        else:
+            for cluster, width in enumerate(_cluster_widths(d_embed, div_val, len(self.bounds) - 1)):
+                self.projections.append(nn.Parameter(torch.empty(d_model, width)))
+                self.out_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
+
+    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
+        """Unnormalised scores of cluster ``cluster`` (the head also scores the tail clusters)."""
+        if len(self.out_layers) == 1:
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            weight, bias = self.out_layers[0].weight[low:high], self.out_layers[0].bias[low:high]
+        else:
+            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
+        if cluster == 0 and self.num_tail_clusters:
+            weight = torch.cat([weight, self.cluster_weight], dim=0)
+            bias = torch.cat([bias, self.cluster_bias], dim=0)
+        if len(self.projections):
+            hidden = F.linear(hidden, self.projections[cluster].t())  # (N, d_cluster)
+        return F.linear(hidden, weight, bias)  # (N, V_cluster)
+
+    def forward(self, hidden: torch.Tensor, labels: torch.LongTensor | None = None) -> torch.Tensor:
+        head_size = self.bounds[1]
+        head_logprobs = F.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)  # (N, head + clusters)
+        if labels is None:
+            pieces = [head_logprobs[:, :head_size]]
+            for cluster in range(1, self.num_tail_clusters + 1):
+                tail = F.log_softmax(self._cluster_logits(hidden, cluster).float(), dim=-1)
+                pieces.append(head_logprobs[:, head_size + cluster - 1, None] + tail)
+            return torch.cat(pieces, dim=-1)  # (N, V)
+        nll = head_logprobs.new_zeros(labels.shape[0])  # (N,)
+        for cluster in range(self.num_tail_clusters + 1):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            index = ((labels >= low) & (labels < high)).nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+            target = labels[index] - low
+            logprob = head_logprobs[index]
+            if cluster == 0:
+                logprob = logprob.gather(1, target[:, None]).squeeze(1)
+            else:
+                tail = F.log_softmax(self._cluster_logits(hidden[index], cluster).float(), dim=-1)
+                logprob = logprob[:, head_size + cluster - 1] + tail.gather(1, target[:, None]).squeeze(1)
+            nll = nll.index_copy(0, index, -logprob)
+        return nll
+
+    def causal_lm_outputs(
+        self, hidden: torch.Tensor, labels: torch.LongTensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """A causal LM head's ``(logits, losses, loss)`` for hidden states ``(B, T, D)``.
+
+        ``logits`` ``(B, T, V)`` are log-probabilities; with tail clusters and ``labels`` they are not computed
+        (only the losses, cluster by cluster). ``labels`` ``(B, T)``: position ``t`` is predicted from positions
+        ``<= t - 1`` (the shift happens here), ``-100`` is ignored; ``losses`` ``(B, T - 1)`` are the per-token
+        negative log-likelihoods (0 where ignored) and ``loss`` their mean over the counted tokens.
+        """
+        batch, length, width = hidden.shape
+        logits = loss = losses = None
+        if labels is None or not self.num_tail_clusters:
+            logits = self(hidden.reshape(-1, width)).view(batch, length, -1)  # (B, T, V)
+        if labels is not None:
+            if labels.shape != (batch, length):
+                raise ValueError(f"labels must have shape {(batch, length)}, got {tuple(labels.shape)}.")
+            targets = labels[:, 1:].reshape(-1)  # (B*(T-1),)
+            if logits is not None:
+                flat = logits[:, :-1].reshape(-1, logits.shape[-1])
+                losses = F.nll_loss(flat, targets.clamp(min=0), reduction="none") * (targets != -100)
+            else:
+                losses = self(hidden[:, :-1].reshape(-1, width), targets)
+            losses = losses.view(batch, length - 1)  # (B, T-1)
+            count = (labels[:, 1:] != -100).sum()
+            loss = losses.sum() / count.clamp(min=1)
+        return logits, losses, loss
+
+    def tied_weights_keys(
+        self,
+        embedding: AdaptiveEmbedding,
+        tie_word_embeddings: bool,
+        tie_projs: Sequence[bool],
+        prefix: str,
+        embedding_prefix: str,
+    ) -> dict[str, str]:
+        """Which parameters of this head (under ``prefix``) are tied to which of ``embedding`` (under
+        ``embedding_prefix``): output layers to the input embeddings (``tie_word_embeddings``), and cluster ``i``'s
+        output projection to the input projection where ``tie_projs[i]`` (the first input projection when there is
+        only one), as in the original code."""
+        tied = {}
+        if tie_word_embeddings:
+            for index in range(len(self.out_layers)):
+                tied[f"{prefix}.out_layers.{index}.weight"] = f"{embedding_prefix}.layers.{index}.weight"
+        if len(self.projections):
+            for cluster, tie in enumerate(tie_projs):
+                if tie:
+                    source = 0 if len(embedding.projections) == 1 else cluster
+                    tied[f"{prefix}.projections.{cluster}"] = f"{embedding_prefix}.projections.{source}"
+        return tied
+
+
+__all__ = ["AdaptiveEmbedding", "ProjectedAdaptiveLogSoftmax"]
