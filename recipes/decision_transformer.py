@@ -30,18 +30,16 @@ between the processes, and reports the mean and std of the returns and the D4RL 
 policy, 100 = expert; references from the generated data or `reference_returns`).
 
 A checkpoint (``--checkpointing_steps``) holds the accelerate state (weights, optimizer, scheduler, RNG) and the step
-reached, so ``--resume_from_checkpoint latest`` continues exactly where a run stopped.
+reached, so ``--resume_from_checkpoint latest`` continues exactly where a run stopped. The run's lifecycle (arguments
+shared with the other recipes, accelerator, checkpoints, saving, the end-of-run barrier) is `tf_family.training`'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +47,11 @@ import datasets
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModel, get_scheduler
+from transformers import AutoConfig, AutoModel
 
-import tf_family
-from tf_family.cards import RL_TASK, RUN_INFO_FILE, write_model_card
+from tf_family.cards import RL_TASK
 from tf_family.data.offline_rl import (
     ENVIRONMENTS,
     TIERS,
@@ -64,22 +61,41 @@ from tf_family.data.offline_rl import (
     reference_returns,
     trajectory_statistics,
 )
-from tf_family.hub import push_folder
 from tf_family.models.decision_transformer.evaluation_decision_transformer import evaluate_in_env
-from tf_family.recipes.causal_lm import (
-    SCHEDULERS,
-    TRACKERS,
+from tf_family.registry import get_arch
+from tf_family.training import (
+    TrainingLog,
     add_lora_and_hub_arguments,
-    check_lora_targets,
+    add_optimisation_arguments,
+    add_run_arguments,
+    apply_lora,
+    architectures_with,
+    check_arch,
+    check_at_least,
     check_output_dir,
     ending_run,
-    find_checkpoint,
     make_accelerator,
+    make_optimizer,
     parse_config_overrides,
+    publish_run,
+    resume,
+    run_hyperparameters,
+    run_record,
     save_checkpoint,
-    weights_fingerprint,
+    save_model,
+    validate_run_args,
 )
-from tf_family.registry import ARCHITECTURES, get_arch
+from tf_family.training.offline_rl import (
+    check_env_id,
+    check_model_fits,
+    data_spaces,
+    describe_dataset,
+    environment_spaces,
+    episode_shares,
+    plot_returns,
+    summarise_returns,
+    summary_metrics,
+)
 
 logger = get_logger(__name__)
 
@@ -123,39 +139,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="episodes measuring the random / expert returns for normalised scores (0: no normalised scores)",
     )
 
-    train = parser.add_argument_group("optimisation")
-    train.add_argument("--per_device_train_batch_size", type=int, default=64, help="windows per process")
-    train.add_argument("--learning_rate", type=float, default=1e-4)
-    train.add_argument("--weight_decay", type=float, default=1e-4)
-    train.add_argument("--max_train_steps", type=int, default=10_000, help="optimizer steps")
-    train.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    train.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="constant_with_warmup")
-    train.add_argument("--num_warmup_steps", type=int, default=100)
-    train.add_argument("--max_grad_norm", type=float, default=0.25, help="gradient clipping; 0 turns it off")
-    train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default="no")
-    train.add_argument("--seed", type=int, default=42)
-    train.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")
-
-    run = parser.add_argument_group("evaluation, checkpoints, output")
+    add_optimisation_arguments(
+        parser,
+        learning_rate=1e-4,
+        lr_scheduler_type="constant_with_warmup",
+        weight_decay=1e-4,
+        num_warmup_steps=100,
+        max_grad_norm=0.25,
+        per_device_train_batch_size=64,
+        num_train_epochs=None,
+        max_train_steps=10_000,
+        eval_batches=False,
+        batch_help="windows per process",
+    )
+    run = add_run_arguments(parser, default_output_dir="runs/dt-<data>", logging_steps=50)
     run.add_argument("--eval_episodes", type=int, default=10, help="episodes per target return")
     run.add_argument("--eval_target_returns", type=float, nargs="+", help="returns to condition on")
     run.add_argument("--eval_seed", type=int, default=1_500_000_000, help="episode i resets with eval_seed + i")
-    run.add_argument("--eval_steps", type=int, help="also evaluate every N optimizer steps")
     run.add_argument("--no_plot", dest="plot", action="store_false", help=f"skip {PLOT_FILE} (needs matplotlib)")
-    run.add_argument("--output_dir", help="where the model, card and checkpoints go (default: runs/dt-<data>)")
-    run.add_argument("--overwrite_output_dir", action="store_true", help="reuse a folder that holds an earlier run")
-    run.add_argument("--checkpointing_steps", type=int, help="save a resumable checkpoint every N optimizer steps")
-    run.add_argument("--checkpoints_total_limit", type=int, help="keep only the N most recent checkpoints")
-    run.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' in --output_dir")
-    run.add_argument("--logging_steps", type=int, default=50)
-    run.add_argument("--report_to", default="none", help="experiment tracking: none, tensorboard, trackio, wandb, all")
-
     add_lora_and_hub_arguments(parser)
     return parser.parse_args(argv)
-
-
-def action_architectures() -> list[str]:
-    return [name for name, spec in ARCHITECTURES.items() if "action" in spec.model_classes]
 
 
 def validate_args(args: argparse.Namespace) -> None:
@@ -164,12 +167,7 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError("Pass at most one of --arch (train from scratch) and --model_name_or_path (fine-tune).")
     if args.model_name_or_path is None:
         args.arch = args.arch or "decision_transformer"
-        spec = get_arch(args.arch)  # ValueError listing the valid names
-        if "action" not in spec.model_classes:
-            raise ValueError(f"--arch {args.arch} does not act; architectures that do: {action_architectures()}.")
-        spec.make_config(args.variant)  # ValueError naming the variants
-        if args.lora_r:
-            raise ValueError("--lora_r adapts a trained model: use it with --model_name_or_path, not with --arch.")
+        check_arch(args, "action", "--arch {arch} does not act; architectures that do: {able}.")
     if args.train_file and args.dataset_name:
         raise ValueError("Pass at most one of --train_file (local data) and --dataset_name (Hub data).")
     generated = not (args.train_file or args.dataset_name)
@@ -194,54 +192,13 @@ def validate_args(args: argparse.Namespace) -> None:
             )
     if args.env_id is not None:
         check_env_id(args.env_id)
-    for name in (
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "logging_steps",
-        "max_train_steps",
-        "eval_episodes",
-        "dataset_steps",
-    ):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name}={getattr(args, name)} must be at least 1.")
-    for name in ("eval_steps", "checkpointing_steps", "checkpoints_total_limit"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name}={value} must be at least 1.")
-    for name in ("reference_episodes", "num_warmup_steps", "eval_seed"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name}={getattr(args, name)} must be >= 0.")
-    if args.lora_r < 0:
-        raise ValueError(f"--lora_r={args.lora_r} must be >= 0 (0 turns LoRA off).")
-    if args.merge_lora and not args.lora_r:
-        raise ValueError("--merge_lora needs --lora_r > 0.")
-    if args.push_to_hub and not args.hub_model_id:
-        raise ValueError("--push_to_hub needs --hub_model_id user/name.")
+    check_at_least(args, ("per_device_train_batch_size", "eval_episodes", "dataset_steps"))
+    check_at_least(args, ("reference_episodes", "num_warmup_steps", "eval_seed"), minimum=0)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError(
             f"the plot ({PLOT_FILE}) needs matplotlib: pip install 'tf-family[rl]', or pass --no_plot to skip it."
         )
-    trackers = (
-        [] if args.report_to == "none" else list(TRACKERS) if args.report_to == "all" else args.report_to.split(",")
-    )
-    for tracker in trackers:
-        if tracker not in TRACKERS:
-            raise ValueError(f"--report_to {tracker!r} is not supported; use none, all or one of {list(TRACKERS)}.")
-        if args.report_to != "all" and importlib.util.find_spec(TRACKERS[tracker]) is None:
-            raise ValueError(f"--report_to {tracker} needs the {tracker} package: pip install {tracker}.")
-    args.trackers = [t for t in trackers if importlib.util.find_spec(TRACKERS[t]) is not None]
-
-
-def check_env_id(env_id: str) -> None:
-    """A `ValueError` unless gymnasium knows ``env_id`` (an `ImportError` naming the extra without gymnasium)."""
-    try:
-        import gymnasium
-    except ImportError as error:
-        raise ImportError("Evaluating in an environment needs gymnasium: pip install 'tf-family[rl]'.") from error
-    try:
-        gymnasium.spec(env_id)
-    except gymnasium.error.Error as error:
-        raise ValueError(f"--env_id {env_id!r} is not a gymnasium environment ({error}).") from error
+    validate_run_args(args)
 
 
 def default_output_dir(args: argparse.Namespace) -> str:
@@ -296,89 +253,10 @@ def load_trajectories(args: argparse.Namespace) -> tuple[datasets.Dataset, dict[
     return dataset, offline_dataset_metadata(dataset)
 
 
-def environment_spaces(env_id: str) -> dict[str, Any]:
-    """state_dim, act_dim, action_space and time limit of a gymnasium environment."""
-    import gymnasium
-
-    env = gymnasium.make(env_id)
-    try:
-        discrete = hasattr(env.action_space, "n")
-        return {
-            "state_dim": int(env.observation_space.shape[0]),
-            "act_dim": int(env.action_space.n) if discrete else int(env.action_space.shape[0]),
-            "action_space": "discrete" if discrete else "continuous",
-            "max_episode_steps": env.spec.max_episode_steps,
-            # tanh squashes actions into (-1, 1): right for spaces inside it, wrong for e.g. Pendulum's [-2, 2]
-            "tanh_fits": (not discrete)
-            and bool((env.action_space.low >= -1).all() and (env.action_space.high <= 1).all()),
-        }
-    finally:
-        env.close()
-
-
-def data_spaces(dataset: datasets.Dataset) -> dict[str, Any]:
-    """What the data says about the state and action spaces (from its first trajectory and its action ids)."""
-    first = dataset[0]
-    actions = first["actions"]
-    discrete = not isinstance(actions[0], list | tuple)
-    spaces = {
-        "state_dim": len(first["observations"][0]),
-        "action_space": "discrete" if discrete else "continuous",
-        "longest_episode": max(len(rewards) for rewards in dataset["rewards"]),
-    }
-    if discrete:
-        spaces["max_action_id"] = max(max(row) for row in dataset["actions"])
-    else:
-        spaces["act_dim"] = len(actions[0])
-    return spaces
-
-
-def check_model_fits(config, data: dict[str, Any], env: dict[str, Any], env_id: str, source: str) -> None:
-    """`ValueError` when the model, the data and the environment disagree on states or actions."""
-    if data["state_dim"] != env["state_dim"]:
-        raise ValueError(
-            f"the data has {data['state_dim']}-dimensional states but {env_id} has {env['state_dim']}; pass the "
-            "--env_id the data was collected in."
-        )
-    if data["action_space"] != env["action_space"]:
-        raise ValueError(f"the data has {data['action_space']} actions but {env_id} has {env['action_space']} ones.")
-    if config.state_dim != data["state_dim"]:
-        raise ValueError(
-            f"{source} has state_dim={config.state_dim} but the data's states have {data['state_dim']} dimensions; "
-            f"use state_dim={data['state_dim']} (or drop the override)."
-        )
-    if config.action_space != data["action_space"]:
-        raise ValueError(f"{source} has {config.action_space} actions but the data has {data['action_space']} ones.")
-    if config.act_dim != env["act_dim"]:
-        raise ValueError(
-            f"{source} has act_dim={config.act_dim} but {env_id} has {env['act_dim']} action "
-            f"{'ids' if config.discrete else 'dimensions'}; use act_dim={env['act_dim']}."
-        )
-    if data["action_space"] == "continuous" and data["act_dim"] != config.act_dim:
-        raise ValueError(
-            f"the data has {data['act_dim']}-dimensional actions but {source} has act_dim={config.act_dim}."
-        )
-    if data.get("max_action_id", -1) >= config.act_dim:
-        raise ValueError(
-            f"the data has action id {data['max_action_id']} but {source} knows act_dim={config.act_dim} actions."
-        )
-
-
 def micro_batch_generator(seed: int, micro_index: int, rank: int) -> torch.Generator:
     """The generator of micro-batch ``micro_index`` of process ``rank``: a function of the three only, so a resumed
     run samples the same windows as the uninterrupted one."""
     return torch.Generator().manual_seed(((seed * 1_000_003 + micro_index) * 1009 + rank) % 2**63)
-
-
-def episode_shares(num_episodes: int, world: int) -> list[tuple[int, int]]:
-    """``(first episode, count)`` for each process: contiguous, as even as possible."""
-    base, extra = divmod(num_episodes, world)
-    shares, start = [], 0
-    for rank in range(world):
-        count = base + (rank < extra)
-        shares.append((start, count))
-        start += count
-    return shares
 
 
 def evaluate(
@@ -414,99 +292,13 @@ def evaluate(
         else:
             mine[target] = []
     model.train()
-    shares = gather_object([mine])  # one dict per process, in rank order
-    targets = []
-    for target in target_returns:
-        returns = [value for share in shares for value in share[target]]
-        entry: dict[str, Any] = {
-            "target_return": float(target),
-            "returns": returns,
-            "mean_return": statistics.fmean(returns),
-            "std_return": statistics.pstdev(returns),
-            "normalized_score": None,
-            "normalized_score_std": None,
-        }
-        if reference:
-            scores = [
-                100.0 * (value - reference["random"]) / (reference["expert"] - reference["random"])
-                for value in returns
-            ]
-            entry.update(normalized_score=statistics.fmean(scores), normalized_score_std=statistics.pstdev(scores))
-        targets.append(entry)
-    best = max(targets, key=lambda entry: entry["mean_return"])
+    shares = gather_object([mine])  # one dict per process, in rank order: {target: returns}
     return {
         "env_id": env_id,
         "seed": seed,
         "num_episodes": num_episodes,
-        "reference_returns": reference,
-        "targets": targets,
-        "best_target_return": best["target_return"],
-        "best_mean_return": best["mean_return"],
-        "best_normalized_score": best["normalized_score"],
+        **summarise_returns(shares, target_returns, reference),
     }
-
-
-def summary_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
-    """Flat numbers for logging: mean return (and normalised score) at each target, and the best."""
-    metrics = {}
-    for entry in evaluation["targets"]:
-        key = f"{entry['target_return']:g}"
-        metrics[f"mean_return@{key}"] = entry["mean_return"]
-        if entry["normalized_score"] is not None:
-            metrics[f"normalized_score@{key}"] = entry["normalized_score"]
-    metrics["best_mean_return"] = evaluation["best_mean_return"]
-    if evaluation["best_normalized_score"] is not None:
-        metrics["best_normalized_score"] = evaluation["best_normalized_score"]
-    return metrics
-
-
-def plot_returns(
-    path: Path, final: dict[str, Any], history: list[dict[str, Any]], data_returns: dict[str, float], title: str
-) -> Path:
-    """Achieved return (mean ± std over episodes) against target return: the final evaluation, the ones during
-    training (fainter), the line ``achieved = target``, and the data's and reference returns."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(6.4, 4.8), dpi=100)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    for index, record in enumerate(history):
-        entries = record["evaluation"]["targets"]
-        axes.plot(
-            [e["target_return"] for e in entries],
-            [e["mean_return"] for e in entries],
-            marker=".",
-            color="tab:blue",
-            alpha=0.2 + 0.5 * (index + 1) / (len(history) + 1),
-            label="during training (later = darker)" if index == 0 else None,
-        )
-    entries = final["targets"]
-    targets = [e["target_return"] for e in entries]
-    axes.errorbar(
-        targets,
-        [e["mean_return"] for e in entries],
-        yerr=[e["std_return"] for e in entries],
-        marker="o",
-        capsize=4,
-        color="tab:red",
-        label=f"final ({final['num_episodes']} episodes per target)",
-    )
-    low = min([*targets, *data_returns.values()])
-    high = max([*targets, *data_returns.values()])
-    axes.plot([low, high], [low, high], linestyle="--", color="grey", label="achieved = target")
-    styles = {"data mean": ":", "data best": "-.", "random policy": ":", "expert": "-."}
-    colors = {"data mean": "tab:green", "data best": "tab:green", "random policy": "black", "expert": "tab:purple"}
-    for name, value in data_returns.items():
-        axes.axhline(value, linestyle=styles.get(name, ":"), color=colors.get(name, "black"), lw=1, label=name)
-    axes.set_xlabel("target return (conditioning)")
-    axes.set_ylabel("achieved return")
-    axes.set_title(title)
-    axes.legend(fontsize="small")
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    return path
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -569,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if not hasattr(model, "get_action"):
             raise ValueError(
                 f"{source} is a {type(model).__name__}, not a Decision Transformer; architectures that act: "
-                f"{action_architectures()}."
+                f"{architectures_with('action')}."
             )
     check_model_fits(model.config, data, env, env_id, source)
     if data["longest_episode"] > model.config.max_ep_len:
@@ -591,91 +383,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
 
     # ---- LoRA -------------------------------------------------------------------------------------------------
-    if args.lora_r:
-        from peft import LoraConfig, get_peft_model
-
-        registry_spec = next(
-            (s for s in ARCHITECTURES.values() if model.config.model_type in (s.model_type, *s.legacy_model_types)),
-            None,
-        )
-        targets = args.lora_target_modules or (list(registry_spec.lora_target_modules) if registry_spec else None)
-        if targets:
-            check_lora_targets(model, targets)
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets
-            ),
-        )
+    model = apply_lora(model, args)
 
     # ---- optimizer, schedule ----------------------------------------------------------------------------------
-    # the usual no-decay groups: biases, layer norms and embeddings' 1-d parameters
-    decay, skip = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (skip if param.ndim < 2 or name.endswith("bias") else decay).append(param)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": skip, "weight_decay": 0.0}],
-        lr=args.learning_rate,
-    )
     world, per_device = accelerator.num_processes, args.per_device_train_batch_size
     max_train_steps = args.max_train_steps
-    # a prepared scheduler advances once per process at every optimizer step (accelerate's convention)
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=args.num_warmup_steps * world,
-        num_training_steps=max_train_steps * world,
-    )
+    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
-    hyperparameters = {
-        "arch": args.arch,
-        "variant": args.variant if args.arch else None,
-        "base_model": args.model_name_or_path,
-        "context_length": context_length,
-        "hidden_size": accelerator.unwrap_model(model).config.hidden_size,
-        "per_device_train_batch_size": per_device,
-        "world_size": world,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "effective_batch_windows": world * per_device * args.gradient_accumulation_steps,
-        "learning_rate": args.learning_rate,
-        "weight_decay": args.weight_decay,
-        "lr_scheduler": args.lr_scheduler_type,
-        "num_warmup_steps": args.num_warmup_steps,
-        "max_grad_norm": args.max_grad_norm,
-        "max_train_steps": max_train_steps,
-        "mixed_precision": args.mixed_precision,
-        "seed": args.seed,
-        **({"config_overrides": " ".join(args.config_overrides)} if args.config_overrides else {}),
-        **(
-            {
-                "lora_r": args.lora_r,
-                "lora_alpha": args.lora_alpha,
-                "lora_dropout": args.lora_dropout,
-                "merge_lora": args.merge_lora,
-            }
-            if args.lora_r
-            else {}
-        ),
-    }
-    hyperparameters = {k: v for k, v in hyperparameters.items() if v is not None}
+    hyperparameters = run_hyperparameters(
+        args,
+        world,
+        max_train_steps,
+        context_length=context_length,
+        hidden_size=accelerator.unwrap_model(model).config.hidden_size,
+        effective_batch_windows=world * per_device * args.gradient_accumulation_steps,
+    )
     if args.trackers:
         accelerator.init_trackers("tf_family_decision_transformer", config=hyperparameters)
 
     # ---- resume -----------------------------------------------------------------------------------------------
     completed_steps = 0
     if args.resume_from_checkpoint:
-        checkpoint = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
-        if state["world_size"] != world:
-            raise ValueError(
-                f"{checkpoint} was written by {state['world_size']} processes; resume it with as many "
-                f"(this run has {world})."
-            )
-        accelerator.load_state(str(checkpoint))
+        _, state = resume(accelerator, args)
         completed_steps = state["completed_steps"]
-        logger.info(f"resumed from {checkpoint} at step {completed_steps}", main_process_only=True)
 
     # ---- train ------------------------------------------------------------------------------------------------
     num_parameters = sum(p.numel() for p in model.parameters())
@@ -688,9 +419,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         total=max_train_steps, initial=completed_steps, disable=not accelerator.is_local_main_process, desc="training"
     )
     model.train()
-    history: list[dict[str, float]] = []
+    log = TrainingLog(accelerator, "windows_per_second")
     eval_history: list[dict[str, Any]] = []
-    window_loss, window_batches, window_start = 0.0, 0, time.perf_counter()
     accumulation = args.gradient_accumulation_steps
     for micro_index in range(completed_steps * accumulation, max_train_steps * accumulation):
         generator = micro_batch_generator(args.seed, micro_index, accelerator.process_index)
@@ -706,29 +436,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-        window_loss += loss.item()
-        window_batches += 1
+        log.add(loss.item(), 1, per_device)
         if not accelerator.sync_gradients:
             continue
         completed_steps += 1
         progress.update(1)
 
         if completed_steps % args.logging_steps == 0 or completed_steps == max_train_steps:
-            totals = accelerator.reduce(
-                torch.tensor([window_loss, window_batches], dtype=torch.float64, device=accelerator.device),
-                reduction="sum",
-            ).tolist()
-            seconds = time.perf_counter() - window_start
-            record = {
-                "train_loss": totals[0] / max(totals[1], 1),
-                "windows_per_second": totals[1] * per_device / seconds,
-                "learning_rate": scheduler.get_last_lr()[0],
-                "step": completed_steps,
-            }
-            history.append(record)
+            record = log.write(completed_steps, scheduler.get_last_lr()[0])
             progress.set_postfix(loss=f"{record['train_loss']:.4f}")
-            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=completed_steps)
-            window_loss, window_batches, window_start = 0.0, 0, time.perf_counter()
         if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < max_train_steps:
             evaluation = evaluate(
                 model, env_id, target_returns, args.eval_episodes, args.eval_seed, reference, accelerator
@@ -756,16 +472,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logger.info(f"evaluation: {metrics}", main_process_only=True)
 
     # ---- save -------------------------------------------------------------------------------------------------
-    unwrapped = accelerator.unwrap_model(model)
-    sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
-    # under data parallelism every process must end with the same weights; the record lets a reader check it
-    fingerprints = None if sharded else gather_object([weights_fingerprint(unwrapped)])
-    full_state_dict = accelerator.get_state_dict(model) if sharded else None
-    accelerator.wait_for_everyone()
+    fingerprints = save_model(accelerator, model, output_dir, args.merge_lora)
     if accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        to_save = unwrapped.merge_and_unload() if args.merge_lora else unwrapped
-        to_save.save_pretrained(output_dir, state_dict=full_state_dict, safe_serialization=True)
         data_returns = {"data mean": stats["return_mean"], "data best": stats["return_max"]}
         if reference:
             data_returns.update({"random policy": reference["random"], "expert": reference["expert"]})
@@ -774,63 +482,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 output_dir / PLOT_FILE, evaluation, eval_history, data_returns, f"{env_id}, step {completed_steps}"
             )
             evaluation["plot"] = PLOT_FILE
-        generated = not (args.train_file or args.dataset_name)
-        if generated:
-            title = (
-                f"{env_id} {args.dataset_tier} ({args.medium_policy} medium), generated with "
-                f"tf_family.data.offline_rl.make_offline_dataset (seed {args.dataset_seed})"
-            )
-        else:
-            title = args.dataset_name or args.train_file
-        info = {
-            "name": args.dataset_name,
-            "title": title,
-            "on_hub": bool(args.dataset_name),
-            "train_file": args.train_file,
-            "env_id": env_id,
-            "tier": metadata.get("tier"),
-            "generated": generated,
-            "generator": (
-                {
-                    "env_id": env_id,
-                    "tier": args.dataset_tier,
-                    "num_steps": args.dataset_steps,
-                    "seed": args.dataset_seed,
-                    "medium_policy": args.medium_policy,
-                }
-                if generated
-                else None
-            ),
-            "num_episodes": len(dataset),
-            "num_transitions": stats["num_transitions"],
-            "mean_return": stats["return_mean"],
-            "max_return": stats["return_max"],
-            "description": f"{title}: {len(dataset)} trajectories, {stats['num_transitions']} transitions, "
-            f"mean return {stats['return_mean']:.1f} (best {stats['return_max']:.1f}, worst {min(returns):.1f}).",
-        }
-        run_info = {
-            "recipe": "recipes/decision_transformer.py",
-            "task": RL_TASK,
-            "tf_family_version": tf_family.__version__,
-            "model_type": unwrapped.config.model_type,
-            "arch": args.arch,
-            "base_model": args.model_name_or_path,
-            "dataset": {k: v for k, v in info.items() if v is not None},
-            "hyperparameters": hyperparameters,
-            "metrics": metrics,
-            "evaluation": evaluation,
-            "eval_history": eval_history,
-            "num_parameters": num_parameters,
-            "train_steps": completed_steps,
-            "world_size": world,
-            "rank_weight_sha256": fingerprints,
-            "train_history": history,
-        }
-        (output_dir / RUN_INFO_FILE).write_text(json.dumps(run_info, indent=2) + "\n")
-        write_model_card(output_dir, args.hub_model_id)
-        if args.push_to_hub:
-            pushed = push_folder(output_dir, args.hub_model_id, token=args.hub_token, private=args.hub_private or None)
-            logger.info(f"pushed {pushed} to {args.hub_model_id}")
+        info = describe_dataset(args, dataset, metadata, stats, env_id)
+        record = run_record(
+            args, accelerator.unwrap_model(model), recipe="decision_transformer", task=RL_TASK, dataset=info,
+            hyperparameters=hyperparameters, metrics=metrics, evaluation=evaluation, eval_history=eval_history,
+            num_parameters=num_parameters, train_steps=completed_steps, world_size=world, fingerprints=fingerprints,
+            history=log.history,
+        )  # fmt: skip
+        publish_run(output_dir, record, args)
     # ---- end: the process group goes while the last barrier is held (see final_barrier) -----------------------
     with ending_run(accelerator):
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group

@@ -7,7 +7,7 @@
 
 ``build`` runs the model over a split (default ``train``) of the data (the bundled State of the Union corpus, a Hub
 dataset or local files, loaded as in `recipes/causal_lm.py`), storing the key at ``--key_point`` and the next token
-of every scored position (`tf_family.memory.build_datastore`: float16 safetensors shards, a JSON description with
+of every scored position (`tf_family.retrieval.build_datastore`: float16 safetensors shards, a JSON description with
 the model's and tokenizer's fingerprints), then optionally trains faiss indexes over the keys.
 
 ``eval`` runs the model once over validation (and test, when the data has one), searches the datastore once with
@@ -41,7 +41,6 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import tf_family
-from tf_family.cards import RUN_INFO_FILE, write_model_card
 from tf_family.data import SOTU_TOKENIZER_DIR, load_text_datasets, pack_into_blocks
 from tf_family.data.packing import IGNORE_INDEX
 from tf_family.memory.knn import FAISS_INDEX_TYPES
@@ -54,6 +53,7 @@ from tf_family.retrieval.datastore import (
     capture_module_inputs,
     resolve_key_module,
 )
+from tf_family.training import ending_run, publish_run
 
 logger = get_logger(__name__)
 
@@ -344,8 +344,7 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
             "grid": results["grid"],
         }
         run_info["dataset"] = {k: v for k, v in run_info["dataset"].items() if v is not None}
-        (output_dir / RUN_INFO_FILE).write_text(json.dumps(run_info, indent=2) + "\n")
-        write_model_card(output_dir)
+        publish_run(output_dir, run_info)
         (output_dir / "knn_lm_results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
@@ -364,7 +363,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     transformers.utils.logging.set_verbosity_warning()
     torch.manual_seed(args.seed)
     result = build(args, accelerator) if args.command == "build" else evaluate_grid(args, accelerator)
-    accelerator.end_training()
+    with ending_run(accelerator):  # as every recipe ends (one process here: no prepared model to let go of)
+        pass
     return result
 
 

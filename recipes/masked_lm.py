@@ -26,7 +26,17 @@ from accelerate.logging import get_logger
 from transformers import AutoModelForMaskedLM
 
 from tf_family.data import load_text_datasets
-from tf_family.recipes import encoder_common as common
+from tf_family.training import (
+    apply_lora,
+    check_output_dir,
+    encoder,
+    ending_run,
+    make_accelerator,
+    make_optimizer,
+    parse_config_overrides,
+    run_hyperparameters,
+    save_run,
+)
 
 logger = get_logger(__name__)
 
@@ -36,7 +46,7 @@ EVAL_EPOCH = -1  # the epoch the fixed validation masks are drawn for
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train or fine-tune a masked language model (tf_family).")
-    common.add_common_arguments(parser, TASK, default_dataset="sotu", max_length=512)
+    encoder.add_common_arguments(parser, TASK, default_dataset="sotu", max_length=512)
     data = parser.add_argument_group("masked-LM data")
     data.add_argument("--text_column", help="column holding the text (default: 'text' or the first string column)")
     data.add_argument("--sample_by", choices=["document", "paragraph", "line"], default="document")
@@ -46,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def validate_args(args: argparse.Namespace) -> None:
-    common.validate_common_args(args, TASK)
+    encoder.validate_common_args(args, TASK)
     if not 0.0 < args.mlm_probability < 1.0:
         raise ValueError(f"--mlm_probability={args.mlm_probability} must be in (0, 1), e.g. 0.15.")
 
@@ -88,7 +98,7 @@ def evaluate(
     """Cross-entropy, perplexity and top-1 accuracy of the predicted tokens of the validation blocks."""
 
     def collate(indices, train=False, **_):
-        return common.pad_batch(
+        return encoder.pad_batch(
             [masked_eval[i][0] for i in indices], pad_id, {"labels": [masked_eval[i][1] for i in indices]}
         )
 
@@ -100,7 +110,7 @@ def evaluate(
         rows = zip(nll.tolist(), scored.sum(-1).tolist(), correct.tolist(), strict=True)
         return list(zip(indices, rows, strict=True))
 
-    rows = common.predict(accelerator, model, len(masked_eval), args.per_device_eval_batch_size, collate, read)
+    rows = encoder.predict(accelerator, model, len(masked_eval), args.per_device_eval_batch_size, collate, read)
     nll, count, correct = (sum(column) for column in zip(*rows, strict=True)) if rows else (0.0, 0, 0)
     loss = nll / max(count, 1)
     return {
@@ -114,10 +124,10 @@ def evaluate(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     validate_args(args)
-    args.output_dir = args.output_dir or common.default_output_dir(args, TASK)
-    config_overrides = common.parse_config_overrides(args.config_overrides)
-    output_dir = common.check_output_dir(args)
-    accelerator = common.make_accelerator(args, output_dir)
+    args.output_dir = args.output_dir or encoder.default_output_dir(args, TASK)
+    config_overrides = parse_config_overrides(args.config_overrides)
+    output_dir = check_output_dir(args)
+    accelerator = make_accelerator(args, output_dir)
 
     # ---- data -------------------------------------------------------------------------------------------------
     raw, text_column = load_text_datasets(
@@ -133,11 +143,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
     if args.max_eval_samples:
         raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
-    tokenizer = common.load_tokenizer(args, need_mask=True)
+    tokenizer = encoder.load_tokenizer(args, need_mask=True)
 
     # ---- model ------------------------------------------------------------------------------------------------
-    model = common.build_model(args, TASK, tokenizer, config_overrides, AutoModelForMaskedLM)
-    common.check_max_length(args, model)
+    model = encoder.build_model(args, TASK, tokenizer, config_overrides, AutoModelForMaskedLM)
+    encoder.check_max_length(args, model)
 
     cls_id, sep_id, pad_id, mask_id = (
         tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, tokenizer.mask_token_id,
@@ -166,10 +176,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "batch size, --gradient_accumulation_steps or --max_length."
         )
 
-    model = common.apply_lora(model, args)
-    optimizer, scheduler, max_train_steps = common.make_optimizer(model, args, updates_per_epoch, world)
+    model = apply_lora(model, args)
+    max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
+    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    hyperparameters = common.hyperparameters_of(args, world, max_train_steps, mlm_probability=args.mlm_probability)
+    hyperparameters = run_hyperparameters(
+        args, world, max_train_steps, max_length=args.max_length, mlm_probability=args.mlm_probability
+    )
     if args.trackers:
         accelerator.init_trackers("tf_family_masked_lm", config=hyperparameters)
 
@@ -180,18 +193,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             for i in indices
         ]
-        return common.pad_batch([p[0] for p in pairs], pad_id, {"labels": [p[1] for p in pairs]})
+        return encoder.pad_batch([p[0] for p in pairs], pad_id, {"labels": [p[1] for p in pairs]})
 
     def run_evaluation() -> dict[str, float]:
         return evaluate(accelerator, model, masked_eval, args, pad_id)
 
-    parameters = common.num_parameters(model)
+    parameters = encoder.num_parameters(model)
     logger.info(
         f"{parameters:,} parameters, {len(train_blocks)} training blocks of up to {args.max_length} tokens, "
         f"{max_train_steps} steps on {world} process(es)",
         main_process_only=True,
     )
-    completed_steps, history = common.train(
+    completed_steps, history = encoder.train(
         accelerator, args, model, optimizer, scheduler, max_train_steps, len(train_blocks), collate,
         run_evaluation, output_dir,
     )  # fmt: skip
@@ -222,12 +235,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "eval_tokens": int(sum(map(len, documents["validation"]))),
         "eval_split": "validation",
     }
-    summary = common.save_run(
-        accelerator, args, model, tokenizer, output_dir, recipe="masked_lm", task=TASK, data=data,
-        hyperparameters=hyperparameters, metrics=metrics, parameters=parameters, steps=completed_steps,
+    summary = save_run(
+        accelerator, args, model, output_dir, tokenizer, recipe="masked_lm", task=TASK, dataset=data,
+        hyperparameters=hyperparameters, metrics=metrics, num_parameters=parameters, train_steps=completed_steps,
         history=history,
     )  # fmt: skip
-    with common.ending_run(accelerator):
+    with ending_run(accelerator):
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
     return summary
 

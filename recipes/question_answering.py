@@ -32,7 +32,18 @@ from datasets import Dataset, DatasetDict, load_dataset
 from transformers import AutoModelForQuestionAnswering
 
 from tf_family.metrics import squad_scores
-from tf_family.recipes import encoder_common as common
+from tf_family.training import (
+    apply_lora,
+    check_lora_head,
+    check_output_dir,
+    encoder,
+    ending_run,
+    make_accelerator,
+    make_optimizer,
+    parse_config_overrides,
+    run_hyperparameters,
+    save_run,
+)
 
 logger = get_logger(__name__)
 
@@ -43,7 +54,7 @@ COLUMNS = ("question", "context", "answers")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train or fine-tune an extractive QA model (tf_family).")
-    common.add_common_arguments(parser, TASK, default_dataset=None, max_length=512)
+    encoder.add_common_arguments(parser, TASK, default_dataset=None, max_length=512)
     data = parser.add_argument_group("question-answering data")
     data.add_argument("--max_question_length", type=int, default=64, help="question tokens kept")
     data.add_argument("--doc_stride", type=int, default=128, help="tokens shared by consecutive context windows")
@@ -53,8 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def validate_args(args: argparse.Namespace) -> None:
-    common.validate_common_args(args, TASK, min_length=8)
-    common.check_lora_head(args)
+    encoder.validate_common_args(args, TASK, min_length=8)
+    check_lora_head(args)
     if not args.train_file and not args.dataset_name:
         raise ValueError("No data: pass --dataset_name (a Hub id such as rajpurkar/squad) or --train_file.")
     for name in ("train_file", "validation_file"):
@@ -206,7 +217,7 @@ def evaluate(accelerator, model, examples: Dataset, features: list[dict], args, 
     """SQuAD exact match and F1 of the best spans."""
 
     def collate(indices, train=False, **_):
-        return common.pad_batch([features[i]["input_ids"] for i in indices], pad_id)
+        return encoder.pad_batch([features[i]["input_ids"] for i in indices], pad_id)
 
     def read(outputs, batch, indices):
         items = []
@@ -224,7 +235,7 @@ def evaluate(accelerator, model, examples: Dataset, features: list[dict], args, 
             )
         return items
 
-    logits = common.predict(accelerator, model, len(features), args.per_device_eval_batch_size, collate, read)
+    logits = encoder.predict(accelerator, model, len(features), args.per_device_eval_batch_size, collate, read)
     predictions = best_answers(examples, features, logits, args)
     scores = squad_scores(predictions, [a["text"] for a in examples["answers"]])
     return {**scores, "eval_examples": len(examples), "eval_features": len(features)}
@@ -233,10 +244,10 @@ def evaluate(accelerator, model, examples: Dataset, features: list[dict], args, 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     validate_args(args)
-    args.output_dir = args.output_dir or common.default_output_dir(args, TASK)
-    config_overrides = common.parse_config_overrides(args.config_overrides)
-    output_dir = common.check_output_dir(args)
-    accelerator = common.make_accelerator(args, output_dir)
+    args.output_dir = args.output_dir or encoder.default_output_dir(args, TASK)
+    config_overrides = parse_config_overrides(args.config_overrides)
+    output_dir = check_output_dir(args)
+    accelerator = make_accelerator(args, output_dir)
 
     # ---- data -------------------------------------------------------------------------------------------------
     raw = load_data(args)
@@ -244,11 +255,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
     if args.max_eval_samples:
         raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
-    tokenizer = common.load_tokenizer(args)
+    tokenizer = encoder.load_tokenizer(args)
 
     # ---- model ------------------------------------------------------------------------------------------------
-    model = common.build_model(args, TASK, tokenizer, config_overrides, AutoModelForQuestionAnswering)
-    common.check_max_length(args, model)
+    model = encoder.build_model(args, TASK, tokenizer, config_overrides, AutoModelForQuestionAnswering)
+    encoder.check_max_length(args, model)
     with accelerator.main_process_first():
         train_features = build_features(raw["train"], tokenizer, args, train=True)
         eval_features = build_features(raw["validation"], tokenizer, args, train=False)
@@ -263,13 +274,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "--gradient_accumulation_steps."
         )
 
-    model = common.apply_lora(model, args, train_head=True)
-    optimizer, scheduler, max_train_steps = common.make_optimizer(model, args, updates_per_epoch, world)
+    model = apply_lora(model, args, train_head=True)
+    max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
+    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     pad_id = tokenizer.pad_token_id
-    hyperparameters = common.hyperparameters_of(
-        args, world, max_train_steps, doc_stride=args.doc_stride, max_question_length=args.max_question_length,
-        max_answer_length=args.max_answer_length,
+    hyperparameters = run_hyperparameters(
+        args, world, max_train_steps, max_length=args.max_length, doc_stride=args.doc_stride,
+        max_question_length=args.max_question_length, max_answer_length=args.max_answer_length,
     )  # fmt: skip
     if args.trackers:
         accelerator.init_trackers("tf_family_question_answering", config=hyperparameters)
@@ -280,18 +292,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "start_positions": [r["start_positions"] for r in rows],
             "end_positions": [r["end_positions"] for r in rows],
         }
-        return common.pad_batch([r["input_ids"] for r in rows], pad_id, targets)
+        return encoder.pad_batch([r["input_ids"] for r in rows], pad_id, targets)
 
     def run_evaluation() -> dict[str, float]:
         return evaluate(accelerator, model, raw["validation"], eval_features, args, pad_id)
 
-    parameters = common.num_parameters(model)
+    parameters = encoder.num_parameters(model)
     logger.info(
         f"{parameters:,} parameters, {len(raw['train'])} training questions in {len(train_features)} windows, "
         f"{max_train_steps} steps on {world} process(es)",
         main_process_only=True,
     )
-    completed_steps, history = common.train(
+    completed_steps, history = encoder.train(
         accelerator, args, model, optimizer, scheduler, max_train_steps, len(train_features), collate,
         run_evaluation, output_dir,
     )  # fmt: skip
@@ -314,12 +326,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "eval_windows": len(eval_features),
         "eval_split": "validation",
     }
-    summary = common.save_run(
-        accelerator, args, model, tokenizer, output_dir, recipe="question_answering", task=TASK, data=data,
-        hyperparameters=hyperparameters, metrics=metrics, parameters=parameters, steps=completed_steps,
+    summary = save_run(
+        accelerator, args, model, output_dir, tokenizer, recipe="question_answering", task=TASK, dataset=data,
+        hyperparameters=hyperparameters, metrics=metrics, num_parameters=parameters, train_steps=completed_steps,
         history=history,
     )  # fmt: skip
-    with common.ending_run(accelerator):
+    with ending_run(accelerator):
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
     return summary
 

@@ -11,7 +11,7 @@ Default data: genre classification of the bundled Brown Corpus (`tf_family.data.
 (``--dataset_name``) or local files (``--train_file`` / ``--validation_file`` / ``--test_file``: JSON lines, CSV or
 parquet) with a text column and a label column (class names or integers).
 
-Inputs are ``<cls> text <sep>`` (see `tf_family.recipes.encoder_common` for the tokenizer and its special tokens).
+Inputs are ``<cls> text <sep>`` (see `tf_family.training.encoder` for the tokenizer and its special tokens).
 Metrics (accuracy and macro-F1 over every class, `tf_family.metrics`) on the validation split, and on the test split
 when the data has one. Same conventions as the causal-LM recipe: gradient accumulation, clipping, atomic checkpoints
 with exact ``--resume_from_checkpoint``, LoRA, model card, push to the Hub.
@@ -29,7 +29,18 @@ from transformers import AutoModelForSequenceClassification
 
 from tf_family.data import load_brown
 from tf_family.metrics import accuracy, macro_f1
-from tf_family.recipes import encoder_common as common
+from tf_family.training import (
+    apply_lora,
+    check_lora_head,
+    check_output_dir,
+    encoder,
+    ending_run,
+    make_accelerator,
+    make_optimizer,
+    parse_config_overrides,
+    run_hyperparameters,
+    save_run,
+)
 
 logger = get_logger(__name__)
 
@@ -40,7 +51,7 @@ _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parq
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train or fine-tune a sequence classifier (tf_family).")
-    common.add_common_arguments(parser, TASK, default_dataset="brown", max_length=512)
+    encoder.add_common_arguments(parser, TASK, default_dataset="brown", max_length=512)
     data = parser.add_argument_group("classification data")
     data.add_argument("--test_file", help="local test split (same format as --train_file)")
     data.add_argument("--text_column", help="column holding the text (default: 'text')")
@@ -49,8 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def validate_args(args: argparse.Namespace) -> None:
-    common.validate_common_args(args, TASK)
-    common.check_lora_head(args)
+    encoder.validate_common_args(args, TASK)
+    check_lora_head(args)
     for name in ("train_file", "validation_file", "test_file"):
         path = getattr(args, name)
         if path is not None and Path(path).suffix not in _BUILDERS:
@@ -112,12 +123,12 @@ def evaluate(accelerator, model, examples: list[list[int]], labels: list[int], a
     """Accuracy and macro-F1 (over every class) of the argmax predictions on one split."""
 
     def collate(indices, train=False, **_):
-        return common.pad_batch([examples[i] for i in indices], pad_id)
+        return encoder.pad_batch([examples[i] for i in indices], pad_id)
 
     def read(outputs, batch, indices):
         return list(zip(indices, outputs.logits.argmax(-1).tolist(), strict=True))
 
-    predictions = common.predict(accelerator, model, len(examples), args.per_device_eval_batch_size, collate, read)
+    predictions = encoder.predict(accelerator, model, len(examples), args.per_device_eval_batch_size, collate, read)
     return {
         "accuracy": accuracy(predictions, labels),
         "macro_f1": macro_f1(predictions, labels, labels=list(range(len(names)))),
@@ -128,10 +139,10 @@ def evaluate(accelerator, model, examples: list[list[int]], labels: list[int], a
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     validate_args(args)
-    args.output_dir = args.output_dir or common.default_output_dir(args, TASK)
-    config_overrides = common.parse_config_overrides(args.config_overrides)
-    output_dir = common.check_output_dir(args)
-    accelerator = common.make_accelerator(args, output_dir)
+    args.output_dir = args.output_dir or encoder.default_output_dir(args, TASK)
+    config_overrides = parse_config_overrides(args.config_overrides)
+    output_dir = check_output_dir(args)
+    accelerator = make_accelerator(args, output_dir)
 
     # ---- data -------------------------------------------------------------------------------------------------
     raw, text_column, label_column = load_data(args)
@@ -145,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if len(names) < 2:
         raise ValueError(f"--label_column {label_column!r} holds {len(names)} class(es); classification needs 2+.")
     labels = label_ids(raw, label_column, names)
-    tokenizer = common.load_tokenizer(args)
+    tokenizer = encoder.load_tokenizer(args)
 
     # ---- model ------------------------------------------------------------------------------------------------
     head = {
@@ -153,8 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "id2label": dict(enumerate(names)),
         "label2id": {n: i for i, n in enumerate(names)},
     }
-    model = common.build_model(args, TASK, tokenizer, config_overrides, AutoModelForSequenceClassification, **head)
-    common.check_max_length(args, model)
+    model = encoder.build_model(args, TASK, tokenizer, config_overrides, AutoModelForSequenceClassification, **head)
+    encoder.check_max_length(args, model)
 
     with accelerator.main_process_first():
         encoded, truncated = {}, {}
@@ -171,29 +182,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "or --gradient_accumulation_steps."
         )
 
-    model = common.apply_lora(model, args, train_head=True)
-    optimizer, scheduler, max_train_steps = common.make_optimizer(model, args, updates_per_epoch, world)
+    model = apply_lora(model, args, train_head=True)
+    max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
+    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     pad_id = tokenizer.pad_token_id
-    hyperparameters = common.hyperparameters_of(args, world, max_train_steps, num_labels=len(names))
+    hyperparameters = run_hyperparameters(
+        args, world, max_train_steps, max_length=args.max_length, num_labels=len(names)
+    )
     if args.trackers:
         accelerator.init_trackers("tf_family_sequence_classification", config=hyperparameters)
 
     def collate(indices, train=True, **_):
-        return common.pad_batch(
+        return encoder.pad_batch(
             [train_examples[i] for i in indices], pad_id, {"labels": [labels["train"][i] for i in indices]}
         )
 
     def run_evaluation(split: str = "validation") -> dict[str, float]:
         return evaluate(accelerator, model, encoded[split], labels[split], args, pad_id, names)
 
-    parameters = common.num_parameters(model)
+    parameters = encoder.num_parameters(model)
     logger.info(
         f"{parameters:,} parameters, {len(train_examples)} training examples ({truncated['train']} cut to "
         f"{args.max_length} tokens), {len(names)} classes, {max_train_steps} steps on {world} process(es)",
         main_process_only=True,
     )
-    completed_steps, history = common.train(
+    completed_steps, history = encoder.train(
         accelerator, args, model, optimizer, scheduler, max_train_steps, len(train_examples), collate,
         run_evaluation, output_dir,
     )  # fmt: skip
@@ -232,12 +246,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "Genre classification (15 genres) of the Brown Corpus documents, bundled with tf_family "
             "(`tf_family.data.load_brown`, fixed stratified split)."
         )
-    summary = common.save_run(
-        accelerator, args, model, tokenizer, output_dir, recipe="sequence_classification", task=TASK, data=data,
-        hyperparameters=hyperparameters, metrics=metrics, parameters=parameters, steps=completed_steps,
+    summary = save_run(
+        accelerator, args, model, output_dir, tokenizer, recipe="sequence_classification", task=TASK, dataset=data,
+        hyperparameters=hyperparameters, metrics=metrics, num_parameters=parameters, train_steps=completed_steps,
         history=history,
     )  # fmt: skip
-    with common.ending_run(accelerator):
+    with ending_run(accelerator):
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
     return {**summary, "truncated_inputs": truncated}
 

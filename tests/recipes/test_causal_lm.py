@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from tf_family.models.transfo_xl.modeling_transfo_xl import TffTransfoXLLMHeadModel
 from tf_family.recipes import causal_lm
+from tf_family.training import find_checkpoint
 
 from .conftest import TINY_TXL, data_args
 
@@ -162,7 +163,7 @@ def test_interrupted_checkpoint_save_keeps_the_last_checkpoint(tmp_path, corpus,
     args = [*TINY_TXL, *data_args(corpus), *STEPS, "--checkpointing_steps", "2", "--output_dir", str(tmp_path)]
     with pytest.raises(OSError, match="disk full"):
         causal_lm.main(args)
-    assert causal_lm.find_checkpoint(str(tmp_path), "latest").name == "step_2"
+    assert find_checkpoint(str(tmp_path), "latest").name == "step_2"
     assert (tmp_path / "checkpoints" / "step_2" / "trainer_state.json").is_file()
     monkeypatch.setattr(Accelerator, "save_state", real_save)
     results = causal_lm.main([*args, "--resume_from_checkpoint", "latest"])

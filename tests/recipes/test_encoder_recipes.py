@@ -16,7 +16,8 @@ from transformers import (
 
 from tf_family.data import load_brown
 from tf_family.metrics import accuracy, macro_f1
-from tf_family.recipes import encoder_common, masked_lm, question_answering, sequence_classification
+from tf_family.recipes import masked_lm, question_answering, sequence_classification
+from tf_family.training import encoder
 
 from .conftest import launch_two_processes
 
@@ -182,7 +183,7 @@ def test_question_answering_windows_hold_the_answer(squad_files):
     )
     raw = question_answering.load_data(args)  # the official nested JSON, flattened
     assert raw["train"].column_names[:2] == ["id", "title"] and len(raw["validation"]) == 3
-    tokenizer = encoder_common.load_tokenizer(args)
+    tokenizer = encoder.load_tokenizer(args)
     features = question_answering.build_features(raw["train"], tokenizer, args, train=True)
     holding = [f for f in features if f["start_positions"] > 0]
     assert {f["example"] for f in holding} == set(range(len(raw["train"])))  # every answer is in some window
@@ -293,5 +294,5 @@ def test_question_answering_reads_flat_rows_like_the_hub(tmp_path, squad_files):
     rows[0]["answers"] = {"text": [], "answer_start": []}
     with pytest.raises(ValueError, match="has no answer"):
         question_answering.build_features(
-            type(raw["train"]).from_list(rows), encoder_common.load_tokenizer(args), args, train=True
+            type(raw["train"]).from_list(rows), encoder.load_tokenizer(args), args, train=True
         )

@@ -1,8 +1,8 @@
-"""What the encoder task recipes (sequence classification, masked LM, question answering) share: arguments and their
-checks, the tokenizer and its special tokens, the model from the registry or a saved folder, optional LoRA, the
-optimiser, the training loop (gradient accumulation, clipping, logging, atomic checkpoints, exact resume) and the
-saved run (weights, tokenizer, ``training_run.json``, model card, optional push). Checkpoints and LoRA target checks
-are the causal-LM recipe's own (`tf_family.recipes.causal_lm`).
+"""What the encoder task recipes (sequence classification, masked LM, question answering) share beyond the rest of
+`tf_family.training`: their arguments and checks, the tokenizer and its special tokens, the model from the registry
+or a saved folder, batches of examples, prediction over a split, and one training loop (gradient accumulation,
+clipping, logging, atomic checkpoints, exact resume). The loop is the same for the three tasks (each passes the
+batches it builds and its evaluation), so it is written once here rather than three times in the recipes.
 
 Tokenizer: a model trained from scratch (``--arch``) uses the bundled SOTU BPE tokenizer unless ``--tokenizer_name``
 is given. That tokenizer has only ``<|endoftext|>`` (id 0); the recipes add ``<cls>`` and ``<sep>`` (ids 8192, 8193;
@@ -18,11 +18,9 @@ template as its post-processor, so the saved tokenizer frames ``tokenizer(text)`
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
+import inspect
 import math
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,29 +28,23 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoTokenizer, get_scheduler
+from transformers import AutoConfig, AutoTokenizer
 
-import tf_family
-from tf_family.cards import RUN_INFO_FILE, write_model_card
-from tf_family.data import SOTU_TOKENIZER_DIR
-from tf_family.data.packing import EMPTY_BLOCK
-from tf_family.hub import push_folder
-from tf_family.recipes.causal_lm import (
-    SCHEDULERS,
-    TRACKERS,
+from ..data import SOTU_TOKENIZER_DIR
+from ..data.packing import EMPTY_BLOCK
+from ..registry import ARCHITECTURES, get_arch
+from .arguments import (
     add_lora_and_hub_arguments,
-    check_lora_targets,
-    check_output_dir,
-    ending_run,
-    find_checkpoint,
-    make_accelerator,
-    parse_config_overrides,
-    save_checkpoint,
-    weights_fingerprint,
+    add_optimisation_arguments,
+    add_run_arguments,
+    check_at_least,
+    check_model_source,
+    validate_run_args,
 )
-from tf_family.registry import ARCHITECTURES, get_arch
+from .checkpointing import resume, save_checkpoint
+from .loop import TrainingLog
 
 logger = get_logger(__name__)
 
@@ -82,87 +74,25 @@ def add_common_arguments(parser: argparse.ArgumentParser, task: str, default_dat
     data.add_argument("--max_train_samples", type=int, help="use only the first N training examples")
     data.add_argument("--max_eval_samples", type=int, help="use only the first N evaluation examples")
 
-    train = parser.add_argument_group("optimisation")
-    train.add_argument("--per_device_train_batch_size", type=int, default=8)
-    train.add_argument("--per_device_eval_batch_size", type=int, default=8)
-    train.add_argument("--learning_rate", type=float, default=5e-5 if task != "masked_lm" else 5e-4)
-    train.add_argument("--weight_decay", type=float, default=0.01)
-    train.add_argument("--num_train_epochs", type=int, default=3)
-    train.add_argument("--max_train_steps", type=int, help="optimizer steps in all (overrides --num_train_epochs)")
-    train.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    train.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="linear")
-    train.add_argument("--num_warmup_steps", type=int, default=0)
-    train.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping; 0 turns it off")
-    train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default="no")
-    train.add_argument("--seed", type=int, default=42)
-    train.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")
-
-    run = parser.add_argument_group("evaluation, checkpoints, output")
-    run.add_argument("--output_dir", help="where the model, card and checkpoints go (default: runs/<model>-<data>)")
-    run.add_argument("--overwrite_output_dir", action="store_true", help="reuse a folder that holds an earlier run")
-    run.add_argument("--eval_steps", type=int, help="also evaluate every N optimizer steps")
-    run.add_argument("--checkpointing_steps", type=int, help="save a resumable checkpoint every N optimizer steps")
-    run.add_argument("--checkpoints_total_limit", type=int, help="keep only the N most recent checkpoints")
-    run.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' in --output_dir")
-    run.add_argument("--logging_steps", type=int, default=10)
-    run.add_argument("--report_to", default="none", help="experiment tracking: none, tensorboard, trackio, wandb, all")
-
+    add_optimisation_arguments(
+        parser, learning_rate=5e-5 if task != "masked_lm" else 5e-4, lr_scheduler_type="linear", num_train_epochs=3
+    )
+    add_run_arguments(parser, default_output_dir="runs/<model>-<data>", logging_steps=10)
     add_lora_and_hub_arguments(parser)
 
 
 def validate_common_args(args: argparse.Namespace, task: str, min_length: int = 3) -> None:
     """Refuse, before any work, what cannot run; each message says what to change."""
-    if (args.arch is None) == (args.model_name_or_path is None):
-        raise ValueError("Pass exactly one of --arch (train from scratch) and --model_name_or_path (fine-tune).")
-    if args.arch is not None:
-        spec = get_arch(args.arch)  # ValueError listing the valid names
-        if task not in spec.model_classes:
-            able = [name for name, s in ARCHITECTURES.items() if task in s.model_classes]
-            raise ValueError(f"--arch {args.arch} has no {task} model; architectures with one: {able}.")
-        spec.make_config(args.variant)  # ValueError naming the variants
-        if args.lora_r:
-            raise ValueError("--lora_r adapts a trained model: use it with --model_name_or_path, not with --arch.")
-    for name in (
-        "per_device_train_batch_size",
-        "per_device_eval_batch_size",
-        "gradient_accumulation_steps",
-        "num_train_epochs",
-        "logging_steps",
-    ):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name}={getattr(args, name)} must be at least 1.")
+    check_model_source(args, task, "--arch {arch} has no " + task + " model; architectures with one: {able}.")
+    check_at_least(args, ("per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs"))
     if args.max_length < min_length:
         raise ValueError(f"--max_length={args.max_length} must be at least {min_length} (special tokens included).")
-    for name in (
-        "max_train_steps",
-        "eval_steps",
-        "checkpointing_steps",
-        "checkpoints_total_limit",
-        "max_train_samples",
-        "max_eval_samples",
-    ):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name}={value} must be at least 1.")
+    check_at_least(args, ("max_train_samples", "max_eval_samples"))
     if args.learning_rate <= 0:
         raise ValueError(f"--learning_rate={args.learning_rate} must be positive.")
-    if args.lora_r < 0:
-        raise ValueError(f"--lora_r={args.lora_r} must be >= 0 (0 turns LoRA off).")
-    if args.merge_lora and not args.lora_r:
-        raise ValueError("--merge_lora needs --lora_r > 0.")
-    if args.push_to_hub and not args.hub_model_id:
-        raise ValueError("--push_to_hub needs --hub_model_id user/name.")
     if args.validation_file and not args.train_file:
         raise ValueError("--validation_file needs --train_file too (local files replace --dataset_name).")
-    trackers = (
-        [] if args.report_to == "none" else list(TRACKERS) if args.report_to == "all" else args.report_to.split(",")
-    )
-    for tracker in trackers:
-        if tracker not in TRACKERS:
-            raise ValueError(f"--report_to {tracker!r} is not supported; use none, all or one of {list(TRACKERS)}.")
-        if args.report_to != "all" and importlib.util.find_spec(TRACKERS[tracker]) is None:
-            raise ValueError(f"--report_to {tracker} needs the {tracker} package: pip install {tracker}.")
-    args.trackers = [t for t in trackers if importlib.util.find_spec(TRACKERS[t]) is not None]
+    validate_run_args(args)
 
 
 def default_output_dir(args: argparse.Namespace, task: str) -> str:
@@ -257,66 +187,6 @@ def check_max_length(args: argparse.Namespace, model) -> None:
         )
 
 
-def apply_lora(model, args: argparse.Namespace, train_head: bool = False):
-    """LoRA adapters on the registry's (or the given) target modules. ``train_head``: the task head (every
-    parameter outside the base model, e.g. a freshly initialised classifier) is trained in full beside the adapters;
-    the run must then save merged weights (validated by `check_lora_head`)."""
-    if not args.lora_r:
-        return model
-    head = [p for name, p in model.named_parameters() if not name.startswith(f"{model.base_model_prefix}.")]
-    from peft import LoraConfig, get_peft_model
-
-    registry_spec = next(
-        (s for s in ARCHITECTURES.values() if model.config.model_type in (s.model_type, *s.legacy_model_types)), None
-    )
-    targets = args.lora_target_modules or (list(registry_spec.lora_target_modules) if registry_spec else None)
-    if targets:
-        check_lora_targets(model, targets)
-    config = LoraConfig(
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        target_modules=targets,
-    )  # no task_type: the plain PeftModel passes every keyword (labels, positions) through to the model
-    # not PEFT's modules_to_save: it matches names by suffix, and a head's names (e.g. Longformer's `out_proj`) can
-    # also name attention projections that carry adapters
-    model = get_peft_model(model, config)
-    if train_head:
-        for param in head:
-            param.requires_grad_(True)
-    return model
-
-
-def check_lora_head(args: argparse.Namespace) -> None:
-    """A task with a new head trains it in full: only merged weights hold it."""
-    if args.lora_r and not args.merge_lora:
-        raise ValueError(
-            "--lora_r trains this task's new head in full beside the adapters, and only merged weights keep it: add "
-            "--merge_lora."
-        )
-
-
-def make_optimizer(model, args: argparse.Namespace, updates_per_epoch: int, world: int):
-    """AdamW with the usual no-decay groups (biases, normalisation weights) and the learning-rate schedule (laid out
-    in process-steps: a prepared scheduler advances once per process at every optimizer step)."""
-    decay, skip = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (skip if param.ndim < 2 or name.endswith("bias") else decay).append(param)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": skip, "weight_decay": 0.0}],
-        lr=args.learning_rate,
-    )
-    max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=args.num_warmup_steps * world,
-        num_training_steps=max_train_steps * world,
-    )
-    return optimizer, scheduler, max_train_steps
-
-
 def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int) -> list[list[int]]:
     """Shuffled global batches of example indices for one epoch (order fixed by ``(seed, epoch)``; a last partial
     batch is dropped so every process gets a full one)."""
@@ -377,8 +247,6 @@ def predict(accelerator: Accelerator, model, num_examples: int, per_device: int,
 
 
 def model_input_names(model, batch: dict) -> set[str]:
-    import inspect
-
     parameters = inspect.signature(model.forward).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):  # e.g. a PEFT wrapper
         return set(batch)
@@ -408,28 +276,19 @@ def train(
     num_epochs = math.ceil(max_train_steps / updates_per_epoch)
     completed_steps, start_epoch, resume_update = 0, 0, 0
     if args.resume_from_checkpoint:
-        checkpoint = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
-        if state["world_size"] != world:
-            raise ValueError(
-                f"{checkpoint} was written by {state['world_size']} processes; resume it with as many "
-                f"(this run has {world})."
-            )
-        accelerator.load_state(str(checkpoint))
+        _, state = resume(accelerator, args)
         completed_steps, start_epoch, resume_update = (
             state["completed_steps"],
             state["epoch"],
             state["update_in_epoch"],
         )
-        logger.info(f"resumed from {checkpoint} at step {completed_steps}", main_process_only=True)
 
     input_names = None
     progress = tqdm(
         total=max_train_steps, initial=completed_steps, disable=not accelerator.is_local_main_process, desc="training"
     )
     model.train()
-    history: list[dict[str, float]] = []
-    window_loss, window_batches, window_examples, window_start = 0.0, 0, 0, time.perf_counter()
+    log = TrainingLog(accelerator, "examples_per_second")
     for epoch in range(start_epoch, num_epochs):
         if completed_steps >= max_train_steps:
             break
@@ -452,31 +311,15 @@ def train(
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-            window_loss += loss.item()
-            window_batches += 1
-            window_examples += len(indices)
+            log.add(loss.item(), 1, len(indices))
             if not accelerator.sync_gradients:
                 continue
             completed_steps += 1
             update_index = (micro_index + 1) // accumulation
             progress.update(1)
             if completed_steps % args.logging_steps == 0 or completed_steps == max_train_steps:
-                totals = accelerator.reduce(
-                    torch.tensor(
-                        [window_loss, window_batches, window_examples], dtype=torch.float64, device=accelerator.device
-                    ),
-                    reduction="sum",
-                ).tolist()
-                record = {
-                    "train_loss": totals[0] / max(totals[1], 1),
-                    "examples_per_second": totals[2] / (time.perf_counter() - window_start),
-                    "learning_rate": scheduler.get_last_lr()[0],
-                    "step": completed_steps,
-                }
-                history.append(record)
+                record = log.write(completed_steps, scheduler.get_last_lr()[0])
                 progress.set_postfix(loss=f"{record['train_loss']:.3f}")
-                accelerator.log({k: v for k, v in record.items() if k != "step"}, step=completed_steps)
-                window_loss, window_batches, window_examples, window_start = 0.0, 0, 0, time.perf_counter()
             if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < max_train_steps:
                 metrics = evaluate()
                 accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
@@ -489,99 +332,7 @@ def train(
             if completed_steps >= max_train_steps:
                 break
     progress.close()
-    return completed_steps, history
-
-
-def hyperparameters_of(args: argparse.Namespace, world: int, max_train_steps: int, **extra) -> dict[str, Any]:
-    values = {
-        "arch": args.arch,
-        "variant": args.variant if args.arch else None,
-        "base_model": args.model_name_or_path,
-        "max_length": args.max_length,
-        "per_device_train_batch_size": args.per_device_train_batch_size,
-        "world_size": world,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "learning_rate": args.learning_rate,
-        "weight_decay": args.weight_decay,
-        "lr_scheduler": args.lr_scheduler_type,
-        "num_warmup_steps": args.num_warmup_steps,
-        "max_grad_norm": args.max_grad_norm,
-        "max_train_steps": max_train_steps,
-        "mixed_precision": args.mixed_precision,
-        "seed": args.seed,
-        **extra,
-        **({"config_overrides": " ".join(args.config_overrides)} if args.config_overrides else {}),
-        **(
-            {"lora_r": args.lora_r, "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout,
-             "merge_lora": args.merge_lora}
-            if args.lora_r
-            else {}
-        ),
-    }  # fmt: skip
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def save_run(
-    accelerator: Accelerator,
-    args: argparse.Namespace,
-    model,
-    tokenizer,
-    output_dir: Path,
-    *,
-    recipe: str,
-    task: str,
-    data: dict[str, Any],
-    hyperparameters: dict[str, Any],
-    metrics: dict[str, Any],
-    parameters: int,
-    steps: int,
-    history: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """Weights (safetensors), tokenizer, ``training_run.json`` and the model card; optional push. Returns what a
-    recipe's `main` returns: the metrics, the output folder, the world size, every process's weight fingerprint
-    (data parallelism must end with the same weights everywhere) and the number of steps. The caller then ends the
-    run with `ending_run`, after letting go of the prepared model (its own references to the DDP wrapper)."""
-    run_info = {
-        "recipe": f"recipes/{recipe}.py",
-        "task": task,
-        "dataset": {k: v for k, v in data.items() if v is not None},
-        "hyperparameters": hyperparameters,
-        "metrics": metrics,
-        "num_parameters": parameters,
-        "train_steps": steps,
-        "train_history": history,
-    }
-    unwrapped = accelerator.unwrap_model(model)
-    sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
-    fingerprints = None if sharded else gather_object([weights_fingerprint(unwrapped)])
-    full_state_dict = accelerator.get_state_dict(model) if sharded else None
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        to_save = unwrapped.merge_and_unload() if args.merge_lora else unwrapped
-        to_save.save_pretrained(output_dir, state_dict=full_state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(output_dir)
-        run_info = {
-            "tf_family_version": tf_family.__version__,
-            "model_type": unwrapped.config.model_type,
-            "arch": args.arch,
-            "base_model": args.model_name_or_path,
-            **run_info,
-            "world_size": accelerator.num_processes,
-            "rank_weight_sha256": fingerprints,
-        }
-        (output_dir / RUN_INFO_FILE).write_text(json.dumps(run_info, indent=2) + "\n")
-        write_model_card(output_dir, args.hub_model_id)
-        if args.push_to_hub:
-            pushed = push_folder(output_dir, args.hub_model_id, token=args.hub_token, private=args.hub_private or None)
-            logger.info(f"pushed {pushed} to {args.hub_model_id}")
-    return {
-        **metrics,
-        "output_dir": str(output_dir),
-        "world_size": accelerator.num_processes,
-        "rank_weight_sha256": fingerprints,
-        "train_steps": steps,
-    }
+    return completed_steps, log.history
 
 
 def num_parameters(model) -> int:
@@ -590,25 +341,16 @@ def num_parameters(model) -> int:
 
 __all__ = [
     "add_common_arguments",
-    "apply_lora",
     "build_model",
-    "check_lora_head",
     "check_max_length",
-    "check_output_dir",
     "default_output_dir",
-    "ending_run",
     "epoch_batches",
     "eval_batches",
-    "hyperparameters_of",
     "load_tokenizer",
-    "make_accelerator",
-    "make_optimizer",
     "num_parameters",
     "pad_batch",
-    "parse_config_overrides",
     "predict",
     "rows_of",
-    "save_run",
     "train",
     "validate_common_args",
 ]

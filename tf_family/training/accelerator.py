@@ -1,0 +1,76 @@
+"""The run's `Accelerator`: made once at the start (`make_accelerator`) and ended, on every process together, by
+`ending_run`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+import transformers
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
+
+
+def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
+    """The recipes' `Accelerator` (gradient accumulation, ``--cpu``, mixed precision, trackers under ``output_dir``),
+    with logging set up per process and the seed set. Rejects ``--merge_lora`` under FSDP / DeepSpeed."""
+    accelerator = Accelerator(
+        # a step can leave parameters without gradient (adaptive-input clusters absent from a batch, heads with loss
+        # weight 0, pooler weights a masked LM never uses): DDP must not wait for them (a collective mismatch)
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        cpu=args.cpu,
+        mixed_precision=args.mixed_precision,
+        log_with=args.trackers or None,
+        project_dir=str(output_dir),
+    )
+    if args.merge_lora and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ValueError(
+            "--merge_lora cannot merge sharded (FSDP / DeepSpeed) weights; save the adapter (drop --merge_lora) and "
+            "merge it afterwards with PeftModel.merge_and_unload() on one process."
+        )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if not accelerator.is_local_main_process:
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+    set_seed(args.seed)
+    return accelerator
+
+
+def final_barrier(accelerator: Accelerator) -> Any:
+    """`accelerator.wait_for_everyone()` that returns the barrier's work handle under gloo (else None): keep it until
+    the process group is destroyed, then drop it.
+
+    Why: a gloo barrier holds weak references to the collectives still in flight when it was issued (here the previous
+    barrier and, through it, the ``all_gather`` of `gather_object`), so their work objects and tensors are freed only
+    with the barrier's work object. If the Python handle goes first, a gloo worker thread frees them, and it needs the
+    GIL for the tensors `gather_object` made in Python. ``~ProcessGroupGloo`` joins the worker threads while holding
+    the GIL, so a rank that destroys its group right after the barrier (when it frees the DDP wrapper, whose reducer
+    holds the last reference) can deadlock: the worker waits for the GIL, the main thread for the worker. With the
+    handle held, the workers free nothing, and this thread frees the lot when it drops the handle.
+    """
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not distributed or torch.distributed.get_backend() != "gloo":
+        accelerator.wait_for_everyone()
+        return None
+    work = torch.distributed.barrier(async_op=True)
+    work.wait()
+    return work
+
+
+@contextlib.contextmanager
+def ending_run(accelerator: Accelerator):
+    """The end of a run: the last barrier (`final_barrier`), then, after the block (where the caller lets go of the
+    prepared model: ``model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)``),
+    `accelerator.end_training`, and only then the barrier's handle is dropped."""
+    handle = final_barrier(accelerator)
+    try:
+        yield
+    finally:
+        accelerator.end_training()
+        del handle

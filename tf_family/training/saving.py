@@ -1,0 +1,158 @@
+"""The end of a run: the weights (safetensors; merged LoRA on request), the tokenizer, the run record
+(``training_run.json``), the model card made from it, and the optional push to the Hub.
+
+Under data parallelism every process must end with the same weights: each process's weight fingerprint goes into
+the record (``rank_weight_sha256``), so a reader (and the tests) can check it. FSDP / DeepSpeed hold shards instead:
+their full state dict is gathered (by every process) and no fingerprints are taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import DistributedType, gather_object
+
+from .. import __version__
+from ..cards import RUN_INFO_FILE, write_model_card
+from ..hub import push_folder
+
+logger = get_logger(__name__)
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's state dict (names and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save_model(
+    accelerator: Accelerator, model, output_dir: Path, merge_lora: bool, tokenizer=None
+) -> list[str] | None:
+    """Every process calls it; the main process writes the weights (and ``tokenizer``) into ``output_dir``.
+    Returns every process's weight fingerprint, in rank order (None under FSDP / DeepSpeed)."""
+    unwrapped = accelerator.unwrap_model(model)
+    sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    fingerprints = None if sharded else gather_object([weights_fingerprint(unwrapped)])
+    full_state_dict = accelerator.get_state_dict(model) if sharded else None
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        to_save = unwrapped.merge_and_unload() if merge_lora else unwrapped
+        to_save.save_pretrained(output_dir, state_dict=full_state_dict, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(output_dir)
+    return fingerprints
+
+
+def run_hyperparameters(
+    args: argparse.Namespace, world_size: int, max_train_steps: int, **task_values: Any
+) -> dict[str, Any]:
+    """The run's settings for the record and the trackers: the model's source, ``task_values`` (e.g. the block size),
+    the optimisation, the config overrides and LoRA; unset values are left out."""
+    values = {
+        "arch": args.arch,
+        "variant": args.variant if args.arch else None,
+        "base_model": args.model_name_or_path,
+        **task_values,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "world_size": world_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "learning_rate": args.learning_rate,
+        "weight_decay": args.weight_decay,
+        "lr_scheduler": args.lr_scheduler_type,
+        "num_warmup_steps": args.num_warmup_steps,
+        "max_grad_norm": args.max_grad_norm,
+        "max_train_steps": max_train_steps,
+        "mixed_precision": args.mixed_precision,
+        "seed": args.seed,
+        **({"config_overrides": " ".join(args.config_overrides)} if args.config_overrides else {}),
+        **(
+            {"lora_r": args.lora_r, "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout,
+             "merge_lora": args.merge_lora}
+            if args.lora_r
+            else {}
+        ),
+    }  # fmt: skip
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def run_record(
+    args: argparse.Namespace,
+    model,
+    *,
+    recipe: str,
+    task: str,
+    dataset: dict[str, Any],
+    hyperparameters: dict[str, Any],
+    metrics: dict[str, Any],
+    num_parameters: int,
+    train_steps: int,
+    world_size: int,
+    fingerprints: list[str] | None,
+    history: list[dict[str, Any]],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The content of ``training_run.json`` (what the model card is made from): the recipe and task, the model's
+    type and source, the data (unset fields left out), the settings, the metrics (``extra`` follows them, e.g. the
+    Decision Transformer's evaluations), the size of the run and the logged history. ``model`` is unwrapped."""
+    return {
+        "recipe": f"recipes/{recipe}.py",
+        "task": task,
+        "tf_family_version": __version__,
+        "model_type": model.config.model_type,
+        "arch": args.arch,
+        "base_model": args.model_name_or_path,
+        "dataset": {k: v for k, v in dataset.items() if v is not None},
+        "hyperparameters": hyperparameters,
+        "metrics": metrics,
+        **extra,
+        "num_parameters": num_parameters,
+        "train_steps": train_steps,
+        "world_size": world_size,
+        "rank_weight_sha256": fingerprints,
+        "train_history": history,
+    }
+
+
+def publish_run(output_dir: Path, record: dict[str, Any], args: argparse.Namespace | None = None) -> None:
+    """Main process only: write ``training_run.json`` and the model card made from it; push the folder when
+    ``args`` asks for it (``--push_to_hub``, ``--hub_model_id``, ``--hub_token``, ``--hub_private``)."""
+    hub_model_id = getattr(args, "hub_model_id", None)
+    (output_dir / RUN_INFO_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_model_card(output_dir, hub_model_id)
+    if getattr(args, "push_to_hub", False):
+        pushed = push_folder(output_dir, hub_model_id, token=args.hub_token, private=args.hub_private or None)
+        logger.info(f"pushed {pushed} to {hub_model_id}")
+
+
+def save_run(
+    accelerator: Accelerator, args: argparse.Namespace, model, output_dir: Path, tokenizer=None, **record: Any
+) -> dict[str, Any]:
+    """`save_model`, then (main process) `publish_run` of the `run_record` made from ``record`` (its keyword
+    arguments but the world size and the fingerprints). Every process calls it and gets what a recipe's ``main``
+    returns: the metrics, the output folder, the world size, every process's weight fingerprint and the number of
+    steps. The caller then ends the run with `ending_run`, after letting go of the prepared model."""
+    fingerprints = save_model(accelerator, model, output_dir, args.merge_lora, tokenizer)
+    world = accelerator.num_processes
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        publish_run(
+            output_dir, run_record(args, unwrapped, world_size=world, fingerprints=fingerprints, **record), args
+        )
+    return {
+        **record["metrics"],
+        "output_dir": str(output_dir),
+        "world_size": world,
+        "rank_weight_sha256": fingerprints,
+        "train_steps": record["train_steps"],
+    }
