@@ -2,11 +2,14 @@
 inputs through, name their layers as transformers does, pick the loss from ``problem_type`` or the labels, and pool
 each row's first real token whichever side the padding is on."""
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.utils import find_labels
 
 from tf_family.modeling_heads import (
     GenericForMaskedLM,
@@ -180,3 +183,14 @@ def test_dropout_field_picks_the_config_field():
     assert (longformer.dropout.p, big_bird.dropout.p) == (0.3, 0.1)
     unset = TffLongformerForMultipleChoice(get_arch("longformer").tiny_config(hidden_dropout_prob=0.2))
     assert unset.dropout.p == 0.2
+
+
+@pytest.mark.parametrize("arch", ["longformer", "big_bird"])
+def test_head_signatures_name_the_labels_and_the_model_inputs(arch):
+    """`Trainer` keeps the dataset columns and finds the labels the forward signature names."""
+    for task, head in get_arch(arch).model_classes.items():
+        expected = {"base": [], "question_answering": ["start_positions", "end_positions"]}.get(task, ["labels"])
+        assert find_labels(head) == expected, task
+        parameters = inspect.signature(head.forward).parameters
+        assert {"input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds"} <= set(parameters)
+        assert ("global_attention_mask" in parameters) == (arch == "longformer"), task

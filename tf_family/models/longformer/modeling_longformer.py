@@ -440,23 +440,41 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
 
 
 class _TffLongformerHead:
-    """Longformer's inputs for the shared heads: a ``global_attention_mask`` ``(B, T)`` (``(B, C, T)`` for multiple
-    choice), chosen by the head's `default_global_attention_mask` rule when not given."""
+    """Longformer's input for the shared heads: a ``global_attention_mask`` ``(B, T)`` (``(B, C, T)`` for multiple
+    choice), in the signature (so that `Trainer` keeps the column) and chosen by the head's
+    `default_global_attention_mask` rule when not given."""
 
     base_model_class = TffLongformerModel
 
-    def forward(self, input_ids=None, attention_mask=None, global_attention_mask=None, **kwargs):
-        """``global_attention_mask``: 1 for tokens with global attention, or ``None`` for the head's rule. The rest
-        (``token_type_ids``, ``position_ids``, ``inputs_embeds``, the labels, ``return_dict``, ``output_*``) as in
-        the shared head (`tf_family.modeling_heads`) and `TffLongformerModel`."""
-        if global_attention_mask is None:
-            global_attention_mask = self.default_global_attention_mask(
-                input_ids, attention_mask, kwargs.get("inputs_embeds")
-            )
-        return super().forward(input_ids, attention_mask, global_attention_mask=global_attention_mask, **kwargs)
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        global_attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        """``global_attention_mask``: 1 for tokens with global attention (see every token and are seen by every
+        token), or ``None`` for the head's rule. The rest as in the shared head (`tf_family.modeling_heads`);
+        ``output_attentions``, ``output_hidden_states`` go to `TffLongformerModel`."""
+        return super().forward(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, labels, return_dict,
+            global_attention_mask=global_attention_mask, **kwargs,
+        )  # fmt: skip
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict):
+        if kwargs.get("global_attention_mask") is None:
+            rule = self.default_global_attention_mask(input_ids, attention_mask, inputs_embeds)
+            kwargs = {**kwargs, "global_attention_mask": rule}
+        return super()._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
 
     def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
-        return None  # windowed attention only
+        """The global tokens when none are given (inputs as the base model sees them): none by default."""
+        return None
 
 
 class TffLongformerForMaskedLM(_TffLongformerHead, GenericForMaskedLM, TffLongformerPreTrainedModel):
@@ -578,6 +596,25 @@ class TffLongformerForQuestionAnswering(_TffLongformerHead, GenericForQuestionAn
     """Extractive QA (start / end logits). Without a `global_attention_mask`, the question -- the tokens before the
     first `sep_token_id` -- is global, as in transformers' Longformer."""
 
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        global_attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        """As `GenericForQuestionAnswering.forward`, with Longformer's ``global_attention_mask``."""
+        return GenericForQuestionAnswering.forward(
+            self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, start_positions,
+            end_positions, return_dict, global_attention_mask=global_attention_mask, **kwargs,
+        )  # fmt: skip
+
     def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
         if input_ids is None or self.config.sep_token_id is None:
             return None
@@ -591,10 +628,7 @@ class TffLongformerForMultipleChoice(_TffLongformerHead, GenericForMultipleChoic
     def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
         if input_ids is None or self.config.sep_token_id is None:
             return None
-        flat = separator_global_attention_mask(
-            input_ids.flatten(0, 1), self.config.sep_token_id, before_separator=False
-        )
-        return flat.view_as(input_ids)  # (B, C, T)
+        return separator_global_attention_mask(input_ids, self.config.sep_token_id, before_separator=False)
 
 
 __all__ = [
