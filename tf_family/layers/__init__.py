@@ -1,5 +1,5 @@
-"""``nn.Module``s shared by several tf_family models, taking plain numbers (never a config)."""
+"""``nn.Module``s shared unchanged by several models; they take plain numbers, never a config."""
 
-from .feed_forward import PostNormFeedForward
+from .bert import BertFeedForward
 
-__all__ = ["PostNormFeedForward"]
+__all__ = ["BertFeedForward"]

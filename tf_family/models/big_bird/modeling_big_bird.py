@@ -40,7 +40,7 @@ from ...attention import (
     random_block_indices,
     seeded_generator,
 )
-from ...layers import PostNormFeedForward
+from ...layers import BertFeedForward
 from ...modeling_heads import (
     GenericForMaskedLM,
     GenericForMultipleChoice,
@@ -162,7 +162,7 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
     def __init__(self, config: TffBigBirdConfig, layer_idx: int):
         super().__init__()
         self.attention = TffBigBirdAttention(config, layer_idx)
-        self.feed_forward = PostNormFeedForward(
+        self.feed_forward = BertFeedForward(
             config.hidden_size,
             config.intermediate_size,
             config.hidden_act,

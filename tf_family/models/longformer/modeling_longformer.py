@@ -49,7 +49,7 @@ from ...attention import (
     global_attention,
     sliding_window_attention,
 )
-from ...layers import PostNormFeedForward
+from ...layers import BertFeedForward
 from ...modeling_heads import (
     GenericForMaskedLM,
     GenericForMultipleChoice,
@@ -266,7 +266,7 @@ class TffLongformerLayer(GradientCheckpointingLayer):
     def __init__(self, config: TffLongformerConfig, layer_idx: int):
         super().__init__()
         self.attention = TffLongformerAttention(config, layer_idx)
-        self.feed_forward = PostNormFeedForward(
+        self.feed_forward = BertFeedForward(
             config.hidden_size,
             config.intermediate_size,
             config.hidden_act,

@@ -1,4 +1,4 @@
-"""BERT's feed-forward sublayer, used unchanged by Longformer and BigBird."""
+"""BERT's sublayers that Longformer and BigBird use unchanged (Devlin et al. 2019, arXiv:1810.04805)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from ..attention import Dropout
 from ..modeling_utils import build_activation
 
 
-class PostNormFeedForward(nn.Module):
-    """Position-wise feed-forward block with a post-layer-norm residual (Vaswani et al. 2017, section 3.3; BERT):
-    ``layer_norm(x + dropout(fc_out(activation(fc_in(x)))))``.
+class BertFeedForward(nn.Module):
+    """BERT's position-wise feed-forward block with a post-layer-norm residual:
+    ``layer_norm(x + dropout(fc_out(activation(fc_in(x)))))`` (any activation, dropout on the output only; the
+    Transformer-XL family's block, with ReLU and an inner dropout, is `PositionwiseFeedForward`).
 
     Args:
         hidden_size: model width D.
@@ -35,4 +36,4 @@ class PostNormFeedForward(nn.Module):
         return self.layer_norm(hidden + self.dropout(self.fc_out(self.activation(self.fc_in(hidden)))))  # (B, T, D)
 
 
-__all__ = ["PostNormFeedForward"]
+__all__ = ["BertFeedForward"]
