@@ -159,6 +159,7 @@ class TffBigBirdAttention(nn.Module):
 
 
 class TffBigBirdLayer(GradientCheckpointingLayer):
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerLayer.__init__ with Longformer->BigBird
     def __init__(self, config: TffBigBirdConfig, layer_idx: int):
         super().__init__()
         self.attention = TffBigBirdAttention(config, layer_idx)
