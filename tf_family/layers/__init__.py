@@ -1,6 +1,7 @@
 """`nn.Module`s shared unchanged by several models; they take plain numbers, never a config."""
 
 from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from .bert import BertFeedForward
 from .feed_forward import PositionwiseFeedForward
 
-__all__ = ["AdaptiveEmbedding", "PositionwiseFeedForward", "ProjectedAdaptiveLogSoftmax"]
+__all__ = ["AdaptiveEmbedding", "BertFeedForward", "PositionwiseFeedForward", "ProjectedAdaptiveLogSoftmax"]

@@ -23,19 +23,11 @@ Config field <-> paper symbol: `block_size` = b, `num_random_blocks` = r, `windo
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPooling,
-    MaskedLMOutput,
-    MultipleChoiceModelOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPooling, QuestionAnsweringModelOutput
 from transformers.utils import logging
 
 from ...attention import (
@@ -48,7 +40,14 @@ from ...attention import (
     random_block_indices,
     seeded_generator,
 )
-from ...losses import sequence_classification_loss, span_loss
+from ...layers import BertFeedForward
+from ...modeling_heads import (
+    GenericForMaskedLM,
+    GenericForMultipleChoice,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    question_answering_output,
+)
 from ...modeling_utils import build_activation, find_first_real_token, fused_projections
 from .configuration_big_bird import TffBigBirdConfig
 
@@ -159,25 +158,18 @@ class TffBigBirdAttention(nn.Module):
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 
 
-# Copied from tf_family.models.longformer.modeling_longformer.TffLongformerFeedForward with Longformer->BigBird
-class TffBigBirdFeedForward(nn.Module):
-    def __init__(self, config: TffBigBirdConfig):
-        super().__init__()
-        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.activation = build_activation(config.hidden_act)
-        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.layer_norm(hidden + self.dropout(self.fc_out(self.activation(self.fc_in(hidden)))))
-
-
 class TffBigBirdLayer(GradientCheckpointingLayer):
+    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerLayer.__init__ with Longformer->BigBird
     def __init__(self, config: TffBigBirdConfig, layer_idx: int):
         super().__init__()
         self.attention = TffBigBirdAttention(config, layer_idx)
-        self.feed_forward = TffBigBirdFeedForward(config)
+        self.feed_forward = BertFeedForward(
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_act,
+            config.layer_norm_eps,
+            config.hidden_dropout_prob,
+        )
 
     def forward(self, hidden, key_valid, seed, output_attentions=False):
         hidden, probs = self.attention(hidden, key_valid, seed, output_attentions)
@@ -304,158 +296,25 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffBigBirdLMHead(nn.Module):
-    """Dense + activation + layer norm + decoder (tied to the input embeddings), as BERT's."""
+class TffBigBirdForMaskedLM(GenericForMaskedLM, TffBigBirdPreTrainedModel):
+    """BERT's masked-LM head (dense, activation, layer norm, decoder tied to the input embeddings). Keyword
+    arguments the head does not use (``random_seed``, ``output_attentions`` …) go to `TffBigBirdModel`."""
 
-    def __init__(self, config: TffBigBirdConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.activation = build_activation(config.hidden_act)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.layer_norm(self.activation(self.dense(hidden))))
-
-
-class TffBigBirdForMaskedLM(TffBigBirdPreTrainedModel):
+    base_model_class = TffBigBirdModel
     _tied_weights_keys = {"lm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
 
-    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerForMaskedLM.__init__ with Longformer->BigBird, longformer->bert
-    def __init__(self, config: TffBigBirdConfig):
-        super().__init__(config)
-        self.bert = TffBigBirdModel(config, add_pooling_layer=False)
-        self.lm_head = TffBigBirdLMHead(config)
-        self.post_init()
 
-    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerForMaskedLM.get_output_embeddings
-    def get_output_embeddings(self):
-        return self.lm_head.decoder
-
-    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerForMaskedLM.set_output_embeddings
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head.decoder = new_embeddings
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        random_seed=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MaskedLMOutput | tuple:
-        r"""labels: ``(B, T)`` token ids to predict at masked positions, -100 elsewhere."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, random_seed, output_attentions,
-            output_hidden_states, return_dict=True,
-        )  # fmt: skip
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device))
-        output = MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
-
-
-# Copied from tf_family.models.longformer.modeling_longformer._classifier_dropout with Longformer->BigBird
-def _classifier_dropout(config: TffBigBirdConfig) -> Dropout:
-    """The classification heads' dropout: `classifier_dropout`, or `hidden_dropout_prob` when it is unset."""
-    return Dropout(config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob)
-
-
-class TffBigBirdForSequenceClassification(TffBigBirdPreTrainedModel):
+class TffBigBirdForSequenceClassification(GenericForSequenceClassification, TffBigBirdPreTrainedModel):
     """Classifier (dense + activation + linear) on the first real token."""
 
-    def __init__(self, config: TffBigBirdConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.bert = TffBigBirdModel(config, add_pooling_layer=False)
-        self.dropout = _classifier_dropout(config)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.activation = build_activation(config.hidden_act)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        random_seed=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> SequenceClassifierOutput | tuple:
-        r"""labels: ``(B,)`` class ids (floats for regression, ``(B, num_labels)`` for multi-label)."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, random_seed, output_attentions,
-            output_hidden_states, return_dict=True,
-        )  # fmt: skip
-        hidden = outputs.last_hidden_state
-        first = find_first_real_token(attention_mask, hidden.shape[0], hidden.device)
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, D)
-        logits = self.out_proj(self.dropout(self.activation(self.dense(self.dropout(pooled)))))  # (B, num_labels)
-        loss = None
-        if labels is not None:
-            loss = sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
-        output = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+    base_model_class = TffBigBirdModel
+    classifier_activation = None  # the config's hidden_act, as transformers' BigBird
 
 
-class TffBigBirdForTokenClassification(TffBigBirdPreTrainedModel):
-    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerForTokenClassification.__init__ with Longformer->BigBird, longformer->bert
-    def __init__(self, config: TffBigBirdConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.bert = TffBigBirdModel(config, add_pooling_layer=False)
-        self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+class TffBigBirdForTokenClassification(GenericForTokenClassification, TffBigBirdPreTrainedModel):
+    """A label per token."""
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        random_seed=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> TokenClassifierOutput | tuple:
-        r"""labels: ``(B, T)`` class ids, -100 where ignored."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, random_seed, output_attentions,
-            output_hidden_states, return_dict=True,
-        )  # fmt: skip
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1).to(logits.device))
-        output = TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+    base_model_class = TffBigBirdModel
 
 
 class TffBigBirdQuestionAnsweringHead(nn.Module):
@@ -524,74 +383,28 @@ class TffBigBirdForQuestionAnswering(TffBigBirdPreTrainedModel):
                 token_type_ids = (~question_mask).long()
             question_mask = question_mask & (position != 0)
         outputs = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, random_seed, output_attentions,
-            output_hidden_states, return_dict=True,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            random_seed=random_seed,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
         logits = self.qa_head(outputs.last_hidden_state)  # (B, T, 2)
         if question_mask is not None:
             logits = logits - question_mask[..., None] * 1e6
-        start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        output = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        output = question_answering_output(logits, start_positions, end_positions, outputs)
         return output if return_dict else output.to_tuple()
 
 
-class TffBigBirdForMultipleChoice(TffBigBirdPreTrainedModel):
+class TffBigBirdForMultipleChoice(GenericForMultipleChoice, TffBigBirdPreTrainedModel):
     """One score per choice from the pooled first token."""
 
-    def __init__(self, config: TffBigBirdConfig):
-        super().__init__(config)
-        self.bert = TffBigBirdModel(config)
-        self.dropout = Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, 1)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        random_seed=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MultipleChoiceModelOutput | tuple:
-        r"""
-        Args:
-            input_ids, attention_mask, token_type_ids, position_ids: ``(B, C, T)``, one row per choice
-                (``inputs_embeds``: ``(B, C, T, D)``).
-            labels: ``(B,)`` index of the right choice.
-        """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-
-        def flat(tensor):
-            return None if tensor is None else tensor.flatten(0, 1)  # (B*C, T, ...)
-
-        outputs = self.bert(
-            flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids), flat(inputs_embeds),
-            random_seed, output_attentions, output_hidden_states, return_dict=True,
-        )  # fmt: skip
-        logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, C)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float(), labels.view(-1).to(logits.device))
-        output = MultipleChoiceModelOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+    base_model_class = TffBigBirdModel
+    dropout_field = "hidden_dropout_prob"  # as transformers' BigBird (not classifier_dropout)
 
 
 __all__ = [

@@ -34,15 +34,7 @@ from torch import nn
 from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPoolingAndCrossAttentions,
-    CausalLMOutputWithPast,
-    MaskedLMOutput,
-    MultipleChoiceModelOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions, CausalLMOutputWithPast
 from transformers.utils import logging
 
 from ...attention import (
@@ -57,8 +49,16 @@ from ...attention import (
     global_attention,
     sliding_window_attention,
 )
-from ...losses import sequence_classification_loss, span_loss
-from ...modeling_utils import build_activation, find_first_real_token, fused_projections
+from ...layers import BertFeedForward
+from ...modeling_heads import (
+    GenericForMaskedLM,
+    GenericForMultipleChoice,
+    GenericForQuestionAnswering,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+    LMPredictionHead,
+)
+from ...modeling_utils import find_first_real_token, fused_projections
 from .configuration_longformer import TffLongformerConfig
 
 logger = logging.get_logger(__name__)
@@ -262,24 +262,17 @@ class TffLongformerAttention(nn.Module):
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 
 
-class TffLongformerFeedForward(nn.Module):
-    def __init__(self, config: TffLongformerConfig):
-        super().__init__()
-        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.activation = build_activation(config.hidden_act)
-        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.layer_norm(hidden + self.dropout(self.fc_out(self.activation(self.fc_in(hidden)))))
-
-
 class TffLongformerLayer(GradientCheckpointingLayer):
     def __init__(self, config: TffLongformerConfig, layer_idx: int):
         super().__init__()
         self.attention = TffLongformerAttention(config, layer_idx)
-        self.feed_forward = TffLongformerFeedForward(config)
+        self.feed_forward = BertFeedForward(
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_act,
+            config.layer_norm_eps,
+            config.hidden_dropout_prob,
+        )
 
     def forward(
         self, hidden, key_valid, global_tokens=None, output_attentions=False, past_key_values=None, past_length=0
@@ -447,33 +440,12 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffLongformerLMHead(nn.Module):
-    """Dense + GELU + layer norm + decoder (tied to the input embeddings), as RoBERTa's."""
+class _TffLongformerHead:
+    """Longformer's input for the shared heads: a ``global_attention_mask`` ``(B, T)`` (``(B, C, T)`` for multiple
+    choice), in the signature (so that `Trainer` keeps the column) and chosen by the head's
+    `default_global_attention_mask` rule when not given."""
 
-    def __init__(self, config: TffLongformerConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.layer_norm(F.gelu(self.dense(hidden))))
-
-
-class TffLongformerForMaskedLM(TffLongformerPreTrainedModel):
-    _tied_weights_keys = {"lm_head.decoder.weight": "longformer.embeddings.word_embeddings.weight"}
-
-    def __init__(self, config: TffLongformerConfig):
-        super().__init__(config)
-        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
-        self.lm_head = TffLongformerLMHead(config)
-        self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head.decoder
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head.decoder = new_embeddings
+    base_model_class = TffLongformerModel
 
     def forward(
         self,
@@ -484,25 +456,34 @@ class TffLongformerForMaskedLM(TffLongformerPreTrainedModel):
         position_ids=None,
         inputs_embeds=None,
         labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
         return_dict=None,
         **kwargs,
-    ) -> MaskedLMOutput | tuple:
-        r"""labels: ``(B, T)`` token ids to predict at masked positions, -100 elsewhere."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.longformer(
-            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
+    ):
+        """``global_attention_mask``: 1 for tokens with global attention (see every token and are seen by every
+        token), or ``None`` for the head's rule. The rest as in the shared head (`tf_family.modeling_heads`);
+        ``output_attentions``, ``output_hidden_states`` go to `TffLongformerModel`."""
+        return super().forward(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, labels, return_dict,
+            global_attention_mask=global_attention_mask, **kwargs,
         )  # fmt: skip
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device))
-        output = MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict):
+        if kwargs.get("global_attention_mask") is None:
+            rule = self.default_global_attention_mask(input_ids, attention_mask, inputs_embeds)
+            kwargs = {**kwargs, "global_attention_mask": rule}
+        return super()._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+
+    def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
+        """The global tokens when none are given (inputs as the base model sees them): none by default."""
+        return None
+
+
+class TffLongformerForMaskedLM(_TffLongformerHead, GenericForMaskedLM, TffLongformerPreTrainedModel):
+    """RoBERTa's masked-LM head (dense, GELU, layer norm, decoder tied to the input embeddings)."""
+
+    base_model_class = TffLongformerModel
+    lm_head_activation = "gelu"
+    _tied_weights_keys = {"lm_head.decoder.weight": "longformer.embeddings.word_embeddings.weight"}
 
 
 class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
@@ -517,7 +498,7 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
             config.causal = True
         super().__init__(config)
         self.longformer = TffLongformerModel(config, add_pooling_layer=False)
-        self.lm_head = TffLongformerLMHead(config)
+        self.lm_head = LMPredictionHead(config.hidden_size, config.vocab_size, "gelu", config.layer_norm_eps)
         self.post_init()
 
     def get_output_embeddings(self):
@@ -547,10 +528,18 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
         `TffLongformerModel` (`generate` uses one unless ``use_cache=False``)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.longformer(
-            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True, past_key_values=past_key_values,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            global_attention_mask=global_attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            past_key_values=past_key_values,
             use_cache=use_cache,
-        )  # fmt: skip
+        )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         loss = None
         if labels is not None:
@@ -586,109 +575,27 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
         return model_inputs
 
 
-def _classifier_dropout(config: TffLongformerConfig) -> Dropout:
-    """The classification heads' dropout: `classifier_dropout`, or `hidden_dropout_prob` when it is unset."""
-    return Dropout(config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob)
-
-
-class TffLongformerForSequenceClassification(TffLongformerPreTrainedModel):
+class TffLongformerForSequenceClassification(
+    _TffLongformerHead, GenericForSequenceClassification, TffLongformerPreTrainedModel
+):
     """Classifier (dense + tanh + linear) on the first real token, which is global unless a
     `global_attention_mask` says otherwise (as transformers' Longformer does)."""
 
-    def __init__(self, config: TffLongformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
-        self.dropout = _classifier_dropout(config)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        global_attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> SequenceClassifierOutput | tuple:
-        r"""labels: ``(B,)`` class ids (floats for regression, ``(B, num_labels)`` for multi-label)."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor:
         source = input_ids if input_ids is not None else inputs_embeds
-        batch, length = source.shape[:2]
-        first = find_first_real_token(attention_mask, batch, source.device)
-        if global_attention_mask is None:
-            global_attention_mask = F.one_hot(first, length)  # (B, T): the first real token
-        outputs = self.longformer(
-            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
-        )  # fmt: skip
-        pooled = outputs.last_hidden_state[torch.arange(batch, device=source.device), first]  # (B, D)
-        logits = self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))  # (B, num_labels)
-        loss = None
-        if labels is not None:
-            loss = sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
-        output = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+        first = find_first_real_token(attention_mask, source.shape[0], source.device)
+        return F.one_hot(first, source.shape[1])  # (B, T): the first real token
 
 
-class TffLongformerForTokenClassification(TffLongformerPreTrainedModel):
-    def __init__(self, config: TffLongformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
-        self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        global_attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> TokenClassifierOutput | tuple:
-        r"""labels: ``(B, T)`` class ids, -100 where ignored."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.longformer(
-            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
-        )  # fmt: skip
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1).to(logits.device))
-        output = TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+class TffLongformerForTokenClassification(
+    _TffLongformerHead, GenericForTokenClassification, TffLongformerPreTrainedModel
+):
+    """A label per token; windowed attention only unless a `global_attention_mask` is given."""
 
 
-class TffLongformerForQuestionAnswering(TffLongformerPreTrainedModel):
+class TffLongformerForQuestionAnswering(_TffLongformerHead, GenericForQuestionAnswering, TffLongformerPreTrainedModel):
     """Extractive QA (start / end logits). Without a `global_attention_mask`, the question -- the tokens before the
     first `sep_token_id` -- is global, as in transformers' Longformer."""
-
-    def __init__(self, config: TffLongformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.longformer = TffLongformerModel(config, add_pooling_layer=False)
-        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
 
     def forward(
         self,
@@ -700,89 +607,29 @@ class TffLongformerForQuestionAnswering(TffLongformerPreTrainedModel):
         inputs_embeds=None,
         start_positions=None,
         end_positions=None,
-        output_attentions=None,
-        output_hidden_states=None,
         return_dict=None,
         **kwargs,
-    ) -> QuestionAnsweringModelOutput | tuple:
-        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if global_attention_mask is None and input_ids is not None and self.config.sep_token_id is not None:
-            global_attention_mask = separator_global_attention_mask(input_ids, self.config.sep_token_id)
-        outputs = self.longformer(
-            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict=True,
+    ):
+        """As `GenericForQuestionAnswering.forward`, with Longformer's ``global_attention_mask``."""
+        return GenericForQuestionAnswering.forward(
+            self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, start_positions,
+            end_positions, return_dict, global_attention_mask=global_attention_mask, **kwargs,
         )  # fmt: skip
-        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
-        start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        output = QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
+
+    def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
+        if input_ids is None or self.config.sep_token_id is None:
+            return None
+        return separator_global_attention_mask(input_ids, self.config.sep_token_id)
 
 
-class TffLongformerForMultipleChoice(TffLongformerPreTrainedModel):
+class TffLongformerForMultipleChoice(_TffLongformerHead, GenericForMultipleChoice, TffLongformerPreTrainedModel):
     """One score per choice from the pooled first token. Without a `global_attention_mask`, the tokens after the
     first separator pair are global, as in transformers' Longformer."""
 
-    def __init__(self, config: TffLongformerConfig):
-        super().__init__(config)
-        self.longformer = TffLongformerModel(config)
-        self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, 1)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        global_attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        **kwargs,
-    ) -> MultipleChoiceModelOutput | tuple:
-        r"""
-        Args:
-            input_ids, attention_mask, global_attention_mask, token_type_ids, position_ids: ``(B, C, T)``, one row
-                per choice (``inputs_embeds``: ``(B, C, T, D)``).
-            labels: ``(B,)`` index of the right choice.
-        """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        source = input_ids if input_ids is not None else inputs_embeds
-        num_choices = source.shape[1]
-
-        def flat(tensor):
-            return None if tensor is None else tensor.flatten(0, 1)  # (B*C, T, ...)
-
-        flat_global = flat(global_attention_mask)
-        if flat_global is None and input_ids is not None and self.config.sep_token_id is not None:
-            flat_global = separator_global_attention_mask(
-                flat(input_ids), self.config.sep_token_id, before_separator=False
-            )
-        outputs = self.longformer(
-            flat(input_ids), flat(attention_mask), flat_global, flat(token_type_ids), flat(position_ids),
-            flat(inputs_embeds), output_attentions, output_hidden_states, return_dict=True,
-        )  # fmt: skip
-        logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, C)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float(), labels.view(-1).to(logits.device))
-        output = MultipleChoiceModelOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+    def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
+        if input_ids is None or self.config.sep_token_id is None:
+            return None
+        return separator_global_attention_mask(input_ids, self.config.sep_token_id, before_separator=False)
 
 
 __all__ = [

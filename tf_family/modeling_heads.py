@@ -1,0 +1,305 @@
+"""Task heads shared by the encoder models: masked LM, sequence and token classification, question answering and
+multiple choice, each calling its base model by keyword.
+
+The same answer as transformers v5's `GenericForSequenceClassification` (``transformers/modeling_layers.py``, used
+by ``class LlamaForSequenceClassification(GenericForSequenceClassification, LlamaPreTrainedModel): ...``): a head
+is a mixin listed before the model's ``PreTrainedModel`` class. It builds the base model from the class attribute
+``base_model_class`` (stored under the model's ``base_model_prefix``, so checkpoints keep ``longformer.*`` /
+``bert.*``), puts its own layers on the model itself under the names transformers uses (``classifier``,
+``qa_outputs``, ``dense`` / ``out_proj``, ``lm_head``; PEFT's ``modules_to_save`` defaults find them), and passes
+every keyword argument it does not use itself on to the base model: a model's own inputs (Longformer's
+``global_attention_mask``, BigBird's ``random_seed``) need no head of their own. A model subclasses a head to add a
+rule (Longformer's default global tokens) and sets the few choices below where transformers' heads differ:
+
+- ``classifier_activation`` / ``lm_head_activation``: an activation name (``ACT2FN``), or ``None`` for the
+  config's ``hidden_act``;
+- ``dropout_field``: the config field of the dropout before a classifier (falling back to ``hidden_dropout_prob``
+  when the field is ``None``).
+
+Pooled rows are each row's first real token (from ``attention_mask``), so left and right padding classify alike.
+Losses come from `tf_family.losses` (they never write ``problem_type`` into the config).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_outputs import (
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.utils import ModelOutput
+
+from .attention import Dropout
+from .losses import sequence_classification_loss, span_loss
+from .modeling_utils import build_activation, find_first_real_token
+
+
+def classifier_dropout(config, field: str = "classifier_dropout") -> Dropout:
+    """The dropout before a classifier: ``config.<field>``, or ``hidden_dropout_prob`` when that is ``None``."""
+    probability = getattr(config, field)
+    return Dropout(probability if probability is not None else config.hidden_dropout_prob)
+
+
+class LMPredictionHead(nn.Module):
+    """Dense + activation + layer norm + decoder (tied to the input embeddings): BERT's and RoBERTa's LM head."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, activation: str, layer_norm_eps: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = build_activation(activation)
+        self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.decoder = nn.Linear(hidden_size, vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.layer_norm(self.activation(self.dense(hidden))))  # (B, T, V)
+
+
+class _Head:
+    """What every head shares: the base model built from ``base_model_class`` and called by keyword, and (for the
+    heads with ``labels``) one forward pass: base model -> `_logits` -> `_loss` -> ``output_class``."""
+
+    base_model_class: type[nn.Module]
+    add_pooling_layer = False  # only multiple choice reads the base model's pooler
+    output_class: type[ModelOutput]
+
+    def __init__(self, config):
+        super().__init__(config)
+        setattr(self, self.base_model_prefix, self.base_model_class(config, add_pooling_layer=self.add_pooling_layer))
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        r"""
+        Args:
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds: as the base model takes them.
+            labels: see the head's `_loss`.
+            kwargs: everything else (``output_attentions``, ``output_hidden_states``, the model's own inputs)
+                goes to the base model by name.
+        """
+        outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        return self._finish(outputs, self._logits(outputs, attention_mask), labels, return_dict)
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict):
+        """The base model's output (a `ModelOutput`), called by keyword; ``kwargs`` (``output_attentions``,
+        ``output_hidden_states``, the model's own inputs) go to it as they are."""
+        return self.base_model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
+
+    def _finish(self, outputs: ModelOutput, logits: torch.Tensor, labels, return_dict: bool | None):
+        """The head's ``output_class`` (a tuple when ``return_dict`` is false), with the loss when labels are given."""
+        output = self.output_class(
+            loss=None if labels is None else self._loss(logits, labels),
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if self._returns_dict(return_dict) else output.to_tuple()
+
+    def _returns_dict(self, return_dict: bool | None) -> bool:
+        return return_dict if return_dict is not None else self.config.return_dict
+
+
+class GenericForMaskedLM(_Head):
+    """Masked language modelling: `LMPredictionHead` on every position. ``labels``: ``(B, T)`` token ids to predict
+    at masked positions, -100 elsewhere. Subclasses declare
+    ``_tied_weights_keys = {"lm_head.decoder.weight": "<prefix>.embeddings.word_embeddings.weight"}``."""
+
+    lm_head_activation: str | None = None
+    output_class = MaskedLMOutput
+
+    def __init__(self, config):
+        super().__init__(config)
+        activation = self.lm_head_activation or config.hidden_act
+        self.lm_head = LMPredictionHead(config.hidden_size, config.vocab_size, activation, config.layer_norm_eps)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def _logits(self, outputs: ModelOutput, attention_mask) -> torch.Tensor:
+        return self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device))
+
+
+class GenericForSequenceClassification(_Head):
+    """Dropout, dense, activation, dropout, linear (``dense`` / ``out_proj``, RoBERTa's and BigBird's classification
+    head) on each row's first real token. ``labels``: ``(B,)`` class ids (floats for regression, ``(B, num_labels)``
+    for multi-label); the loss follows ``problem_type``, or is inferred from them
+    (`tf_family.losses.sequence_classification_loss`)."""
+
+    classifier_activation: str | None = "tanh"
+    dropout_field = "classifier_dropout"
+    output_class = SequenceClassifierOutput
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.dropout = classifier_dropout(config, self.dropout_field)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = build_activation(self.classifier_activation or config.hidden_act)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def _logits(self, outputs: ModelOutput, attention_mask) -> torch.Tensor:
+        hidden = outputs.last_hidden_state  # (B, T, D)
+        first = find_first_real_token(attention_mask, hidden.shape[0], hidden.device)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, D)
+        return self.out_proj(self.dropout(self.activation(self.dense(self.dropout(pooled)))))  # (B, num_labels)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
+
+
+class GenericForTokenClassification(_Head):
+    """Dropout and a linear ``classifier`` on every position. ``labels``: ``(B, T)`` class ids, -100 where
+    ignored."""
+
+    dropout_field = "classifier_dropout"
+    output_class = TokenClassifierOutput
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.dropout = classifier_dropout(config, self.dropout_field)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def _logits(self, outputs: ModelOutput, attention_mask) -> torch.Tensor:
+        return self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1).to(logits.device))
+
+
+def question_answering_output(
+    logits: torch.Tensor, start_positions, end_positions, outputs: ModelOutput
+) -> QuestionAnsweringModelOutput:
+    """Start / end logits from ``(B, T, 2)`` span ``logits``, with `tf_family.losses.span_loss` when both positions
+    are given; hidden states and attentions from the base model's ``outputs``."""
+    start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))  # (B, T) each
+    loss = None
+    if start_positions is not None and end_positions is not None:
+        loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+    return QuestionAnsweringModelOutput(
+        loss=loss,
+        start_logits=start_logits,
+        end_logits=end_logits,
+        hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions,
+    )
+
+
+class GenericForQuestionAnswering(_Head):
+    """Extractive question answering: a linear ``qa_outputs`` to ``num_labels`` (2: start, end) logits per token."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        return_dict=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span. Other keyword arguments go
+        to the base model."""
+        outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
+        output = question_answering_output(logits, start_positions, end_positions, outputs)
+        return output if self._returns_dict(return_dict) else output.to_tuple()
+
+
+class GenericForMultipleChoice(_Head):
+    """One score per choice: dropout and a linear ``classifier`` on the base model's pooled output.
+
+    Every tensor input is per choice, ``(B, C, T)`` (``inputs_embeds``: ``(B, C, T, D)``), and is flattened to
+    ``(B*C, ...)`` for the base model; other values (a seed) pass unchanged."""
+
+    add_pooling_layer = True
+    dropout_field = "classifier_dropout"
+    output_class = MultipleChoiceModelOutput
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.dropout = classifier_dropout(config, self.dropout_field)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        r"""
+        Args:
+            input_ids, attention_mask and the other tensors: ``(B, C, T)``, one row per choice (``inputs_embeds``:
+                ``(B, C, T, D)``).
+            labels: ``(B,)`` index of the right choice.
+        """
+        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+
+        def flat(value):
+            return value.flatten(0, 1) if isinstance(value, torch.Tensor) else value  # (B*C, T, ...)
+
+        flat_kwargs = {name: flat(value) for name, value in kwargs.items()}
+        outputs = self._encode(
+            flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids), flat(inputs_embeds),
+            flat_kwargs,
+        )  # fmt: skip
+        logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, C)
+        return self._finish(outputs, logits, labels, return_dict)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels.view(-1).to(logits.device))
+
+
+__all__ = [
+    "GenericForMaskedLM",
+    "GenericForMultipleChoice",
+    "GenericForQuestionAnswering",
+    "GenericForSequenceClassification",
+    "GenericForTokenClassification",
+    "LMPredictionHead",
+    "classifier_dropout",
+    "question_answering_output",
+]
