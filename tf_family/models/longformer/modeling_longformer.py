@@ -252,15 +252,9 @@ class TffLongformerAttention(nn.Module):
                 global_attended = self._folded_global_attention(global_query, hidden, key_valid, global_tokens)
             else:
                 global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
+                causal = self.pattern.causal
                 global_attended = global_attention(
-                    global_query,
-                    global_key,
-                    global_value,
-                    global_tokens,
-                    key_valid,
-                    self.pattern.causal,
-                    dropout_p,
-                    implementation,
+                    global_query, global_key, global_value, global_tokens, key_valid, causal, dropout_p, implementation
                 )  # (B, H, G, Dh)
             attended = global_tokens.scatter(attended, global_attended)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
