@@ -34,9 +34,8 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import ModelOutput
 
-from .attention import Dropout
 from .losses import sequence_classification_loss, span_loss
-from .modeling_utils import build_activation, find_first_real_token
+from .modeling_utils import Dropout, build_activation, find_first_real_token
 
 
 def classifier_dropout(config, field: str = "classifier_dropout") -> Dropout:

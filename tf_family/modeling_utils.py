@@ -7,6 +7,20 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
+from .attention.dropout import _check_p, dropout
+
+
+class Dropout(nn.Dropout):
+    """`torch.nn.Dropout` computed by `tf_family.attention.dropout` (cheaper on CPU; same ``p``, no state;
+    ``inplace`` is not supported)."""
+
+    def __init__(self, p: float = 0.5):
+        _check_p(p)
+        super().__init__(p)
+
+    def forward(self, tensor: torch.Tensor) -> torch.Tensor:
+        return dropout(tensor, self.p, self.training)
+
 
 def build_activation(name: str) -> nn.Module:
     """transformers' activation ``name``; its Python tanh-approximate GELU (``gelu_new``) becomes PyTorch's fused
@@ -46,4 +60,4 @@ def fused_projections(hidden: torch.Tensor, *linears: nn.Module) -> tuple[torch.
     return F.linear(hidden, weight, bias).split([linear.out_features for linear in linears], dim=-1)
 
 
-__all__ = ["build_activation", "find_first_real_token", "fused_projections"]
+__all__ = ["Dropout", "build_activation", "find_first_real_token", "fused_projections"]

@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 from tf_family.attention import (
-    Dropout,
     attention_under_mask,
     dropout,
     dropout_mask,
@@ -13,6 +12,7 @@ from tf_family.attention import (
     masked_attention_reference,
     takes_masked_attention,
 )
+from tf_family.modeling_utils import Dropout
 
 
 def test_mask_rate_scale_and_reproducibility():

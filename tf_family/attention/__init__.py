@@ -1,4 +1,5 @@
-"""Pure attention math shared by the tf_family models: masks, relative positions, dense reference attention.
+"""Pure attention math shared by the tf_family models: the one dispatch (`attend`), masks, relative positions, dense
+reference attention, the sparse kernels.
 
 Nothing here is an ``nn.Module`` or reads a config; every function takes tensors and plain numbers, and every fast
 path has a slow, obviously-correct twin that a test compares it against.
@@ -11,6 +12,14 @@ Shape vocabulary used in every shape comment of the package:
     G  global tokens         N  query chunks / blocks
 """
 
+from .backend import (
+    IMPLEMENTATIONS,
+    attend,
+    attention_backend,
+    attention_under_mask,
+    preferred_chunk,
+    takes_masked_attention,
+)
 from .block_sparse import (
     block_sparse_attention,
     block_sparse_attention_reference,
@@ -19,16 +28,9 @@ from .block_sparse import (
     random_block_indices,
     seeded_generator,
 )
-from .dropout import (
-    Dropout,
-    attention_backend,
-    attention_under_mask,
-    dropout,
-    dropout_mask,
-    masked_attention,
-    masked_attention_reference,
-    takes_masked_attention,
-)
+from .dense import dense_attention
+from .dropout import dropout, dropout_mask
+from .masked import masked_attention, masked_attention_reference
 from .masks import build_causal_memory_mask, build_key_padding_mask
 from .native import fused_attention, fused_keep_mask
 from .relative import (
@@ -44,7 +46,6 @@ from .sliding_window import (
     WindowPattern,
     build_global_query_mask,
     build_sliding_window_mask,
-    dense_attention,
     global_attention,
     global_attention_reference,
     sliding_window_attention,
@@ -52,9 +53,10 @@ from .sliding_window import (
 )
 
 __all__ = [
-    "Dropout",
     "GlobalTokens",
+    "IMPLEMENTATIONS",
     "WindowPattern",
+    "attend",
     "attention_backend",
     "attention_under_mask",
     "block_sparse_attention",
@@ -74,6 +76,7 @@ __all__ = [
     "masked_attention",
     "masked_attention_reference",
     "min_sparse_blocks",
+    "preferred_chunk",
     "random_block_indices",
     "rel_shift",
     "rel_shift_reference",

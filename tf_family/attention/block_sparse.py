@@ -11,8 +11,8 @@ repeat a block the query already sees (transformers' BigBird, in eval mode, poin
 a repeated key block then counts as many times as it appears in the softmax, exactly as in that implementation.
 
 The fast path (`block_sparse_attention`) gathers each query block's key blocks and attends to them through
-`attention_under_mask` (PyTorch's scaled-dot-product attention, or on CPU under a gradient or dropout tf_family's
-`masked_attention`), so time and memory grow linearly with the length; the dense twin
+`backend.attend` with the caller's implementation (for ``"sdpa"``, PyTorch's scaled-dot-product attention, or on
+CPU under a gradient or dropout tf_family's native kernel or `masked_attention`; for ``"eager"``, the dense twin), so time and memory grow linearly with the length; the dense twin
 (`block_sparse_attention_reference`) applies the block multiplicities of `build_block_sparse_counts` to full scores.
 Tensors are ``(B, H, T, Dh)``; ``T`` need not be a multiple of ``block_size`` (the tail block is padded and masked).
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .dropout import attention_under_mask
-from .sliding_window import dense_attention
+from .backend import attend
+from .dense import dense_attention
 
 # CPU score buffers are kept under this size: glibc hands larger fresh allocations out as new pages (mmap), and
 # faulting them in cost more than the products that fill them (a 31 MiB bmm output: 12.8 ms, 6,000 page faults per
@@ -144,6 +144,7 @@ def block_sparse_attention(
     window_blocks: int = 1,
     key_padding_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    implementation: str | None = "sdpa",
 ) -> torch.Tensor:
     """BigBird attention in time and memory linear in ``T``.
 
@@ -154,6 +155,7 @@ def block_sparse_attention(
         window_blocks: one-sided window in blocks.
         key_padding_mask: ``(B, T)`` bool/0-1, True at real tokens.
         dropout_p: dropout on the attention probabilities.
+        implementation: ``"sdpa"`` or ``"eager"``, how each slab of query blocks attends (`backend.attend`).
 
     Returns:
         ``(B, H, T, Dh)``, equal to `block_sparse_attention_reference` up to float rounding.
@@ -167,11 +169,13 @@ def block_sparse_attention(
             f"{tuple(random_blocks.shape)}."
         )
     if num_blocks <= 2:  # every block is global
-        return attention_under_mask(query, key, value, valid[:, None, None, :], dropout_p)[:, :, :length]
+        out = attend(query, key, value, valid[:, None, None, :], None, dropout_p, implementation)[0]
+        return out[:, :, :length]
 
     # global query blocks: the first and the last, against every key
     global_rows = torch.cat([query[:, :, :block_size], query[:, :, -block_size:]], dim=2)  # (B, H, 2b, Dh)
-    global_out = attention_under_mask(global_rows, key, value, valid[:, None, None, :], dropout_p)  # (B, H, 2b, Dh)
+    global_allowed = valid[:, None, None, :]
+    global_out = attend(global_rows, key, value, global_allowed, None, dropout_p, implementation)[0]  # (B, H, 2b, Dh)
 
     # middle query blocks: window blocks + the two global blocks + random blocks, gathered per head
     device = query.device
@@ -211,7 +215,8 @@ def block_sparse_attention(
 
         slab_query = middle_query[:, first:last].reshape(batch * count, heads, block_size, head_dim)
         slab_mask = mask[:, first:last].reshape(batch * count, heads, 1, slots * block_size)
-        slab_out = attention_under_mask(slab_query, blocks(flat_keys), blocks(flat_values), slab_mask, dropout_p)
+        slab_keys, slab_values = blocks(flat_keys), blocks(flat_values)
+        slab_out = attend(slab_query, slab_keys, slab_values, slab_mask, None, dropout_p, implementation)[0]
         pieces.append(slab_out.view(batch, count, heads, block_size, head_dim))
     middle_out = torch.cat(pieces, dim=1).transpose(1, 2).reshape(batch, heads, middle * block_size, head_dim)
     out = torch.cat([global_out[:, :, :block_size], middle_out, global_out[:, :, block_size:]], dim=2)

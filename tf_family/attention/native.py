@@ -11,7 +11,7 @@ generator, so `torch.manual_seed` makes a run reproducible and gradient checkpoi
 The kernel is compiled on first use with `torch.utils.cpp_extension` (about 25 s on 2 cores; needs a C++ compiler
 and ninja) and cached under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). It links the BLAS
 inside PyTorch's CPU build (Intel MKL on x86-64 Linux). When the build or the load fails, one warning says why and
-`attention_under_mask` keeps using `masked_attention`. ``TF_FAMILY_NATIVE=0`` turns the kernel off.
+`backend.attend` keeps using `masked_attention`. ``TF_FAMILY_NATIVE=0`` turns the kernel off.
 
 `fused_attention` is the entry point; its dense twin is `masked_attention_reference` given the same dropout mask
 (`fused_keep_mask`).

@@ -6,9 +6,9 @@ A global key that also lies in a window is counted once.
 
 The fast path (`sliding_window_attention`) cuts the queries into chunks and lets each chunk attend to the keys its
 window can reach plus the global keys, so time and memory grow linearly with the length. The chunks go through
-`attention_under_mask`: PyTorch's `scaled_dot_product_attention` in eval; when a CPU forward needs a gradient or
-dropout, tf_family's native kernel, or where that is not built `masked_attention` (with chunks of half a window,
-which waste fewer scores). Dilation ``d`` is handled by regrouping the sequence into ``d`` interleaved streams
+`backend.attend` with the caller's implementation: for ``"sdpa"``, PyTorch's `scaled_dot_product_attention` in eval;
+when a CPU forward needs a gradient or dropout, tf_family's native kernel, or where that is not built
+`masked_attention`; for ``"eager"``, the dense twin per chunk. The chunk length is `backend.preferred_chunk`'s. Dilation ``d`` is handled by regrouping the sequence into ``d`` interleaved streams
 (positions ``r, r + d, r + 2d, ...``): a dilated window is an ordinary window inside each stream. The dense twin
 (`sliding_window_attention_reference`) materialises the full ``(B, T, T)`` mask of `build_sliding_window_mask`.
 
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .dropout import attention_backend, attention_under_mask
+from .backend import attend, preferred_chunk
+from .dense import dense_attention
 
 
 @dataclass(frozen=True)
@@ -152,38 +153,6 @@ def build_sliding_window_mask(
     return allowed
 
 
-def dense_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    allowed: torch.Tensor,
-    dropout_p: float = 0.0,
-    key_bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain softmax attention under a bool mask: the slow twin of every fast kernel here.
-
-    Args:
-        query: ``(B, H, T, Dh)``; key, value: ``(B, H, S, Dh)``.
-        allowed: bool, broadcastable to ``(B, H, T, S)``. Rows with no allowed key attend to every key (their output
-            is meaningless but finite).
-        key_bias: optional additive score bias broadcastable to ``(B, H, T, S)`` (e.g. ``log`` of key multiplicities).
-
-    Returns:
-        ``(B, H, T, Dh)`` outputs and ``(B, H, T, S)`` probabilities.
-    """
-    scores = torch.einsum("bhtd,bhsd->bhts", query, key)  # (B, H, T, S)
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * query.shape[-1] ** -0.5
-    if key_bias is not None:
-        scores = scores + key_bias
-    allowed = allowed.expand(scores.shape)
-    allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = scores.softmax(dim=-1).to(value.dtype)
-    if dropout_p > 0.0:
-        probs = F.dropout(probs, p=dropout_p)
-    return torch.einsum("bhts,bhsd->bhtd", probs, value), probs
-
-
 def sliding_window_attention_reference(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -271,6 +240,7 @@ def _banded_attention(
     global_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
     query_positions: torch.Tensor,
     dropout_p: float,
+    implementation: str | None,
 ) -> torch.Tensor:
     """Contiguous-window attention on ``(B, T, H, Dh)`` tensors, chunk by chunk; returns ``(B, T, H, Dh)``.
 
@@ -278,11 +248,7 @@ def _banded_attention(
     ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
     """
     batch, length, heads, head_dim = query.shape
-    # Chunks of one window suit PyTorch's fused attention (eval) and the native kernel (CPU training; its products
-    # are more efficient on 128 rows than on 64, which outweighs the wasted scores of longer spans: 47 vs 51 ms per
-    # layer at window 256, 2 cores); the unfused masked_attention does best with half a window (7 % per step).
-    unfused = attention_backend(query, key, value, dropout_p) == "masked"
-    chunk = min(max(window // 2 if unfused else window, 64), length)
+    chunk = min(preferred_chunk(window, query, key, value, dropout_p, implementation), length)
     num_chunks = -(-length // chunk)
     padded_length = num_chunks * chunk
     right = 0 if causal else window
@@ -318,7 +284,7 @@ def _banded_attention(
 
     keys_total = key_spans.shape[2]
     allowed = allowed.reshape(batch * num_chunks, 1, chunk, keys_total)
-    out = attention_under_mask(query_chunks, key_spans, value_spans, allowed, dropout_p)  # (B*N, H, c, Dh)
+    out = attend(query_chunks, key_spans, value_spans, allowed, None, dropout_p, implementation)[0]  # (B*N, H, c, Dh)
     out = out.view(batch, num_chunks, heads, chunk, head_dim).transpose(2, 3).reshape(batch, padded_length, heads, -1)
     return out[:, :length]
 
@@ -331,6 +297,7 @@ def sliding_window_attention(
     key_padding_mask: torch.Tensor | None = None,
     global_tokens: GlobalTokens | None = None,
     dropout_p: float = 0.0,
+    implementation: str | None = "sdpa",
 ) -> torch.Tensor:
     """Windowed attention plus attention to the global tokens, in time and memory linear in ``T``.
 
@@ -342,6 +309,7 @@ def sliding_window_attention(
             computed like any other here; replace them with `global_attention` (Longformer uses separate
             projections for them).
         dropout_p: dropout on the attention probabilities.
+        implementation: ``"sdpa"`` or ``"eager"``, how each chunk attends (`backend.attend`).
 
     Returns:
         ``(B, H, T, Dh)``, equal to `sliding_window_attention_reference` up to float rounding.
@@ -365,7 +333,17 @@ def sliding_window_attention(
     dilation = pattern.dilation
     if dilation == 1:
         out = _banded_attention(
-            query, key, value, pattern.window, pattern.causal, key_valid, is_global, global_kv, positions, dropout_p
+            query,
+            key,
+            value,
+            pattern.window,
+            pattern.causal,
+            key_valid,
+            is_global,
+            global_kv,
+            positions,
+            dropout_p,
+            implementation,
         )
         return out.transpose(1, 2)
 
@@ -393,6 +371,7 @@ def sliding_window_attention(
         stream_global,
         to_streams(positions, length),
         dropout_p,
+        implementation,
     )  # (B*d, T/d, H, Dh)
     out = out.view(batch, dilation, stream_length, heads, head_dim).transpose(1, 2)
     return out.reshape(batch, stream_length * dilation, heads, head_dim)[:, :length].transpose(1, 2)
@@ -420,19 +399,21 @@ def global_attention(
     key_padding_mask: torch.Tensor | None = None,
     causal: bool = False,
     dropout_p: float = 0.0,
+    implementation: str | None = "sdpa",
 ) -> torch.Tensor:
     """The global tokens' own attention: each attends to every real key (causal: those at or before it).
 
     Args:
         global_query: ``(B, H, G, Dh)``, the queries of the global tokens (``global_tokens.gather`` of the queries).
         key, value: ``(B, H, T, Dh)``.
+        implementation: ``"sdpa"`` or ``"eager"`` (`backend.attend`).
 
     Returns:
         ``(B, H, G, Dh)``; unused slots hold meaningless finite values. Put the rows back with
         ``global_tokens.scatter(output, result)``.
     """
     allowed = build_global_query_mask(global_tokens, key_padding_mask, causal, key.shape[2])  # (B, G, T)
-    return attention_under_mask(global_query, key, value, allowed[:, None], dropout_p)
+    return attend(global_query, key, value, allowed[:, None], None, dropout_p, implementation)[0]
 
 
 __all__ = [
@@ -440,7 +421,6 @@ __all__ = [
     "WindowPattern",
     "build_global_query_mask",
     "build_sliding_window_mask",
-    "dense_attention",
     "global_attention",
     "global_attention_reference",
     "sliding_window_attention",

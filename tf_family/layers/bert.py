@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import Dropout
-from ..modeling_utils import build_activation
+from ..modeling_utils import Dropout, build_activation
 
 
 class BertFeedForward(nn.Module):

@@ -31,11 +31,9 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, QuestionAn
 from transformers.utils import logging
 
 from ...attention import (
-    Dropout,
-    attention_under_mask,
+    attend,
     block_sparse_attention,
     build_block_sparse_counts,
-    dense_attention,
     min_sparse_blocks,
     random_block_indices,
     seeded_generator,
@@ -48,7 +46,7 @@ from ...modeling_heads import (
     GenericForTokenClassification,
     question_answering_output,
 )
-from ...modeling_utils import build_activation, find_first_real_token, fused_projections
+from ...modeling_utils import Dropout, build_activation, find_first_real_token, fused_projections
 from .configuration_big_bird import TffBigBirdConfig
 
 logger = logging.get_logger(__name__)
@@ -94,6 +92,7 @@ class TffBigBirdAttention(nn.Module):
 
     def __init__(self, config: TffBigBirdConfig, layer_idx: int):
         super().__init__()
+        self.config = config
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
@@ -130,6 +129,8 @@ class TffBigBirdAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
+        # attention maps come from the dense twin, whatever the configured implementation
+        implementation = "eager" if output_attentions else self.config._attn_implementation
         query, key, value = (
             projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
             for projected in fused_projections(hidden, self.query, self.key, self.value)
@@ -144,16 +145,21 @@ class TffBigBirdAttention(nn.Module):
                 counts = counts[:, :length, :length]  # (H, T, T)
                 bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
                 allowed = (counts > 0)[None] & key_valid[:, None, None, :]
-                attended, probs = dense_attention(query, key, value, allowed, key_bias=bias[None])
+                attended, probs = attend(query, key, value, allowed, bias[None], 0.0, "eager")
             else:
                 # no dropout on block-sparse probabilities, as in the reference code and transformers
                 attended = block_sparse_attention(
-                    query, key, value, self.block_size, random_blocks, self.window_blocks, key_valid
+                    query,
+                    key,
+                    value,
+                    self.block_size,
+                    random_blocks,
+                    self.window_blocks,
+                    key_valid,
+                    implementation=implementation,
                 )
-        elif output_attentions:
-            attended, probs = dense_attention(query, key, value, key_valid[:, None, None, :], dropout_p)
         else:
-            attended = attention_under_mask(query, key, value, key_valid[:, None, None, :], dropout_p)
+            attended, probs = attend(query, key, value, key_valid[:, None, None, :], None, dropout_p, implementation)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 
@@ -184,6 +190,9 @@ class TffBigBirdPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffBigBirdLayer"]
+    _supports_sdpa = True  # eager (the dense twin per slab of blocks) and sdpa agree: tests/attention/test_backend.py
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
 
     # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerPreTrainedModel._init_weights
     @torch.no_grad()

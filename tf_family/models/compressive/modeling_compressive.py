@@ -46,9 +46,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
 from ...attention import (
+    attend,
     build_causal_memory_mask,
     build_key_padding_mask,
-    relative_attention_scores,
     relative_position_scores,
     relative_position_sequence,
     sinusoid_position_embedding,
@@ -113,25 +113,20 @@ class TffCompressiveAttention(nn.Module):
         position_keys = position_keys.view(key_length, self.num_heads, self.head_dim).transpose(0, 1)  # (H, S, Dh)
         content_bias, position_bias = shared_biases or (self.content_bias, self.position_bias)
 
-        if output_attentions or self.config._attn_implementation == "eager":
-            scores = relative_attention_scores(query, key, position_keys, content_bias, position_bias)  # (B, H, T, S)
-            scores = (scores.float() * self.scale).masked_fill(~allowed, torch.finfo(torch.float32).min)
-            probs = self.attention_dropout(scores.softmax(dim=-1).to(value.dtype))  # (B, H, T, S)
-            attended = probs @ value  # (B, H, T, Dh)
-        else:
-            # The position term enters scaled dot-product attention as an additive bias; the content term is the
-            # ordinary q.k product with u folded into the query.
-            position = relative_position_scores(query, position_keys, position_bias)  # (B, H, T, S)
-            bias = (position * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
-            attended = F.scaled_dot_product_attention(
-                query + content_bias[:, None, :].to(query.dtype),
-                key,
-                value,
-                attn_mask=bias.to(query.dtype),
-                dropout_p=self.attention_dropout.p if self.training else 0.0,
-                scale=self.scale,
-            )  # (B, H, T, Dh)
-            probs = None
+        # The content term is the ordinary q.k product with u folded into the query; the position term enters as an
+        # additive score bias, masked with finfo.min (a row with no allowed key, a padded query, attends uniformly).
+        # Attention maps come from the eager dense twin, whatever the configured implementation.
+        position = relative_position_scores(query, position_keys, position_bias)  # (B, H, T, S)
+        bias = (position * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
+        attended, probs = attend(
+            query + content_bias[:, None, :].to(query.dtype),
+            key,
+            value,
+            None,
+            bias.to(query.dtype),
+            self.attention_dropout.p if self.training else 0.0,
+            "eager" if output_attentions else self.config._attn_implementation,
+        )  # (B, H, T, Dh), (B, H, T, S) or None
         attended = attended.transpose(1, 2).reshape(batch, query_length, -1)  # (B, T, H*Dh)
         out = self.dropout(self.out_proj(attended))  # (B, T, D)
         out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)

@@ -39,6 +39,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput, logging
 
+from ...attention import attend
 from .configuration_decision_transformer import TffDecisionTransformerConfig
 
 logger = logging.get_logger(__name__)
@@ -92,7 +93,7 @@ def build_trajectory_attention_mask(step_mask: torch.Tensor) -> torch.Tensor:
 
 
 class TffDecisionTransformerAttention(nn.Module):
-    """Multi-head causal self-attention (GPT-2's), eager or through `scaled_dot_product_attention`."""
+    """Multi-head causal self-attention (GPT-2's) through `tf_family.attention.attend` (eager or SDPA)."""
 
     def __init__(self, config: TffDecisionTransformerConfig, layer_idx: int):
         super().__init__()
@@ -115,21 +116,19 @@ class TffDecisionTransformerAttention(nn.Module):
         query = query.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         key = key.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
         value = value.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
-        if output_attentions or self.config._attn_implementation == "eager":
-            scores = (query @ key.transpose(-1, -2)).float() * self.scale  # (B, H, T, S)
-            scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
-            probs = self.attention_dropout(scores.softmax(dim=-1).to(value.dtype))  # (B, H, T, S)
-            attended = probs @ value  # (B, H, T, Dh)
-        else:
-            attended = F.scaled_dot_product_attention(
-                query,
-                key,
-                value,
-                attn_mask=allowed,
-                dropout_p=self.attention_dropout.p if self.training else 0.0,
-                scale=self.scale,
-            )  # (B, H, T, Dh)
-            probs = None
+        # Attention maps come from the eager dense twin, whatever the configured implementation. SDPA stays
+        # PyTorch's in CPU training too (cpu_kernels=False): tf_family's CPU kernels were measured at the sparse
+        # models' tile shapes, and a seed keeps drawing the same dropout masks as before.
+        attended, probs = attend(
+            query,
+            key,
+            value,
+            allowed,
+            None,
+            self.attention_dropout.p if self.training else 0.0,
+            "eager" if output_attentions else self.config._attn_implementation,
+            cpu_kernels=False,
+        )  # (B, H, T, Dh), (B, H, T, S) or None
         attended = attended.transpose(1, 2).reshape(batch, length, width)  # (B, T, D)
         return self.dropout(self.out_proj(attended)), probs
 

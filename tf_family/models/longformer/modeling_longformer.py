@@ -38,13 +38,11 @@ from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAtte
 from transformers.utils import logging
 
 from ...attention import (
-    Dropout,
     GlobalTokens,
     WindowPattern,
-    attention_under_mask,
+    attend,
     build_global_query_mask,
     build_sliding_window_mask,
-    dense_attention,
     dropout,
     global_attention,
     sliding_window_attention,
@@ -58,7 +56,7 @@ from ...modeling_heads import (
     GenericForTokenClassification,
     LMPredictionHead,
 )
-from ...modeling_utils import find_first_real_token, fused_projections
+from ...modeling_utils import Dropout, find_first_real_token, fused_projections
 from .configuration_longformer import TffLongformerConfig
 
 logger = logging.get_logger(__name__)
@@ -133,6 +131,7 @@ class TffLongformerAttention(nn.Module):
 
     def __init__(self, config: TffLongformerConfig, layer_idx: int):
         super().__init__()
+        self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.pattern = WindowPattern(
@@ -193,8 +192,8 @@ class TffLongformerAttention(nn.Module):
         dropout_p = self.attention_dropout if self.training else 0.0
         rows = torch.arange(past_length, total, device=query.device)
         allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens, rows)  # (B, t, P + t)
-        if output_attentions:
-            return dense_attention(query, keys, values, allowed[:, None], dropout_p)
+        if output_attentions:  # the probabilities over every cached key
+            return attend(query, keys, values, allowed[:, None], None, dropout_p, "eager")
         start = max(0, past_length - self.pattern.window * self.pattern.dilation)  # the oldest key a window reaches
         if global_tokens is not None:  # the global keys first, then the reachable span without them
             span_allowed = allowed[:, :, start:] & ~global_tokens.mask[:, None, start:]
@@ -205,7 +204,7 @@ class TffLongformerAttention(nn.Module):
             values = torch.cat([global_tokens.gather(values, dim=2), values[:, :, start:]], dim=2)
         else:
             allowed, keys, values = allowed[:, :, start:], keys[:, :, start:], values[:, :, start:]
-        return attention_under_mask(query, keys, values, allowed[:, None], dropout_p), None
+        return attend(query, keys, values, allowed[:, None], None, dropout_p, self.config._attn_implementation)
 
     def forward(
         self,
@@ -220,6 +219,8 @@ class TffLongformerAttention(nn.Module):
         ``past_key_values`` cache is given; ``hidden`` holds the new tokens only."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
+        # attention maps come from the dense twin, whatever the configured implementation
+        implementation = "eager" if output_attentions else self.config._attn_implementation
         query, key, value = (self._heads(x) for x in fused_projections(hidden, self.query, self.key, self.value))
         if past_length > 0:
             attended, probs = self._attend_with_cache(
@@ -232,13 +233,10 @@ class TffLongformerAttention(nn.Module):
         probs = None
         if self.use_dense(length, output_attentions):
             allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens)[:, None]  # (B, 1, T, T)
-            if output_attentions:
-                attended, probs = dense_attention(query, key, value, allowed, dropout_p)
-            else:
-                attended = attention_under_mask(query, key, value, allowed, dropout_p)
+            attended, probs = attend(query, key, value, allowed, None, dropout_p, implementation)
         else:
             attended = sliding_window_attention(
-                query, key, value, self.pattern, key_valid, global_tokens, dropout_p
+                query, key, value, self.pattern, key_valid, global_tokens, dropout_p, implementation
             )  # (B, H, T, Dh)
 
         if global_tokens is not None:
@@ -246,16 +244,17 @@ class TffLongformerAttention(nn.Module):
             if output_attentions:
                 global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
                 allowed = build_global_query_mask(global_tokens, key_valid, self.pattern.causal, length)
-                global_attended, global_probs = dense_attention(
-                    global_query, global_key, global_value, allowed[:, None], dropout_p
+                global_attended, global_probs = attend(
+                    global_query, global_key, global_value, allowed[:, None], None, dropout_p, implementation
                 )
                 probs = global_tokens.scatter(probs, global_probs)
             elif self.num_heads * global_tokens.num_slots < hidden.shape[-1]:
                 global_attended = self._folded_global_attention(global_query, hidden, key_valid, global_tokens)
             else:
                 global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
+                causal = self.pattern.causal
                 global_attended = global_attention(
-                    global_query, global_key, global_value, global_tokens, key_valid, self.pattern.causal, dropout_p
+                    global_query, global_key, global_value, global_tokens, key_valid, causal, dropout_p, implementation
                 )  # (B, H, G, Dh)
             attended = global_tokens.scatter(attended, global_attended)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
@@ -291,6 +290,9 @@ class TffLongformerPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffLongformerLayer"]
+    _supports_sdpa = True  # eager (the dense twin per chunk) and sdpa agree: tests/attention/test_backend.py
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
