@@ -169,3 +169,12 @@ def test_converters_never_import_a_modeling_file():
             else:
                 continue
             assert not any("modeling_" in name for name in names), f"{path.name} imports {names}"
+
+
+def test_convert_kinds_come_from_the_specs():
+    from tf_family.cli import build_parser, convert_kinds
+
+    kinds = convert_kinds()
+    assert set(kinds) == {"transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer"}
+    for name, (spec, record) in kinds.items():
+        assert record in spec.foreign_formats and name in build_parser().format_help() + str(kinds)
