@@ -179,3 +179,12 @@ def test_convert_kinds_come_from_the_specs():
     for name, (spec, record) in kinds.items():
         assert record in spec.foreign_formats
         assert build_parser().parse_args(["convert", name, "in", "out"]).kind == name
+
+
+def test_variant_and_use_safetensors_pick_the_weight_file(tmp_path):
+    save_torch_state_dict({"a": torch.ones(2)}, tmp_path, filename_pattern="model.fp16{suffix}.safetensors")
+    torch.save({"a": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
+    assert torch.equal(read_weights(tmp_path, {}, variant="fp16")["a"], torch.ones(2))
+    assert torch.equal(read_weights(tmp_path, {})["a"], torch.zeros(2))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        read_weights(tmp_path, {}, use_safetensors=True)

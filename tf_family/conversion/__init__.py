@@ -2,7 +2,7 @@
 loader, converter and ``from_pretrained`` hook that serve them all (`foreign`)."""
 
 from .foreign import (
-    LOAD_KWARGS,
+    BOOKKEEPING_CONFIG_KEYS,
     ForeignCheckpointMixin,
     ForeignFormat,
     ForeignTokenizer,
@@ -11,9 +11,21 @@ from .foreign import (
     find_format,
     load_foreign,
 )
-from .loading import HUB_KWARGS, check_state_dict, read_config_dict, read_manifest, read_weights, resolve_file
+from .loading import (
+    FILE_KWARGS,
+    HUB_KWARGS,
+    LOAD_KWARGS,
+    check_state_dict,
+    read_config_dict,
+    read_manifest,
+    read_weights,
+    resolve_file,
+    split_load_kwargs,
+)
 
 __all__ = [
+    "BOOKKEEPING_CONFIG_KEYS",
+    "FILE_KWARGS",
     "HUB_KWARGS",
     "LOAD_KWARGS",
     "ForeignCheckpointMixin",
@@ -28,4 +40,5 @@ __all__ = [
     "read_manifest",
     "read_weights",
     "resolve_file",
+    "split_load_kwargs",
 ]

@@ -23,23 +23,10 @@ import torch
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
-from .loading import HUB_KWARGS, check_state_dict, read_config_dict, read_weights
+from .loading import HUB_KWARGS, check_state_dict, read_config_dict, read_weights, split_load_kwargs
 
 logger = logging.get_logger(__name__)
 
-# `from_pretrained` arguments about building and placing the model: handed on to transformers (everything else that
-# is neither a Hub argument nor ``config`` is a config override)
-LOAD_KWARGS = frozenset(
-    {
-        "dtype", "torch_dtype", "device_map", "max_memory", "offload_folder", "offload_buffers", "low_cpu_mem_usage",
-        "quantization_config", "output_loading_info", "ignore_mismatched_sizes", "weights_only", "attn_implementation",
-        "experts_implementation", "distributed_config", "device_mesh", "tp_plan", "tp_size", "key_mapping",
-        "use_kernels", "kernel_config", "allow_all_kernels", "generation_config", "disable_mmap", "fusion_config",
-        "tqdm_class", "trust_remote_code", "adapter_kwargs", "adapter_name", "offload_state_dict", "mirror",
-    }
-)  # fmt: skip
-# `from_pretrained` arguments about which weight file to read
-_FILE_KWARGS = ("variant", "use_safetensors")
 # keys every transformers config.json may carry that say nothing about the architecture (``num_labels`` follows
 # from ``id2label``)
 BOOKKEEPING_CONFIG_KEYS = frozenset(
@@ -180,10 +167,7 @@ def load_foreign(
     config (``num_labels=3``, ``attention_mode="dense"``, ``state_mean=[...]``).
     """
     target = getattr(model_class, "_tff_class", model_class)
-    hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
-    file_kwargs = {key: kwargs.pop(key) for key in _FILE_KWARGS if key in kwargs}
-    config = kwargs.pop("config", None)
-    load_kwargs = {key: kwargs.pop(key) for key in list(kwargs) if key in LOAD_KWARGS or key.startswith("_")}
+    hub_kwargs, file_kwargs, config, load_kwargs, overrides = split_load_kwargs(kwargs)
     if isinstance(config, PreTrainedConfig):
         values = config.to_dict()
         if config._attn_implementation is not None:  # an Auto class put the caller's choice on the config
@@ -192,7 +176,7 @@ def load_foreign(
         values = read_config_dict(config or path, hub_kwargs)
         if values is None:
             raise FileNotFoundError(f"No config.json found in {config or path!s}.")
-    tff_config = fmt.translate_config(values, **kwargs)  # what is left in kwargs: config overrides
+    tff_config = fmt.translate_config(values, **overrides)
     tff_config.architectures = [target.__name__]
     with torch.device("meta"):  # names and shapes only: nothing allocated, nothing initialised
         skeleton = target(tff_config, *model_args)
@@ -255,7 +239,6 @@ class ForeignCheckpointMixin:
 
 __all__ = [
     "BOOKKEEPING_CONFIG_KEYS",
-    "LOAD_KWARGS",
     "ForeignCheckpointMixin",
     "ForeignFormat",
     "ForeignTokenizer",

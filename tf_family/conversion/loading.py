@@ -23,6 +23,19 @@ logger = logging.get_logger(__name__)
 
 # `from_pretrained` arguments that say where the files are
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+# `from_pretrained` arguments about building and placing the model: handed on to transformers (what is neither one
+# of these, a Hub or weight-file argument, nor ``config`` is a config override)
+LOAD_KWARGS = frozenset(
+    {
+        "dtype", "torch_dtype", "device_map", "max_memory", "offload_folder", "offload_buffers", "low_cpu_mem_usage",
+        "quantization_config", "output_loading_info", "ignore_mismatched_sizes", "weights_only", "attn_implementation",
+        "experts_implementation", "distributed_config", "device_mesh", "tp_plan", "tp_size", "key_mapping",
+        "use_kernels", "kernel_config", "allow_all_kernels", "generation_config", "disable_mmap", "fusion_config",
+        "tqdm_class", "trust_remote_code", "adapter_kwargs", "adapter_name", "offload_state_dict", "mirror",
+    }
+)  # fmt: skip
+# `from_pretrained` arguments about which weight file to read
+FILE_KWARGS = ("variant", "use_safetensors")
 # (single file, manifest of shards, reader); the first one present is read
 _WEIGHT_FILES = (
     ("model.safetensors", "model.safetensors.index.json", load_file),
@@ -120,6 +133,20 @@ def read_weights(
     raise FileNotFoundError(f"None of {names} found in {path!s}.")
 
 
+def split_load_kwargs(
+    kwargs: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], Any, dict[str, Any], dict[str, Any]]:
+    """`from_pretrained` keyword arguments by what they are for: Hub arguments (`HUB_KWARGS`), weight-file
+    arguments (`FILE_KWARGS`), ``config``, model building and placing (`LOAD_KWARGS` and transformers' private
+    ``_from_auto``-like flags), and what is left: config overrides."""
+    kwargs = dict(kwargs)
+    hub_kwargs = {key: kwargs.pop(key) for key in HUB_KWARGS if key in kwargs}
+    file_kwargs = {key: kwargs.pop(key) for key in FILE_KWARGS if key in kwargs}
+    config = kwargs.pop("config", None)
+    load_kwargs = {key: kwargs.pop(key) for key in list(kwargs) if key in LOAD_KWARGS or key.startswith("_")}
+    return hub_kwargs, file_kwargs, config, load_kwargs, kwargs
+
+
 def check_state_dict(
     model: torch.nn.Module,
     state_dict: Mapping[str, torch.Tensor],
@@ -181,4 +208,14 @@ def check_state_dict(
     return {key: value for key, value in state_dict.items() if key not in tied}
 
 
-__all__ = ["HUB_KWARGS", "check_state_dict", "read_config_dict", "read_manifest", "read_weights", "resolve_file"]
+__all__ = [
+    "FILE_KWARGS",
+    "HUB_KWARGS",
+    "LOAD_KWARGS",
+    "check_state_dict",
+    "read_config_dict",
+    "read_manifest",
+    "read_weights",
+    "resolve_file",
+    "split_load_kwargs",
+]
