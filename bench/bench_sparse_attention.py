@@ -65,11 +65,17 @@ def make_checkpoints(folder: str) -> None:
         BigBirdConfig(**BODY, block_size=64, num_random_blocks=3, max_position_embeddings=MAX_POSITIONS)
     ).save_pretrained(os.path.join(folder, "big_bird"))
     # tf_family side: converted once (what `tf-family convert` writes), then loaded like any tf_family checkpoint
-    from tf_family.models.big_bird.convert_big_bird import convert_folder as convert_big_bird
-    from tf_family.models.longformer.convert_longformer import convert_folder as convert_longformer
+    from tf_family.conversion import convert_folder
+    from tf_family.registry import get_arch
 
-    convert_longformer(os.path.join(folder, "longformer"), os.path.join(folder, "tff_longformer"))
-    convert_big_bird(os.path.join(folder, "big_bird"), os.path.join(folder, "tff_big_bird"))
+    for name in ("longformer", "big_bird"):
+        spec = get_arch(name)
+        convert_folder(
+            os.path.join(folder, name),
+            os.path.join(folder, f"tff_{name}"),
+            spec.model_classes,
+            spec.foreign_formats[0],
+        )
 
 
 def _build(model_name: str, folder: str):

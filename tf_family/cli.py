@@ -11,8 +11,9 @@ tf-family convert longformer IN_DIR OUT_DIR      a transformers 5 longformer che
 tf-family convert big-bird IN_DIR OUT_DIR        a transformers 5 big_bird checkpoint -> tf_family format
 tf-family convert transfo-xl-vocab VOCAB_PKL OUT_DIR
                                                  a 4.x vocab.pkl -> tokenizer.json (restricted unpickler)
-tf-family convert decision-transformer IN_DIR OUT_DIR [--config-overrides JSON]
+tf-family convert decision-transformer IN_DIR OUT_DIR
                                                  a transformers decision_transformer checkpoint -> tf_family format
+(the kinds come from the architectures' specs; every checkpoint kind takes --config-overrides JSON)
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .conversion import ForeignFormat, ForeignTokenizer, convert_folder
 from .registry import ARCHITECTURES
+from .spec import ArchSpec
 
 
 def zoo_table() -> str:
@@ -41,33 +44,28 @@ def zoo_table() -> str:
     return "\n".join(rows)
 
 
+def convert_kinds() -> dict[str, tuple[ArchSpec, ForeignFormat | ForeignTokenizer]]:
+    """Every ``tf-family convert`` kind: its name -> (architecture, record), from the specs' ``foreign_formats``."""
+    return {record.name: (spec, record) for spec in ARCHITECTURES.values() for record in spec.foreign_formats}
+
+
 def _convert(args: argparse.Namespace) -> int:
-    if args.kind == "decision-transformer":
-        from .models.decision_transformer.modeling_decision_transformer import TffDecisionTransformerModel
-
-        overrides = json.loads(args.config_overrides) if args.config_overrides else {}
-        model = TffDecisionTransformerModel.from_pretrained(args.source, **overrides)
-        model.save_pretrained(args.output_dir)
-        sys.stdout.write(f"wrote a tf_family {model.config.model_type} checkpoint to {args.output_dir}\n")
-    elif args.kind in ("longformer", "big-bird"):
-        if args.kind == "longformer":
-            from .models.longformer.convert_longformer import convert_folder
-        else:
-            from .models.big_bird.convert_big_bird import convert_folder
-
-        model = convert_folder(args.source, args.output_dir)
-        sys.stdout.write(f"wrote a tf_family {type(model).__name__} checkpoint to {args.output_dir}\n")
-    elif args.kind == "transfo-xl":
-        from .models.transfo_xl.modeling_transfo_xl import TffTransfoXLLMHeadModel
-
-        model = TffTransfoXLLMHeadModel.from_pretrained(args.source)
-        model.save_pretrained(args.output_dir)
-        sys.stdout.write(f"wrote a tf_family {model.config.model_type} checkpoint to {args.output_dir}\n")
-    else:
-        from .models.transfo_xl.convert_vocab import convert_transfo_xl_vocab
-
-        path = convert_transfo_xl_vocab(args.source, args.output_dir)
+    spec, record = convert_kinds()[args.kind]
+    overrides = json.loads(args.config_overrides) if args.config_overrides else {}
+    if not isinstance(overrides, dict):
+        raise ValueError(
+            f"--config-overrides={args.config_overrides!r} is not a JSON object; pass '{{\"field\": value}}'."
+        )
+    if isinstance(record, ForeignTokenizer):
+        if overrides:
+            raise ValueError(f"--config-overrides applies to checkpoints, not to {args.kind}; leave it out.")
+        path = record.convert(args.source, args.output_dir)
         sys.stdout.write(f"wrote {path}\n")
+        return 0
+    model = convert_folder(args.source, args.output_dir, spec.model_classes, record, **overrides)
+    sys.stdout.write(
+        f"wrote a tf_family {type(model).__name__} checkpoint ({model.config.model_type}) to {args.output_dir}\n"
+    )
     return 0
 
 
@@ -161,16 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--token")
     commands.add_parser("list", help="print the zoo as a table")
     convert = commands.add_parser("convert", help="convert a checkpoint or tokenizer of another implementation")
+    kinds = convert_kinds()
     convert.add_argument(
-        "kind", choices=["transfo-xl", "transfo-xl-vocab", "decision-transformer", "longformer", "big-bird"]
+        "kind",
+        choices=list(kinds),
+        help="; ".join(f"{name}: {record.description}" for name, (_, record) in kinds.items()),
     )
     convert.add_argument("source", help="checkpoint folder (or Hub id already in the cache), or a vocab.pkl file")
     convert.add_argument("output_dir")
     convert.add_argument(
         "--config-overrides",
         default=None,
-        help='decision-transformer: JSON of config fields to store, e.g. \'{"state_mean": [...], "state_std": [...], '
-        '"return_scale": 1000.0, "target_return": 3600.0}\' (transformers keeps them in the model card)',
+        help='checkpoints: JSON of config fields to set or store, e.g. for decision-transformer \'{"state_mean": '
+        '[...], "state_std": [...], "return_scale": 1000.0, "target_return": 3600.0}\' (transformers keeps them in '
+        "the model card)",
     )
     return parser
 

@@ -52,8 +52,9 @@ class ArchSpec:
         legacy_configs: config classes of model types another library used for this architecture and no longer
             registers (``transfo-xl``); `tf_family.auto` registers each with the Auto classes, routing its folders
             to this architecture's model classes.
-        foreign_formats: the checkpoint formats of other implementations that the models' ``from_pretrained``
-            reads (records of `tf_family.conversion`).
+        foreign_formats: what ``tf-family convert`` reads from other implementations: checkpoint formats that the
+            models' ``from_pretrained`` also reads (`tf_family.conversion.ForeignFormat`) and tokenizer files
+            (`tf_family.conversion.ForeignTokenizer`).
     """
 
     name: str

@@ -4,6 +4,7 @@ from types import MappingProxyType
 
 from ...spec import ArchSpec
 from .configuration_big_bird import TffBigBirdConfig
+from .convert_big_bird import TRANSFORMERS_BIG_BIRD
 from .modeling_big_bird import (
     TffBigBirdForMaskedLM,
     TffBigBirdForMultipleChoice,
@@ -66,6 +67,7 @@ SPEC = ArchSpec(
     parity="outputs within 1e-4 in eval, block-sparse and full paths (random blocks as transformers draws them in eval)",
     card="big_bird.md",
     paper="2007.14062",
+    foreign_formats=(TRANSFORMERS_BIG_BIRD,),
 )
 
 __all__ = ["SPEC"]

@@ -38,6 +38,7 @@ from ...attention import (
     random_block_indices,
     seeded_generator,
 )
+from ...conversion import ForeignCheckpointMixin
 from ...layers import BertFeedForward
 from ...modeling_heads import (
     GenericForMaskedLM,
@@ -48,6 +49,7 @@ from ...modeling_heads import (
 )
 from ...modeling_utils import Dropout, build_activation, find_first_real_token, fused_projections
 from .configuration_big_bird import TffBigBirdConfig
+from .convert_big_bird import TRANSFORMERS_BIG_BIRD
 
 logger = logging.get_logger(__name__)
 
@@ -182,10 +184,11 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffBigBirdPreTrainedModel(PreTrainedModel):
+class TffBigBirdPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffBigBirdConfig
     config: TffBigBirdConfig
     base_model_prefix = "bert"
+    _foreign_formats = (TRANSFORMERS_BIG_BIRD,)  # folders of other implementations that from_pretrained reads
     carried_state = None  # nothing carried between calls
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
@@ -209,16 +212,6 @@ class TffBigBirdPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-
-    # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerPreTrainedModel.from_pretrained with Longformer->BigBird, longformer->big_bird
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a tf_family checkpoint, or a folder saved by transformers' own ``big_bird`` model (translated)."""
-        from .convert_big_bird import is_transformers_big_bird, load_transformers_big_bird
-
-        if is_transformers_big_bird(pretrained_model_name_or_path, kwargs.get("config")):
-            return load_transformers_big_bird(cls, pretrained_model_name_or_path, **kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
 
 class TffBigBirdModel(TffBigBirdPreTrainedModel):

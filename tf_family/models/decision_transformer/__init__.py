@@ -4,6 +4,7 @@ from types import MappingProxyType
 
 from ...spec import ArchSpec
 from .configuration_decision_transformer import TffDecisionTransformerConfig
+from .convert_decision_transformer import TRANSFORMERS_DECISION_TRANSFORMER
 from .modeling_decision_transformer import TffDecisionTransformerModel
 
 SPEC = ArchSpec(
@@ -71,6 +72,7 @@ SPEC = ArchSpec(
     parity="state/action/return predictions within 1e-5 (random tiny model, converted folder)",
     card="decision_transformer.md",
     paper="2106.01345",
+    foreign_formats=(TRANSFORMERS_DECISION_TRANSFORMER,),
 )
 
 __all__ = ["SPEC"]

@@ -40,7 +40,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput, logging
 
 from ...attention import attend
+from ...conversion import ForeignCheckpointMixin
 from .configuration_decision_transformer import TffDecisionTransformerConfig
+from .convert_decision_transformer import TRANSFORMERS_DECISION_TRANSFORMER
 
 logger = logging.get_logger(__name__)
 
@@ -164,10 +166,13 @@ class TffDecisionTransformerBlock(GradientCheckpointingLayer):
         return hidden + self.mlp(self.mlp_norm(hidden)), probs
 
 
-class TffDecisionTransformerPreTrainedModel(PreTrainedModel):
+class TffDecisionTransformerPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffDecisionTransformerConfig
     config: TffDecisionTransformerConfig
     base_model_prefix = "decision_transformer"
+    _foreign_formats = (
+        TRANSFORMERS_DECISION_TRANSFORMER,
+    )  # folders of other implementations that from_pretrained reads
     carried_state = None  # nothing carried between calls
     main_input_name = "states"
     supports_gradient_checkpointing = True
@@ -191,18 +196,6 @@ class TffDecisionTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a tf_family checkpoint, or a checkpoint of transformers' `DecisionTransformerModel` (model type
-        ``decision_transformer``; translated, see `convert_decision_transformer`). For the latter, pass what its
-        model card holds as config overrides: ``state_mean=..., state_std=..., return_scale=1000.0``."""
-        from .convert_decision_transformer import is_reference_checkpoint, load_reference_checkpoint
-
-        hub_kwargs = {key: kwargs[key] for key in ("cache_dir", "revision", "subfolder", "token") if key in kwargs}
-        if is_reference_checkpoint(pretrained_model_name_or_path, kwargs.get("config"), **hub_kwargs):
-            return load_reference_checkpoint(cls, pretrained_model_name_or_path, *model_args, **kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
 
 class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):

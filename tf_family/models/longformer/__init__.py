@@ -4,6 +4,7 @@ from types import MappingProxyType
 
 from ...spec import ArchSpec
 from .configuration_longformer import TffLongformerConfig
+from .convert_longformer import TRANSFORMERS_LONGFORMER
 from .modeling_longformer import (
     TffLongformerForCausalLM,
     TffLongformerForMaskedLM,
@@ -68,6 +69,7 @@ SPEC = ArchSpec(
     parity="outputs within 1e-4 in eval (windows, global tokens, odd lengths, padding)",
     card="longformer.md",
     paper="2004.05150",
+    foreign_formats=(TRANSFORMERS_LONGFORMER,),
 )
 
 __all__ = ["SPEC"]

@@ -47,6 +47,7 @@ from ...attention import (
     global_attention,
     sliding_window_attention,
 )
+from ...conversion import ForeignCheckpointMixin
 from ...layers import BertFeedForward
 from ...modeling_heads import (
     GenericForMaskedLM,
@@ -58,6 +59,7 @@ from ...modeling_heads import (
 )
 from ...modeling_utils import Dropout, find_first_real_token, fused_projections
 from .configuration_longformer import TffLongformerConfig
+from .convert_longformer import TRANSFORMERS_LONGFORMER
 
 logger = logging.get_logger(__name__)
 
@@ -282,10 +284,11 @@ class TffLongformerLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffLongformerPreTrainedModel(PreTrainedModel):
+class TffLongformerPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffLongformerConfig
     config: TffLongformerConfig
     base_model_prefix = "longformer"
+    _foreign_formats = (TRANSFORMERS_LONGFORMER,)  # folders of other implementations that from_pretrained reads
     carried_state = None  # nothing carried between calls
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
@@ -312,15 +315,6 @@ class TffLongformerPreTrainedModel(PreTrainedModel):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # no key/value cache: generation re-reads the prefix
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a tf_family checkpoint, or a folder saved by transformers' own ``longformer`` model (translated)."""
-        from .convert_longformer import is_transformers_longformer, load_transformers_longformer
-
-        if is_transformers_longformer(pretrained_model_name_or_path, kwargs.get("config")):
-            return load_transformers_longformer(cls, pretrained_model_name_or_path, **kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
 
 class TffLongformerModel(TffLongformerPreTrainedModel):

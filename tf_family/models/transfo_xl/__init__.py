@@ -4,7 +4,8 @@ from types import MappingProxyType
 
 from ...spec import ArchSpec
 from .configuration_transfo_xl import TffTransfoXLConfig
-from .convert_transfo_xl import TffTransfoXLLegacyConfig
+from .convert_transfo_xl import LEGACY_TRANSFO_XL, TffTransfoXLLegacyConfig
+from .convert_vocab import TRANSFO_XL_VOCAB
 from .modeling_transfo_xl import TffTransfoXLForSequenceClassification, TffTransfoXLLMHeadModel, TffTransfoXLModel
 
 SPEC = ArchSpec(
@@ -79,6 +80,7 @@ SPEC = ArchSpec(
     card="transfo_xl.md",
     paper="1901.02860",
     legacy_configs=(TffTransfoXLLegacyConfig,),
+    foreign_formats=(LEGACY_TRANSFO_XL, TRANSFO_XL_VOCAB),
 )
 
 __all__ = ["SPEC"]

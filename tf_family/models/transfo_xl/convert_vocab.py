@@ -57,9 +57,11 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers
 from transformers.utils import logging
 
+from ...conversion import ForeignTokenizer
+
 logger = logging.get_logger(__name__)
 
-__all__ = ["convert_transfo_xl_vocab", "load_transfo_xl_vocab"]
+__all__ = ["TRANSFO_XL_VOCAB", "convert_transfo_xl_vocab", "load_transfo_xl_vocab"]
 
 # Globals that may be resolved to the real object: calling them can only build plain data.
 _DATA_GLOBALS: dict[tuple[str, str], type] = {
@@ -369,3 +371,10 @@ def convert_transfo_xl_vocab(vocab_pkl: str | os.PathLike, output_dir: str | os.
         (output / name).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     logger.info(f"Converted {vocab_pkl} ({len(vocab['idx2sym'])} tokens) to {tokenizer_file}.")
     return tokenizer_file
+
+
+TRANSFO_XL_VOCAB = ForeignTokenizer(
+    name="transfo-xl-vocab",
+    description="a 4.x vocab.pkl -> tokenizer.json (restricted unpickler)",
+    convert=convert_transfo_xl_vocab,
+)

@@ -35,10 +35,12 @@ from ...attention import (
     relative_position_sequence,
     sinusoid_position_embedding,
 )
+from ...conversion import ForeignCheckpointMixin
 from ...layers import AdaptiveEmbedding, PositionwiseFeedForward, ProjectedAdaptiveLogSoftmax
 from ...memory import SegmentMemory
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from .configuration_transfo_xl import TffTransfoXLConfig
+from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
 logger = logging.get_logger(__name__)
 
@@ -127,10 +129,11 @@ class TffTransfoXLLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffTransfoXLPreTrainedModel(PreTrainedModel):
+class TffTransfoXLPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffTransfoXLConfig
     config: TffTransfoXLConfig
     base_model_prefix = "transformer"
+    _foreign_formats = (LEGACY_TRANSFO_XL,)  # folders of other implementations that from_pretrained reads
     carried_state = "segment_memory"  # a SegmentMemory, passed as `mems` and returned
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
@@ -168,15 +171,6 @@ class TffTransfoXLPreTrainedModel(PreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         # The recurrence state is a SegmentMemory returned as `mems`, not a transformers Cache.
         return False
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a tf_family checkpoint, or a transformers 4.x ``transfo-xl`` checkpoint folder (translated)."""
-        from .convert_transfo_xl import is_legacy_checkpoint, load_legacy_checkpoint
-
-        if is_legacy_checkpoint(pretrained_model_name_or_path, kwargs.get("config")):
-            return load_legacy_checkpoint(cls, pretrained_model_name_or_path, *model_args, **kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
 
 def _as_memory(mems, num_layers: int, batch_size: int) -> SegmentMemory | None:

@@ -1,0 +1,190 @@
+"""tf_family.conversion: every foreign format reads single, sharded and .bin weights; manifests stay inside their
+folder; `from_pretrained` arguments pass through; converters are data (they never import a modeling file)."""
+
+import ast
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from huggingface_hub import save_torch_state_dict
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+import tf_family
+from tf_family.conversion import ForeignFormat, convert_folder, read_manifest, read_weights
+from tf_family.registry import ARCHITECTURES, get_arch
+
+TRANSFO_XL_FIXTURE = Path(__file__).parent / "fixtures" / "transfo_xl_4x" / "adaptive_div1_proj_safetensors"
+BODY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)  # noqa: C408
+
+
+def _transfo_xl(folder):
+    shutil.copytree(TRANSFO_XL_FIXTURE, folder)
+    return tf_family.TffTransfoXLLMHeadModel
+
+
+def _longformer(folder):
+    config = transformers.LongformerConfig(vocab_size=61, max_position_embeddings=64, attention_window=4, **BODY)
+    transformers.LongformerForMaskedLM(config).save_pretrained(folder)
+    return tf_family.TffLongformerForMaskedLM
+
+
+def _big_bird(folder):
+    config = transformers.BigBirdConfig(
+        vocab_size=61, max_position_embeddings=64, block_size=2, num_random_blocks=1, **BODY
+    )
+    transformers.BigBirdForMaskedLM(config).save_pretrained(folder)
+    return tf_family.TffBigBirdForMaskedLM
+
+
+def _decision_transformer(folder):
+    config = transformers.DecisionTransformerConfig(state_dim=5, act_dim=3, hidden_size=32, n_layer=2, n_head=4)
+    transformers.DecisionTransformerModel(config).save_pretrained(folder)
+    return tf_family.TffDecisionTransformerModel
+
+
+# one reference folder per foreign checkpoint format (name -> builder returning the tf_family class that reads it)
+REFERENCES = {
+    "transfo-xl": _transfo_xl,
+    "longformer": _longformer,
+    "big-bird": _big_bird,
+    "decision-transformer": _decision_transformer,
+}
+
+
+def reference(tmp_path, name):
+    torch.manual_seed(0)
+    folder = tmp_path / "reference"
+    return folder, REFERENCES[name](folder)
+
+
+def assert_same_weights(model, other):
+    expected, got = model.state_dict(), other.state_dict()
+    assert expected.keys() == got.keys()
+    for key, tensor in expected.items():
+        assert torch.equal(tensor, got[key]), key
+
+
+def test_every_foreign_format_has_a_reference_here():
+    formats = {
+        record.name
+        for spec in ARCHITECTURES.values()
+        for record in spec.foreign_formats
+        if isinstance(record, ForeignFormat)
+    }
+    assert formats == set(REFERENCES)
+
+
+def _write_bin_shards(weights, folder):
+    names = sorted(weights)
+    shards = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for shard, keys in shards.items():
+        torch.save({key: weights[key] for key in keys}, folder / shard)
+    weight_map = {key: shard for shard, keys in shards.items() for key in keys}
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("name", list(REFERENCES))
+@pytest.mark.parametrize("layout", ["sharded_safetensors", "bin", "sharded_bin"])
+def test_every_format_reads_every_weight_layout(tmp_path, name, layout):
+    folder, model_class = reference(tmp_path, name)
+    expected = model_class.from_pretrained(folder)
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    if layout == "sharded_safetensors":
+        save_torch_state_dict(weights, folder, max_shard_size="20KB")
+        assert len(read_manifest(folder / "model.safetensors.index.json")) > 1
+    elif layout == "bin":
+        torch.save(weights, folder / "pytorch_model.bin")
+    else:
+        _write_bin_shards(weights, folder)
+    assert_same_weights(expected, model_class.from_pretrained(folder))
+
+
+@pytest.mark.parametrize("entry", ["../outside.safetensors", "/tmp/outside.safetensors", "shards/../../x.safetensors"])
+def test_manifest_entries_outside_the_folder_are_refused(tmp_path, entry):
+    folder, model_class = reference(tmp_path, "decision-transformer")
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    save_torch_state_dict(weights, tmp_path)  # a real file the bad entry could reach
+    weight_map = dict.fromkeys(weights, entry)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ValueError, match="model.safetensors.index.json names the shard") as error:
+        model_class.from_pretrained(folder)
+    assert repr(entry) in str(error.value)
+    with pytest.raises(ValueError, match="outside the checkpoint's folder"):
+        read_weights(folder, {})
+
+
+def test_from_pretrained_arguments_pass_through(tmp_path):
+    folder, model_class = reference(tmp_path, "decision-transformer")
+    full = model_class.from_pretrained(folder)
+    half = model_class.from_pretrained(folder, dtype=torch.bfloat16, target_return=3600.0, context_length=4)
+    assert {parameter.dtype for parameter in half.parameters()} == {torch.bfloat16}
+    assert half.config.target_return == 3600.0 and half.config.context_length == 4 and not half.training
+    assert half.config.name_or_path == str(folder)
+    for (key, tensor), other in zip(full.state_dict().items(), half.state_dict().values(), strict=True):
+        torch.testing.assert_close(tensor.to(torch.bfloat16), other, rtol=0, atol=0, msg=key)
+    placed, info = model_class.from_pretrained(
+        folder, device_map="cpu", low_cpu_mem_usage=True, attn_implementation="eager", output_loading_info=True
+    )
+    assert placed.config._attn_implementation == "eager" and info["missing_keys"] == set()
+    assert_same_weights(full, placed)
+
+
+def test_config_overrides_and_dtype_through_auto_on_a_legacy_folder():
+    model = AutoModelForCausalLM.from_pretrained(TRANSFO_XL_FIXTURE, dtype=torch.bfloat16, mem_len=20)
+    assert type(model) is tf_family.TffTransfoXLLMHeadModel and model.config.mem_len == 20
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.bfloat16}
+
+
+def test_config_override_sets_a_new_head(tmp_path):
+    folder, _ = reference(tmp_path, "longformer")
+    classifier = tf_family.TffLongformerForSequenceClassification.from_pretrained(folder, num_labels=5)
+    with torch.no_grad():
+        logits = classifier(torch.randint(3, 61, (2, 9))).logits
+    assert classifier.config.num_labels == 5 and logits.shape == (2, 5)
+
+
+def test_convert_folder_refuses_another_format(tmp_path):
+    folder, _ = reference(tmp_path, "decision-transformer")
+    spec = get_arch("longformer")
+    with pytest.raises(ValueError, match="not a longformer checkpoint.*'decision_transformer'"):
+        convert_folder(folder, tmp_path / "out", spec.model_classes, spec.foreign_formats[0])
+
+
+def test_converters_never_import_a_modeling_file():
+    package = Path(tf_family.__file__).parent
+    converters = sorted(package.glob("models/*/convert_*.py"))
+    assert converters
+    for path in converters:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            assert not any("modeling_" in name for name in names), f"{path.name} imports {names}"
+
+
+def test_convert_kinds_come_from_the_specs():
+    from tf_family.cli import build_parser, convert_kinds
+
+    kinds = convert_kinds()
+    assert set(kinds) == {"transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer"}
+    for name, (spec, record) in kinds.items():
+        assert record in spec.foreign_formats
+        assert build_parser().parse_args(["convert", name, "in", "out"]).kind == name
+
+
+def test_variant_and_use_safetensors_pick_the_weight_file(tmp_path):
+    save_torch_state_dict({"a": torch.ones(2)}, tmp_path, filename_pattern="model.fp16{suffix}.safetensors")
+    torch.save({"a": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
+    assert torch.equal(read_weights(tmp_path, {}, variant="fp16")["a"], torch.ones(2))
+    assert torch.equal(read_weights(tmp_path, {})["a"], torch.zeros(2))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        read_weights(tmp_path, {}, use_safetensors=True)

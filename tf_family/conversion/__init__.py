@@ -1,0 +1,44 @@
+"""Checkpoints saved by other code: reading weight files (`loading`) and one record per foreign format with the one
+loader, converter and ``from_pretrained`` hook that serve them all (`foreign`)."""
+
+from .foreign import (
+    BOOKKEEPING_CONFIG_KEYS,
+    ForeignCheckpointMixin,
+    ForeignFormat,
+    ForeignTokenizer,
+    convert_folder,
+    copy_config_values,
+    find_format,
+    load_foreign,
+)
+from .loading import (
+    FILE_KWARGS,
+    HUB_KWARGS,
+    LOAD_KWARGS,
+    check_state_dict,
+    read_config_dict,
+    read_manifest,
+    read_weights,
+    resolve_file,
+    split_load_kwargs,
+)
+
+__all__ = [
+    "BOOKKEEPING_CONFIG_KEYS",
+    "FILE_KWARGS",
+    "HUB_KWARGS",
+    "LOAD_KWARGS",
+    "ForeignCheckpointMixin",
+    "ForeignFormat",
+    "ForeignTokenizer",
+    "check_state_dict",
+    "convert_folder",
+    "copy_config_values",
+    "find_format",
+    "load_foreign",
+    "read_config_dict",
+    "read_manifest",
+    "read_weights",
+    "resolve_file",
+    "split_load_kwargs",
+]
