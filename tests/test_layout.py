@@ -1,0 +1,118 @@
+"""The shape of the house (DESIGN §1): no import cycle inside tf_family/, no model folder importing another,
+no recipe importing another recipe, no file over 800 lines.
+
+Imports are read from the source with `ast` (module-level and inside functions alike: a lazy import that closes a
+circle is still a circle). Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` too; those implicit edges are
+left out, as every tool that draws import graphs does, or every module would sit in a circle with the package root.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tf_family"
+MAX_LINES = 800
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The tf_family modules ``name`` imports (``from pkg import sub`` counts as importing ``pkg.sub``)."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            submodules = {f"{target}.{alias.name}" for alias in node.names} & known
+            # ``from pkg import sub`` imports the module pkg.sub; ``from pkg import name`` imports pkg itself
+            found |= submodules if len(submodules) == len(node.names) else {target, *submodules}
+    return {module for module in found if module in known and module != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, components, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph[node]:
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_no_import_cycle_inside_tf_family():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _model_folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tf_family", "models"] else None
+
+
+def test_no_model_folder_imports_another():
+    crossings = sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        if _model_folder(module) and _model_folder(target) and _model_folder(module) != _model_folder(target)
+    )
+    assert crossings == []
+
+
+@pytest.mark.parametrize("folder", ["tf_family", "recipes"])
+def test_no_file_over_800_lines(folder):
+    long_files = {
+        str(path.relative_to(ROOT)): count
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long_files == {}
