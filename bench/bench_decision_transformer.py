@@ -269,7 +269,7 @@ def run_quality(args) -> dict:
         reference_returns,
         trajectory_statistics,
     )
-    from tf_family.models.decision_transformer.evaluation_decision_transformer import evaluate_in_env
+    from tf_family.rl import evaluate_in_env
 
     env_id = "LunarLander-v3"
     start = time.perf_counter()

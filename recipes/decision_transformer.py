@@ -61,8 +61,8 @@ from tf_family.data.offline_rl import (
     reference_returns,
     trajectory_statistics,
 )
-from tf_family.models.decision_transformer.evaluation_decision_transformer import evaluate_in_env
 from tf_family.registry import get_arch
+from tf_family.rl import evaluate_in_env
 from tf_family.training import (
     TrainingLog,
     add_lora_and_hub_arguments,

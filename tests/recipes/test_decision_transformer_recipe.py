@@ -14,8 +14,8 @@ from transformers import AutoModel
 pytest.importorskip("gymnasium")
 
 from tf_family.data.offline_rl import make_offline_dataset  # noqa: E402
-from tf_family.models.decision_transformer.evaluation_decision_transformer import evaluate_in_env  # noqa: E402
 from tf_family.recipes import decision_transformer  # noqa: E402
+from tf_family.rl import evaluate_in_env  # noqa: E402
 
 from .conftest import launch_two_processes  # noqa: E402
 

@@ -187,7 +187,7 @@ def test_config_validation_names_the_field():
 
 def test_evaluate_in_cartpole():
     pytest.importorskip("gymnasium")
-    from tf_family.models.decision_transformer.evaluation_decision_transformer import evaluate_in_env
+    from tf_family.rl import evaluate_in_env
 
     torch.manual_seed(0)
     config = SPEC.tiny_config(state_dim=4, act_dim=2, action_space="discrete", action_tanh=False)
@@ -206,7 +206,7 @@ def test_evaluate_in_cartpole():
 
 def test_evaluate_continuous_pendulum_clips_to_the_action_bounds():
     pytest.importorskip("gymnasium")
-    from tf_family.models.decision_transformer.evaluation_decision_transformer import evaluate_in_env
+    from tf_family.rl import evaluate_in_env
 
     torch.manual_seed(0)
     config = SPEC.tiny_config(state_dim=3, act_dim=1, action_tanh=False, env_id="Pendulum-v1", target_return=-150.0)

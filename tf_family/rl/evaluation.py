@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .modeling_decision_transformer import TffDecisionTransformerModel, TrajectoryContext
+from ..models.decision_transformer.modeling_decision_transformer import TffDecisionTransformerModel, TrajectoryContext
 
 
 def _make_vector_env(env_id: str, num_envs: int):
@@ -28,7 +28,7 @@ def _make_vector_env(env_id: str, num_envs: int):
 
 
 def _default_reference(env_id: str) -> dict[str, float] | None:
-    from ...data.offline_rl import ENVIRONMENTS, reference_returns
+    from ..data.offline_rl import ENVIRONMENTS, reference_returns
 
     return reference_returns(env_id) if env_id in ENVIRONMENTS else None
 
