@@ -98,6 +98,7 @@ class TffCompressiveConfig(PreTrainedConfig):
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = 0
 
+    # Copied from tf_family.models.transfo_xl.configuration_transfo_xl.TffTransfoXLConfig.__post_init__
     def __post_init__(self, **kwargs):
         check_config_kwargs(type(self).__name__, kwargs)
         if self.d_embed is None:
@@ -107,6 +108,7 @@ class TffCompressiveConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         validate_config(self)
 
+    # Copied from tf_family.models.transfo_xl.configuration_transfo_xl.TffTransfoXLConfig.tie_projs
     @property
     def tie_projs(self) -> list[bool]:
         """Per cluster, whether its output projection is tied to an input projection."""
