@@ -18,7 +18,8 @@ MARKER = re.compile(r"^\s*# Copied from (tf_family\.[\w.]+)(?: with (.+))?$")
 
 
 def marked_copies():
-    for path in sorted(PACKAGE.rglob("*.py")):
+    # recipes may mark copies of tf_family code too (a recipe's loop stays visible, and in step)
+    for path in sorted([*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "recipes").rglob("*.py")]):
         lines = path.read_text().splitlines()
         nodes = {
             (node.decorator_list[0].lineno if node.decorator_list else node.lineno): node
@@ -40,7 +41,7 @@ def resolve(dotted: str):
             continue
         for name in parts[split:]:
             target = getattr(target, name)
-        return target
+        return target.fget if isinstance(target, property) else target  # a property: its getter's source
     raise ImportError(dotted)
 
 
