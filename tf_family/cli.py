@@ -23,6 +23,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from .conversion import ForeignFormat, ForeignTokenizer, convert_folder
 from .registry import ARCHITECTURES
@@ -69,38 +70,52 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-# The main job: what `tf-family train` runs when it is given no arguments (each can be overridden on the command
-# line; the recipe's last occurrence of an option wins). Sized to finish in about five minutes on 2 CPU cores.
-MAIN_JOB_ARGS = [
-    "--arch", "transfo_xl",
-    "--variant", "small",
+# The main job: what `tf-family train` runs when it is given no arguments. Its model belongs to it alone: it applies
+# when no other model is asked for (no --arch, or --arch transfo_xl, and no --model_name_or_path).
+MAIN_JOB_MODEL = {
+    "arch": "transfo_xl",
+    "variant": "small",
     # pre-LN: at this size and step budget post-LN Transformer-XL stalls near the unigram loss; pre-LN learns
-    "--config_overrides", "pre_lnorm=true",
-    "--max_train_steps", "400",
-    "--per_device_train_batch_size", "8",
-    "--block_size", "128",
-    "--learning_rate", "1e-3",
-    "--num_warmup_steps", "20",
-    "--logging_steps", "20",
-]  # fmt: skip
-# what a fine-tuning run (--model_name_or_path) does not take from the main job
-_ARCH_OPTIONS = ("--arch", "--variant", "--config_overrides")
+    "config_overrides": ["pre_lnorm=true"],
+    "block_size": 128,
+}
+# What every `tf-family train` run starts from, whatever the model: a short run (the main job takes about five
+# minutes on 2 CPU cores). Each is a default of the recipe's option of the same name: the command line overrides it.
+TRAIN_DEFAULTS = {
+    "max_train_steps": 400,
+    "per_device_train_batch_size": 8,
+    "learning_rate": 1e-3,
+    "num_warmup_steps": 20,
+    "logging_steps": 20,
+}
 SAMPLE_PROMPT = "Fellow-Citizens of the Senate and House of Representatives:"
+
+
+def train_defaults(recipe_args: Sequence[str]) -> dict[str, object]:
+    """The recipe defaults `tf-family train` uses for ``recipe_args``: `TRAIN_DEFAULTS`, the main job's model
+    (`MAIN_JOB_MODEL`) unless another model is asked for, and a fresh ``runs/<model>-<time>`` output folder."""
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    probe.add_argument("--arch")
+    probe.add_argument("--model_name_or_path")
+    try:
+        known, _ = probe.parse_known_args(list(recipe_args))
+    except argparse.ArgumentError:  # e.g. --arch without a value: the recipe's parser says so
+        known = argparse.Namespace(arch=None, model_name_or_path=None)
+    defaults: dict[str, object] = dict(TRAIN_DEFAULTS)
+    if known.model_name_or_path is None and known.arch in (None, MAIN_JOB_MODEL["arch"]):
+        defaults.update(MAIN_JOB_MODEL)
+    if known.model_name_or_path is not None:
+        model = Path(known.model_name_or_path.rstrip("/")).name or "model"
+    else:
+        model = known.arch or str(MAIN_JOB_MODEL["arch"])
+    defaults["output_dir"] = f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return defaults
 
 
 def _train(recipe_args: list[str]) -> int:
     from .recipes import causal_lm
 
-    recipe_args = list(recipe_args)
-    defaults = list(MAIN_JOB_ARGS)
-    if "--model_name_or_path" in recipe_args:  # fine-tuning: no architecture to build
-        for option in _ARCH_OPTIONS:
-            index = defaults.index(option)
-            del defaults[index : index + 2]
-    if "--output_dir" not in recipe_args:
-        model = "transfo_xl" if "--arch" not in recipe_args else recipe_args[recipe_args.index("--arch") + 1]
-        defaults += ["--output_dir", f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}"]
-    results = causal_lm.main(defaults + recipe_args)
+    results = causal_lm.main(list(recipe_args), prog="tf-family train", defaults=train_defaults(recipe_args))
     if not _is_main_process():
         return 0
 

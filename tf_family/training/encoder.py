@@ -169,9 +169,11 @@ def build_model(args: argparse.Namespace, task: str, tokenizer, config_overrides
 
 
 def max_input_length(config) -> int | None:
-    """The longest input the model's position table allows (RoBERTa-style offsets counted), or None."""
-    positions = getattr(config, "max_position_embeddings", None)
-    if not isinstance(positions, int):
+    """The longest input the model's position table allows (RoBERTa-style offsets counted), or None when it has
+    no absolute positions."""
+    names = ("max_position_embeddings", "n_positions", "n_ctx")
+    positions = next((v for v in (getattr(config, n, None) for n in names) if isinstance(v, int) and v > 0), None)
+    if positions is None:
         return None
     if getattr(config, "model_type", "").endswith("longformer") or "roberta" in getattr(config, "model_type", ""):
         return positions - (config.pad_token_id or 0) - 1
