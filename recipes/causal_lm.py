@@ -109,8 +109,7 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
     data.add_argument(
         "--sample_by",
         choices=["document", "paragraph", "line"],
-        default="document",
-        help="how a .txt file is split into documents",
+        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
     )
     data.add_argument("--validation_split_percentage", type=int, default=5)
     data.add_argument("--block_size", type=int, help="tokens per training block / memory segment")

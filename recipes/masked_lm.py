@@ -49,7 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     encoder.add_common_arguments(parser, TASK, default_dataset="sotu", max_length=512)
     data = parser.add_argument_group("masked-LM data")
     data.add_argument("--text_column", help="column holding the text (default: 'text' or the first string column)")
-    data.add_argument("--sample_by", choices=["document", "paragraph", "line"], default="document")
+    data.add_argument(
+        "--sample_by",
+        choices=["document", "paragraph", "line"],
+        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
+    )
     data.add_argument("--validation_split_percentage", type=int, default=5)
     data.add_argument("--mlm_probability", type=float, default=0.15, help="fraction of the tokens to predict")
     return parser.parse_args(argv)
