@@ -114,7 +114,11 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
     data.add_argument("--validation_split_percentage", type=int, default=5)
     data.add_argument("--block_size", type=int, help="tokens per training block / memory segment")
     data.add_argument("--max_train_samples", type=int, help="use only the first N training documents")
-    data.add_argument("--max_eval_samples", type=int, help="use only the first N validation documents")
+    data.add_argument(
+        "--max_eval_samples",
+        type=int,
+        help="use only the first N validation documents (0: all; default: all, or 4 in a run of under 100 steps)",
+    )
 
     add_optimisation_arguments(
         parser,
@@ -156,9 +160,9 @@ def validate_args(args: argparse.Namespace) -> None:
             "num_train_epochs",
             "block_size",
             "max_train_samples",
-            "max_eval_samples",
         ),
     )
+    check_at_least(args, ("max_eval_samples",), minimum=0)
     validate_run_args(args)
 
 
@@ -245,8 +249,9 @@ def evaluate(
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     memory = None if has_memory else False
+    progress = tqdm(schedule, desc="evaluating", disable=not accelerator.is_local_main_process, leave=False)
     with torch.no_grad():
-        for global_batch in schedule:
+        for global_batch in progress:
             # every process runs every step, empty rows included: FSDP (and DDP buffer syncs) gather in forward
             batch = blocks.batch(rows_of(global_batch, accelerator, per_device))
             outputs = model(**model_inputs(batch, memory, accelerator.device))

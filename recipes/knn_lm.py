@@ -24,9 +24,11 @@ split across processes (``accelerate launch --num_processes 1``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,9 +45,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import tf_family
 from tf_family.data import SOTU_TOKENIZER_DIR, load_text_datasets, pack_into_blocks
 from tf_family.data.packing import IGNORE_INDEX
+from tf_family.hub import hub_id_of, portable_reference
 from tf_family.memory.knn import FAISS_INDEX_TYPES
 from tf_family.memory.knn_lm import knn_target_log_probs
-from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
+from tf_family.models.knn_lm.modeling_knn_lm import DATASTORE_FOLDER, TffKNNLMForCausalLM
 from tf_family.retrieval.datastore import (
     KEY_POINTS,
     KNNDatastore,
@@ -53,7 +56,7 @@ from tf_family.retrieval.datastore import (
     capture_module_inputs,
     resolve_key_module,
 )
-from tf_family.training import ending_run, publish_run
+from tf_family.training import ending_run, publish_run, save_tokenizer
 
 logger = get_logger(__name__)
 
@@ -124,6 +127,12 @@ def validate_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name}={value} must be at least 1.")
+    needs_faiss = args.index_types if args.command == "build" else [t for t in [args.index_type] if t != "exact"]
+    if needs_faiss and importlib.util.find_spec("faiss") is None:
+        raise ValueError(
+            f'the faiss indexes {needs_faiss} need faiss: pip install "tf-family[faiss]" (faiss-cpu), or leave '
+            "them out (exact search needs nothing)."
+        )
     if args.command == "build":
         if args.shard_size < 1:
             raise ValueError(f"--shard_size={args.shard_size} must be at least 1.")
@@ -239,6 +248,10 @@ def build(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
         datastore.build_index(index_type, args.distance, show_progress=accelerator.is_local_main_process, **params)
         result["indexes"][index_type] = {"seconds": time.perf_counter() - started, **params}
     logger.info(f"datastore: {json.dumps(result)}", main_process_only=True)
+    sys.stdout.write(
+        f"saved a datastore of {datastore.size} keys to {args.output_dir}; next: python recipes/knn_lm.py eval "
+        f"--model_name_or_path {args.model_name_or_path} --datastore {args.output_dir} --output_dir OUTPUT\n"
+    )
     return result
 
 
@@ -287,6 +300,30 @@ def metrics_of(nll: float, count: int, characters: int) -> dict[str, float]:
     }
 
 
+def grid_table(results: dict[str, Any], ks: list[int], lmbdas: list[float]) -> str:
+    """The evaluation as text: validation perplexity over λ (rows) × k (columns), the base LM's, and the best pair's
+    on validation and test."""
+    header = ["λ \\ k", *map(str, ks)]
+    rows = [[f"{lmbda:g}", *(f"{results['grid'][f'k={k},lmbda={lmbda}']:.2f}" for k in ks)] for lmbda in lmbdas]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        f"kNN-LM validation perplexity ({results['validation_tokens']} tokens, {results['datastore_keys']} keys):"
+    ]
+    lines += [
+        "  " + "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
+    ]
+    best = results["best"]
+    lines.append(
+        f"base LM {results['validation_base']['perplexity']:.2f}; best k={best['k']}, λ={best['lmbda']:g}: "
+        f"{results['validation_knn']['perplexity']:.2f}"
+    )
+    if "test_knn" in results:
+        lines.append(
+            f"test: base LM {results['test_base']['perplexity']:.2f}, kNN-LM {results['test_knn']['perplexity']:.2f}"
+        )
+    return "\n".join(lines)
+
+
 def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
     model, tokenizer = load_model_and_tokenizer(args, accelerator.device)
     datastore = KNNDatastore.load(args.datastore, model=model, tokenizer=tokenizer, force=args.force)
@@ -308,6 +345,7 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
     best_k, best_lmbda = min(totals, key=totals.get)
     results["best"] = {"k": best_k, "lmbda": best_lmbda}
     results["validation_knn"] = metrics_of(totals[(best_k, best_lmbda)], count, val_characters)
+    grid_ks, grid_lmbdas = list(args.ks), list(args.lmbdas)
     if "test" in blocks:
         test_blocks, test_characters = blocks["test"]
         args.ks, args.lmbdas = [best_k], [best_lmbda]
@@ -315,7 +353,8 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
         results["test_tokens"] = count
         results["test_base"] = metrics_of(base_nll, count, test_characters)
         results["test_knn"] = metrics_of(totals[(best_k, best_lmbda)], count, test_characters)
-    logger.info(f"kNN-LM: {json.dumps({k: v for k, v in results.items() if k != 'grid'})}", main_process_only=True)
+    if accelerator.is_main_process:
+        sys.stdout.write(grid_table(results, grid_ks, grid_lmbdas) + "\n")
 
     if args.output_dir and accelerator.is_main_process:
         output_dir = Path(args.output_dir)
@@ -329,25 +368,29 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
             recompute_distances=not args.no_recompute_distances,
             key_point=args.key_point,
             key_module_path=args.module_path,
-            datastore_path=str(Path(args.datastore).resolve()),
-            base_model_name_or_path=args.model_name_or_path,
+            base_model_name_or_path=portable_reference(args.model_name_or_path),
         )
+        # the datastore is copied into the folder (datastore/), which then loads from anywhere, copied or pushed
+        knn_model.set_datastore(datastore, force=args.force)
         knn_model.save_pretrained(output_dir)
-        tokenizer.save_pretrained(output_dir)
+        save_tokenizer(tokenizer, output_dir)
         split = "test" if "test_knn" in results else "validation"
         run_info = {
             "recipe": "recipes/knn_lm.py",
             "task": "causal_lm",
             "tf_family_version": tf_family.__version__,
             "model_type": "tff_knn_lm",
-            "base_model": args.model_name_or_path,
+            "base_model": portable_reference(args.model_name_or_path),
+            "base_model_on_hub": hub_id_of(args.model_name_or_path) is not None,
+            "datastore": {"folder": DATASTORE_FOLDER, "keys": datastore.size, "built_from": args.datastore},
             "dataset": {
                 "name": args.train_file or args.dataset_name,
                 "title": "State of the Union addresses"
                 if args.dataset_name == "sotu" and not args.train_file
                 else None,
                 "eval_split": split,
-                "description": f"Datastore `{args.datastore}` ({datastore.size} keys).",
+                "description": f"The datastore ({datastore.size} keys, in `{DATASTORE_FOLDER}/`) was built by "
+                f"`recipes/knn_lm.py build` from `{args.datastore}`.",
             },
             "hyperparameters": {"k": best_k, "lmbda": best_lmbda, "knn_temperature": args.knn_temperature},
             "metrics": {

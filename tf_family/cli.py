@@ -6,6 +6,7 @@ tf-family train [RECIPE ARGS]                    the causal-LM recipe; with no a
 tf-family card DIR [--repo_id ID]                render (or refresh) DIR/README.md from DIR/training_run.json
 tf-family push DIR REPO_ID [--private]           upload a trained folder (weights, config, tokenizer, card)
 tf-family list                                   the zoo as a table
+tf-family build-kernels                          compile the native CPU attention kernel now (else on first use)
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
 tf-family convert longformer IN_DIR OUT_DIR      a transformers 5 longformer checkpoint -> tf_family format
 tf-family convert big-bird IN_DIR OUT_DIR        a transformers 5 big_bird checkpoint -> tf_family format
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -150,6 +152,25 @@ def _train(recipe_args: list[str]) -> int:
     return 0
 
 
+def _build_kernels() -> int:
+    from .attention import native
+
+    already = native.is_built()
+    started = time.perf_counter()
+    module = native.extension()
+    if module is None:
+        reason = (
+            "TF_FAMILY_NATIVE=0 turns it off"
+            if os.environ.get("TF_FAMILY_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+            else "see the warning above; CPU training falls back to the slower PyTorch path"
+        )
+        sys.stderr.write(f"tf-family build-kernels: the native attention kernel is not available ({reason}).\n")
+        return 1
+    how = "already built" if already else f"built in {time.perf_counter() - started:.0f} s"
+    sys.stdout.write(f"native attention kernel: {how}, in {native.build_directory()}\n")
+    return 0
+
+
 def _is_main_process() -> bool:
     from accelerate import PartialState
 
@@ -173,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true")
     push.add_argument("--token")
     commands.add_parser("list", help="print the zoo as a table")
+    commands.add_parser(
+        "build-kernels",
+        help="compile the native CPU attention kernel (Longformer, BigBird training) now instead of on first use",
+    )
     convert = commands.add_parser("convert", help="convert a checkpoint or tokenizer of another implementation")
     kinds = convert_kinds()
     convert.add_argument(
@@ -204,14 +229,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(f"wrote {path}\n")
         return 0
     if args.command == "push":
-        from .hub import push_folder
+        from .hub import HubPushError, push_folder
 
-        pushed = push_folder(args.folder, args.repo_id, token=args.token, private=args.private or None)
+        try:
+            pushed = push_folder(args.folder, args.repo_id, token=args.token, private=args.private or None)
+        except HubPushError as error:
+            sys.stderr.write(f"tf-family push: {error}\n")
+            return 1
         sys.stdout.write(f"pushed {', '.join(pushed)} to https://huggingface.co/{args.repo_id}\n")
         return 0
     if args.command == "list":
         sys.stdout.write(zoo_table() + "\n")
         return 0
+    if args.command == "build-kernels":
+        return _build_kernels()
     return _convert(args)
 
 

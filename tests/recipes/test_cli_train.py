@@ -12,6 +12,7 @@ from tf_family.data import SOTU_TOKENIZER_DIR
 from tf_family.recipes import causal_lm
 from tf_family.registry import get_arch
 from tf_family.training import architectures_with, parse_config_overrides
+from tf_family.training.arguments import SMOKE_EVAL_SAMPLES, SMOKE_RUN_STEPS
 
 from .conftest import TINY_TXL, data_args
 
@@ -21,7 +22,10 @@ pytestmark = pytest.mark.recipe
 def test_train_reports_perplexity_against_unigram_and_samples(tmp_path, corpus, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", *TINY_TXL, *data_args(corpus), "--max_train_steps", "2"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "evaluating" in captured.err  # the evaluation's progress bar
+    assert "saved to runs/transfo_xl-" in out
     assert "validation perplexity" in out and "unigram perplexity of the same data" in out
     assert "reloaded with          AutoModelForCausalLM.from_pretrained -> TffTransfoXLLMHeadModel" in out
     sample = out.split("sample ")[1]
@@ -118,3 +122,15 @@ def test_train_fine_tunes_a_plain_transformers_model_from_a_dataset_folder(tmp_p
     run = json.loads((Path(folder) / "training_run.json").read_text())
     assert run["arch"] is None and run["base_model"] == tiny_gpt2
     assert run["dataset"]["train_documents"] == 8 and run["dataset"]["eval_documents"] == 2
+
+
+def test_a_smoke_run_caps_its_evaluation_unless_asked_otherwise():
+    def resolved(*argv):
+        args = causal_lm.parse_args(["--arch", "transfo_xl", *argv])
+        causal_lm.validate_args(args)
+        return args.max_eval_samples
+
+    assert resolved("--max_train_steps", "2") == SMOKE_EVAL_SAMPLES
+    assert resolved("--max_train_steps", "2", "--max_eval_samples", "0") is None  # 0: all of it
+    assert resolved("--max_train_steps", "2", "--max_eval_samples", "7") == 7
+    assert resolved("--max_train_steps", str(SMOKE_RUN_STEPS)) is None and resolved() is None

@@ -41,7 +41,16 @@ from .checkpointing import (
 )
 from .loop import TrainingLog, make_optimizer
 from .lora import apply_lora, check_lora_head, check_lora_targets
-from .saving import publish_run, run_hyperparameters, run_record, save_model, save_run, weights_fingerprint
+from .saving import (
+    point_adapter_at_base,
+    publish_run,
+    run_hyperparameters,
+    run_record,
+    save_model,
+    save_run,
+    save_tokenizer,
+    weights_fingerprint,
+)
 
 __all__ = [
     "CHECKPOINT_PATTERN",
@@ -67,6 +76,7 @@ __all__ = [
     "make_accelerator",
     "make_optimizer",
     "parse_config_overrides",
+    "point_adapter_at_base",
     "publish_run",
     "resume",
     "run_hyperparameters",
@@ -74,6 +84,7 @@ __all__ = [
     "save_checkpoint",
     "save_model",
     "save_run",
+    "save_tokenizer",
     "validate_run_args",
     "weights_fingerprint",
 ]
