@@ -267,7 +267,7 @@ def evaluate(
         "perplexity": math.exp(min(loss, 50.0)),
         "bits_per_token": loss / math.log(2),
         "bits_per_character": nll / math.log(2) / max(num_characters, 1),
-        "eval_tokens": int(count),
+        "scored_tokens": int(count),  # the validation tokens scored (one per token, plus each document's end)
     }
 
 

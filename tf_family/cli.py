@@ -52,8 +52,22 @@ def convert_kinds() -> dict[str, tuple[ArchSpec, ForeignFormat | ForeignTokenize
     return {record.name: (spec, record) for spec in ARCHITECTURES.values() for record in spec.foreign_formats}
 
 
+def _check_source(source: str, kind: str) -> None:
+    """A missing local source is said as such, not as a malformed Hub id (what transformers would say)."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return
+    looks_local = source.startswith(("/", ".", "~")) or source.count("/") > 1 or "\\" in source or path.suffix
+    if looks_local:
+        raise ValueError(
+            f"tf-family convert {kind}: no such file or folder {source!r}; pass the folder of the checkpoint to "
+            "convert (or the Hub id of one already in the cache)."
+        )
+
+
 def _convert(args: argparse.Namespace) -> int:
     spec, record = convert_kinds()[args.kind]
+    _check_source(args.source, args.kind)
     overrides = json.loads(args.config_overrides) if args.config_overrides else {}
     if not isinstance(overrides, dict):
         raise ValueError(
