@@ -56,6 +56,7 @@ from tf_family.training import (
     check_at_least,
     check_model_source,
     check_output_dir,
+    configure_ddp,
     ending_run,
     load_carried_state,
     make_accelerator,
@@ -374,6 +375,7 @@ def main(
     max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
     num_epochs = math.ceil(max_train_steps / updates_per_epoch)
     optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
+    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
     hyperparameters = run_hyperparameters(

@@ -29,6 +29,7 @@ from tf_family.data import load_text_datasets
 from tf_family.training import (
     apply_lora,
     check_output_dir,
+    configure_ddp,
     encoder,
     ending_run,
     make_accelerator,
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = apply_lora(model, args)
     max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
     optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
+    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     hyperparameters = run_hyperparameters(
         args, world, max_train_steps, max_length=args.max_length, mlm_probability=args.mlm_probability

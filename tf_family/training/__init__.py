@@ -16,7 +16,7 @@ takes its helpers from ``timm.utils``. A recipe keeps its data, model and traini
 Nothing in ``tf_family`` imports this package: it is for the recipes (and scripts written like them).
 """
 
-from .accelerator import ending_run, final_barrier, make_accelerator
+from .accelerator import configure_ddp, ending_run, final_barrier, make_accelerator, may_leave_parameters_unused
 from .arguments import (
     SCHEDULERS,
     TRACKERS,
@@ -69,12 +69,14 @@ __all__ = [
     "check_lora_targets",
     "check_model_source",
     "check_output_dir",
+    "configure_ddp",
     "ending_run",
     "final_barrier",
     "find_checkpoint",
     "load_carried_state",
     "make_accelerator",
     "make_optimizer",
+    "may_leave_parameters_unused",
     "parse_config_overrides",
     "point_adapter_at_base",
     "publish_run",
