@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.logging import get_logger
+from datasets import DatasetDict
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -304,6 +305,7 @@ def main(
         args.validation_split_percentage,
         args.sample_by,
     )
+    raw = DatasetDict({split: raw[split] for split in ("train", "validation")})  # a test split is not read here
     if args.max_train_samples:
         raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
     if args.max_eval_samples:
