@@ -17,6 +17,7 @@ write ``{{ pipeline_tag }}`` and ``{{ auto_class }}``).
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 RUN_INFO_FILE = "training_run.json"
+# a Hub repository id: "name" or "owner/name"
+HUB_ID_PATTERN = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 DEFAULT_TEMPLATE = "default.md"
 
 # metric key in training_run.json -> (metric type, display name) in the model-index
@@ -195,9 +198,8 @@ def _base_on_hub(run: dict[str, Any]) -> bool:
         return False
     if run.get("base_model_on_hub") is not None:
         return bool(run["base_model_on_hub"])
-    from .hub import hub_id_of  # a record written before the flag existed
-
-    return hub_id_of(base) == base
+    # a record written before the flag existed: a Hub id is no local path
+    return not Path(base).exists() and HUB_ID_PATTERN.fullmatch(base) is not None
 
 
 def dependencies_text(folder: Path, run: dict[str, Any]) -> str:

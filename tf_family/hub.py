@@ -8,12 +8,11 @@ from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, HfApi
 
-from .cards import RUN_INFO_FILE, write_model_card
+from .cards import HUB_ID_PATTERN, RUN_INFO_FILE, write_model_card
 
 # subfolders a saved model loads from (a kNN-LM's datastore): pushed with the folder; other subfolders (training
 # checkpoints, tracker logs) stay local
 MODEL_SUBFOLDERS = ("datastore",)
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def hub_id_of(name_or_path: str | Path) -> str | None:
@@ -22,7 +21,7 @@ def hub_id_of(name_or_path: str | Path) -> str | None:
     its ``training_run.json``); None for a local folder of unknown origin."""
     path = Path(name_or_path)
     if not path.exists():
-        return str(name_or_path) if _HUB_ID.fullmatch(str(name_or_path)) else None
+        return str(name_or_path) if HUB_ID_PATTERN.fullmatch(str(name_or_path)) else None
     resolved = path.resolve()
     snapshot = re.search(r"/models--([^/]+?)--([^/]+)/snapshots/", resolved.as_posix() + "/")
     if snapshot:
