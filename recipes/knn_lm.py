@@ -180,7 +180,11 @@ def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[
         if args.max_samples:
             rows = rows.select(range(min(args.max_samples, len(rows))))
         texts = list(rows[text_column])
-        documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        documents = []
+        for start in tqdm(
+            range(0, len(texts), 16), desc=f"tokenizing {split}", disable=not getattr(args, "show_progress", False)
+        ):
+            documents += tokenizer(texts[start : start + 16], add_special_tokens=False)["input_ids"]
         out[split] = (pack_into_blocks(documents, args.block_size, separator_id), sum(map(len, texts)))
     return out
 
@@ -207,6 +211,7 @@ def _tokenizer_source(args: argparse.Namespace) -> str:
 
 # ------------------------------------------------------------------------------------------------------------ build
 def build(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
+    args.show_progress = accelerator.is_local_main_process
     model, tokenizer = load_model_and_tokenizer(args, accelerator.device)
     blocks = load_blocks(args, tokenizer, [args.split])
     if args.split not in blocks:

@@ -115,7 +115,9 @@ def test_the_saved_knn_lm_folder_is_portable_and_the_grid_is_a_table(corpus, tin
     ]
     datastore = tmp_path / "ds"
     knn_lm.main(["build", *common, "--output_dir", str(datastore)])
-    assert "saved a datastore of" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "saved a datastore of" in captured.out
+    assert "tokenizing train" in captured.err and "building kNN datastore" in captured.err  # progress bars
     out = tmp_path / "run" / "knn-model"
     knn_lm.main(["eval", *common, "--datastore", str(datastore), "--ks", "4", "8", "--lmbdas", "0.0", "0.5",
                  "--output_dir", str(out)])  # fmt: skip
