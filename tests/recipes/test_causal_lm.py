@@ -352,3 +352,33 @@ def test_lora_prints_no_deprecation_noise(trained_txl):
         warnings.simplefilter("always")
         apply_lora(model, args, task_type="CAUSAL_LM")
     assert not [w for w in caught if "deprecated" in str(w.message)], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize(
+    ("arch", "task"),
+    [("compressive", "causal_lm"), ("longformer", "causal_lm"), ("big_bird", "masked_lm"), (None, "causal_lm")],
+)
+def test_every_card_template_usage_snippet_runs(arch, task, tmp_path, monkeypatch, tiny_gpt2):
+    """The "How to use" code of the templates, run against a tiny saved folder (the Transformer-XL card's is run by
+    the test above on a trained one; the Decision Transformer's needs a simulator, the kNN-LM's a datastore)."""
+    import re
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tf_family.cards import write_model_card
+    from tf_family.data import SOTU_TOKENIZER_DIR
+    from tf_family.registry import get_arch
+
+    folder = tmp_path / "model"
+    if arch is None:  # a plain transformers model: the generic template
+        shutil.copytree(tiny_gpt2, folder)
+    else:
+        spec = get_arch(arch)
+        spec.model_classes[task](spec.make_config("tiny", vocab_size=8192, pad_token_id=0)).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR).save_pretrained(folder)
+    (folder / "training_run.json").write_text(json.dumps({"task": task, "metrics": {}, "dataset": {}}))
+    write_model_card(folder)
+    snippet = re.search(r"## How to use\n\n```python\n(.*?)```", (folder / "README.md").read_text(), re.S)[1]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, f"{arch} card snippet", "exec"), {"__name__": "card_snippet"})
