@@ -216,7 +216,7 @@ def train_and_evaluate(args: argparse.Namespace, run: dict) -> dict:
     def timed_evaluate(*positional, **keywords):
         start = time.perf_counter()
         metrics = evaluate(*positional, **keywords)
-        evaluations.append({"seconds": time.perf_counter() - start, "tokens": metrics["eval_tokens"]})
+        evaluations.append({"seconds": time.perf_counter() - start, "tokens": metrics["scored_tokens"]})
         return metrics
 
     cache = output_dir / BENCH_RECORD
@@ -248,7 +248,7 @@ def train_and_evaluate(args: argparse.Namespace, run: dict) -> dict:
         "perplexity": metrics["perplexity"],
         "bits_per_token": metrics["bits_per_token"],
         "bits_per_character": metrics["bits_per_character"],
-        "eval_tokens": metrics["eval_tokens"],
+        "eval_tokens": metrics["scored_tokens"],
         "unigram_perplexity": metrics["unigram_perplexity"],
         "final_train_loss": record["train_history"][-1]["train_loss"],
         "train_tokens_per_s_median": statistics.median(steady),

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.logging import get_logger
+from datasets import DatasetDict
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -56,6 +57,7 @@ from tf_family.training import (
     check_at_least,
     check_model_source,
     check_output_dir,
+    configure_ddp,
     ending_run,
     load_carried_state,
     make_accelerator,
@@ -67,6 +69,7 @@ from tf_family.training import (
     save_run,
     validate_run_args,
 )
+from tf_family.training.encoder import max_input_length
 
 logger = get_logger(__name__)
 
@@ -74,11 +77,19 @@ DEFAULT_MEMORY_BLOCK_SIZE = 128
 DEFAULT_BLOCK_SIZE = 512
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train or fine-tune a causal LM with accelerate (tf_family).")
+def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The recipe's options. ``prog`` names the command in the usage line; ``defaults`` replace the recipe's own
+    defaults (``tf-family train`` passes the main job's), and ``--help`` shows the defaults in force."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Train or fine-tune a causal LM with accelerate (tf_family).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     model = parser.add_argument_group("model")
     model.add_argument("--arch", help=f"train from scratch: one of {list(ARCHITECTURES)}")
-    model.add_argument("--variant", default="small", help="named size of --arch (tiny, small, base, …)")
+    model.add_argument(
+        "--variant", help="named size of --arch (tiny, small, base, …; default: 'small' where the arch has it)"
+    )
     model.add_argument(
         "--config_overrides",
         nargs="*",
@@ -100,13 +111,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument(
         "--sample_by",
         choices=["document", "paragraph", "line"],
-        default="document",
-        help="how a .txt file is split into documents",
+        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
     )
     data.add_argument("--validation_split_percentage", type=int, default=5)
     data.add_argument("--block_size", type=int, help="tokens per training block / memory segment")
     data.add_argument("--max_train_samples", type=int, help="use only the first N training documents")
-    data.add_argument("--max_eval_samples", type=int, help="use only the first N validation documents")
+    data.add_argument(
+        "--max_eval_samples",
+        type=int,
+        help="use only the first N validation documents (0: all; default: all, or 4 in a run of under 100 steps)",
+    )
 
     add_optimisation_arguments(
         parser,
@@ -117,12 +131,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_run_arguments(parser, default_output_dir="runs/<model>-<data>", logging_steps=10)
     add_lora_and_hub_arguments(parser)
-    return parser.parse_args(argv)
+    parser.set_defaults(**(defaults or {}))
+    return parser
+
+
+def parse_args(
+    argv: list[str] | None = None, prog: str | None = None, defaults: dict[str, Any] | None = None
+) -> argparse.Namespace:
+    args = build_parser(prog, defaults).parse_args(argv)
+    if args.arch and args.variant is None:
+        variants = get_arch(args.arch).variants if args.arch in ARCHITECTURES else {}
+        args.variant = "small" if "small" in variants or not variants else next(iter(variants))
+    return args
 
 
 def validate_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what cannot run; each message says what to change."""
     check_model_source(args, "causal_lm", "--arch {arch} has no causal LM; causal-LM architectures: {able}.")
+    if args.arch and getattr(get_arch(args.arch).make_config(args.variant), "base_config", None) is not None:
+        raise ValueError(
+            f"--arch {args.arch} wraps a trained causal LM (its base_config) and adds a datastore: train the base "
+            "model first (tf-family train), then build and evaluate the datastore with recipes/knn_lm.py "
+            "(`build --model_name_or_path RUN_DIR --output_dir DATASTORE`, then `eval`)."
+        )
     check_at_least(
         args,
         (
@@ -131,9 +162,9 @@ def validate_args(args: argparse.Namespace) -> None:
             "num_train_epochs",
             "block_size",
             "max_train_samples",
-            "max_eval_samples",
         ),
     )
+    check_at_least(args, ("max_eval_samples",), minimum=0)
     validate_run_args(args)
 
 
@@ -144,12 +175,43 @@ def default_output_dir(args: argparse.Namespace) -> str:
 
 
 def max_positions(config) -> int | None:
-    """The longest block the model can read, when it has absolute positions."""
-    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    """The longest block the model can read, when it has absolute positions (RoBERTa-style offsets counted)."""
+    return max_input_length(config)
+
+
+def build_model(args: argparse.Namespace, tokenizer, separator_id: int, config_overrides: dict[str, Any]):
+    """A fresh ``--arch`` model sized for ``tokenizer`` (``separator_id`` as its eos/bos/pad), or the saved
+    ``--model_name_or_path`` one."""
+    if args.arch:
+        spec = get_arch(args.arch)
+        token_ids = {"eos_token_id": separator_id, "bos_token_id": separator_id, "pad_token_id": separator_id}
+        config = spec.make_config(args.variant, **{"vocab_size": len(tokenizer), **token_ids, **config_overrides})
+        return spec.model_classes["causal_lm"](config)
+    config = AutoConfig.from_pretrained(args.model_name_or_path, **config_overrides)
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, config=config)
+    vocab = getattr(model.config, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} ids but the model embeds {vocab}; pass the model's "
+            "own tokenizer with --tokenizer_name."
+        )
+    return model
+
+
+def choose_block_size(requested: int | None, model) -> int:
+    """``--block_size``, or when it is not given: 128 for a model that carries a memory, else 512 or the model's
+    last position, whichever is smaller. Refuses a block longer than the model's positions."""
+    limit = max_positions(model.config)
+    has_memory = carried_state(model) is not None
+    block_size = requested or (
+        DEFAULT_MEMORY_BLOCK_SIZE if has_memory else min(DEFAULT_BLOCK_SIZE, limit or DEFAULT_BLOCK_SIZE)
+    )
+    if limit is not None and block_size > limit:
+        raise ValueError(
+            f"--block_size {block_size} is longer than the {limit} positions {type(model).__name__} "
+            f"supports; pass --block_size {limit} or less."
+        )
+    return block_size
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -189,8 +251,9 @@ def evaluate(
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     memory = None if has_memory else False
+    progress = tqdm(schedule, desc="evaluating", disable=not accelerator.is_local_main_process, leave=False)
     with torch.no_grad():
-        for global_batch in schedule:
+        for global_batch in progress:
             # every process runs every step, empty rows included: FSDP (and DDP buffer syncs) gather in forward
             batch = blocks.batch(rows_of(global_batch, accelerator, per_device))
             outputs = model(**model_inputs(batch, memory, accelerator.device))
@@ -206,7 +269,7 @@ def evaluate(
         "perplexity": math.exp(min(loss, 50.0)),
         "bits_per_token": loss / math.log(2),
         "bits_per_character": nll / math.log(2) / max(num_characters, 1),
-        "eval_tokens": int(count),
+        "scored_tokens": int(count),  # the validation tokens scored (one per token, plus each document's end)
     }
 
 
@@ -220,8 +283,11 @@ def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
     return math.exp(-log_probs[targets].mean().item())
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
+def main(
+    argv: list[str] | None = None, prog: str | None = None, defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run the recipe on ``argv`` (see `parse_args` for ``prog`` and ``defaults``); returns `save_run`'s summary."""
+    args = parse_args(argv, prog, defaults)
     validate_args(args)
     args.output_dir = args.output_dir or default_output_dir(args)
     config_overrides = parse_config_overrides(args.config_overrides)
@@ -239,6 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.validation_split_percentage,
         args.sample_by,
     )
+    raw = DatasetDict({split: raw[split] for split in ("train", "validation")})  # a test split is not read here
     if args.max_train_samples:
         raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
     if args.max_eval_samples:
@@ -254,31 +321,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
 
     # ---- model ------------------------------------------------------------------------------------------------
-    if args.arch:
-        spec = get_arch(args.arch)
-        token_ids = {"eos_token_id": separator_id, "bos_token_id": separator_id, "pad_token_id": separator_id}
-        config = spec.make_config(args.variant, **{"vocab_size": len(tokenizer), **token_ids, **config_overrides})
-        model = spec.model_classes["causal_lm"](config)
-    else:
-        config = AutoConfig.from_pretrained(args.model_name_or_path, **config_overrides)
-        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, config=config)
-        vocab = getattr(model.config, "vocab_size", None)
-        if vocab is not None and len(tokenizer) > vocab:
-            raise ValueError(
-                f"the tokenizer has {len(tokenizer)} ids but the model embeds {vocab}; pass the model's "
-                "own tokenizer with --tokenizer_name."
-            )
+    model = build_model(args, tokenizer, separator_id, config_overrides)
     # a model that carries a memory between steps (Transformer-XL's segment memory, the Compressive Transformer's)
     has_memory = carried_state(model) is not None
-    limit = max_positions(model.config)
-    block_size = args.block_size or (
-        DEFAULT_MEMORY_BLOCK_SIZE if has_memory else min(DEFAULT_BLOCK_SIZE, limit or DEFAULT_BLOCK_SIZE)
-    )
-    if limit is not None and block_size > limit:
-        raise ValueError(
-            f"--block_size {block_size} is longer than the {limit} positions {type(model).__name__} "
-            f"supports; pass --block_size {limit} or less."
-        )
+    block_size = choose_block_size(args.block_size, model)
 
     with accelerator.main_process_first():
         tokenized = raw.map(
@@ -331,6 +377,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
     num_epochs = math.ceil(max_train_steps / updates_per_epoch)
     optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
+    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
     hyperparameters = run_hyperparameters(

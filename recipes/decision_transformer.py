@@ -73,6 +73,7 @@ from tf_family.training import (
     check_arch,
     check_at_least,
     check_output_dir,
+    configure_ddp,
     ending_run,
     make_accelerator,
     make_optimizer,
@@ -389,6 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     world, per_device = accelerator.num_processes, args.per_device_train_batch_size
     max_train_steps = args.max_train_steps
     optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
+    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
     hyperparameters = run_hyperparameters(

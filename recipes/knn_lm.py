@@ -24,9 +24,11 @@ split across processes (``accelerate launch --num_processes 1``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,9 +45,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import tf_family
 from tf_family.data import SOTU_TOKENIZER_DIR, load_text_datasets, pack_into_blocks
 from tf_family.data.packing import IGNORE_INDEX
+from tf_family.hub import hub_id_of, portable_reference
 from tf_family.memory.knn import FAISS_INDEX_TYPES
 from tf_family.memory.knn_lm import knn_target_log_probs
-from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
+from tf_family.models.knn_lm.modeling_knn_lm import DATASTORE_FOLDER, TffKNNLMForCausalLM
 from tf_family.retrieval.datastore import (
     KEY_POINTS,
     KNNDatastore,
@@ -53,7 +56,7 @@ from tf_family.retrieval.datastore import (
     capture_module_inputs,
     resolve_key_module,
 )
-from tf_family.training import ending_run, publish_run
+from tf_family.training import ending_run, publish_run, save_tokenizer
 
 logger = get_logger(__name__)
 
@@ -62,7 +65,9 @@ DEFAULT_KS = [8, 32, 128, 512]
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model_name_or_path", required=True, help="saved folder or Hub id (any AutoModelForCausalLM)")
+    parser.add_argument(
+        "--model_name_or_path", required=True, help="saved folder or Hub id (any AutoModelForCausalLM)"
+    )
     parser.add_argument("--tokenizer_name", help="tokenizer folder or Hub id (default: the model's, else the bundled)")
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_name", default="sotu", help="'sotu' (bundled corpus) or a Hub dataset id")
@@ -70,7 +75,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--train_file", help="local .txt/.json/.jsonl/.csv/.parquet file (overrides --dataset_name)")
     data.add_argument("--validation_file")
     data.add_argument("--text_column")
-    data.add_argument("--sample_by", choices=["document", "paragraph", "line"], default="document")
+    data.add_argument(
+        "--sample_by",
+        choices=["document", "paragraph", "line"],
+        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
+    )
     data.add_argument("--validation_split_percentage", type=int, default=5)
     data.add_argument("--block_size", type=int, default=128, help="tokens per block the model reads")
     data.add_argument("--max_samples", type=int, help="use only the first N documents of each split")
@@ -118,6 +127,12 @@ def validate_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name}={value} must be at least 1.")
+    needs_faiss = args.index_types if args.command == "build" else [t for t in [args.index_type] if t != "exact"]
+    if needs_faiss and importlib.util.find_spec("faiss") is None:
+        raise ValueError(
+            f'the faiss indexes {needs_faiss} need faiss: pip install "tf-family[faiss]" (faiss-cpu), or leave '
+            "them out (exact search needs nothing)."
+        )
     if args.command == "build":
         if args.shard_size < 1:
             raise ValueError(f"--shard_size={args.shard_size} must be at least 1.")
@@ -136,7 +151,9 @@ def validate_args(args: argparse.Namespace) -> None:
     if not args.knn_temperature > 0:
         raise ValueError(f"--knn_temperature={args.knn_temperature} must be > 0.")
     if args.output_dir and Path(args.output_dir, "config.json").exists() and not args.overwrite_output_dir:
-        raise ValueError(f"--output_dir {args.output_dir} holds a model; pass --overwrite_output_dir or another folder.")
+        raise ValueError(
+            f"--output_dir {args.output_dir} holds a model; pass --overwrite_output_dir or another folder."
+        )
 
 
 def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[str, Any]:
@@ -152,7 +169,9 @@ def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[
     )
     separator_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
     if separator_id is None:
-        raise ValueError("the tokenizer has neither an eos nor a pad token to separate documents; pass --tokenizer_name.")
+        raise ValueError(
+            "the tokenizer has neither an eos nor a pad token to separate documents; pass --tokenizer_name."
+        )
     out = {}
     for split in splits:
         if split not in raw:
@@ -161,7 +180,11 @@ def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[
         if args.max_samples:
             rows = rows.select(range(min(args.max_samples, len(rows))))
         texts = list(rows[text_column])
-        documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        documents = []
+        for start in tqdm(
+            range(0, len(texts), 16), desc=f"tokenizing {split}", disable=not getattr(args, "show_progress", False)
+        ):
+            documents += tokenizer(texts[start : start + 16], add_special_tokens=False)["input_ids"]
         out[split] = (pack_into_blocks(documents, args.block_size, separator_id), sum(map(len, texts)))
     return out
 
@@ -188,6 +211,7 @@ def _tokenizer_source(args: argparse.Namespace) -> str:
 
 # ------------------------------------------------------------------------------------------------------------ build
 def build(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
+    args.show_progress = accelerator.is_local_main_process
     model, tokenizer = load_model_and_tokenizer(args, accelerator.device)
     blocks = load_blocks(args, tokenizer, [args.split])
     if args.split not in blocks:
@@ -222,11 +246,17 @@ def build(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
             params["nlist"] = max(1, min(args.nlist, datastore.size // 39))
         if index_type == "ivf_pq":
             params["pq_m"] = args.pq_m
-            params["pq_bits"] = 8 if datastore.size >= 256 * 39 else max(1, int(math.log2(max(2, datastore.size // 39))))
+            params["pq_bits"] = (
+                8 if datastore.size >= 256 * 39 else max(1, int(math.log2(max(2, datastore.size // 39))))
+            )
         started = time.perf_counter()
         datastore.build_index(index_type, args.distance, show_progress=accelerator.is_local_main_process, **params)
         result["indexes"][index_type] = {"seconds": time.perf_counter() - started, **params}
     logger.info(f"datastore: {json.dumps(result)}", main_process_only=True)
+    sys.stdout.write(
+        f"saved a datastore of {datastore.size} keys to {args.output_dir}; next: python recipes/knn_lm.py eval "
+        f"--model_name_or_path {args.model_name_or_path} --datastore {args.output_dir} --output_dir OUTPUT\n"
+    )
     return result
 
 
@@ -275,6 +305,30 @@ def metrics_of(nll: float, count: int, characters: int) -> dict[str, float]:
     }
 
 
+def grid_table(results: dict[str, Any], ks: list[int], lmbdas: list[float]) -> str:
+    """The evaluation as text: validation perplexity over λ (rows) × k (columns), the base LM's, and the best pair's
+    on validation and test."""
+    header = ["λ \\ k", *map(str, ks)]
+    rows = [[f"{lmbda:g}", *(f"{results['grid'][f'k={k},lmbda={lmbda}']:.2f}" for k in ks)] for lmbda in lmbdas]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        f"kNN-LM validation perplexity ({results['validation_tokens']} tokens, {results['datastore_keys']} keys):"
+    ]
+    lines += [
+        "  " + "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
+    ]
+    best = results["best"]
+    lines.append(
+        f"base LM {results['validation_base']['perplexity']:.2f}; best k={best['k']}, λ={best['lmbda']:g}: "
+        f"{results['validation_knn']['perplexity']:.2f}"
+    )
+    if "test_knn" in results:
+        lines.append(
+            f"test: base LM {results['test_base']['perplexity']:.2f}, kNN-LM {results['test_knn']['perplexity']:.2f}"
+        )
+    return "\n".join(lines)
+
+
 def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
     model, tokenizer = load_model_and_tokenizer(args, accelerator.device)
     datastore = KNNDatastore.load(args.datastore, model=model, tokenizer=tokenizer, force=args.force)
@@ -296,6 +350,7 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
     best_k, best_lmbda = min(totals, key=totals.get)
     results["best"] = {"k": best_k, "lmbda": best_lmbda}
     results["validation_knn"] = metrics_of(totals[(best_k, best_lmbda)], count, val_characters)
+    grid_ks, grid_lmbdas = list(args.ks), list(args.lmbdas)
     if "test" in blocks:
         test_blocks, test_characters = blocks["test"]
         args.ks, args.lmbdas = [best_k], [best_lmbda]
@@ -303,7 +358,8 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
         results["test_tokens"] = count
         results["test_base"] = metrics_of(base_nll, count, test_characters)
         results["test_knn"] = metrics_of(totals[(best_k, best_lmbda)], count, test_characters)
-    logger.info(f"kNN-LM: {json.dumps({k: v for k, v in results.items() if k != 'grid'})}", main_process_only=True)
+    if accelerator.is_main_process:
+        sys.stdout.write(grid_table(results, grid_ks, grid_lmbdas) + "\n")
 
     if args.output_dir and accelerator.is_main_process:
         output_dir = Path(args.output_dir)
@@ -317,23 +373,29 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
             recompute_distances=not args.no_recompute_distances,
             key_point=args.key_point,
             key_module_path=args.module_path,
-            datastore_path=str(Path(args.datastore).resolve()),
-            base_model_name_or_path=args.model_name_or_path,
+            base_model_name_or_path=portable_reference(args.model_name_or_path),
         )
+        # the datastore is copied into the folder (datastore/), which then loads from anywhere, copied or pushed
+        knn_model.set_datastore(datastore, force=args.force)
         knn_model.save_pretrained(output_dir)
-        tokenizer.save_pretrained(output_dir)
+        save_tokenizer(tokenizer, output_dir)
         split = "test" if "test_knn" in results else "validation"
         run_info = {
             "recipe": "recipes/knn_lm.py",
             "task": "causal_lm",
             "tf_family_version": tf_family.__version__,
             "model_type": "tff_knn_lm",
-            "base_model": args.model_name_or_path,
+            "base_model": portable_reference(args.model_name_or_path),
+            "base_model_on_hub": hub_id_of(args.model_name_or_path) is not None,
+            "datastore": {"folder": DATASTORE_FOLDER, "keys": datastore.size, "built_from": args.datastore},
             "dataset": {
                 "name": args.train_file or args.dataset_name,
-                "title": "State of the Union addresses" if args.dataset_name == "sotu" and not args.train_file else None,
+                "title": "State of the Union addresses"
+                if args.dataset_name == "sotu" and not args.train_file
+                else None,
                 "eval_split": split,
-                "description": f"Datastore `{args.datastore}` ({datastore.size} keys).",
+                "description": f"The datastore ({datastore.size} keys, in `{DATASTORE_FOLDER}/`) was built by "
+                f"`recipes/knn_lm.py build` from `{args.datastore}`.",
             },
             "hyperparameters": {"k": best_k, "lmbda": best_lmbda, "knn_temperature": args.knn_temperature},
             "metrics": {

@@ -29,6 +29,7 @@ from tf_family.data import load_text_datasets
 from tf_family.training import (
     apply_lora,
     check_output_dir,
+    configure_ddp,
     encoder,
     ending_run,
     make_accelerator,
@@ -49,7 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     encoder.add_common_arguments(parser, TASK, default_dataset="sotu", max_length=512)
     data = parser.add_argument_group("masked-LM data")
     data.add_argument("--text_column", help="column holding the text (default: 'text' or the first string column)")
-    data.add_argument("--sample_by", choices=["document", "paragraph", "line"], default="document")
+    data.add_argument(
+        "--sample_by",
+        choices=["document", "paragraph", "line"],
+        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
+    )
     data.add_argument("--validation_split_percentage", type=int, default=5)
     data.add_argument("--mlm_probability", type=float, default=0.15, help="fraction of the tokens to predict")
     return parser.parse_args(argv)
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = apply_lora(model, args)
     max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
     optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
+    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     hyperparameters = run_hyperparameters(
         args, world, max_train_steps, max_length=args.max_length, mlm_probability=args.mlm_probability

@@ -33,6 +33,7 @@ from tf_family.training import (
     apply_lora,
     check_lora_head,
     check_output_dir,
+    configure_ddp,
     encoder,
     ending_run,
     make_accelerator,
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = apply_lora(model, args, train_head=True)
     max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
     optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
+    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     pad_id = tokenizer.pad_token_id
     hyperparameters = run_hyperparameters(

@@ -2,6 +2,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from transformers import AutoTokenizer
 
 from tf_family.cli import main, zoo_table
@@ -37,3 +38,51 @@ def test_convert_vocab_command(tmp_path):
 def test_readme_zoo_table_is_current():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert zoo_table() in readme, "README's zoo table is stale: paste the output of `tf-family list`"
+
+
+def test_convert_says_a_missing_folder_is_missing(tmp_path):
+    with pytest.raises(ValueError, match="no such file or folder '/nonexistent'"):
+        main(["convert", "transfo-xl", "/nonexistent", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match="no such file or folder"):
+        main(["convert", "transfo-xl-vocab", str(tmp_path / "missing" / "vocab.pkl"), str(tmp_path / "out")])
+
+
+def test_push_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    (tmp_path / "config.json").write_text("{}")
+
+    def offline(self, *args, **kwargs):
+        raise OfflineModeIsEnabled("Cannot reach https://huggingface.co/api/repos/create: offline mode is enabled.")
+
+    monkeypatch.setattr(HfApi, "create_repo", offline)
+    assert main(["push", str(tmp_path), "org/name"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "HF_HUB_OFFLINE" in err and "Traceback" not in err
+
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(HfApi, "create_repo", unreachable)
+    monkeypatch.setattr("tf_family.hub._offline", lambda: False)
+    assert main(["push", str(tmp_path), "org/name"]) == 1
+    assert "the Hub is unreachable (ConnectionError: [Errno -3]" in capsys.readouterr().err
+
+
+def test_push_is_checked_before_the_work_starts(monkeypatch):
+    from tf_family import hub
+
+    monkeypatch.setattr(hub, "_offline", lambda: True)
+    with pytest.raises(hub.HubPushError, match="HF_HUB_OFFLINE is set"):
+        hub.check_push_access("org/name")
+    monkeypatch.setattr(hub, "_offline", lambda: False)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    with pytest.raises(hub.HubPushError, match="not logged in"):
+        hub.check_push_access("org/name")
+    # the recipes call it while checking their arguments, before any data or model is loaded
+    from tf_family.recipes import causal_lm
+
+    args = causal_lm.parse_args(["--arch", "transfo_xl", "--push_to_hub", "--hub_model_id", "org/name"])
+    with pytest.raises(hub.HubPushError, match="not logged in"):
+        causal_lm.validate_args(args)

@@ -3,6 +3,8 @@
 Importing the package registers every architecture with the transformers Auto classes (idempotent).
 """
 
+import importlib
+
 from .auto import register_all
 from .memory import CompressiveMemory, SegmentMemory
 from .models.big_bird.configuration_big_bird import TffBigBirdConfig
@@ -53,6 +55,16 @@ from .spec import ArchSpec
 __version__ = "0.1.0"
 
 register_all()
+
+# subpackages a bare `import tf_family` does not load, reachable as attributes all the same (`tf_family.data.load_sotu()`)
+_LAZY_SUBMODULES = ("cards", "cli", "conversion", "data", "hub", "metrics", "retrieval", "training")
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'tf_family' has no attribute {name!r}")
+
 
 __all__ = [
     "ARCHITECTURES",

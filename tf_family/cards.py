@@ -17,6 +17,7 @@ write ``{{ pipeline_tag }}`` and ``{{ auto_class }}``).
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 RUN_INFO_FILE = "training_run.json"
+# a Hub repository id: "name" or "owner/name"
+HUB_ID_PATTERN = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 DEFAULT_TEMPLATE = "default.md"
 
 # metric key in training_run.json -> (metric type, display name) in the model-index
@@ -189,6 +192,50 @@ def _format(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _base_on_hub(run: dict[str, Any]) -> bool:
+    base = run.get("base_model")
+    if not base:
+        return False
+    if run.get("base_model_on_hub") is not None:
+        return bool(run["base_model_on_hub"])
+    # a record written before the flag existed: a Hub id is no local path
+    return not Path(base).exists() and HUB_ID_PATTERN.fullmatch(base) is not None
+
+
+def dependencies_text(folder: Path, run: dict[str, Any]) -> str:
+    """What the folder needs besides itself, said plainly: an adapter's base model, a kNN-LM's datastore; and where
+    a fine-tuned model came from when that is no Hub repository."""
+    base = run.get("base_model")
+    on_hub = _base_on_hub(run)
+    lines = []
+    if (folder / "adapter_config.json").is_file() or run.get("adapter"):
+        where = (
+            f"the Hub model [`{base}`](https://huggingface.co/{base}), downloaded when the adapter is loaded"
+            if on_hub
+            else f"the local folder `{base}`, which is neither in this folder nor on the Hub: copy it along (and "
+            "fix `base_model_name_or_path` in `adapter_config.json`), or train with `--merge_lora` for a standalone "
+            "folder"
+        )
+        lines.append(
+            f"**Depends on a base model.** This folder holds a LoRA adapter (`adapter_model.safetensors`), not a "
+            f"whole model; loading it (with `peft` installed) also loads its base model: {where}."
+        )
+    elif base and not on_hub:
+        lines.append(
+            f"Fine-tuned from the local folder `{base}` (not on the Hub); this folder holds the whole model and "
+            "needs nothing from it."
+        )
+    datastore = run.get("datastore")
+    if datastore:
+        lines.append(
+            f"**Depends on its datastore**, stored in this folder under `{datastore['folder']}/` "
+            f"({datastore['keys']:,} keys): `from_pretrained` on a local copy of the folder attaches it. From the Hub, "
+            "download the whole repository first (`huggingface_hub.snapshot_download(repo_id)`) and load that "
+            "folder; without its datastore the model is its base LM alone."
+        )
+    return "\n\n".join(lines)
+
+
 def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCard:
     """The card of a folder trained by a recipe (reads ``config.json`` and ``training_run.json``)."""
     folder = Path(folder)
@@ -246,7 +293,7 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
         pipeline_tag=template_front.get("pipeline_tag", "text-generation"),
         tags=tags,
         license=template_front.get("license", "apache-2.0"),
-        base_model=run.get("base_model") or None,
+        base_model=run.get("base_model") if _base_on_hub(run) else None,  # the Hub takes repository ids only
         datasets=[dataset_id] if data.get("on_hub") else None,
         eval_results=eval_results or None,
         hyperparameters=run.get("hyperparameters"),
@@ -258,7 +305,8 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
     if counts:
         header = ("quantity", "value") if task == RL_TASK else ("split", "size")
         training_data += "\n\n" + _markdown_table({k: _format(v) for k, v in counts.items()}, header)
-    procedure = f"Trained with `{run.get('recipe', 'a tf_family recipe')}`"
+    depends = dependencies_text(folder, run)
+    procedure = (depends + "\n\n" if depends else "") + f"Trained with `{run.get('recipe', 'a tf_family recipe')}`"
     if run.get("world_size", 1) > 1:
         procedure += f" on {run['world_size']} processes"
     procedure += ".\n\n" + _markdown_table(

@@ -6,6 +6,7 @@ tf-family train [RECIPE ARGS]                    the causal-LM recipe; with no a
 tf-family card DIR [--repo_id ID]                render (or refresh) DIR/README.md from DIR/training_run.json
 tf-family push DIR REPO_ID [--private]           upload a trained folder (weights, config, tokenizer, card)
 tf-family list                                   the zoo as a table
+tf-family build-kernels                          compile the native CPU attention kernel now (else on first use)
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
 tf-family convert longformer IN_DIR OUT_DIR      a transformers 5 longformer checkpoint -> tf_family format
 tf-family convert big-bird IN_DIR OUT_DIR        a transformers 5 big_bird checkpoint -> tf_family format
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from .conversion import ForeignFormat, ForeignTokenizer, convert_folder
 from .registry import ARCHITECTURES
@@ -49,8 +52,22 @@ def convert_kinds() -> dict[str, tuple[ArchSpec, ForeignFormat | ForeignTokenize
     return {record.name: (spec, record) for spec in ARCHITECTURES.values() for record in spec.foreign_formats}
 
 
+def _check_source(source: str, kind: str) -> None:
+    """A missing local source is said as such, not as a malformed Hub id (what transformers would say)."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return
+    looks_local = source.startswith(("/", ".", "~")) or source.count("/") > 1 or "\\" in source or path.suffix
+    if looks_local:
+        raise ValueError(
+            f"tf-family convert {kind}: no such file or folder {source!r}; pass the folder of the checkpoint to "
+            "convert (or the Hub id of one already in the cache)."
+        )
+
+
 def _convert(args: argparse.Namespace) -> int:
     spec, record = convert_kinds()[args.kind]
+    _check_source(args.source, args.kind)
     overrides = json.loads(args.config_overrides) if args.config_overrides else {}
     if not isinstance(overrides, dict):
         raise ValueError(
@@ -69,38 +86,52 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-# The main job: what `tf-family train` runs when it is given no arguments (each can be overridden on the command
-# line; the recipe's last occurrence of an option wins). Sized to finish in about five minutes on 2 CPU cores.
-MAIN_JOB_ARGS = [
-    "--arch", "transfo_xl",
-    "--variant", "small",
+# The main job: what `tf-family train` runs when it is given no arguments. Its model belongs to it alone: it applies
+# when no other model is asked for (no --arch, or --arch transfo_xl, and no --model_name_or_path).
+MAIN_JOB_MODEL = {
+    "arch": "transfo_xl",
+    "variant": "small",
     # pre-LN: at this size and step budget post-LN Transformer-XL stalls near the unigram loss; pre-LN learns
-    "--config_overrides", "pre_lnorm=true",
-    "--max_train_steps", "400",
-    "--per_device_train_batch_size", "8",
-    "--block_size", "128",
-    "--learning_rate", "1e-3",
-    "--num_warmup_steps", "20",
-    "--logging_steps", "20",
-]  # fmt: skip
-# what a fine-tuning run (--model_name_or_path) does not take from the main job
-_ARCH_OPTIONS = ("--arch", "--variant", "--config_overrides")
+    "config_overrides": ["pre_lnorm=true"],
+    "block_size": 128,
+}
+# What every `tf-family train` run starts from, whatever the model: a short run (the main job takes about five
+# minutes on 2 CPU cores). Each is a default of the recipe's option of the same name: the command line overrides it.
+TRAIN_DEFAULTS = {
+    "max_train_steps": 400,
+    "per_device_train_batch_size": 8,
+    "learning_rate": 1e-3,
+    "num_warmup_steps": 20,
+    "logging_steps": 20,
+}
 SAMPLE_PROMPT = "Fellow-Citizens of the Senate and House of Representatives:"
+
+
+def train_defaults(recipe_args: Sequence[str]) -> dict[str, object]:
+    """The recipe defaults `tf-family train` uses for ``recipe_args``: `TRAIN_DEFAULTS`, the main job's model
+    (`MAIN_JOB_MODEL`) unless another model is asked for, and a fresh ``runs/<model>-<time>`` output folder."""
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    probe.add_argument("--arch")
+    probe.add_argument("--model_name_or_path")
+    try:
+        known, _ = probe.parse_known_args(list(recipe_args))
+    except argparse.ArgumentError:  # e.g. --arch without a value: the recipe's parser says so
+        known = argparse.Namespace(arch=None, model_name_or_path=None)
+    defaults: dict[str, object] = dict(TRAIN_DEFAULTS)
+    if known.model_name_or_path is None and known.arch in (None, MAIN_JOB_MODEL["arch"]):
+        defaults.update(MAIN_JOB_MODEL)
+    if known.model_name_or_path is not None:
+        model = Path(known.model_name_or_path.rstrip("/")).name or "model"
+    else:
+        model = known.arch or str(MAIN_JOB_MODEL["arch"])
+    defaults["output_dir"] = f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return defaults
 
 
 def _train(recipe_args: list[str]) -> int:
     from .recipes import causal_lm
 
-    recipe_args = list(recipe_args)
-    defaults = list(MAIN_JOB_ARGS)
-    if "--model_name_or_path" in recipe_args:  # fine-tuning: no architecture to build
-        for option in _ARCH_OPTIONS:
-            index = defaults.index(option)
-            del defaults[index : index + 2]
-    if "--output_dir" not in recipe_args:
-        model = "transfo_xl" if "--arch" not in recipe_args else recipe_args[recipe_args.index("--arch") + 1]
-        defaults += ["--output_dir", f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}"]
-    results = causal_lm.main(defaults + recipe_args)
+    results = causal_lm.main(list(recipe_args), prog="tf-family train", defaults=train_defaults(recipe_args))
     if not _is_main_process():
         return 0
 
@@ -135,6 +166,25 @@ def _train(recipe_args: list[str]) -> int:
     return 0
 
 
+def _build_kernels() -> int:
+    from .attention import native
+
+    already = native.is_built()
+    started = time.perf_counter()
+    module = native.extension()
+    if module is None:
+        reason = (
+            "TF_FAMILY_NATIVE=0 turns it off"
+            if os.environ.get("TF_FAMILY_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+            else "see the warning above; CPU training falls back to the slower PyTorch path"
+        )
+        sys.stderr.write(f"tf-family build-kernels: the native attention kernel is not available ({reason}).\n")
+        return 1
+    how = "already built" if already else f"built in {time.perf_counter() - started:.0f} s"
+    sys.stdout.write(f"native attention kernel: {how}, in {native.build_directory()}\n")
+    return 0
+
+
 def _is_main_process() -> bool:
     from accelerate import PartialState
 
@@ -158,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true")
     push.add_argument("--token")
     commands.add_parser("list", help="print the zoo as a table")
+    commands.add_parser(
+        "build-kernels",
+        help="compile the native CPU attention kernel (Longformer, BigBird training) now instead of on first use",
+    )
     convert = commands.add_parser("convert", help="convert a checkpoint or tokenizer of another implementation")
     kinds = convert_kinds()
     convert.add_argument(
@@ -189,14 +243,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(f"wrote {path}\n")
         return 0
     if args.command == "push":
-        from .hub import push_folder
+        from .hub import HubPushError, push_folder
 
-        pushed = push_folder(args.folder, args.repo_id, token=args.token, private=args.private or None)
+        try:
+            pushed = push_folder(args.folder, args.repo_id, token=args.token, private=args.private or None)
+        except HubPushError as error:
+            sys.stderr.write(f"tf-family push: {error}\n")
+            return 1
         sys.stdout.write(f"pushed {', '.join(pushed)} to https://huggingface.co/{args.repo_id}\n")
         return 0
     if args.command == "list":
         sys.stdout.write(zoo_table() + "\n")
         return 0
+    if args.command == "build-kernels":
+        return _build_kernels()
     return _convert(args)
 
 

@@ -45,3 +45,13 @@ def test_errors_name_the_argument(tmp_path):
         load_text_datasets(train_file=str(tmp_path / "one.txt"))
     with pytest.raises(ValueError, match="--text_column='body' is not a column"):
         load_text_datasets(text_column="body")
+
+
+def test_a_lone_text_file_of_one_document_is_read_by_paragraph(tmp_path):
+    # the README's `--train_file notes.txt`: a single plain-text file, no validation file
+    notes = tmp_path / "notes.txt"
+    notes.write_text("\n\n".join(f"Paragraph {i}: some notes of mine." for i in range(40)) + "\n")
+    raw, column = load_text_datasets(None, train_file=str(notes))
+    assert len(raw["train"]) == 38 and len(raw["validation"]) == 2 and column == "text"
+    whole, _ = load_text_datasets(None, train_file=str(notes), validation_file=str(notes))
+    assert len(whole["train"]) == 1  # with a validation file, a file is one document

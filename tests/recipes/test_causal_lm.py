@@ -46,8 +46,8 @@ def test_memory_model_saves_a_hub_ready_folder(trained_txl, corpus):
 
     tokenizer = AutoTokenizer.from_pretrained(output)
     expected_tokens = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in validation)
-    assert results["eval_tokens"] == expected_tokens
-    nll_bits = results["bits_per_token"] * results["eval_tokens"]
+    assert results["scored_tokens"] == expected_tokens
+    nll_bits = results["bits_per_token"] * results["scored_tokens"]
     assert math.isclose(results["bits_per_character"] * sum(map(len, validation)), nll_bits, rel_tol=1e-9)
     assert math.isclose(results["perplexity"], math.exp(results["eval_loss"]), rel_tol=1e-9)
 
@@ -192,6 +192,59 @@ def test_plain_transformers_model_with_lora(tmp_path, corpus, tiny_gpt2):
     assert adapter_results["perplexity"] > 0
 
 
+def test_an_adapter_of_a_local_base_loads_from_anywhere_and_its_card_says_what_it_needs(
+    tmp_path, corpus, tiny_gpt2, monkeypatch
+):
+    # the user typed a relative path to the base model; the adapter used to record it as typed
+    monkeypatch.chdir(Path(tiny_gpt2).parent)
+    relative = Path(tiny_gpt2).name
+    out = tmp_path / "adapter"
+    causal_lm.main([*data_args(corpus), *STEPS, "--model_name_or_path", relative, "--block_size", "32",
+                    "--lora_r", "2", "--output_dir", str(out)])  # fmt: skip
+    adapter_config = json.loads((out / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(Path(tiny_gpt2).resolve())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    model = AutoModelForCausalLM.from_pretrained(out)  # transformers + peft: the base, then the adapter
+    assert any("lora_" in name for name, _ in model.named_parameters())
+    card = (out / "README.md").read_text()
+    assert "\nbase_model:" not in card.split("\n---\n")[0]  # the YAML takes Hub ids only
+    assert "**Depends on a base model.**" in card and str(Path(tiny_gpt2).resolve()) in card
+    assert "--merge_lora" in card
+
+
+def test_a_base_model_pushed_before_is_named_by_its_hub_id(tmp_path, corpus, trained_txl):
+    import shutil
+
+    folder = tmp_path / "pushed-base"
+    shutil.copytree(trained_txl[0], folder)
+    run = json.loads((folder / "training_run.json").read_text())
+    (folder / "training_run.json").write_text(json.dumps({**run, "hub_model_id": "someone/tiny-txl"}))
+    out = tmp_path / "fine-tuned"
+    causal_lm.main([*data_args(corpus), *STEPS, "--model_name_or_path", str(folder), "--block_size", "16",
+                    "--output_dir", str(out)])  # fmt: skip
+    meta = front_matter(out / "README.md")
+    assert meta["base_model"] == "someone/tiny-txl"
+
+
+def test_the_card_is_consistent_and_its_usage_snippet_runs(trained_txl, monkeypatch, tmp_path):
+    import re
+
+    output, _ = trained_txl
+    card = (output / "README.md").read_text()
+    tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
+    assert "is_local" not in tokenizer_config and "local_files_only" not in tokenizer_config
+    # one name, one value: a quantity shown in two tables of the card (e.g. eval_tokens) must agree
+    seen = {}
+    for key, value in re.findall(r"^\| (\w+) \| (.+?) \|$", card, re.M):
+        assert seen.setdefault(key, value) == value, f"{key}: {seen[key]} and {value}"
+    snippet = re.search(r"## How to use\n\n```python\n(.*?)```", card, re.S)[1]
+    assert "tokenizer" in snippet and "generate(" in snippet
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "model card snippet", "exec"), {"__name__": "card_snippet"})
+
+
 def test_lora_on_a_memory_model_uses_registry_targets(tmp_path, corpus, trained_txl):
     folder, _ = trained_txl
     out = tmp_path / "lora"
@@ -215,6 +268,7 @@ def test_push_to_hub_uploads_exactly_the_model_folder(tmp_path, corpus, monkeypa
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    monkeypatch.setattr("tf_family.hub.check_push_access", lambda repo_id, token=None: None)  # no network here
     results = causal_lm.main([*TINY_TXL, *data_args(corpus), *STEPS, "--checkpointing_steps", "2",
                               "--output_dir", str(tmp_path), "--push_to_hub", "--hub_model_id", "someone/tiny-txl",
                               "--hub_private"])  # fmt: skip
@@ -235,6 +289,8 @@ def test_push_to_hub_uploads_exactly_the_model_folder(tmp_path, corpus, monkeypa
     assert result["task"]["type"] == "text-generation" and result["dataset"]["split"] == "validation"
     assert {m["type"]: m["value"] for m in result["metrics"]}["perplexity"] == pytest.approx(results["perplexity"])
     assert 'from_pretrained("someone/tiny-txl")' in card
+    # the folder remembers where it went: a run fine-tuned from it will name the Hub id
+    assert json.loads((tmp_path / "training_run.json").read_text())["hub_model_id"] == "someone/tiny-txl"
 
 
 def test_tensorboard_tracking(tmp_path, corpus):
@@ -282,3 +338,47 @@ def test_bf16_mixed_precision(tmp_path, corpus):
     run = json.loads((tmp_path / "training_run.json").read_text())
     assert run["hyperparameters"]["mixed_precision"] == "bf16"
     assert all(math.isfinite(record["train_loss"]) for record in run["train_history"])
+
+
+def test_lora_prints_no_deprecation_noise(trained_txl):
+    import argparse
+    import warnings
+
+    from tf_family.training import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(trained_txl[0])
+    args = argparse.Namespace(lora_r=2, lora_alpha=4.0, lora_dropout=0.0, lora_target_modules=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(model, args, task_type="CAUSAL_LM")
+    assert not [w for w in caught if "deprecated" in str(w.message)], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize(
+    ("arch", "task"),
+    [("compressive", "causal_lm"), ("longformer", "causal_lm"), ("big_bird", "masked_lm"), (None, "causal_lm")],
+)
+def test_every_card_template_usage_snippet_runs(arch, task, tmp_path, monkeypatch, tiny_gpt2):
+    """The "How to use" code of the templates, run against a tiny saved folder (the Transformer-XL card's is run by
+    the test above on a trained one; the Decision Transformer's needs a simulator, the kNN-LM's a datastore)."""
+    import re
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tf_family.cards import write_model_card
+    from tf_family.data import SOTU_TOKENIZER_DIR
+    from tf_family.registry import get_arch
+
+    folder = tmp_path / "model"
+    if arch is None:  # a plain transformers model: the generic template
+        shutil.copytree(tiny_gpt2, folder)
+    else:
+        spec = get_arch(arch)
+        spec.model_classes[task](spec.make_config("tiny", vocab_size=8192, pad_token_id=0)).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR).save_pretrained(folder)
+    (folder / "training_run.json").write_text(json.dumps({"task": task, "metrics": {}, "dataset": {}}))
+    write_model_card(folder)
+    snippet = re.search(r"## How to use\n\n```python\n(.*?)```", (folder / "README.md").read_text(), re.S)[1]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, f"{arch} card snippet", "exec"), {"__name__": "card_snippet"})

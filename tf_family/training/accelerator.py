@@ -20,9 +20,8 @@ def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
     """The recipes' `Accelerator` (gradient accumulation, ``--cpu``, mixed precision, trackers under ``output_dir``),
     with logging set up per process and the seed set. Rejects ``--merge_lora`` under FSDP / DeepSpeed."""
     accelerator = Accelerator(
-        # a step can leave parameters without gradient (adaptive-input clusters absent from a batch, heads with loss
-        # weight 0, pooler weights a masked LM never uses): DDP must not wait for them (a collective mismatch)
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        # DDP's search for parameters without gradient is set per model by `configure_ddp`, before `prepare`
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=False)],
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         cpu=args.cpu,
         mixed_precision=args.mixed_precision,
@@ -40,6 +39,44 @@ def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
         transformers.utils.logging.set_verbosity_error()
     set_seed(args.seed)
     return accelerator
+
+
+# modules used only by some calls: Longformer's global-attention projections (no global tokens: unused), a pooler a
+# task head does not read
+_OPTIONAL_MODULES = {"global_query", "global_key", "global_value", "pooler"}
+
+
+def may_leave_parameters_unused(model: torch.nn.Module) -> bool:
+    """Whether a training step can leave a trainable parameter of ``model`` without a gradient. DDP must then search
+    for such parameters every step (``find_unused_parameters=True``, else the collectives mismatch), and should not
+    otherwise (the search costs a pass over the graph, and every rank warns when it finds nothing).
+
+    A model class may say so itself (class attribute ``may_leave_parameters_unused``); otherwise: adaptive-input
+    clusters absent from a batch (``config.cutoffs``), a compression network idle until the memory fills
+    (``config.cmem_len``), auxiliary heads with loss weight 0 (``predict_state`` / ``predict_return``), and the
+    modules of `_OPTIONAL_MODULES`. ``tests/recipes/test_ddp_unused.py`` checks every registry task against a real
+    step."""
+    base = getattr(model, "get_base_model", lambda: model)()  # a PEFT wrapper: its model decides
+    declared = getattr(type(base), "may_leave_parameters_unused", None)
+    if isinstance(declared, bool):
+        return declared
+    config = getattr(base, "config", None)
+    if getattr(config, "cutoffs", None) or getattr(config, "cmem_len", 0):
+        return True
+    if getattr(config, "predict_state", False) or getattr(config, "predict_return", False):
+        return True
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in base.named_modules()
+        if next(module.parameters(False), None) is not None
+    }
+    return bool(names & _OPTIONAL_MODULES)
+
+
+def configure_ddp(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """Before `accelerator.prepare`: let DDP search for unused parameters only for a model that can leave some
+    (`may_leave_parameters_unused`)."""
+    accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=may_leave_parameters_unused(model))
 
 
 def final_barrier(accelerator: Accelerator) -> Any:

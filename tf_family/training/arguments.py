@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 from typing import Any
 
 from ..registry import ARCHITECTURES, get_arch
+
+logger = logging.getLogger(__name__)
 
 SCHEDULERS = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]
 TRACKERS = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}
@@ -128,9 +131,33 @@ def check_at_least(args: argparse.Namespace, names: tuple[str, ...], minimum: in
             raise ValueError(f"--{name}={value} must be {rule}.")
 
 
+# a run of fewer optimizer steps than this is a smoke run: unless --max_eval_samples says otherwise, it evaluates on
+# the first SMOKE_EVAL_SAMPLES validation examples (documents) only
+SMOKE_RUN_STEPS = 100
+SMOKE_EVAL_SAMPLES = 4
+
+
+def apply_smoke_eval_cap(args: argparse.Namespace) -> None:
+    """A run of fewer than `SMOKE_RUN_STEPS` optimizer steps (``--max_train_steps``) evaluates on the first
+    `SMOKE_EVAL_SAMPLES` validation examples unless ``--max_eval_samples`` is given; ``--max_eval_samples 0`` means
+    all of them (and is stored as None)."""
+    if not hasattr(args, "max_eval_samples"):
+        return
+    if args.max_eval_samples == 0:
+        args.max_eval_samples = None
+    elif args.max_eval_samples is None and args.max_train_steps is not None and args.max_train_steps < SMOKE_RUN_STEPS:
+        args.max_eval_samples = SMOKE_EVAL_SAMPLES
+        logger.info(
+            f"a smoke run (--max_train_steps {args.max_train_steps} < {SMOKE_RUN_STEPS}): evaluating on the first "
+            f"{SMOKE_EVAL_SAMPLES} validation examples only; --max_eval_samples N (0: all) says otherwise."
+        )
+
+
 def validate_run_args(args: argparse.Namespace) -> None:
     """The shared groups' checks: cadences and limits, LoRA, Hub, and the trackers, which it resolves into
-    ``args.trackers`` (the installed ones; ``--report_to all`` skips those that are not)."""
+    ``args.trackers`` (the installed ones; ``--report_to all`` skips those that are not). Applies the smoke-run
+    evaluation cap (`apply_smoke_eval_cap`)."""
+    apply_smoke_eval_cap(args)
     check_at_least(
         args, ("gradient_accumulation_steps", "logging_steps", "checkpointing_steps", "checkpoints_total_limit")
     )
@@ -141,6 +168,10 @@ def validate_run_args(args: argparse.Namespace) -> None:
         raise ValueError("--merge_lora needs --lora_r > 0.")
     if args.push_to_hub and not args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id user/name.")
+    if args.push_to_hub:  # before the work, not after it: offline, not logged in, unreachable
+        from ..hub import check_push_access
+
+        check_push_access(args.hub_model_id, args.hub_token)
     trackers = (
         [] if args.report_to == "none" else list(TRACKERS) if args.report_to == "all" else args.report_to.split(",")
     )

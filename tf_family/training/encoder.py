@@ -72,7 +72,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, task: str, default_dat
     data.add_argument("--validation_file")
     data.add_argument("--max_length", type=int, default=max_length, help="tokens per input, special tokens included")
     data.add_argument("--max_train_samples", type=int, help="use only the first N training examples")
-    data.add_argument("--max_eval_samples", type=int, help="use only the first N evaluation examples")
+    data.add_argument(
+        "--max_eval_samples",
+        type=int,
+        help="use only the first N evaluation examples (0: all; default: all, or 4 in a run of under 100 steps)",
+    )
 
     add_optimisation_arguments(
         parser, learning_rate=5e-5 if task != "masked_lm" else 5e-4, lr_scheduler_type="linear", num_train_epochs=3
@@ -87,7 +91,8 @@ def validate_common_args(args: argparse.Namespace, task: str, min_length: int = 
     check_at_least(args, ("per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs"))
     if args.max_length < min_length:
         raise ValueError(f"--max_length={args.max_length} must be at least {min_length} (special tokens included).")
-    check_at_least(args, ("max_train_samples", "max_eval_samples"))
+    check_at_least(args, ("max_train_samples",))
+    check_at_least(args, ("max_eval_samples",), minimum=0)
     if args.learning_rate <= 0:
         raise ValueError(f"--learning_rate={args.learning_rate} must be positive.")
     if args.validation_file and not args.train_file:
@@ -169,9 +174,11 @@ def build_model(args: argparse.Namespace, task: str, tokenizer, config_overrides
 
 
 def max_input_length(config) -> int | None:
-    """The longest input the model's position table allows (RoBERTa-style offsets counted), or None."""
-    positions = getattr(config, "max_position_embeddings", None)
-    if not isinstance(positions, int):
+    """The longest input the model's position table allows (RoBERTa-style offsets counted), or None when it has
+    no absolute positions."""
+    names = ("max_position_embeddings", "n_positions", "n_ctx")
+    positions = next((v for v in (getattr(config, n, None) for n in names) if isinstance(v, int) and v > 0), None)
+    if positions is None:
         return None
     if getattr(config, "model_type", "").endswith("longformer") or "roberta" in getattr(config, "model_type", ""):
         return positions - (config.pad_token_id or 0) - 1
@@ -233,7 +240,10 @@ def predict(accelerator: Accelerator, model, num_examples: int, per_device: int,
     unwrapped.eval()
     items = []
     with torch.no_grad():
-        for global_batch in eval_batches(num_examples, world * per_device):
+        schedule = eval_batches(num_examples, world * per_device)
+        for global_batch in tqdm(
+            schedule, desc="evaluating", disable=not accelerator.is_local_main_process, leave=False
+        ):
             indices = rows_of(global_batch, accelerator, per_device)
             if not indices:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 
 import torch
 
@@ -60,7 +61,10 @@ def apply_lora(
     )
     # a head is not put in PEFT's modules_to_save: it matches names by suffix, and a head's names (e.g. Longformer's
     # `out_proj`) can also name attention projections that carry adapters
-    model = get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing` alias: noise the user can do nothing about
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+        model = get_peft_model(model, config)
     for param in head:
         param.requires_grad_(True)
     return model

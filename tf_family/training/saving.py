@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from accelerate.utils import DistributedType, gather_object
 
 from .. import __version__
 from ..cards import RUN_INFO_FILE, write_model_card
-from ..hub import push_folder
+from ..hub import hub_id_of, portable_reference, push_folder
 
 logger = get_logger(__name__)
 
@@ -33,6 +34,32 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+# what transformers writes into tokenizer_config.json from the loading call, true only where the run was
+TOKENIZER_LOAD_KEYS = ("is_local", "local_files_only")
+
+
+def save_tokenizer(tokenizer, output_dir: str | Path) -> None:
+    """``tokenizer.save_pretrained(output_dir)`` without the loading call's ``is_local`` / ``local_files_only``
+    (a folder loaded from the Hub would otherwise say it is local and must not be fetched)."""
+    tokenizer.save_pretrained(output_dir)
+    path = Path(output_dir) / "tokenizer_config.json"
+    if path.is_file():
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if any(key in config for key in TOKENIZER_LOAD_KEYS):
+            for key in TOKENIZER_LOAD_KEYS:
+                config.pop(key, None)
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            partial.replace(path)
+
+
+def point_adapter_at_base(model, base_model: str) -> None:
+    """Make a PEFT model's saved ``adapter_config.json`` name ``base_model`` (`tf_family.hub.portable_reference`:
+    a Hub id, else an absolute path) instead of the path as it was typed, relative to wherever the run started."""
+    for config in getattr(model, "peft_config", {}).values():
+        config.base_model_name_or_path = base_model
 
 
 def save_model(
@@ -50,7 +77,7 @@ def save_model(
         to_save = unwrapped.merge_and_unload() if merge_lora else unwrapped
         to_save.save_pretrained(output_dir, state_dict=full_state_dict, safe_serialization=True)
         if tokenizer is not None:
-            tokenizer.save_pretrained(output_dir)
+            save_tokenizer(tokenizer, output_dir)
     return fingerprints
 
 
@@ -62,7 +89,7 @@ def run_hyperparameters(
     values = {
         "arch": args.arch,
         "variant": args.variant if args.arch else None,
-        "base_model": args.model_name_or_path,
+        "base_model": portable_reference(args.model_name_or_path) if args.model_name_or_path else None,
         **task_values,
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "world_size": world_size,
@@ -75,6 +102,8 @@ def run_hyperparameters(
         "max_train_steps": max_train_steps,
         "mixed_precision": args.mixed_precision,
         "seed": args.seed,
+        # evaluation on the first N validation examples only (a smoke run's cap, or --max_eval_samples)
+        "max_eval_samples": getattr(args, "max_eval_samples", None),
         **({"config_overrides": " ".join(args.config_overrides)} if args.config_overrides else {}),
         **(
             {"lora_r": args.lora_r, "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout,
@@ -111,7 +140,10 @@ def run_record(
         "tf_family_version": __version__,
         "model_type": model.config.model_type,
         "arch": args.arch,
-        "base_model": args.model_name_or_path,
+        # a Hub id when known, else an absolute path: what the folder was fine-tuned from (an adapter needs it)
+        "base_model": portable_reference(args.model_name_or_path) if args.model_name_or_path else None,
+        "base_model_on_hub": hub_id_of(args.model_name_or_path) is not None if args.model_name_or_path else None,
+        "adapter": bool(getattr(args, "lora_r", 0)) and not getattr(args, "merge_lora", False),
         "dataset": {k: v for k, v in dataset.items() if v is not None},
         "hyperparameters": hyperparameters,
         "metrics": metrics,
@@ -130,9 +162,10 @@ def publish_run(output_dir: Path, record: dict[str, Any], args: argparse.Namespa
     hub_model_id = getattr(args, "hub_model_id", None)
     (output_dir / RUN_INFO_FILE).write_text(json.dumps(record, indent=2) + "\n")
     write_model_card(output_dir, hub_model_id)
+    sys.stdout.write(f"saved to {output_dir} (weights, config, tokenizer, model card README.md, {RUN_INFO_FILE})\n")
     if getattr(args, "push_to_hub", False):
         pushed = push_folder(output_dir, hub_model_id, token=args.hub_token, private=args.hub_private or None)
-        logger.info(f"pushed {pushed} to {hub_model_id}")
+        sys.stdout.write(f"pushed {len(pushed)} files to https://huggingface.co/{hub_model_id}\n")
 
 
 def save_run(
@@ -142,6 +175,8 @@ def save_run(
     arguments but the world size and the fingerprints). Every process calls it and gets what a recipe's ``main``
     returns: the metrics, the output folder, the world size, every process's weight fingerprint and the number of
     steps. The caller then ends the run with `ending_run`, after letting go of the prepared model."""
+    if args.model_name_or_path and args.lora_r and not args.merge_lora:
+        point_adapter_at_base(accelerator.unwrap_model(model), portable_reference(args.model_name_or_path))
     fingerprints = save_model(accelerator, model, output_dir, args.merge_lora, tokenizer)
     world = accelerator.num_processes
     if accelerator.is_main_process:
