@@ -15,6 +15,8 @@ from .models.big_bird.modeling_big_bird import (
     TffBigBirdModel,
     TffBigBirdPreTrainedModel,
 )
+from .models.calm.configuration_calm import TffCalmConfig
+from .models.calm.modeling_calm import TffCalmForCausalLM, TffCalmModel, TffCalmPreTrainedModel
 from .models.compressive.configuration_compressive import TffCompressiveConfig
 from .models.compressive.modeling_compressive import (
     TffCompressiveLMHeadModel,
@@ -59,6 +61,10 @@ __all__ = [
     "ArchSpec",
     "CompressiveMemory",
     "SegmentMemory",
+    "TffCalmConfig",
+    "TffCalmForCausalLM",
+    "TffCalmModel",
+    "TffCalmPreTrainedModel",
     "TffCompressiveConfig",
     "TffCompressiveLMHeadModel",
     "TffCompressiveModel",
