@@ -52,6 +52,12 @@ def _calm_llama(folder):
     return tf_family.TffCalmForCausalLM
 
 
+def _calm_gpt2(folder):
+    config = transformers.GPT2Config(vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return tf_family.TffCalmForCausalLM
+
+
 # one reference folder per foreign checkpoint format (name -> builder returning the tf_family class that reads it)
 REFERENCES = {
     "transfo-xl": _transfo_xl,
@@ -59,6 +65,7 @@ REFERENCES = {
     "big-bird": _big_bird,
     "decision-transformer": _decision_transformer,
     "calm-llama": _calm_llama,
+    "calm-gpt2": _calm_gpt2,
 }
 
 
@@ -184,6 +191,7 @@ def test_convert_kinds_come_from_the_specs():
     kinds = convert_kinds()
     assert set(kinds) == {
         "transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer", "calm-llama",
+        "calm-gpt2",
     }  # fmt: skip
     for name, (spec, record) in kinds.items():
         assert record in spec.foreign_formats

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from tf_family import TffCalmConfig, TffCalmForCausalLM
 from tf_family.registry import get_arch
@@ -252,6 +252,35 @@ def test_llama_checkpoint_loads_with_identical_outputs(tmp_path):
         expected = llama.generate(ids[:1], max_new_tokens=6, do_sample=False)
         assert torch.equal(calm.generate(ids[:1], max_new_tokens=6, do_sample=False), expected)
     assert torch.equal(calm.meta_classifier.weight, torch.zeros(2, 32))
+
+
+def test_gpt2_checkpoint_loads_with_identical_outputs(tmp_path):
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=96, n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
+    gpt2 = GPT2LMHeadModel(config).eval()
+    gpt2.save_pretrained(tmp_path)
+    calm = TffCalmForCausalLM.from_pretrained(tmp_path).eval()
+    assert calm.config.decoder_style == "gpt2" and calm.lm_head.weight is calm.model.embed_tokens.weight
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(calm(ids).logits, gpt2(ids).logits, rtol=1e-5, atol=1e-5)
+        expected = gpt2.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+        assert torch.equal(
+            calm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False), expected
+        )
+
+
+def test_gpt2_style_per_row_exits_equal_row_by_row():
+    model = build(decoder_style="gpt2", attention_bias=True, mlp_bias=True, hidden_act="gelu_new")
+    ids = prompt()
+    model.config.exit_threshold = threshold_with_mixed_exits(model, ids)
+    batched, batched_exits = generate(model, ids)
+    for row in range(ids.shape[0]):
+        alone, alone_exits = generate(model, ids[row : row + 1])
+        assert torch.equal(alone.sequences[0], batched.sequences[row])
+        assert torch.equal(alone_exits[0], batched_exits[row])
 
 
 @pytest.mark.parametrize(

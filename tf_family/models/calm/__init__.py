@@ -4,7 +4,7 @@ from types import MappingProxyType
 
 from ...spec import ArchSpec
 from .configuration_calm import TffCalmConfig
-from .convert_calm import TRANSFORMERS_LLAMA
+from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA
 from .modeling_calm import TffCalmForCausalLM, TffCalmModel
 
 _DECODER = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
@@ -43,11 +43,11 @@ SPEC = ArchSpec(
         }
     ),
     lora_target_modules=("q_proj", "v_proj"),
-    reference="transformers LlamaForCausalLM (same weights, no exit); CALM's exit rules from t5x contrib/calm",
-    parity="exit_threshold=None equals Llama's logits on the same weights; forced exits equal k layers + propagation",
+    reference="transformers LlamaForCausalLM / GPT2LMHeadModel (same weights); exit rules from t5x contrib/calm",
+    parity="no exit equals Llama's and GPT-2's logits and tokens; forced exits equal k layers + propagated K/V",
     card="calm.md",
     paper="2207.07061",
-    foreign_formats=(TRANSFORMERS_LLAMA,),
+    foreign_formats=(TRANSFORMERS_LLAMA, TRANSFORMERS_GPT2),
 )
 
 __all__ = ["SPEC"]

@@ -25,6 +25,10 @@ class TffCalmConfig(PreTrainedConfig):
         max_position_embeddings (`int`, 2048), rms_norm_eps (`float`, 1e-6), rope_base (`float`, 10000.0: the
         rotary base θ), attention_bias / mlp_bias (`bool`, False), attention_dropout (`float`, 0.0),
         initializer_range (`float`, 0.02), tie_word_embeddings (`bool`, False), pad/bos/eos_token_id.
+        decoder_style (`str`, defaults to ``"llama"``): ``"llama"`` (RMSNorm, rotary positions, gated MLP) or
+        ``"gpt2"`` (LayerNorm with bias, learned absolute positions, plain MLP; set ``attention_bias``, ``mlp_bias``
+        and ``layer_norm_eps``: what a converted GPT-2 checkpoint gets). layer_norm_eps (`float`, 1e-5): the
+        LayerNorm epsilon of the ``"gpt2"`` style.
         ``num_hidden_layers`` is also the *active* depth: transformers' ``assistant_early_exit`` lowers it while
         drafting, and the model then runs only that many layers.
 
@@ -63,6 +67,8 @@ class TffCalmConfig(PreTrainedConfig):
     hidden_act: str = "silu"
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
+    decoder_style: Literal["llama", "gpt2"] = "llama"
+    layer_norm_eps: float = 1e-5
     rope_base: float = 10000.0
     attention_bias: bool = False
     mlp_bias: bool = False

@@ -58,7 +58,7 @@ from ...early_exit import (
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import build_activation, fused_projections
 from .configuration_calm import TffCalmConfig
-from .convert_calm import TRANSFORMERS_LLAMA
+from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA
 
 logger = logging.get_logger(__name__)
 
@@ -79,17 +79,29 @@ class TffCalmRMSNorm(nn.Module):
         return self.weight * hidden.to(dtype)
 
 
+def build_norm(config: TffCalmConfig) -> nn.Module:
+    """The decoder style's norm: RMSNorm (``"llama"``) or LayerNorm with bias (``"gpt2"``)."""
+    if config.decoder_style == "gpt2":
+        return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+    return TffCalmRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
 class TffCalmMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))``."""
+    """``down(act(gate(x)) * up(x))`` (``"llama"``) or ``down(act(up(x)))`` (``"gpt2"``: no gate)."""
 
     def __init__(self, config: TffCalmConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        gated = config.decoder_style == "llama"
+        self.gate_proj = (
+            nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias) if gated else None
+        )
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.act_fn = build_activation(config.hidden_act)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is None:
+            return self.down_proj(self.act_fn(self.up_proj(hidden)))
         gate, up = fused_projections(hidden, self.gate_proj, self.up_proj)
         return self.down_proj(self.act_fn(gate) * up)
 
@@ -104,7 +116,9 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: t
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _apply_rotary(tensor: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _apply_rotary(tensor: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    if cos is None:  # learned absolute positions (the "gpt2" style): nothing to rotate
+        return tensor
     first, second = tensor.chunk(2, dim=-1)
     cos, sin = cos.to(tensor.dtype), sin.to(tensor.dtype)  # under autocast the projections come out in bf16
     return tensor * cos + torch.cat([-second, first], dim=-1) * sin
@@ -155,7 +169,9 @@ class TffCalmAttention(nn.Module):
             key, value = past_key_values.update(key, value, self.layer_idx)  # (B, Hkv, S, Dh)
         if rows is not None:
             query = self.q_proj(normed[rows])
-            cos, sin, key, value = cos[rows], sin[rows], key[rows], value[rows]
+            key, value = key[rows], value[rows]
+            if cos is not None:
+                cos, sin = cos[rows], sin[rows]
             allowed = allowed[rows] if allowed is not None and allowed.shape[0] > 1 else allowed
         query = _apply_rotary(self._heads(query, self.num_heads), cos, sin)  # (B', H, T, Dh)
         if self.num_kv_heads != self.num_heads:
@@ -173,9 +189,9 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: TffCalmConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.input_layernorm = TffCalmRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = build_norm(config)
         self.self_attn = TffCalmAttention(config, layer_idx)
-        self.post_attention_layernorm = TffCalmRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = build_norm(config)
         self.mlp = TffCalmMLP(config)
 
     def forward(self, hidden, cos, sin, allowed, past_key_values=None, rows=None):
@@ -201,7 +217,7 @@ class TffCalmPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffCalmConfig
     config: TffCalmConfig
     base_model_prefix = "model"
-    _foreign_formats = (TRANSFORMERS_LLAMA,)  # transformers Llama folders load directly (convert_calm.py)
+    _foreign_formats = (TRANSFORMERS_LLAMA, TRANSFORMERS_GPT2)  # transformers folders load directly (convert_calm.py)
     carried_state = None  # a transformers Cache, passed in and out as usual
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
@@ -220,6 +236,9 @@ class TffCalmPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, TffCalmRMSNorm):
             init.ones_(module.weight)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
 
 
 class TffCalmModel(TffCalmPreTrainedModel):
@@ -228,8 +247,14 @@ class TffCalmModel(TffCalmPreTrainedModel):
     def __init__(self, config: TffCalmConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        # learned absolute positions in the "gpt2" style (rotary ones otherwise)
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.decoder_style == "gpt2"
+            else None
+        )
         self.layers = nn.ModuleList(TffCalmDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = TffCalmRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = build_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -277,6 +302,13 @@ class TffCalmModel(TffCalmPreTrainedModel):
             if padded:
                 # a padded query still sees itself, so no row of the mask is empty (its output is never used)
                 allowed = (allowed & attention_mask.bool()[:, None, None, :]) | (key_at == query_at)
+        if self.embed_positions is not None:
+            if int(position_ids.max()) >= self.config.max_position_embeddings:
+                raise ValueError(
+                    f"position {int(position_ids.max())} is beyond max_position_embeddings="
+                    f"{self.config.max_position_embeddings} (learned positions); shorten the input."
+                )
+            return hidden + self.embed_positions(position_ids), None, None, allowed, position_ids
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, hidden.dtype)
         return hidden, cos, sin, allowed, position_ids
 
