@@ -41,12 +41,13 @@ from tf_family.training.early_exit import cut_prompts, generate_with_exits, scor
 
 DELTAS = (0.05, 0.1, 0.2)
 EPSILON = 0.05
-SOFTMAX_GRID = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
+# descending grids, finer where a briefly trained model's confidences lie (small top-1 minus top-2 gaps)
+SOFTMAX_GRID = (1.0, 0.5, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.0)
 GRIDS = {
     "softmax_diff": SOFTMAX_GRID,
     "restricted_softmax": SOFTMAX_GRID,
-    "meta": (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.5, 0.0),
-    "state": (1.0, 0.9999, 0.9995, 0.999, 0.998, 0.995, 0.99, 0.98, 0.95, 0.9, 0.0),
+    "meta": (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5, 0.0),
+    "state": (1.0, 0.999, 0.995, 0.99, 0.98, 0.95, 0.9, 0.8, 0.5, 0.0),
 }
 
 
