@@ -226,9 +226,14 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return total, count
 
 
-def model_inputs(batch: dict[str, torch.Tensor], memory: Any, device: torch.device) -> dict[str, Any]:
-    """Forward kwargs for one block batch; memory models get their memory and the rows to reset."""
+def model_inputs(
+    batch: dict[str, torch.Tensor], memory: Any, device: torch.device, exit_labels: bool = False
+) -> dict[str, Any]:
+    """Forward kwargs for one block batch; memory models get their memory and the rows to reset; early-exit models
+    in training (``exit_training``: CALM) get the aligned targets, and return their anytime loss as ``aux_loss``."""
     inputs: dict[str, Any] = {"input_ids": batch["input_ids"].to(device)}
+    if exit_labels:
+        inputs["exit_labels"] = batch["labels"].to(device)
     if memory is not False:  # False marks a model without memory
         inputs["mems"] = memory
         if memory is not None:
@@ -324,6 +329,8 @@ def main(
     model = build_model(args, tokenizer, separator_id, config_overrides)
     # a model that carries a memory between steps (Transformer-XL's segment memory, the Compressive Transformer's)
     has_memory = carried_state(model) is not None
+    # an early-exit model (CALM) trains every exit: the anytime loss (and its meta classifier) comes back as aux_loss
+    trains_exits = bool(getattr(model, "exit_training", False))
     block_size = choose_block_size(args.block_size, model)
 
     with accelerator.main_process_first():
@@ -432,12 +439,14 @@ def main(
             # accumulate(): gradients are all-reduced and the optimizer steps on every `accumulation`-th micro-batch
             with accelerator.accumulate(model):
                 with accelerator.autocast():
-                    outputs = model(**model_inputs(batch, memory, accelerator.device))
+                    outputs = model(**model_inputs(batch, memory, accelerator.device, trains_exits))
                 nll, count = next_token_loss(outputs.logits, labels)
                 # a batch with nothing to score still takes part in the gradient all-reduce
                 loss = nll / count if count else outputs.logits.sum() * 0.0
-                if getattr(outputs, "aux_loss", None) is not None:  # e.g. the Compressive Transformer's
-                    loss = loss + outputs.aux_loss  # attention-reconstruction loss, which trains its compression
+                # the Compressive Transformer's attention-reconstruction loss (which trains its compression), or CALM's
+                # anytime loss minus the last layer's cross entropy plus its meta classifier's loss
+                if getattr(outputs, "aux_loss", None) is not None:
+                    loss = loss + outputs.aux_loss
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)

@@ -46,12 +46,26 @@ def _decision_transformer(folder):
     return tf_family.TffDecisionTransformerModel
 
 
+def _calm_llama(folder):
+    config = transformers.LlamaConfig(vocab_size=61, max_position_embeddings=64, num_key_value_heads=2, **BODY)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return tf_family.TffCalmForCausalLM
+
+
+def _calm_gpt2(folder):
+    config = transformers.GPT2Config(vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return tf_family.TffCalmForCausalLM
+
+
 # one reference folder per foreign checkpoint format (name -> builder returning the tf_family class that reads it)
 REFERENCES = {
     "transfo-xl": _transfo_xl,
     "longformer": _longformer,
     "big-bird": _big_bird,
     "decision-transformer": _decision_transformer,
+    "calm-llama": _calm_llama,
+    "calm-gpt2": _calm_gpt2,
 }
 
 
@@ -175,7 +189,10 @@ def test_convert_kinds_come_from_the_specs():
     from tf_family.cli import build_parser, convert_kinds
 
     kinds = convert_kinds()
-    assert set(kinds) == {"transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer"}
+    assert set(kinds) == {
+        "transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer", "calm-llama",
+        "calm-gpt2",
+    }  # fmt: skip
     for name, (spec, record) in kinds.items():
         assert record in spec.foreign_formats
         assert build_parser().parse_args(["convert", name, "in", "out"]).kind == name

@@ -17,6 +17,8 @@ from .models.big_bird.modeling_big_bird import (
     TffBigBirdModel,
     TffBigBirdPreTrainedModel,
 )
+from .models.calm.configuration_calm import TffCalmConfig
+from .models.calm.modeling_calm import TffCalmForCausalLM, TffCalmModel, TffCalmPreTrainedModel
 from .models.compressive.configuration_compressive import TffCompressiveConfig
 from .models.compressive.modeling_compressive import (
     TffCompressiveLMHeadModel,
@@ -71,6 +73,10 @@ __all__ = [
     "ArchSpec",
     "CompressiveMemory",
     "SegmentMemory",
+    "TffCalmConfig",
+    "TffCalmForCausalLM",
+    "TffCalmModel",
+    "TffCalmPreTrainedModel",
     "TffCompressiveConfig",
     "TffCompressiveLMHeadModel",
     "TffCompressiveModel",

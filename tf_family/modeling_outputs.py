@@ -106,3 +106,31 @@ class CompressiveCausalLMOutput(ModelOutput):
     mems: CompressiveMemory | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class EarlyExitCausalLMOutput(ModelOutput):
+    """Output of an early-exit (CALM) language model.
+
+    Args:
+        loss: with ``labels``: the anytime loss (the exits' weighted cross entropies) plus the weighted meta
+            classifier loss.
+        logits: ``(B, T, V)``, each token's from the exit it left at.
+        past_key_values: the `transformers.Cache`, every layer filled (skipped layers by state propagation).
+        hidden_states: embeddings and every layer's output (full-depth calls with ``output_hidden_states``).
+        attentions: per layer ``(B, H, T, S)`` (full-depth calls, eager attention, ``output_attentions``).
+        exit_layers: ``(B, T)`` how many layers each token ran before it exited.
+        aux_loss: with ``exit_labels``: what the caller adds to the last layer's cross entropy to get ``loss``.
+        lm_loss: the last layer's cross entropy (when targets are given).
+        meta_loss: the meta classifier's class-balanced loss (when targets are given).
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    past_key_values: object | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    exit_layers: torch.LongTensor | None = None
+    aux_loss: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    meta_loss: torch.FloatTensor | None = None

@@ -15,6 +15,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from .models.big_bird import SPEC as BIG_BIRD
+from .models.calm import SPEC as CALM
 from .models.compressive import SPEC as COMPRESSIVE
 from .models.decision_transformer import SPEC as DECISION_TRANSFORMER
 from .models.knn_lm import SPEC as KNN_LM
@@ -23,7 +24,7 @@ from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
 
 ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
-    {spec.name: spec for spec in (TRANSFO_XL, COMPRESSIVE, LONGFORMER, BIG_BIRD, KNN_LM, DECISION_TRANSFORMER)}
+    {spec.name: spec for spec in (TRANSFO_XL, COMPRESSIVE, LONGFORMER, BIG_BIRD, KNN_LM, CALM, DECISION_TRANSFORMER)}
 )
 
 

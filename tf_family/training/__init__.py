@@ -10,6 +10,8 @@ takes its helpers from ``timm.utils``. A recipe keeps its data, model and traini
 - `lora`: optional PEFT LoRA adapters on the registry's targets;
 - `loop`: AdamW with its schedule, and the logged window of training steps (`TrainingLog`);
 - `saving`: the weights, the run record (``training_run.json``), the model card and the optional push;
+- `early_exit`: what the CALM calibration recipe and benchmark share (prompts, generation with exits, consistency
+  losses, Learn-then-Test over a threshold grid);
 - `encoder`: what the encoder task recipes (sequence classification, masked LM, question answering) share, their
   training loop included.
 

@@ -113,7 +113,10 @@ def test_a_plain_gpt2_and_our_transformer_xl_build_datastores_too():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32)).eval()
     txl = create_model("transfo_xl", "causal_lm", "tiny").eval()
     blocks = token_blocks(3, block_size=8)
-    for model, module, ffn in ((gpt2, "lm_head", "transformer.h.1.mlp"), (txl, "lm_head", "transformer.layers.1.feed_forward")):
+    for model, module, ffn in (
+        (gpt2, "lm_head", "transformer.h.1.mlp"),
+        (txl, "lm_head", "transformer.layers.1.feed_forward"),
+    ):
         assert resolve_key_module(model, "ffn_input")[0] == ffn
         datastore = build_datastore(model, batches_of(blocks), None, show_progress=False)
         assert datastore.description["module_path"] == module and datastore.size == blocks.num_targets
@@ -178,7 +181,9 @@ def test_a_hand_computed_three_token_example():
         p_lm = torch.softmax(base(ids).logits[0, -1].float(), -1)
     offsets = torch.zeros(3, 32)
     offsets[0, 0], offsets[1, 1], offsets[2, 2] = 1.0, 2.0**0.5, 3.0**0.5
-    datastore = KNNDatastore([(hidden + offsets).float()], [torch.tensor([2, 0, 2])], {"dim": 32, "module_path": "lm_head"})
+    datastore = KNNDatastore(
+        [(hidden + offsets).float()], [torch.tensor([2, 0, 2])], {"dim": 32, "module_path": "lm_head"}
+    )
     model = TffKNNLMForCausalLM.from_base(base, datastore, k=3, lmbda=0.4)
     with torch.no_grad():
         p = model(ids).logits[0, -1].exp()

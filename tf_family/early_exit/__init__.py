@@ -1,0 +1,57 @@
+"""CALM early exit (Schuster et al. 2022, arXiv:2207.07061): pure functions, no `nn.Module`, no config.
+
+- `confidence`: the confidence measures (softmax top-1 minus top-2, softmax max, hidden-state saturation per row,
+  the meta classifier's score, a softmax over a restricted vocabulary), the position-decayed threshold, the exit
+  schedule and the anytime-loss weights (the official t5x/flaxformer formulas);
+- `calibration`: Learn-then-Test (Angelopoulos et al. 2021) — Hoeffding and Hoeffding–Bentkus p-values and
+  fixed-sequence testing over a descending threshold grid, which the paper uses for its consistency guarantee and
+  which no released CALM code implements.
+"""
+
+from .calibration import (
+    LTTResult,
+    binomial_cdf,
+    calibrate_threshold,
+    fixed_sequence_test,
+    hoeffding_bentkus_p_value,
+    hoeffding_p_value,
+    rescale_risks,
+    rouge_l_f1,
+    token_disagreement,
+)
+from .confidence import (
+    AGGREGATIONS,
+    CONFIDENCE_MEASURES,
+    anytime_loss_weights,
+    class_balanced_meta_loss,
+    decayed_threshold,
+    exit_points,
+    meta_confidence,
+    restricted_softmax_confidence,
+    softmax_diff_confidence,
+    softmax_max_confidence,
+    state_confidence,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "CONFIDENCE_MEASURES",
+    "LTTResult",
+    "anytime_loss_weights",
+    "binomial_cdf",
+    "calibrate_threshold",
+    "class_balanced_meta_loss",
+    "decayed_threshold",
+    "exit_points",
+    "fixed_sequence_test",
+    "hoeffding_bentkus_p_value",
+    "hoeffding_p_value",
+    "meta_confidence",
+    "rescale_risks",
+    "restricted_softmax_confidence",
+    "rouge_l_f1",
+    "softmax_diff_confidence",
+    "softmax_max_confidence",
+    "state_confidence",
+    "token_disagreement",
+]

@@ -1,0 +1,53 @@
+"""CALM: what the architecture declares about itself (its `ArchSpec`, read by `tf_family.registry`)."""
+
+from types import MappingProxyType
+
+from ...spec import ArchSpec
+from .configuration_calm import TffCalmConfig
+from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA
+from .modeling_calm import TffCalmForCausalLM, TffCalmModel
+
+_DECODER = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+
+SPEC = ArchSpec(
+    name="calm",
+    title="CALM early exit (Schuster et al. 2022)",
+    config_class=TffCalmConfig,
+    model_classes=MappingProxyType({"base": TffCalmModel, "causal_lm": TffCalmForCausalLM}),
+    variants=MappingProxyType(
+        {
+            "tiny": MappingProxyType(
+                {
+                    **_DECODER,
+                    "vocab_size": 128,
+                    "hidden_size": 32,
+                    "intermediate_size": 64,
+                    "num_hidden_layers": 4,
+                    "num_attention_heads": 4,
+                    "num_key_value_heads": 2,
+                    "max_position_embeddings": 64,
+                }
+            ),
+            # the benchmark's model: 8 layers of width 256 on the bundled 8k tokenizer, exits after every layer
+            "small": MappingProxyType(
+                {
+                    **_DECODER,
+                    "vocab_size": 8192,
+                    "hidden_size": 256,
+                    "intermediate_size": 688,
+                    "num_hidden_layers": 8,
+                    "num_attention_heads": 4,
+                    "max_position_embeddings": 1024,
+                }
+            ),
+        }
+    ),
+    lora_target_modules=("q_proj", "v_proj"),
+    reference="transformers LlamaForCausalLM / GPT2LMHeadModel (same weights); exit rules from t5x contrib/calm",
+    parity="no exit equals Llama's and GPT-2's logits and tokens; forced exits equal k layers + propagated K/V",
+    card="calm.md",
+    paper="2207.07061",
+    foreign_formats=(TRANSFORMERS_LLAMA, TRANSFORMERS_GPT2),
+)
+
+__all__ = ["SPEC"]

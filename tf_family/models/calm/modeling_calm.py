@@ -1,0 +1,589 @@
+"""CALM: a decoder-only language model that exits early, token by token and row by row, with a calibrated guarantee.
+
+Paper: Schuster, Fisch, Gupta, Dehghani, Bahri, Tran, Tay, Metzler, "Confident Adaptive Language Modeling",
+NeurIPS 2022, arXiv:2207.07061. Reference code read: google-research t5x ``contrib/calm`` and flaxformer
+``calm_t5`` (an encoder-decoder T5); its formulas are in `tf_family.early_exit`.
+
+The decoder is Llama's (RMSNorm, rotary positions, gated SiLU MLP, grouped key/value heads; Llama's module names,
+so a transformers Llama checkpoint loads one to one, `convert_calm.py`). Exits sit after the layer counts
+``config.exit_points()`` (``first_exit``, every ``exit_interval``, and the last layer) and all read the hidden
+state through the shared final norm and LM head.
+
+Decoding (one new token per row, with a cache): after each exit point from ``min_exit`` on, every row still
+running computes its confidence (`confidence_measure`) and leaves when it reaches the position-decayed threshold
+λ'(t) = 0.9 λ + 0.1 λ exp(-τ t / N). Rows decide separately: a row that has left keeps its exit state, the layers
+above compute attention and MLP for the remaining rows only, and every layer still writes keys and values for all
+rows — a left row's are the layer's own pre-attention norm and key/value projections of its exit state (the
+paper's state propagation). So every cache layer has the same length at every step (a layer that wrote nothing
+would make SDPA attend silently over misaligned caches). Once every row has left, the remaining layers only
+propagate. A call with several new tokens per row (the prompt) runs at full depth; ``exit_layer=k`` forces every
+token of a call to exit after k layers (with propagation), for tests and analysis.
+
+Training: the anytime loss — the exits' cross entropies weighted by `anytime_loss_weights` (``aggregation``) —
+plus the meta classifier's class-balanced loss (label: the exit's argmax equals the last layer's) on detached
+states, weighted by ``meta_loss_weight``.
+
+Deviations from the official code: exits are decided per row (it exits the whole batch when its least confident
+row is confident; its PyTorch port runs batch 1 only); the ``state`` measure is a per-row cosine; t in the decay is
+the token's position (the decoder-only prompt counts) and N is ``decay_length``; a ``restricted_softmax`` measure
+is added (softmax over ``restricted_vocab`` only). Config field <-> paper symbol: ``exit_threshold`` = λ,
+``position_temperature`` = τ, ``decay_length`` = N.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.utils import logging
+
+from ...attention import attend
+from ...conversion import ForeignCheckpointMixin
+from ...early_exit import (
+    anytime_loss_weights,
+    class_balanced_meta_loss,
+    decayed_threshold,
+    meta_confidence,
+    restricted_softmax_confidence,
+    softmax_diff_confidence,
+    softmax_max_confidence,
+    state_confidence,
+)
+from ...modeling_outputs import EarlyExitCausalLMOutput
+from ...modeling_utils import build_activation, fused_projections
+from .configuration_calm import TffCalmConfig
+from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA
+
+logger = logging.get_logger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------- small modules
+class TffCalmRMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight``, computed in float32 (as Llama's)."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        dtype = hidden.dtype
+        hidden = hidden.float()
+        hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * hidden.to(dtype)
+
+
+def build_norm(config: TffCalmConfig) -> nn.Module:
+    """The decoder style's norm: RMSNorm (``"llama"``) or LayerNorm with bias (``"gpt2"``)."""
+    if config.decoder_style == "gpt2":
+        return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+    return TffCalmRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class TffCalmMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` (``"llama"``) or ``down(act(up(x)))`` (``"gpt2"``: no gate)."""
+
+    def __init__(self, config: TffCalmConfig):
+        super().__init__()
+        gated = config.decoder_style == "llama"
+        self.gate_proj = (
+            nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias) if gated else None
+        )
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = build_activation(config.hidden_act)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is None:
+            return self.down_proj(self.act_fn(self.up_proj(hidden)))
+        gate, up = fused_projections(hidden, self.gate_proj, self.up_proj)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
+    """Rotary tables for ``positions`` ``(B, T)``: ``cos``, ``sin`` ``(B, 1, T, Dh)`` (Llama's default rope)."""
+    inv_freq = 1.0 / (
+        base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim)
+    )
+    freqs = positions[..., None].float() * inv_freq  # (B, T, Dh / 2)
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, Dh)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _apply_rotary(tensor: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    if cos is None:  # learned absolute positions (the "gpt2" style): nothing to rotate
+        return tensor
+    first, second = tensor.chunk(2, dim=-1)
+    cos, sin = cos.to(tensor.dtype), sin.to(tensor.dtype)  # under autocast the projections come out in bf16
+    return tensor * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+# -------------------------------------------------------------------------------------------------------- attention
+class TffCalmAttention(nn.Module):
+    """Multi-head attention with rotary positions and grouped key/value heads, through `attend`.
+
+    `forward` can compute outputs for a subset of rows (``rows``) while writing every row's keys and values into the
+    cache: the rows that have exited get their keys and values from their (unchanged) exit state.
+    """
+
+    def __init__(self, config: TffCalmConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def _heads(self, tensor: torch.Tensor, heads: int) -> torch.Tensor:
+        batch, length = tensor.shape[:2]
+        return tensor.view(batch, length, heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def key_value(self, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """This layer's keys (rotated) and values of ``normed`` ``(B, T, D)``: ``(B, Hkv, T, Dh)`` each."""
+        key, value = fused_projections(normed, self.k_proj, self.v_proj)
+        return _apply_rotary(self._heads(key, self.num_kv_heads), cos, sin), self._heads(value, self.num_kv_heads)
+
+    def forward(self, normed, cos, sin, allowed, past_key_values: Cache | None = None, rows=None):
+        """``normed`` ``(B, T, D)`` -> ``(B', T, D)`` for the ``rows`` (all when ``None``), and the probabilities
+        ``(B', H, T, S)`` with the eager implementation."""
+        if rows is None:
+            query, key, value = fused_projections(normed, self.q_proj, self.k_proj, self.v_proj)
+            key = _apply_rotary(self._heads(key, self.num_kv_heads), cos, sin)
+            value = self._heads(value, self.num_kv_heads)
+        else:
+            key, value = self.key_value(normed, cos, sin)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)  # (B, Hkv, S, Dh)
+        if rows is not None:
+            query = self.q_proj(normed[rows])
+            key, value = key[rows], value[rows]
+            if cos is not None:
+                cos, sin = cos[rows], sin[rows]
+            allowed = allowed[rows] if allowed is not None and allowed.shape[0] > 1 else allowed
+        query = _apply_rotary(self._heads(query, self.num_heads), cos, sin)  # (B', H, T, Dh)
+        if self.num_kv_heads != self.num_heads:
+            repeat = self.num_heads // self.num_kv_heads
+            key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+        dropout_p = self.config.attention_dropout if self.training else 0.0
+        attended, probs = attend(query, key, value, allowed, None, dropout_p, self.config._attn_implementation)
+        batch, _, length, _ = attended.shape
+        return self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1)), probs
+
+
+class TffCalmDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm attention and MLP (Llama's layer), plus `propagate` for tokens that exited below it."""
+
+    def __init__(self, config: TffCalmConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.input_layernorm = build_norm(config)
+        self.self_attn = TffCalmAttention(config, layer_idx)
+        self.post_attention_layernorm = build_norm(config)
+        self.mlp = TffCalmMLP(config)
+
+    def forward(self, hidden, cos, sin, allowed, past_key_values=None, rows=None):
+        """``hidden`` ``(B, T, D)``; with ``rows`` (exited rows present), only those rows are updated and the others
+        pass through unchanged, their keys and values propagated from their state."""
+        attended, probs = self.self_attn(self.input_layernorm(hidden), cos, sin, allowed, past_key_values, rows)
+        running = hidden if rows is None else hidden[rows]
+        running = running + attended
+        running = running + self.mlp(self.post_attention_layernorm(running))
+        if rows is None:
+            return running, probs
+        return hidden.index_copy(0, rows, running), probs
+
+    def propagate(self, hidden, cos, sin, past_key_values: Cache) -> None:
+        """State propagation: write this layer's keys and values of ``hidden`` (the exit states) into the cache;
+        the hidden state passes this layer unchanged."""
+        key, value = self.self_attn.key_value(self.input_layernorm(hidden), cos, sin)
+        past_key_values.update(key, value, self.layer_idx)
+
+
+# ------------------------------------------------------------------------------------------------- pretrained model
+class TffCalmPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
+    config_class = TffCalmConfig
+    config: TffCalmConfig
+    base_model_prefix = "model"
+    _foreign_formats = (TRANSFORMERS_LLAMA, TRANSFORMERS_GPT2)  # transformers folders load directly (convert_calm.py)
+    carried_state = None  # a transformers Cache, passed in and out as usual
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TffCalmDecoderLayer"]
+    _supports_sdpa = True  # eager and sdpa give the same tokens: tests/models/calm/test_modeling_calm.py
+    _can_set_attn_implementation_cached_value = True  # read at every call
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, TffCalmRMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+class TffCalmModel(TffCalmPreTrainedModel):
+    """The decoder stack: embeddings, layers, final norm (shared by every exit)."""
+
+    def __init__(self, config: TffCalmConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        # learned absolute positions in the "gpt2" style (rotary ones otherwise)
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.decoder_style == "gpt2"
+            else None
+        )
+        self.layers = nn.ModuleList(TffCalmDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = build_norm(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module):
+        self.embed_tokens = value
+
+    @property
+    def depth(self) -> int:
+        """The active depth: ``config.num_hidden_layers`` (transformers' ``assistant_early_exit`` lowers it)."""
+        depth = self.config.num_hidden_layers
+        if not 1 <= depth <= len(self.layers):
+            raise ValueError(
+                f"config.num_hidden_layers must be in [1, {len(self.layers)}] (the layers built), got {depth}."
+            )
+        return depth
+
+    def prepare(self, input_ids, inputs_embeds, attention_mask, position_ids, past_key_values):
+        """Embeddings ``(B, T, D)``, rotary tables, the bool mask ``(B, 1, T, S)`` (``None``: nothing masked) and
+        the positions ``(B, T)``. Positions count real tokens (left padding starts at 0)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        batch, length = hidden.shape[:2]
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        total, device = past + length, hidden.device
+        if attention_mask is not None and tuple(attention_mask.shape) != (batch, total):
+            raise ValueError(
+                f"attention_mask must have shape {(batch, total)} (the cached {past} positions plus the {length} new "
+                f"ones), got {tuple(attention_mask.shape)}."
+            )
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = torch.arange(past, total, device=device).expand(batch, length)
+            else:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        allowed = None
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        if length > 1 or padded:
+            query_at = torch.arange(past, total, device=device)[:, None]  # (T, 1)
+            key_at = torch.arange(total, device=device)[None, :]  # (1, S)
+            allowed = (key_at <= query_at)[None, None]  # (1, 1, T, S)
+            if padded:
+                # a padded query still sees itself, so no row of the mask is empty (its output is never used)
+                allowed = (allowed & attention_mask.bool()[:, None, None, :]) | (key_at == query_at)
+        if self.embed_positions is not None:
+            if int(position_ids.max()) >= self.config.max_position_embeddings:
+                raise ValueError(
+                    f"position {int(position_ids.max())} is beyond max_position_embeddings="
+                    f"{self.config.max_position_embeddings} (learned positions); shorten the input."
+                )
+            return hidden + self.embed_positions(position_ids), None, None, allowed, position_ids
+        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, hidden.dtype)
+        return hidden, cos, sin, allowed, position_ids
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        """Full depth (``config.num_hidden_layers`` layers). ``last_hidden_state`` is after the final norm;
+        ``hidden_states`` (with ``output_hidden_states``) are the embeddings and every layer's output, un-normed."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        hidden, cos, sin, allowed, _ = self.prepare(
+            input_ids, inputs_embeds, attention_mask, position_ids, past_key_values
+        )
+        all_hidden, all_attentions = (hidden,), ()
+        for layer in self.layers[: self.depth]:
+            hidden, probs = layer(hidden, cos, sin, allowed, past_key_values if use_cache else None)
+            all_hidden += (hidden,)
+            all_attentions += (probs,)
+        output = BaseModelOutputWithPast(
+            last_hidden_state=self.norm(hidden),
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# ------------------------------------------------------------------------------------------------------------ heads
+class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
+    """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
+
+    ``exit_training = True`` tells the causal-LM recipe to pass its aligned targets as ``exit_labels`` (the anytime
+    loss then comes back as ``aux_loss``)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    exit_training = True
+
+    def __init__(self, config: TffCalmConfig):
+        super().__init__(config)
+        self.model = TffCalmModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.meta_classifier = nn.Linear(config.hidden_size, 2)  # does the exit agree with the last layer?
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    # --------------------------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        exit_layer: int | None = None,
+        exit_labels: torch.LongTensor | None = None,
+        exit_log: list | None = None,
+        **kwargs,
+    ) -> EarlyExitCausalLMOutput | tuple:
+        r"""
+        Args:
+            input_ids: ``(B, T)`` (or ``inputs_embeds`` ``(B, T, D)``); with a filled cache, the new tokens only.
+            attention_mask: ``(B, P + T)``, 1 for real tokens (left or right padding), ``P`` cached positions.
+            labels: ``(B, T)`` usually ``input_ids`` (shifted inside; -100 ignored): ``loss`` is the anytime loss
+                plus ``meta_loss_weight`` times the meta classifier's loss.
+            exit_labels: ``(B, T)`` targets already aligned with the positions (the recipes' packed blocks):
+                ``aux_loss`` is what turns the last layer's cross entropy into that same total.
+            past_key_values / use_cache: a `transformers.Cache` (a new `DynamicCache` when ``use_cache`` and none).
+            exit_layer: force every token of this call to exit after this many layers (keys and values of the
+                layers above propagated from the exit state).
+            exit_log: a list; each call appends its ``(B, T)`` exit layers (so a `generate` call reports the exit
+                layer of every token: ``torch.cat(exit_log[1:], dim=1)`` are the generated ones).
+
+        With ``config.exit_threshold`` set and one new token per row (decoding), rows exit early (module docstring).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        cache = past_key_values if use_cache else None
+        base = self.model
+        depth = base.depth
+        if exit_layer is not None and not 1 <= exit_layer <= depth:
+            raise ValueError(f"exit_layer must be in [1, {depth}] (config.num_hidden_layers), got {exit_layer}.")
+        hidden, cos, sin, allowed, positions = base.prepare(
+            input_ids, inputs_embeds, attention_mask, position_ids, cache
+        )
+        batch, length = hidden.shape[:2]
+        threshold = self.config.exit_threshold
+        dynamic = (
+            exit_layer is None
+            and threshold is not None
+            and not math.isinf(threshold)
+            and length == 1
+            and labels is None
+            and exit_labels is None
+        )
+        loss = aux_loss = lm_loss = meta_loss = None
+        all_hidden = all_attentions = None
+        if dynamic:
+            logits, exit_layers = self._decode_with_exits(hidden, cos, sin, allowed, cache, positions)
+        elif exit_layer is not None:
+            for layer in base.layers[:exit_layer]:
+                hidden, _ = layer(hidden, cos, sin, allowed, cache)
+            if cache is not None:
+                for layer in base.layers[exit_layer:depth]:
+                    layer.propagate(hidden, cos, sin, cache)
+            logits = self.lm_head(base.norm(hidden))
+            exit_layers = torch.full((batch, length), exit_layer, dtype=torch.long, device=hidden.device)
+        else:
+            all_hidden, all_attentions = (hidden,), ()
+            for layer in base.layers[:depth]:
+                hidden, probs = layer(hidden, cos, sin, allowed, cache)
+                all_hidden += (hidden,)
+                all_attentions += (probs,)
+            logits = self.lm_head(base.norm(hidden))
+            exit_layers = torch.full((batch, length), depth, dtype=torch.long, device=hidden.device)
+            targets = None
+            if labels is not None:
+                targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t predicts t + 1
+            elif exit_labels is not None:
+                targets = exit_labels
+            if targets is not None:
+                anytime, lm_loss, meta_loss = self._exit_losses(all_hidden, logits, targets.to(logits.device))
+                total = anytime + self.config.meta_loss_weight * meta_loss
+                if labels is not None:
+                    loss = total
+                else:
+                    aux_loss = total - lm_loss
+        if exit_log is not None:
+            exit_log.append(exit_layers)
+        output = EarlyExitCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=cache,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+            exit_layers=exit_layers,
+            aux_loss=aux_loss,
+            lm_loss=lm_loss,
+            meta_loss=meta_loss,
+        )
+        return output if return_dict else output.to_tuple()
+
+    # ----------------------------------------------------------------------------------------------------- losses
+    def _exit_losses(self, all_hidden, final_logits, targets):
+        """The anytime loss over the exits, the last layer's cross entropy, and the meta classifier's loss."""
+        points = self.config.exit_points(self.model.depth)
+        weights = anytime_loss_weights(len(points), self.config.aggregation).tolist()
+        valid = targets != -100
+        flat_targets = targets.reshape(-1)
+        final_prediction = final_logits.detach().argmax(-1)  # (B, T)
+        anytime = final_logits.new_zeros((), dtype=torch.float32)
+        meta_losses = []
+        lm_loss = None
+        for weight, point in zip(weights, points, strict=True):
+            if point == points[-1]:
+                logits = final_logits
+            else:
+                normed = self.model.norm(all_hidden[point])  # (B, T, D)
+                logits = self.lm_head(normed)
+                agrees = logits.detach().argmax(-1) == final_prediction  # (B, T)
+                meta_logits = self.meta_classifier(normed.detach())
+                meta_losses.append(
+                    class_balanced_meta_loss(meta_logits.reshape(-1, 2), agrees.reshape(-1), valid.reshape(-1))
+                )
+            exit_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat_targets, ignore_index=-100)
+            if not bool(valid.any()):
+                exit_loss = logits.sum() * 0.0
+            anytime = anytime + weight * exit_loss
+            lm_loss = exit_loss
+        if meta_losses:
+            meta_loss = torch.stack(meta_losses).mean()
+        else:  # one exit only: nothing to classify, but the classifier stays in the graph
+            meta_loss = self.meta_classifier(all_hidden[-1].detach()).sum() * 0.0
+        return anytime, lm_loss, meta_loss
+
+    # -------------------------------------------------------------------------------------------------- exiting
+    def _confidence(self, measure: str, normed, logits, previous, hidden):
+        """The rows' confidence ``(B',)`` at an exit (``previous``: their hidden state at the previous exit)."""
+        if measure == "softmax_diff":
+            return softmax_diff_confidence(logits)
+        if measure == "softmax_max":
+            return softmax_max_confidence(logits)
+        if measure == "state":
+            return state_confidence(previous, hidden)
+        if measure == "meta":
+            return meta_confidence(self.meta_classifier(normed))
+        vocab = torch.as_tensor(self.config.restricted_vocab, device=normed.device)
+        return restricted_softmax_confidence(normed, self.lm_head.weight[vocab])
+
+    def _decode_with_exits(self, hidden, cos, sin, allowed, cache, positions):
+        """One new token per row (``hidden`` ``(B, 1, D)``): per-row exits, state propagation for exited rows.
+        Returns the logits ``(B, 1, V)`` (each from its row's exit) and the exit layers ``(B, 1)``."""
+        config, base = self.config, self.model
+        depth = base.depth
+        points = set(config.exit_points(depth))
+        measure = config.confidence_measure
+        needs_logits = measure in ("softmax_diff", "softmax_max")
+        decay_length = config.decay_length or config.max_position_embeddings
+        threshold = decayed_threshold(
+            config.exit_threshold, positions[:, 0], decay_length, config.position_temperature
+        )
+        batch, device = hidden.shape[0], hidden.device
+        logits = hidden.new_zeros(batch, 1, config.vocab_size)
+        exit_layers = torch.full((batch, 1), depth, dtype=torch.long, device=device)
+        running = torch.arange(batch, device=device)  # rows still computing
+        previous = None  # (B', 1, D) hidden states of the running rows at the previous exit
+        for count, layer in enumerate(base.layers[:depth], start=1):
+            if running.numel() == 0:  # every row has left: the layers above only propagate
+                if cache is not None:
+                    layer.propagate(hidden, cos, sin, cache)
+                continue
+            rows = None if running.numel() == batch else running
+            hidden, _ = layer(hidden, cos, sin, allowed, cache, rows)
+            if count not in points or count == depth:
+                continue
+            current = hidden[running]  # (B', 1, D)
+            if count < config.min_exit or (measure == "state" and previous is None):
+                previous = current
+                continue
+            normed = base.norm(current)
+            exit_logits = self.lm_head(normed) if needs_logits else None
+            confidence = self._confidence(measure, normed, exit_logits, previous, current)[:, 0]  # (B',)
+            leaving = confidence >= threshold[running]
+            if bool(leaving.any()):
+                left = running[leaving]
+                exit_logits = self.lm_head(normed[leaving]) if exit_logits is None else exit_logits[leaving]
+                logits[left] = exit_logits.to(logits.dtype)
+                exit_layers[left] = count
+                running, current = running[~leaving], current[~leaving]
+            previous = current
+        if running.numel():
+            logits[running] = self.lm_head(base.norm(hidden[running])).to(logits.dtype)
+        return logits, exit_layers
+
+    # ---------------------------------------------------------------------------------------------- generation
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
+    ) -> dict:
+        """With a cache, only the tokens it has not seen; the mask always covers the whole sequence."""
+        past = past_key_values.get_seq_length() if past_key_values is not None and use_cache else 0
+        total = attention_mask.shape[1] if attention_mask is not None else input_ids.shape[1]  # prompt embeds too
+        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
+        if use_cache:
+            model_inputs["past_key_values"] = past_key_values
+        if inputs_embeds is not None and past == 0 and kwargs.get("is_first_iteration", True):
+            model_inputs["inputs_embeds"] = inputs_embeds
+        else:
+            model_inputs["input_ids"] = input_ids[:, input_ids.shape[1] - (total - past) :]
+        for name in ("exit_layer", "exit_log"):
+            if kwargs.get(name) is not None:
+                model_inputs[name] = kwargs[name]
+        return model_inputs
+
+
+__all__ = ["TffCalmForCausalLM", "TffCalmModel", "TffCalmPreTrainedModel", "rotary_cos_sin"]
