@@ -49,7 +49,9 @@ class ChunkPattern:
         after: chunks after it that it also attends to.
         causal: only keys at or before the query's position.
         wrap_around: transformers' behaviour (see the module docstring): neighbouring chunks are found with a roll
-            over all rounds. For parity only.
+            over all rounds, and LSH scores use its arithmetic (masked / self-only scores -1e9 / -1e5 in float32 and
+            float64, probabilities ``exp(score - lse)``, rounds weighted by ``exp(lse - logsumexp(lse))``; a query with only itself then gets
+            ``~0.998 v`` over 2 rounds instead of ``v``). For parity only.
     """
 
     chunk_length: int
@@ -130,9 +132,12 @@ def normalize_shared_keys(vectors: torch.Tensor, eps: float = 1e-6) -> torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------------ shared pieces
-def _mask_values(dtype: torch.dtype) -> tuple[float, float]:
+def _mask_values(dtype: torch.dtype, transformers_values: bool = False) -> tuple[float, float]:
     """(masked score, self-only score) for scores of ``dtype``: far below any real score, the second above the
-    first, so a query with nothing else attends to itself and such a round weighs nothing next to a real one."""
+    first, so a query with nothing else attends to itself and such a round weighs nothing next to a real one.
+    ``transformers_values``: transformers' constants where they are finite (float32 / float64)."""
+    if transformers_values and dtype in (torch.float32, torch.float64):
+        return -1e9, -1e5
     smallest = torch.finfo(dtype).min
     return smallest, smallest / 2
 
@@ -242,11 +247,13 @@ def lsh_attention(
         allowed &= key_pos <= query_pos
     if correct_duplicates:
         scores = scores - _duplicate_counts(order, positions, key_positions, pattern, length).to(scores.dtype).log()
-    masked, self_only = _mask_values(scores.dtype)
+    masked, self_only = _mask_values(scores.dtype, pattern.wrap_around)
     scores = scores.masked_fill(~allowed, masked).masked_fill(key_pos == query_pos, self_only)
     lse = scores.logsumexp(dim=-1, keepdim=True)  # (B, H, R, N, C, 1)
     # softmax (max-shifted), not exp(scores - lse): a self-only row's scores are huge negatives that absorb log terms
-    probs = dropout(scores.softmax(dim=-1), dropout_p, dropout_p > 0.0).to(value.dtype)
+    # (transformers computes exp(scores - lse), its rounding included, in wrap-around mode)
+    probs = (scores - lse).exp() if pattern.wrap_around else scores.softmax(dim=-1)
+    probs = dropout(probs, dropout_p, dropout_p > 0.0).to(value.dtype)
     out = torch.einsum("bhrnck,bhrnkd->bhrncd", probs, window_value)  # (B, H, R, N, C, Dh)
 
     # back to the original order, per round, then combine the rounds by their log-sum-exp weights
@@ -255,7 +262,10 @@ def lsh_attention(
         3, inverse[..., None].expand(-1, -1, -1, -1, head_dim)
     )  # (B, H, R, T, Dh)
     lse = lse.reshape(batch, heads, rounds, padded).gather(3, inverse)  # (B, H, R, T)
-    weights = lse.softmax(dim=2).to(out.dtype)  # exp(lse_r - logsumexp_r lse_r), computed max-shifted
+    if pattern.wrap_around:  # transformers' formula (its rounding included)
+        weights = (lse - lse.logsumexp(dim=2, keepdim=True)).exp().to(out.dtype)
+    else:
+        weights = lse.softmax(dim=2).to(out.dtype)  # exp(lse_r - logsumexp_r lse_r), computed max-shifted
     return (out * weights[..., None]).sum(dim=2)  # (B, H, T, Dh)
 
 
