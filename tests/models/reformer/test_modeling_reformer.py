@@ -55,10 +55,10 @@ def test_reversible_gradients_equal_plain_backprop_with_dropout(attn_layers):
 
 def test_reversible_threshold_and_gradient_checkpointing():
     model = _model(reversible=False).train()
-    model.gradient_checkpointing_enable()
+    model.activation_checkpointing_enable()
     ids = _ids(length=24)
     _, checkpointed = _grads(model, ids, seed=0)
-    model.gradient_checkpointing_disable()
+    model.activation_checkpointing_disable()
     _, plain = _grads(model, ids, seed=0)
     threshold = _model(reversible_threshold=100).train()  # 24 < 100: plain layers, same gradients
     _, below = _grads(threshold, ids, seed=0)
