@@ -46,12 +46,23 @@ def _decision_transformer(folder):
     return tf_family.TffDecisionTransformerModel
 
 
+def _reformer(folder):
+    config = transformers.ReformerConfig(
+        vocab_size=61, hidden_size=32, num_attention_heads=2, attention_head_size=8, feed_forward_size=37,
+        attn_layers=["local", "lsh"], axial_pos_shape=[4, 8], axial_pos_embds_dim=[12, 20], hash_seed=0,
+        is_decoder=True, local_attn_chunk_length=4, lsh_attn_chunk_length=4, num_buckets=4,
+    )  # fmt: skip
+    transformers.ReformerModelWithLMHead(config).save_pretrained(folder)
+    return tf_family.TffReformerForCausalLM
+
+
 # one reference folder per foreign checkpoint format (name -> builder returning the tf_family class that reads it)
 REFERENCES = {
     "transfo-xl": _transfo_xl,
     "longformer": _longformer,
     "big-bird": _big_bird,
     "decision-transformer": _decision_transformer,
+    "reformer": _reformer,
 }
 
 
@@ -175,7 +186,9 @@ def test_convert_kinds_come_from_the_specs():
     from tf_family.cli import build_parser, convert_kinds
 
     kinds = convert_kinds()
-    assert set(kinds) == {"transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer"}
+    assert set(kinds) == {
+        "transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer", "reformer"
+    }  # fmt: skip
     for name, (spec, record) in kinds.items():
         assert record in spec.foreign_formats
         assert build_parser().parse_args(["convert", name, "in", "out"]).kind == name
