@@ -58,6 +58,16 @@ def _calm_gpt2(folder):
     return tf_family.TffCalmForCausalLM
 
 
+def _reformer(folder):
+    config = transformers.ReformerConfig(
+        vocab_size=61, hidden_size=32, num_attention_heads=2, attention_head_size=8, feed_forward_size=37,
+        attn_layers=["local", "lsh"], axial_pos_shape=[4, 8], axial_pos_embds_dim=[12, 20], hash_seed=0,
+        is_decoder=True, local_attn_chunk_length=4, lsh_attn_chunk_length=4, num_buckets=4,
+    )  # fmt: skip
+    transformers.ReformerModelWithLMHead(config).save_pretrained(folder)
+    return tf_family.TffReformerForCausalLM
+
+
 # one reference folder per foreign checkpoint format (name -> builder returning the tf_family class that reads it)
 REFERENCES = {
     "transfo-xl": _transfo_xl,
@@ -66,6 +76,7 @@ REFERENCES = {
     "decision-transformer": _decision_transformer,
     "calm-llama": _calm_llama,
     "calm-gpt2": _calm_gpt2,
+    "reformer": _reformer,
 }
 
 
@@ -191,7 +202,7 @@ def test_convert_kinds_come_from_the_specs():
     kinds = convert_kinds()
     assert set(kinds) == {
         "transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer", "calm-llama",
-        "calm-gpt2",
+        "calm-gpt2", "reformer",
     }  # fmt: skip
     for name, (spec, record) in kinds.items():
         assert record in spec.foreign_formats

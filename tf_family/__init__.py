@@ -44,6 +44,16 @@ from .models.longformer.modeling_longformer import (
     TffLongformerModel,
     TffLongformerPreTrainedModel,
 )
+from .models.reformer.cache_reformer import TffReformerCache
+from .models.reformer.configuration_reformer import TffReformerConfig
+from .models.reformer.modeling_reformer import (
+    TffReformerForCausalLM,
+    TffReformerForMaskedLM,
+    TffReformerForQuestionAnswering,
+    TffReformerForSequenceClassification,
+    TffReformerModel,
+    TffReformerPreTrainedModel,
+)
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLForSequenceClassification,
@@ -93,6 +103,14 @@ __all__ = [
     "TffBigBirdModel",
     "TffBigBirdPreTrainedModel",
     "TffLongformerConfig",
+    "TffReformerCache",
+    "TffReformerConfig",
+    "TffReformerForCausalLM",
+    "TffReformerForMaskedLM",
+    "TffReformerForQuestionAnswering",
+    "TffReformerForSequenceClassification",
+    "TffReformerModel",
+    "TffReformerPreTrainedModel",
     "TffLongformerForCausalLM",
     "TffLongformerForMaskedLM",
     "TffLongformerForMultipleChoice",

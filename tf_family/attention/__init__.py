@@ -10,6 +10,7 @@ Shape vocabulary used in every shape comment of the package:
     M  memory length         C  compressed memory   D  model width         Dh head width
     W  one-sided window      K  top-k or blocks     L  layers              R  relative positions
     G  global tokens         N  query chunks / blocks
+    (lsh.py, Reformer: C chunk length, R hashing rounds)
 """
 
 from .backend import (
@@ -30,6 +31,21 @@ from .block_sparse import (
 )
 from .dense import dense_attention
 from .dropout import dropout, dropout_mask
+from .lsh import (
+    ChunkPattern,
+    auto_num_buckets,
+    bucket_factors,
+    build_chunked_local_mask,
+    chunked_local_attention,
+    chunked_local_attention_reference,
+    hash_vectors,
+    lsh_attention,
+    lsh_attention_reference,
+    lsh_meeting_counts,
+    lsh_rotations,
+    normalize_shared_keys,
+    shared_qk_attention,
+)
 from .masked import masked_attention, masked_attention_reference
 from .masks import build_causal_memory_mask, build_key_padding_mask
 from .native import fused_attention, fused_keep_mask
@@ -53,19 +69,25 @@ from .sliding_window import (
 )
 
 __all__ = [
+    "ChunkPattern",
     "GlobalTokens",
     "IMPLEMENTATIONS",
     "WindowPattern",
     "attend",
     "attention_backend",
     "attention_under_mask",
+    "auto_num_buckets",
     "block_sparse_attention",
     "block_sparse_attention_reference",
+    "bucket_factors",
     "build_block_sparse_counts",
     "build_causal_memory_mask",
+    "build_chunked_local_mask",
     "build_global_query_mask",
     "build_key_padding_mask",
     "build_sliding_window_mask",
+    "chunked_local_attention",
+    "chunked_local_attention_reference",
     "dense_attention",
     "dropout",
     "dropout_mask",
@@ -73,9 +95,15 @@ __all__ = [
     "fused_keep_mask",
     "global_attention",
     "global_attention_reference",
+    "hash_vectors",
+    "lsh_attention",
+    "lsh_attention_reference",
+    "lsh_meeting_counts",
+    "lsh_rotations",
     "masked_attention",
     "masked_attention_reference",
     "min_sparse_blocks",
+    "normalize_shared_keys",
     "preferred_chunk",
     "random_block_indices",
     "rel_shift",
@@ -84,6 +112,7 @@ __all__ = [
     "relative_position_scores",
     "relative_position_sequence",
     "seeded_generator",
+    "shared_qk_attention",
     "sinusoid_position_embedding",
     "sliding_window_attention",
     "sliding_window_attention_reference",

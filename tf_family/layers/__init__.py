@@ -3,5 +3,6 @@
 from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .bert import BertFeedForward
 from .feed_forward import PositionwiseFeedForward
+from .reversible import reversible_stack
 
-__all__ = ["AdaptiveEmbedding", "BertFeedForward", "PositionwiseFeedForward", "ProjectedAdaptiveLogSoftmax"]
+__all__ = ["AdaptiveEmbedding", "BertFeedForward", "PositionwiseFeedForward", "ProjectedAdaptiveLogSoftmax", "reversible_stack"]

@@ -1,0 +1,465 @@
+"""Reformer's attention kernels (Kitaev, Kaiser & Levskaya 2020, arXiv:2001.04451): LSH attention (section 2) and
+local chunked attention.
+
+**LSH attention.** Queries and keys are the same vectors (shared-QK; keys are RMS-normalised, `normalize_shared_keys`).
+Each of ``R`` hashing rounds draws a random rotation (`lsh_rotations`, from a `torch.Generator`, never the global
+RNG) and puts every position in a bucket: ``argmax([xR, -xR])`` (angular LSH), or a mixed-radix id of several such
+hashes when ``num_buckets`` is factorised (`hash_vectors`). Per round the positions are sorted by (bucket, position)
+(padding last), cut into chunks of ``C`` and each chunk attends to itself and ``before`` / ``after`` neighbouring
+chunks. Causal masking and padding are by original position; a query never attends to itself unless it has nothing
+else to attend to in any round (section 2.2, "shared-QK"). The rounds are combined by their log-sum-exp weights,
+which is one softmax over the multiset of keys a query met; with ``correct_duplicates`` a key met ``n`` times has
+``log n`` subtracted from its score, so each distinct key counts once.
+
+The dense twin (`lsh_attention_reference`) builds the same attention as a ``(B, H, T, T)`` count of how often each
+pair met, from the same buckets, and runs one dense softmax with ``log(count)`` as a score bias. With one bucket it
+is full shared-QK attention (`shared_qk_attention`).
+
+**Local attention** (`chunked_local_attention`): positions cut into chunks of ``C``, each chunk attends to itself and
+``before`` / ``after`` chunks, through `backend.attend`; dense twin `chunked_local_attention_reference`.
+
+**transformers compatibility** (``ChunkPattern.wrap_around``): transformers' Reformer looks at neighbouring chunks
+with a roll, so the first chunk sees the last one (bidirectional local attention: position 0 attends to the end of
+the sequence), and it sorts all rounds as one sequence, so the first chunk of round ``r`` sees the last chunk of
+round ``r - 1``. ``wrap_around=True`` reproduces that (for parity); the default keeps rounds apart and does not wrap.
+
+Mask values come from the score dtype at call time (``finfo.min``; the self-attention fallback ``finfo.min / 2``),
+never from stored buffers. Tensors are ``(B, H, T, Dh)``; ``key_valid`` is ``(B, T)`` bool, True at real tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .backend import attend
+from .dense import dense_attention
+from .dropout import dropout
+
+
+@dataclass(frozen=True)
+class ChunkPattern:
+    """Which chunks a chunk attends to.
+
+    Attributes:
+        chunk_length: ``C``, positions per chunk (per round, in sorted order, for LSH).
+        before: chunks before a chunk that it also attends to.
+        after: chunks after it that it also attends to.
+        causal: only keys at or before the query's position.
+        wrap_around: transformers' behaviour (see the module docstring): neighbouring chunks are found with a roll
+            over all rounds, and LSH scores use its arithmetic (masked / self-only scores -1e9 / -1e5 in float32 and
+            float64, probabilities ``exp(score - lse)``, rounds weighted by ``exp(lse - logsumexp(lse))``; a query with only itself then gets
+            ``~0.998 v`` over 2 rounds instead of ``v``). For parity only.
+    """
+
+    chunk_length: int
+    before: int = 1
+    after: int = 0
+    causal: bool = False
+    wrap_around: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.chunk_length, int) or self.chunk_length < 1:
+            raise ValueError(f"chunk_length must be an int >= 1, got {self.chunk_length!r}.")
+        for name in ("before", "after"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"chunks {name} must be an int >= 0, got {getattr(self, name)!r}.")
+
+    @property
+    def span(self) -> int:
+        """Chunks in a window (``before + 1 + after``)."""
+        return self.before + 1 + self.after
+
+
+# ---------------------------------------------------------------------------------------------------------- hashing
+def bucket_factors(num_buckets: int | Sequence[int]) -> list[int]:
+    """The factors of a (possibly factorised) bucket count; each must be even (a hash yields ``+-`` directions)."""
+    factors = [num_buckets] if isinstance(num_buckets, int) else list(num_buckets)
+    if not factors or any(not isinstance(f, int) or f < 2 or f % 2 for f in factors):
+        raise ValueError(f"num_buckets must be an even int >= 2 or a list of them, got {num_buckets!r}.")
+    return factors
+
+
+def auto_num_buckets(length: int, chunk_length: int, max_positions: int) -> int | list[int]:
+    """transformers' automatic bucket count for a ``length``-token call: about ``2 * length / chunk_length`` (the
+    paper's recommendation, rounded down to a power of two, at least 2), factorised into two powers of two when it
+    exceeds ``2 * max(sqrt(max_positions / chunk_length), chunk_length)``. Computed per call, never stored."""
+    exponent = max((2 * (length // chunk_length)).bit_length() - 1, 1)
+    limit = 2 * max(int((max_positions // chunk_length) ** 0.5), chunk_length)
+    if 2**exponent > limit:
+        return [2 ** (exponent // 2), 2 ** (exponent - exponent // 2)]
+    return 2**exponent
+
+
+def lsh_rotations(
+    seed: int,
+    num_heads: int,
+    head_dim: int,
+    num_hashes: int,
+    num_buckets: int | Sequence[int],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Random rotations ``(H, Dh, R, sum(factors) / 2)`` drawn on the CPU from ``torch.Generator().manual_seed(seed)``
+    (the global RNG is untouched; the same numbers as transformers' ``torch.manual_seed(hash_seed); torch.randn``)."""
+    width = sum(bucket_factors(num_buckets)) // 2
+    generator = torch.Generator().manual_seed(seed)
+    rotations = torch.randn((num_heads, head_dim, num_hashes, width), generator=generator, dtype=dtype)
+    return rotations.to(device)
+
+
+def hash_vectors(vectors: torch.Tensor, rotations: torch.Tensor, num_buckets: int | Sequence[int]) -> torch.Tensor:
+    """Angular LSH buckets ``(B, H, R, T)`` of ``vectors`` ``(B, H, T, Dh)`` under ``rotations`` ``(H, Dh, R, W)``.
+
+    With one factor ``n``: ``argmax([xR, -xR])`` in ``[0, n)``. With factors ``n1, n2, ...``: each factor hashes
+    with its own slice of the rotation and the ids combine in mixed radix (``b1 + n1 * b2 + ...``). No gradient."""
+    factors = bucket_factors(num_buckets)
+    rotated = torch.einsum("bhtd,hdrk->bhrtk", vectors.detach(), rotations.to(vectors.dtype))  # (B, H, R, T, W)
+    buckets, start, radix = None, 0, 1
+    for factor in factors:
+        part = rotated[..., start : start + factor // 2]
+        ids = torch.cat([part, -part], dim=-1).argmax(dim=-1)  # (B, H, R, T)
+        buckets = ids if buckets is None else buckets + radix * ids
+        start, radix = start + factor // 2, radix * factor
+    return buckets
+
+
+def normalize_shared_keys(vectors: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Shared-QK keys: the query vectors scaled to unit root-mean-square (``x / sqrt(mean(x^2) + eps)``)."""
+    return vectors * torch.rsqrt(vectors.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+# ------------------------------------------------------------------------------------------------------ shared pieces
+def _mask_values(dtype: torch.dtype, transformers_values: bool = False) -> tuple[float, float]:
+    """(masked score, self-only score) for scores of ``dtype``: far below any real score, the second above the
+    first, so a query with nothing else attends to itself and such a round weighs nothing next to a real one.
+    ``transformers_values``: transformers' constants where they are finite (float32 / float64)."""
+    if transformers_values and dtype in (torch.float32, torch.float64):
+        return -1e9, -1e5
+    smallest = torch.finfo(dtype).min
+    return smallest, smallest / 2
+
+
+def _score_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _valid(key_valid: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+    if key_valid is None:
+        return torch.ones(batch, length, dtype=torch.bool, device=device)
+    return key_valid.to(torch.bool)
+
+
+def _sort_order(buckets: torch.Tensor, valid: torch.Tensor, padded_length: int) -> torch.Tensor:
+    """Per round, the positions sorted by (bucket, position), padding and the ``padded_length - T`` dummy
+    positions last: ``(B, H, R, Tp)``."""
+    batch, heads, rounds, length = buckets.shape
+    last = int(buckets.max()) + 1 if buckets.numel() else 1
+    keys = torch.where(valid[:, None, None, :], buckets, last)  # (B, H, R, T)
+    keys = torch.nn.functional.pad(keys, (0, padded_length - length), value=last + 1)
+    position = torch.arange(padded_length, device=buckets.device)
+    return (keys * padded_length + position).argsort(dim=-1)  # unique keys: the order is stable
+
+
+def _neighbours(chunks: torch.Tensor, pattern: ChunkPattern, fill) -> torch.Tensor:
+    """Each chunk with its ``before`` / ``after`` neighbours: ``(B, H, R, N, C, ...)`` -> ``(B, H, R, N, span*C,
+    ...)``. Without wrap-around a missing neighbour is ``fill``; with it, the neighbours roll over all ``R * N``
+    chunks (transformers)."""
+    if pattern.before == 0 and pattern.after == 0:
+        return chunks
+    batch, heads, rounds, num_chunks = chunks.shape[:4]
+    tail = chunks.shape[4:]
+    if pattern.wrap_around:
+        flat = chunks.reshape(batch, heads, rounds * num_chunks, *tail)
+        parts = [flat.roll(-offset, dims=2) for offset in range(-pattern.before, pattern.after + 1)]
+        joined = torch.cat(parts, dim=3)  # (B, H, R*N, span*C, ...)
+        return joined.view(batch, heads, rounds, num_chunks, -1, *tail[1:])
+    padding = [0, 0] * (len(tail)) + [pattern.before, pattern.after]
+    padded = torch.nn.functional.pad(chunks, padding, value=fill)  # (B, H, R, before + N + after, C, ...)
+    parts = [padded[:, :, :, start : start + num_chunks] for start in range(pattern.span)]
+    return torch.cat(parts, dim=4)
+
+
+def _window_positions(positions: torch.Tensor, pattern: ChunkPattern) -> torch.Tensor:
+    """Key positions of each chunk's window, ``-1`` for a missing neighbour: ``(B, H, R, N, span*C)``."""
+    return _neighbours(positions, pattern, -1)
+
+
+# ------------------------------------------------------------------------------------------------------------ LSH
+def lsh_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    buckets: torch.Tensor,
+    pattern: ChunkPattern,
+    key_valid: torch.Tensor | None = None,
+    correct_duplicates: bool = False,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Chunked LSH attention (module docstring): linear in ``T`` for a fixed chunk length.
+
+    Args:
+        query: ``(B, H, T, Dh)`` shared query-key vectors; key: ``(B, H, T, Dh)`` the keys (normally
+            `normalize_shared_keys` of the queries); value: ``(B, H, T, Dh)``. Scores are ``q . k / sqrt(Dh)``.
+        buckets: ``(B, H, R, T)`` bucket ids per round (`hash_vectors`).
+        pattern: chunk length and neighbours, causal, wrap-around.
+        key_valid: ``(B, T)`` bool, False at padding (never attended to; sorted last).
+        correct_duplicates: subtract ``log`` of how many times a query met a key (over rounds), so each distinct
+            key counts once (not in wrap-around mode, where rounds see each other's chunks).
+        dropout_p: dropout on the attention probabilities (training).
+
+    Returns:
+        ``(B, H, T, Dh)``. A padded query's output is finite and meaningless.
+    """
+    if correct_duplicates and pattern.wrap_around:
+        raise NotImplementedError(
+            "correct_duplicates is only defined for rounds kept apart; set wrap_around=False (the transformers-"
+            "compatible chunking lets rounds see each other's chunks)."
+        )
+    batch, heads, length, head_dim = query.shape
+    rounds, size = buckets.shape[2], pattern.chunk_length
+    num_chunks = -(-length // size)
+    padded = num_chunks * size
+    valid = _valid(key_valid, batch, length, query.device)
+    order = _sort_order(buckets, valid, padded)  # (B, H, R, Tp)
+    # dummy positions (beyond T) gather position T - 1's vectors; they are masked as keys and dropped as queries
+    gather_order = order.clamp(max=length - 1).view(batch, heads, rounds * padded, 1).expand(-1, -1, -1, head_dim)
+
+    def sort(tensor):  # (B, H, T, Dh) -> (B, H, R, N, C, Dh)
+        return tensor.gather(2, gather_order).view(batch, heads, rounds, num_chunks, size, head_dim)
+
+    sorted_query, sorted_key, sorted_value = sort(query), sort(key), sort(value)
+    positions = torch.where(order < length, order, -1).view(batch, heads, rounds, num_chunks, size)
+    window_key = _neighbours(sorted_key, pattern, 0.0)  # (B, H, R, N, span*C, Dh)
+    window_value = _neighbours(sorted_value, pattern, 0.0)
+    key_positions = _window_positions(positions, pattern)  # (B, H, R, N, span*C)
+
+    scores = torch.einsum("bhrncd,bhrnkd->bhrnck", sorted_query, window_key)  # (B, H, R, N, C, span*C)
+    scores = scores.to(_score_dtype(scores.dtype)) * head_dim**-0.5
+    query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
+    key_ok = (key_pos >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(key_positions.shape)[
+        ..., None, :
+    ]
+    allowed = key_ok & (key_pos != query_pos)
+    if pattern.causal:
+        allowed &= key_pos <= query_pos
+    if correct_duplicates:
+        scores = scores - _duplicate_counts(order, positions, key_positions, pattern, length).to(scores.dtype).log()
+    masked, self_only = _mask_values(scores.dtype, pattern.wrap_around)
+    scores = scores.masked_fill(~allowed, masked).masked_fill(key_pos == query_pos, self_only)
+    lse = scores.logsumexp(dim=-1, keepdim=True)  # (B, H, R, N, C, 1)
+    # softmax (max-shifted), not exp(scores - lse): a self-only row's scores are huge negatives that absorb log terms
+    # (transformers computes exp(scores - lse), its rounding included, in wrap-around mode)
+    probs = (scores - lse).exp() if pattern.wrap_around else scores.softmax(dim=-1)
+    probs = dropout(probs, dropout_p, dropout_p > 0.0).to(value.dtype)
+    out = torch.einsum("bhrnck,bhrnkd->bhrncd", probs, window_value)  # (B, H, R, N, C, Dh)
+
+    # back to the original order, per round, then combine the rounds by their log-sum-exp weights
+    inverse = order.argsort(dim=-1)[..., :length]  # (B, H, R, T)
+    out = out.reshape(batch, heads, rounds, padded, head_dim).gather(
+        3, inverse[..., None].expand(-1, -1, -1, -1, head_dim)
+    )  # (B, H, R, T, Dh)
+    lse = lse.reshape(batch, heads, rounds, padded).gather(3, inverse)  # (B, H, R, T)
+    if pattern.wrap_around:  # transformers' formula (its rounding included)
+        weights = (lse - lse.logsumexp(dim=2, keepdim=True)).exp().to(out.dtype)
+    else:
+        weights = lse.softmax(dim=2).to(out.dtype)  # exp(lse_r - logsumexp_r lse_r), computed max-shifted
+    return (out * weights[..., None]).sum(dim=2)  # (B, H, T, Dh)
+
+
+def _duplicate_counts(order, positions, key_positions, pattern: ChunkPattern, length: int) -> torch.Tensor:
+    """For every (query, key) slot of the chunked scores, in how many rounds that pair met (>= 1 where they meet in
+    this slot; rounds kept apart)."""
+    batch, heads, rounds, padded = order.shape
+    chunk_of = (order.argsort(dim=-1) // pattern.chunk_length)[..., :length]  # (B, H, R, T): chunk per round
+    chunk_of = torch.nn.functional.pad(chunk_of, (0, 1), value=-(10**9))  # position -1 -> never meets
+
+    def chunks_at(slot_positions):  # (B, H, R, N, X) -> (B, H, R, N, X, R): the position's chunk in every round
+        flat = torch.where(slot_positions < 0, length, slot_positions).flatten(2)  # (B, H, R*N*X)
+        gathered = chunk_of.gather(3, flat[:, :, None, :].expand(-1, -1, rounds, -1))  # (B, H, R, R*N*X)
+        return gathered.view(batch, heads, rounds, *slot_positions.shape[2:]).movedim(2, -1)
+
+    query_chunks = chunks_at(positions)[..., :, None, :]  # (B, H, R, N, C, 1, R)
+    key_chunks = chunks_at(key_positions)[..., None, :, :]  # (B, H, R, N, 1, span*C, R)
+    offset = key_chunks - query_chunks
+    meets = (offset >= -pattern.before) & (offset <= pattern.after)
+    return meets.sum(dim=-1).clamp(min=1).to(torch.float32)  # (B, H, R, N, C, span*C)
+
+
+def lsh_meeting_counts(
+    buckets: torch.Tensor, pattern: ChunkPattern, key_valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(B, H, T, T)`` how many times each query slot meets each key slot in the chunk windows, summed over rounds
+    (the dense view of `lsh_attention`'s chunks, from the same buckets), computed pair by pair from each position's
+    chunk index in every round."""
+    batch, heads, rounds, length = buckets.shape
+    size = pattern.chunk_length
+    num_chunks = -(-length // size)
+    padded = num_chunks * size
+    valid = _valid(key_valid, batch, length, buckets.device)
+    rank = _sort_order(buckets, valid, padded).argsort(dim=-1)[..., :length]  # (B, H, R, T): slot per position
+    if not pattern.wrap_around:
+        chunk = rank // size  # (B, H, R, T)
+        offset = chunk[..., None, :] - chunk[..., :, None]  # (B, H, R, Tq, Tk)
+        meets = (offset >= -pattern.before) & (offset <= pattern.after)
+        return meets.sum(dim=2).to(torch.float32)
+    total = rounds * num_chunks  # transformers: one sequence of R * N chunks, neighbours found by a roll
+    chunk = (rank + torch.arange(rounds, device=rank.device)[:, None] * padded) // size  # (B, H, R, T)
+    offset = (chunk[:, :, None, None, :] - chunk[:, :, :, :, None, None]) % total  # (B, H, Rq, Tq, Rk, Tk)
+    reach = torch.zeros(total, dtype=torch.float32, device=rank.device)  # a chunk reached twice counts twice
+    for o in range(-pattern.before, pattern.after + 1):
+        reach[o % total] += 1
+    return reach[offset].sum(dim=(2, 4))
+
+
+def _self_fallback(allowed: torch.Tensor) -> torch.Tensor:
+    """A query with no allowed key other than itself attends to itself only (shared-QK rule)."""
+    eye = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)
+    others = allowed & ~eye
+    return others | (eye & ~others.any(dim=-1, keepdim=True))
+
+
+def lsh_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    buckets: torch.Tensor,
+    pattern: ChunkPattern,
+    key_valid: torch.Tensor | None = None,
+    correct_duplicates: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense twin of `lsh_attention`: one softmax over all keys, restricted to the pairs that meet in some
+    round's chunk window (`lsh_meeting_counts`), with ``log(count)`` added to the scores (each meeting counts)
+    unless ``correct_duplicates``. Returns ``(B, H, T, Dh)`` outputs and ``(B, H, T, T)`` probabilities."""
+    batch, heads, rounds, length = buckets.shape
+    valid = _valid(key_valid, batch, length, query.device)
+    counts = lsh_meeting_counts(buckets, pattern, valid)  # (B, H, T, T)
+    allowed = (counts > 0) & valid[:, None, None, :]
+    if pattern.causal:
+        allowed &= torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+    allowed = _self_fallback(allowed)
+    bias = None if correct_duplicates else counts.clamp(min=1).to(_score_dtype(query.dtype)).log()
+    return dense_attention(query, key, value, allowed, 0.0, key_bias=bias)
+
+
+def shared_qk_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_valid: torch.Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    implementation: str | None = "sdpa",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Full shared-QK attention (what LSH attention becomes with one bucket, or for inputs within one chunk):
+    every valid key (at or before the query if ``causal``) except the query itself, unless it has no other. Through
+    `backend.attend`; returns ``(B, H, T, Dh)`` and, for ``"eager"``, the probabilities."""
+    batch, _, length, _ = query.shape
+    allowed = _valid(key_valid, batch, length, query.device)[:, None, None, :].expand(-1, 1, length, -1)
+    if causal:
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+    return attend(query, key, value, _self_fallback(allowed), None, dropout_p, implementation)
+
+
+# ---------------------------------------------------------------------------------------------------------- local
+def build_chunked_local_mask(
+    length: int, pattern: ChunkPattern, key_valid: torch.Tensor | None = None, device=None
+) -> torch.Tensor:
+    """``(B or 1, T, T)`` bool: query ``i`` may attend key ``j`` when ``j``'s chunk is within ``before`` / ``after``
+    chunks of ``i``'s (modulo the number of chunks with wrap-around), ``j`` is real and (causal) ``j <= i``."""
+    num_chunks = -(-length // pattern.chunk_length)
+    chunk = torch.arange(length, device=device) // pattern.chunk_length
+    offset = chunk[None, :] - chunk[:, None]  # (T, T)
+    if pattern.wrap_around:
+        reach = torch.zeros(num_chunks, dtype=torch.bool, device=device)
+        reach[[o % num_chunks for o in range(-pattern.before, pattern.after + 1)]] = True
+        allowed = reach[offset % num_chunks]
+    else:
+        allowed = (offset >= -pattern.before) & (offset <= pattern.after)
+    if pattern.causal:
+        allowed &= torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    allowed = allowed[None]
+    if key_valid is not None:
+        allowed = allowed & key_valid.to(torch.bool)[:, None, :]
+    return allowed
+
+
+def chunked_local_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pattern: ChunkPattern,
+    key_valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense twin of `chunked_local_attention` (the full mask of `build_chunked_local_mask`)."""
+    allowed = build_chunked_local_mask(query.shape[2], pattern, key_valid, query.device)[:, None]
+    return dense_attention(query, key, value, allowed)
+
+
+def chunked_local_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pattern: ChunkPattern,
+    key_valid: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    implementation: str | None = "sdpa",
+) -> torch.Tensor:
+    """Local attention by chunks: each chunk of ``C`` queries attends to the keys of its own and its neighbouring
+    chunks, one `backend.attend` call over all chunks. ``(B, H, T, Dh)`` in and out; any ``T`` (the last chunk is
+    padded inside)."""
+    batch, heads, length, head_dim = query.shape
+    size = pattern.chunk_length
+    num_chunks = -(-length // size)
+    padded = num_chunks * size
+    valid = torch.nn.functional.pad(_valid(key_valid, batch, length, query.device), (0, padded - length))
+
+    def chunks(tensor):  # (B, H, T, Dh) -> (B, H, 1, N, C, Dh)
+        tensor = torch.nn.functional.pad(tensor, (0, 0, 0, padded - length))
+        return tensor.view(batch, heads, 1, num_chunks, size, head_dim)
+
+    window_key = _neighbours(chunks(key), pattern, 0.0)[:, :, 0]  # (B, H, N, span*C, Dh)
+    window_value = _neighbours(chunks(value), pattern, 0.0)[:, :, 0]
+    positions = torch.arange(padded, device=query.device).view(1, 1, 1, num_chunks, size)
+    key_positions = _window_positions(positions, pattern)[0, 0, 0]  # (N, span*C)
+    query_positions = positions[0, 0, 0]  # (N, C)
+    key_ok = (key_positions >= 0)[None] & valid.gather(
+        1, key_positions.clamp(min=0).flatten()[None].expand(batch, -1)
+    ).view(batch, num_chunks, -1)  # (B, N, span*C)
+    allowed = key_ok[:, :, None, :].expand(-1, -1, size, -1)  # (B, N, C, span*C)
+    if pattern.causal:
+        allowed = allowed & (key_positions[:, None, :] <= query_positions[:, :, None])
+    # a query with nothing to attend to (padding only) attends to itself: finite, meaningless output
+    self_slot = key_positions[:, None, :] == query_positions[:, :, None]  # (N, C, span*C)
+    allowed = allowed | (self_slot & ~allowed.any(dim=-1, keepdim=True))
+
+    # fold the chunks into the batch: (B*N, H, C, Dh) against (B*N, H, span*C, Dh)
+    def fold(tensor):
+        return tensor.transpose(1, 2).reshape(batch * num_chunks, heads, *tensor.shape[-2:])
+
+    query_chunks = chunks(query)[:, :, 0]
+    out, _ = attend(
+        fold(query_chunks), fold(window_key), fold(window_value), allowed.reshape(batch * num_chunks, 1, size, -1),
+        None, dropout_p, implementation,
+    )  # fmt: skip
+    out = out.view(batch, num_chunks, heads, size, head_dim).transpose(1, 2).reshape(batch, heads, padded, head_dim)
+    return out[:, :, :length]
+
+
+__all__ = [
+    "ChunkPattern",
+    "auto_num_buckets",
+    "bucket_factors",
+    "build_chunked_local_mask",
+    "chunked_local_attention",
+    "chunked_local_attention_reference",
+    "hash_vectors",
+    "lsh_attention",
+    "lsh_attention_reference",
+    "lsh_meeting_counts",
+    "lsh_rotations",
+    "normalize_shared_keys",
+    "shared_qk_attention",
+]

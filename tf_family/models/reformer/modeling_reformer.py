@@ -1,0 +1,733 @@
+"""Reformer: the efficient transformer (Kitaev, Kaiser & Levskaya 2020, arXiv:2001.04451).
+
+Two residual streams with reversible layers (section 3: ``Y1 = X1 + Attention(X2)``, ``Y2 = X2 + FeedForward(Y1)``),
+so the backward recomputes each layer's activations from its outputs instead of storing them: activation memory
+does not grow with depth. Each layer's attention is LSH attention (shared-QK vectors hashed into buckets, sorted and
+attended chunk by chunk, `tf_family.attention.lsh_attention`) or local chunked attention
+(`tf_family.attention.chunked_local_attention`); an input within one chunk takes the dense path (the same attention,
+chosen per call). Feed-forward and output head can run over position chunks (section 4, "chunking").
+
+Parity reference: transformers 5.23 `ReformerModel`, `ReformerModelWithLMHead`, `ReformerForMaskedLM`,
+`ReformerForSequenceClassification`, `ReformerForQuestionAnswering`
+(`tests/models/reformer/test_parity_reformer.py`; `convert_reformer.py` maps their checkpoints and turns on
+``chunk_wrap_around``, transformers' chunking).
+
+Deviations from transformers' Reformer:
+- the output head's bias is applied (transformers 5.23 creates ``lm_head.bias`` and never adds it);
+- hashing rotations come from a `torch.Generator` seeded with ``hash_seed`` (config or call), never the global RNG;
+  dropout in the reversible backward is replayed from saved RNG states inside `torch.random.fork_rng`;
+- any length trains (no ``prod(axial_pos_shape) == length`` or chunk-multiple rule; the kernels pad inside),
+  automatic bucket counts are computed per call and never written into the config;
+- without ``chunk_wrap_around`` neighbouring chunks do not wrap around and hashing rounds stay apart;
+- left padding is moved to the right inside the forward (positions count real tokens), so a left-padded row gives
+  the same outputs as the row alone; the attention mask is honoured in generation;
+- dropout on axial position encodings is element-wise (transformers drops whole rows);
+- `attentions` (``output_attentions=True``) are dense ``(B, H, T, T)`` probabilities from the dense twins.
+
+Config field <-> paper symbol: `lsh_attn_chunk_length` = m, `num_hashes` = n_rounds, `num_buckets` = n_buckets.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
+from transformers.utils import logging
+
+from ...attention import (
+    ChunkPattern,
+    attend,
+    auto_num_buckets,
+    chunked_local_attention,
+    chunked_local_attention_reference,
+    hash_vectors,
+    lsh_attention,
+    lsh_attention_reference,
+    lsh_rotations,
+    normalize_shared_keys,
+    shared_qk_attention,
+)
+from ...conversion import ForeignCheckpointMixin
+from ...layers.reversible import reversible_stack
+from ...losses import sequence_classification_loss
+from ...modeling_heads import question_answering_output
+from ...modeling_utils import Dropout, build_activation, find_first_real_token
+from .cache_reformer import TffReformerCache
+from .configuration_reformer import TffReformerConfig
+from .convert_reformer import TRANSFORMERS_REFORMER
+
+logger = logging.get_logger(__name__)
+
+
+# -------------------------------------------------------------------------------------------------------- positions
+class AxialPositionEmbeddings(nn.Module):
+    """transformers' axial positions: position ``p`` is ``[e1[p // n2], e2[p % n2]]`` on an ``n1 x n2`` grid."""
+
+    def __init__(self, config: TffReformerConfig):
+        super().__init__()
+        rows, cols = config.axial_pos_shape
+        first, second = config.axial_pos_embds_dim
+        self.columns = cols
+        self.weights = nn.ParameterList(
+            [nn.Parameter(torch.ones(rows, 1, first)), nn.Parameter(torch.ones(1, cols, second))]
+        )
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        rows, cols = position_ids // self.columns, position_ids % self.columns  # (B, T)
+        return torch.cat([self.weights[0][rows, 0], self.weights[1][0, cols]], dim=-1)  # (B, T, D)
+
+
+class AbsolutePositionEmbeddings(nn.Module):
+    def __init__(self, config: TffReformerConfig):
+        super().__init__()
+        self.embedding = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(position_ids)
+
+
+def rotate_positions(vectors: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary positions (Su et al. 2021, arXiv:2104.09864): ``(B, H, T, Dh)`` vectors rotated pairwise (halves)
+    by angles ``position * base^(-2i/Dh)``."""
+    half = vectors.shape[-1] // 2
+    frequencies = base ** (-torch.arange(half, device=vectors.device, dtype=torch.float32) / half)
+    angles = position_ids[:, None, :, None].float() * frequencies  # (B, 1, T, Dh/2)
+    cos, sin = angles.cos().to(vectors.dtype), angles.sin().to(vectors.dtype)
+    first, second = vectors[..., :half], vectors[..., half:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+class TffReformerEmbeddings(nn.Module):
+    """Token embeddings (dropout) plus axial or absolute positions (dropout); rotary positions add nothing here."""
+
+    def __init__(self, config: TffReformerConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.kind = config.position_embedding_type
+        self.max_positions = config.max_positions
+        self.position_embeddings = {
+            "axial": AxialPositionEmbeddings,
+            "absolute": AbsolutePositionEmbeddings,
+            "rotary": lambda config: None,
+        }[self.kind](config)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, inputs_embeds, position_ids: torch.Tensor) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)  # (B, T, D)
+        if position_ids.numel() and int(position_ids.max()) >= self.max_positions:
+            raise ValueError(
+                f"The input needs position {int(position_ids.max())} but the model has {self.max_positions} "
+                f"positions ({'prod(axial_pos_shape)' if self.kind == 'axial' else 'max_position_embeddings'}); "
+                "shorten the input."
+            )
+        hidden = self.dropout(inputs_embeds)
+        if self.position_embeddings is not None:
+            hidden = hidden + self.dropout(self.position_embeddings(position_ids))
+        return hidden
+
+
+# -------------------------------------------------------------------------------------------------------- attention
+class TffReformerAttention(nn.Module):
+    """Layer norm, then LSH or local self-attention, output projection and dropout (the ``f`` of a reversible
+    layer)."""
+
+    def __init__(self, config: TffReformerConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.kind = config.attn_layers[layer_idx]
+        self.num_heads, self.head_dim = config.num_attention_heads, config.attention_head_size
+        inner = self.num_heads * self.head_dim
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        if self.kind == "lsh":
+            self.query_key = nn.Linear(config.hidden_size, inner, bias=False)
+            self.pattern = ChunkPattern(
+                config.lsh_attn_chunk_length, config.lsh_num_chunks_before, config.lsh_num_chunks_after,
+                config.causal, config.chunk_wrap_around,
+            )  # fmt: skip
+            self.attention_dropout = config.lsh_attention_probs_dropout_prob
+        else:
+            self.query = nn.Linear(config.hidden_size, inner, bias=False)
+            self.key = nn.Linear(config.hidden_size, inner, bias=False)
+            self.pattern = ChunkPattern(
+                config.local_attn_chunk_length, config.local_num_chunks_before, config.local_num_chunks_after,
+                config.causal, config.chunk_wrap_around,
+            )  # fmt: skip
+            self.attention_dropout = config.local_attention_probs_dropout_prob
+        self.value = nn.Linear(config.hidden_size, inner, bias=False)
+        self.output = nn.Linear(inner, config.hidden_size, bias=False)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+
+    def _heads(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view(*tensor.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def _rotary(self, vectors: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        if self.config.position_embedding_type != "rotary":
+            return vectors
+        return rotate_positions(vectors, position_ids, self.config.rotary_base)
+
+    def _num_buckets(self, length: int):
+        if self.config.num_buckets is not None:
+            return self.config.num_buckets
+        return auto_num_buckets(length, self.pattern.chunk_length, self.config.max_position_embeddings)
+
+    def hash(self, shared: torch.Tensor, num_hashes: int, seed: int) -> torch.Tensor:
+        """``(B, H, R, T)`` buckets of the shared query-key vectors ``(B, H, T, Dh)``."""
+        num_buckets = self._num_buckets(shared.shape[2])
+        dtype = shared.dtype if shared.dtype in (torch.float32, torch.float64) else torch.float32
+        rotations = lsh_rotations(seed, self.num_heads, self.head_dim, num_hashes, num_buckets, dtype, shared.device)
+        return hash_vectors(shared.to(dtype), rotations, num_buckets)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        key_valid: torch.Tensor,
+        position_ids: torch.Tensor,
+        num_hashes: int,
+        seed: int,
+        buckets: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        cache: TffReformerCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Args: ``hidden`` ``(B, T, D)`` (the new tokens); ``key_valid`` / ``position_ids`` ``(B, P + T)`` over the
+        ``P`` positions of the ``cache`` (normalised inputs of earlier calls; generation) and the new tokens;
+        ``buckets`` ``(B, H, R, T)`` to reuse (the reversible backward). Returns the output ``(B, T, D)``, the buckets
+        (LSH chunked path) and, with ``output_attentions``, ``(B, H, T, P + T)`` probabilities."""
+        normed = self.layer_norm(hidden)
+        past_states = None
+        if cache is not None:
+            past_states = cache.layer_states(self.layer_idx)
+            cache.append_states(self.layer_idx, normed)
+        states = normed if past_states is None else torch.cat([past_states, normed], dim=1)  # (B, P + T, D)
+        new = hidden.shape[1]
+        dropout_p = self.attention_dropout if self.training else 0.0
+        value = self._heads(self.value(states))
+        probs = None
+        if self.kind == "lsh":
+            shared = self._rotary(self._heads(self.query_key(states)), position_ids)
+            key = normalize_shared_keys(shared)
+            if states.shape[1] <= self.pattern.chunk_length:  # one chunk: the dense shared-QK attention
+                implementation = "eager" if output_attentions else self.config._attn_implementation
+                out, probs = (
+                    shared_qk_attention(
+                        shared[:, :, -new:], key, value, key_valid, self.pattern.causal, dropout_p, implementation
+                    )
+                    if past_states is None
+                    else self._cached_shared_qk(shared, key, value, key_valid, new)
+                )
+                buckets = None
+            else:
+                if buckets is None:
+                    buckets = self.hash(shared, num_hashes, seed)
+                if output_attentions:
+                    out, probs = lsh_attention_reference(
+                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates
+                    )
+                else:
+                    out = lsh_attention(
+                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates, dropout_p
+                    )
+                out = out[:, :, -new:]
+        else:
+            query = self._rotary(self._heads(self.query(states)), position_ids)[:, :, -new:]
+            key = self._rotary(self._heads(self.key(states)), position_ids)
+            out, probs = self._local(query, key, value, key_valid, position_ids, dropout_p, output_attentions)
+        out = out.transpose(1, 2).reshape(*hidden.shape[:2], -1)  # (B, T, H*Dh)
+        return self.dropout(self.output(out)), buckets, probs
+
+    def _cached_shared_qk(self, shared, key, value, key_valid, new):
+        """The new tokens' dense shared-QK attention over the cached and new positions (causal by index)."""
+        total = shared.shape[2]
+        rows = torch.arange(total - new, total, device=shared.device)
+        columns = torch.arange(total, device=shared.device)
+        allowed = (columns[None, :] < rows[:, None]) & key_valid[:, None, :]  # (B, t, P + t): others only
+        allowed = allowed | ((columns[None, :] == rows[:, None]) & ~allowed.any(-1, keepdim=True))
+        return attend(shared[:, :, -new:], key, value, allowed[:, None], None, 0.0, self.config._attn_implementation)
+
+    def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions):
+        total, new = key.shape[2], query.shape[2]
+        pattern = self.pattern
+        if total <= pattern.chunk_length:  # one chunk: no neighbours (and nothing to wrap around to)
+            pattern = ChunkPattern(pattern.chunk_length, 0, 0, pattern.causal, False)
+        if new == total and not output_attentions:
+            return chunked_local_attention(
+                query, key, value, pattern, key_valid, dropout_p, self.config._attn_implementation
+            ), None
+        if new == total:
+            return chunked_local_attention_reference(query, key, value, pattern, key_valid)
+        # cached step: the window by position (real tokens counted), so left padding does not move the chunks
+        size = pattern.chunk_length
+        query_chunk = position_ids[:, -new:, None] // size  # (B, t, 1)
+        key_chunk = position_ids[:, None, :] // size  # (B, 1, P + t)
+        offset = key_chunk - query_chunk
+        allowed = (offset >= -pattern.before) & (offset <= 0) & key_valid[:, None, :]
+        rows = torch.arange(total - new, total, device=query.device)
+        allowed &= torch.arange(total, device=query.device)[None, None, :] <= rows[None, :, None]
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        return attend(query, key, value, allowed[:, None], None, 0.0, implementation)
+
+
+class TffReformerFeedForward(nn.Module):
+    """Layer norm, dense, dropout, activation, dense, dropout (the ``g`` of a reversible layer), over chunks of
+    ``chunk_size_feed_forward`` positions."""
+
+    def __init__(self, config: TffReformerConfig):
+        super().__init__()
+        self.chunk_size = config.chunk_size_feed_forward
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.fc_in = nn.Linear(config.hidden_size, config.feed_forward_size)
+        self.activation = build_activation(config.hidden_act)
+        self.fc_out = nn.Linear(config.feed_forward_size, config.hidden_size)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+
+    def _forward_chunk(self, hidden: torch.Tensor) -> torch.Tensor:
+        inner = self.activation(self.dropout(self.fc_in(self.layer_norm(hidden))))
+        return self.dropout(self.fc_out(inner))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if not self.chunk_size or hidden.shape[1] <= self.chunk_size:
+            return self._forward_chunk(hidden)
+        return torch.cat([self._forward_chunk(part) for part in hidden.split(self.chunk_size, dim=1)], dim=1)
+
+
+class TffReformerLayer(nn.Module):
+    """One reversible layer: ``Y1 = X1 + f(X2)``, ``Y2 = X2 + g(Y1)`` (``f`` attention, ``g`` feed-forward)."""
+
+    def __init__(self, config: TffReformerConfig, layer_idx: int):
+        super().__init__()
+        self.attention = TffReformerAttention(config, layer_idx)
+        self.feed_forward = TffReformerFeedForward(config)
+
+    def forward(self, first, second, key_valid, position_ids, num_hashes, seed, buckets=None, **kwargs):
+        attended, buckets, probs = self.attention(second, key_valid, position_ids, num_hashes, seed, buckets, **kwargs)
+        first = first + attended
+        return first, second + self.feed_forward(first), buckets, probs
+
+
+# ------------------------------------------------------------------------------------------------------------ model
+class TffReformerPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
+    config_class = TffReformerConfig
+    base_model_prefix = "reformer"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TffReformerLayer"]
+    _supports_sdpa = True
+    _foreign_formats = (TRANSFORMERS_REFORMER,)
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, AxialPositionEmbeddings):
+            for weight in module.weights:
+                init.normal_(weight, std=self.config.axial_norm_std)
+
+
+def _first_real(valid: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` index of each row's first real token (0 for a row without any)."""
+    return valid.to(torch.int).argmax(dim=1)
+
+
+def _roll_rows(tensor: torch.Tensor | None, shift: torch.Tensor) -> torch.Tensor | None:
+    """Row ``b`` rotated left by ``shift[b]`` along dim 1 (``shift`` negative: back)."""
+    if tensor is None:
+        return None
+    length = tensor.shape[1]
+    index = (torch.arange(length, device=tensor.device)[None, :] + shift[:, None]) % length  # (B, T)
+    index = index.view(*index.shape, *([1] * (tensor.dim() - 2))).expand(*index.shape, *tensor.shape[2:])
+    return tensor.gather(1, index)
+
+
+class TffReformerModel(TffReformerPreTrainedModel):
+    """The Reformer body: embeddings, reversible layers, layer norm over both streams ``(B, T, 2 * D)``."""
+
+    def __init__(self, config: TffReformerConfig, add_pooling_layer: bool = False):
+        super().__init__(config)
+        self.embeddings = TffReformerEmbeddings(config)
+        self.layers = nn.ModuleList(TffReformerLayer(config, index) for index in range(config.num_hidden_layers))
+        self.layer_norm = nn.LayerNorm(2 * config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @property
+    def last_hidden_size(self) -> int:
+        """Width of ``last_hidden_state``: both residual streams, ``2 * hidden_size``."""
+        return 2 * self.config.hidden_size
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def _compat_padding(self, length: int, use_cache: bool) -> int:
+        """transformers pads its input to a multiple of the chunk lengths' LCM (``chunk_wrap_around`` only)."""
+        config = self.config
+        if not config.chunk_wrap_around or use_cache or length <= config.min_chunk_length():
+            return 0
+        return -length % config.chunk_multiple()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        num_hashes: int | None = None,
+        hash_seed: int | None = None,
+        past_key_values: TffReformerCache | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        r"""
+        Args:
+            input_ids: ``(B, T)`` token ids (or ``inputs_embeds`` ``(B, T, D)``); any length up to the positions'.
+            attention_mask: ``(B, P + T)`` (or ``(B, T)``) 1 for real tokens, 0 for padding (left or right).
+            position_ids: ``(B, T)``; default: real tokens counted from 0.
+            num_hashes: hashing rounds of this call (default ``config.num_hashes``).
+            hash_seed: seed of this call's rotations (default ``config.hash_seed``).
+            past_key_values: a `TffReformerCache` of earlier calls (generation); causal models only.
+            use_cache: return the cache (a new one when none is given).
+        """
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        if (past_key_values is not None or use_cache) and not config.causal:
+            raise ValueError("past_key_values / use_cache need a causal model (TffReformerForCausalLM).")
+        if past_key_values is not None and not isinstance(past_key_values, TffReformerCache):
+            raise TypeError(f"past_key_values must be a TffReformerCache, got {type(past_key_values).__name__}.")
+        if use_cache and past_key_values is None:
+            past_key_values = TffReformerCache()
+        source = input_ids if input_ids is not None else inputs_embeds
+        batch, length = source.shape[:2]
+        device = source.device
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if attention_mask is not None and attention_mask.shape[1] not in (length, past + length):
+            raise ValueError(
+                f"attention_mask has {attention_mask.shape[1]} columns; expected {length} (the input) or "
+                f"{past + length} (cached positions + input)."
+            )
+        valid = (
+            torch.ones(batch, length, dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask[:, -length:].to(torch.bool)
+        )
+
+        # left padding moves to the right (the chunks then start at the first real token); undone at the end
+        shift = None
+        if past == 0 and attention_mask is not None and bool((~valid[:, 0] & valid.any(dim=1)).any()):
+            shift = _first_real(valid)
+            input_ids, inputs_embeds, valid = (_roll_rows(t, shift) for t in (input_ids, inputs_embeds, valid))
+            position_ids = _roll_rows(position_ids, shift)
+        if position_ids is None:
+            start = past_key_values.next_position() if past else torch.zeros(batch, 1, dtype=torch.long, device=device)
+            position_ids = (start + valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+
+        padding = self._compat_padding(length, bool(use_cache))
+        if padding:  # transformers' padding to a chunk multiple (pad tokens, masked, positions continuing)
+            logger.warning_once(f"Padding the input from {length} to {length + padding} tokens (chunk_wrap_around).")
+            pad_ids = torch.full((batch, padding), config.pad_token_id or 0, dtype=torch.long, device=device)
+            if input_ids is not None:
+                input_ids = torch.cat([input_ids, pad_ids], dim=1)
+            else:
+                inputs_embeds = torch.cat([inputs_embeds, self.embeddings.word_embeddings(pad_ids)], dim=1)
+            valid = F.pad(valid, (0, padding), value=False)
+            tail = torch.arange(length, length + padding, device=device).expand(batch, -1)
+            position_ids = torch.cat([position_ids, tail], dim=1)
+
+        hidden = self.embeddings(input_ids, inputs_embeds, position_ids)  # (B, T, D)
+        key_valid, key_positions = valid, position_ids
+        if past_key_values is not None:
+            key_valid, key_positions = past_key_values.extend(valid, position_ids)
+        num_hashes = num_hashes if num_hashes is not None else config.num_hashes
+        seed = hash_seed if hash_seed is not None else config.hash_seed
+        first, second, all_hidden, all_attentions = self._layers(
+            hidden, key_valid, key_positions, num_hashes, seed, output_attentions, output_hidden_states,
+            past_key_values,
+        )  # fmt: skip
+        sequence = self.dropout(self.layer_norm(torch.cat([first, second], dim=-1)))  # (B, T, 2D)
+
+        def restore(tensor):  # drop transformers' padding, undo the roll
+            tensor = tensor[:, :length]
+            return _roll_rows(tensor, -shift) if shift is not None else tensor
+
+        output = BaseModelOutputWithPast(
+            last_hidden_state=restore(sequence),
+            past_key_values=past_key_values,
+            hidden_states=tuple(restore(h) for h in all_hidden) if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _layers(
+        self, hidden, key_valid, position_ids, num_hashes, seed, output_attentions, output_hidden_states, cache
+    ):
+        """Run the layers on ``(X1, X2) = (hidden, hidden)``: reversibly when training with gradients (and the input
+        is at least ``reversible_threshold`` long), else as a plain loop (optionally checkpointed)."""
+        all_hidden, all_attentions = [], []
+        first = second = hidden
+        reversible = (
+            self.config.reversible and self.training and torch.is_grad_enabled() and cache is None
+            and hidden.shape[1] >= self.config.reversible_threshold
+        )  # fmt: skip
+        if reversible:
+            blocks = []
+            for layer in self.layers:
+                memo = {}
+
+                def attention(x, layer=layer, memo=memo):
+                    out, buckets, probs = layer.attention(
+                        x, key_valid, position_ids, num_hashes, seed, memo.get("buckets"), output_attentions
+                    )
+                    memo.setdefault("buckets", buckets)
+                    memo.setdefault("probs", probs)
+                    return out
+
+                blocks.append((attention, layer.feed_forward))
+                all_hidden.append(memo)
+            parameters = [p for p in self.layers.parameters() if p.requires_grad]
+            first, second = reversible_stack(first, second, blocks, parameters)
+            all_attentions = [memo["probs"] for memo in all_hidden]
+            all_hidden = []  # intermediate streams are not kept in reversible mode
+            if output_hidden_states:
+                logger.warning_once("Reversible training returns only the last hidden states.")
+            return first, second, [second], all_attentions
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden.append(second)
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                first, second, _, probs = self._gradient_checkpointing_func(
+                    layer.__call__, first, second, key_valid, position_ids, num_hashes, seed
+                )
+            else:
+                first, second, _, probs = layer(
+                    first, second, key_valid, position_ids, num_hashes, seed,
+                    output_attentions=output_attentions, cache=cache,
+                )  # fmt: skip
+            all_attentions.append(probs)
+        if output_hidden_states:
+            all_hidden.append(second)
+        return first, second, all_hidden, all_attentions
+
+
+# ------------------------------------------------------------------------------------------------------------ heads
+class TffReformerLMHead(nn.Module):
+    """Linear ``2 * D -> V`` with its bias (which transformers 5.23 leaves out), over chunks of ``chunk_size``."""
+
+    def __init__(self, config: TffReformerConfig):
+        super().__init__()
+        self.chunk_size = config.chunk_size_lm_head
+        self.decoder = nn.Linear(2 * config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if not self.chunk_size or hidden.shape[1] <= self.chunk_size:
+            return self.decoder(hidden)  # (B, T, V)
+        return torch.cat([self.decoder(part) for part in hidden.split(self.chunk_size, dim=1)], dim=1)
+
+
+class _TffReformerWithLMHead(TffReformerPreTrainedModel):
+    causal = False
+
+    def __init__(self, config: TffReformerConfig):
+        if config.causal != self.causal:
+            config = copy.deepcopy(config)
+            config.causal = self.causal
+            if self.causal:
+                config.lsh_num_chunks_after = config.local_num_chunks_after = 0
+        super().__init__(config)
+        self.reformer = TffReformerModel(config)
+        self.lm_head = TffReformerLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+
+class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
+    """A causal Reformer language model (the paper's enwik8 / imagenet64 setting). Builds its stack with
+    ``causal=True`` whatever the given config says. Generates with a `TffReformerCache`."""
+
+    causal = True
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        num_hashes=None,
+        hash_seed=None,
+        past_key_values=None,
+        use_cache=None,
+        output_hidden_states=None,
+        output_attentions=None,
+        return_dict=None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
+        r"""labels: ``(B, T)``, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1`` (the
+        shift happens inside), -100 is ignored. ``logits_to_keep``: only the last that many positions' logits."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.reformer(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+            num_hashes=num_hashes, hash_seed=hash_seed, past_key_values=past_key_values, use_cache=use_cache,
+            output_hidden_states=output_hidden_states, output_attentions=output_attentions, return_dict=True,
+        )  # fmt: skip
+        hidden = outputs.last_hidden_state
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            shifted = labels[:, 1:].reshape(-1).to(logits.device)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), shifted)
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
+    ) -> dict:
+        """With a cache, only the tokens it has not seen; ``attention_mask`` always covers the whole sequence (left
+        padding is honoured). ``num_hashes`` / ``hash_seed`` pass through."""
+        past = past_key_values.get_seq_length() if past_key_values is not None and use_cache else 0
+        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
+        if use_cache:
+            model_inputs["past_key_values"] = past_key_values
+        if inputs_embeds is not None and past == 0:
+            model_inputs["inputs_embeds"] = inputs_embeds
+        else:
+            model_inputs["input_ids"] = input_ids[:, past:]
+        for name in ("num_hashes", "hash_seed", "logits_to_keep"):
+            if kwargs.get(name) is not None:
+                model_inputs[name] = kwargs[name]
+        return model_inputs
+
+
+class TffReformerForMaskedLM(_TffReformerWithLMHead):
+    """Masked language modelling with the same output head (bidirectional attention)."""
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        num_hashes=None,
+        hash_seed=None,
+        output_hidden_states=None,
+        output_attentions=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        r"""labels: ``(B, T)`` token ids to predict at masked positions, -100 elsewhere."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.reformer(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+            num_hashes=num_hashes, hash_seed=hash_seed, output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions, return_dict=True,
+        )  # fmt: skip
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device))
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffReformerForSequenceClassification(TffReformerPreTrainedModel):
+    """transformers' Reformer classifier: dropout, dense ``2 * D -> D``, tanh, dropout, ``out_proj`` on each row's
+    first real token."""
+
+    def __init__(self, config: TffReformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.reformer = TffReformerModel(config)
+        self.dropout = Dropout(
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dense = nn.Linear(2 * config.hidden_size, config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                return_dict=None, **kwargs) -> SequenceClassifierOutput | tuple:  # fmt: skip
+        r"""labels: ``(B,)`` class ids (floats for regression); other keyword arguments go to the base model."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.reformer(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+            return_dict=True, **kwargs,
+        )  # fmt: skip
+        hidden = outputs.last_hidden_state
+        first = find_first_real_token(attention_mask, hidden.shape[0], hidden.device)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, 2D)
+        logits = self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
+        loss = None
+        if labels is not None:
+            loss = sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TffReformerForQuestionAnswering(TffReformerPreTrainedModel):
+    """Extractive question answering: ``qa_outputs`` (``2 * D -> 2``) start / end logits per token."""
+
+    def __init__(self, config: TffReformerConfig):
+        super().__init__(config)
+        self.reformer = TffReformerModel(config)
+        self.qa_outputs = nn.Linear(2 * config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                start_positions=None, end_positions=None, return_dict=None, **kwargs):  # fmt: skip
+        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.reformer(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+            return_dict=True, **kwargs,
+        )  # fmt: skip
+        output = question_answering_output(
+            self.qa_outputs(outputs.last_hidden_state), start_positions, end_positions, outputs
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "TffReformerForCausalLM",
+    "TffReformerForMaskedLM",
+    "TffReformerForQuestionAnswering",
+    "TffReformerForSequenceClassification",
+    "TffReformerModel",
+    "TffReformerPreTrainedModel",
+    "rotate_positions",
+]
