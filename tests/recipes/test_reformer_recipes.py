@@ -18,7 +18,7 @@ TINY = ["--arch", "reformer", "--variant", "tiny", "--config_overrides", "hidden
 
 def test_causal_lm_recipe_trains_a_reformer(tmp_path, corpus):
     results = causal_lm.main([*TINY, "--block_size", "24", *data_args(corpus), *STEPS, "--output_dir", str(tmp_path)])
-    assert results["eval_tokens"] > 0 and results["perplexity"] > 1
+    assert results["scored_tokens"] > 0 and results["perplexity"] > 1
     model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(model) is tf_family.TffReformerForCausalLM
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)

@@ -321,7 +321,9 @@ class TffReformerPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
     base_model_prefix = "reformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffReformerLayer"]
-    _supports_sdpa = True
+    _supports_sdpa = True  # eager (the dense twin per chunk) and sdpa agree: tests/attention/test_backend.py
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
     _foreign_formats = (TRANSFORMERS_REFORMER,)
 
     @torch.no_grad()
