@@ -356,7 +356,14 @@ def test_lora_prints_no_deprecation_noise(trained_txl):
 
 @pytest.mark.parametrize(
     ("arch", "task"),
-    [("compressive", "causal_lm"), ("longformer", "causal_lm"), ("big_bird", "masked_lm"), (None, "causal_lm")],
+    [
+        ("compressive", "causal_lm"),
+        ("longformer", "causal_lm"),
+        ("big_bird", "masked_lm"),
+        ("reformer", "causal_lm"),
+        ("calm", "causal_lm"),
+        (None, "causal_lm"),
+    ],
 )
 def test_every_card_template_usage_snippet_runs(arch, task, tmp_path, monkeypatch, tiny_gpt2):
     """The "How to use" code of the templates, run against a tiny saved folder (the Transformer-XL card's is run by
