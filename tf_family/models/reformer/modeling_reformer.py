@@ -322,6 +322,9 @@ class TffReformerPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffReformerLayer"]
     _supports_sdpa = True
+    # attention reads config._attn_implementation at every call, so switching it works (transformers' source
+    # heuristic would say otherwise)
+    _can_set_attn_implementation_cached_value = True
     _foreign_formats = (TRANSFORMERS_REFORMER,)
 
     @torch.no_grad()
