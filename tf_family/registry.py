@@ -24,7 +24,10 @@ from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
 
 ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
-    {spec.name: spec for spec in (TRANSFO_XL, COMPRESSIVE, LONGFORMER, BIG_BIRD, REFORMER, KNN_LM, DECISION_TRANSFORMER)}
+    {
+        spec.name: spec
+        for spec in (TRANSFO_XL, COMPRESSIVE, LONGFORMER, BIG_BIRD, REFORMER, KNN_LM, DECISION_TRANSFORMER)
+    }
 )
 
 
