@@ -5,4 +5,10 @@ from .bert import BertFeedForward
 from .feed_forward import PositionwiseFeedForward
 from .reversible import reversible_stack
 
-__all__ = ["AdaptiveEmbedding", "BertFeedForward", "PositionwiseFeedForward", "ProjectedAdaptiveLogSoftmax", "reversible_stack"]
+__all__ = [
+    "AdaptiveEmbedding",
+    "BertFeedForward",
+    "PositionwiseFeedForward",
+    "ProjectedAdaptiveLogSoftmax",
+    "reversible_stack",
+]
