@@ -3,5 +3,13 @@
 from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .bert import BertFeedForward
 from .feed_forward import PositionwiseFeedForward
+from .relative_attention import RelativeDecoderLayer, RelativeMultiHeadAttention
 
-__all__ = ["AdaptiveEmbedding", "BertFeedForward", "PositionwiseFeedForward", "ProjectedAdaptiveLogSoftmax"]
+__all__ = [
+    "AdaptiveEmbedding",
+    "BertFeedForward",
+    "PositionwiseFeedForward",
+    "ProjectedAdaptiveLogSoftmax",
+    "RelativeDecoderLayer",
+    "RelativeMultiHeadAttention",
+]
