@@ -4,7 +4,7 @@ Importing the package registers every architecture with the transformers Auto cl
 """
 
 from .auto import register_all
-from .memory import CompressiveMemory, SegmentMemory
+from .memory import CompressiveMemory, KNNMemory, MemorizingMemory, SegmentMemory
 from .models.big_bird.configuration_big_bird import TffBigBirdConfig
 from .models.big_bird.modeling_big_bird import (
     TffBigBirdForMaskedLM,
@@ -40,6 +40,12 @@ from .models.longformer.modeling_longformer import (
     TffLongformerModel,
     TffLongformerPreTrainedModel,
 )
+from .models.memorizing.configuration_memorizing import TffMemorizingConfig
+from .models.memorizing.modeling_memorizing import (
+    TffMemorizingForCausalLM,
+    TffMemorizingModel,
+    TffMemorizingPreTrainedModel,
+)
 from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
 from .models.transfo_xl.modeling_transfo_xl import (
     TffTransfoXLForSequenceClassification,
@@ -58,6 +64,8 @@ __all__ = [
     "ARCHITECTURES",
     "ArchSpec",
     "CompressiveMemory",
+    "KNNMemory",
+    "MemorizingMemory",
     "SegmentMemory",
     "TffCompressiveConfig",
     "TffCompressiveLMHeadModel",
@@ -86,6 +94,10 @@ __all__ = [
     "TffKNNLMConfig",
     "TffKNNLMForCausalLM",
     "TffKNNLMPreTrainedModel",
+    "TffMemorizingConfig",
+    "TffMemorizingForCausalLM",
+    "TffMemorizingModel",
+    "TffMemorizingPreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",

@@ -201,11 +201,12 @@ def retrieve(
         keys, values ``(B, H, T, K, Dh)`` (no gradient) and ``found`` ``(B, H, T, K)`` bool.
     """
     scores, index = knn_top_k(kind, query, memory[0], memory_allowed, k)  # (B, H, T, K1)
-    keys, values = gather_neighbours(memory[0], index), gather_neighbours(memory[1], index)
+    keys = gather_neighbours(memory[0], index).to(query.dtype)
+    values = gather_neighbours(memory[1], index).to(query.dtype)
     if segment is not None:
         from_memory = scores.shape[-1]
         with torch.no_grad():
-            segment_keys, segment_values = segment[0].detach(), segment[1].detach()
+            segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
             segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys)  # (B, H, T, T)
             segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
             scores, position = torch.cat([scores, segment_scores], -1).topk(min(k, from_memory + query.shape[2]))
@@ -246,18 +247,22 @@ class KNNMemory:
 
     def __post_init__(self):
         self.keys, self.values = tuple(self.keys), tuple(self.values)
-        if not self.keys or len(self.keys) != len(self.values):
-            raise ValueError(f"KNNMemory needs as many key as value tensors (>= 1), got {len(self.keys)} and "
+        if len(self.keys) != len(self.values):
+            raise ValueError(f"KNNMemory needs as many key as value tensors, got {len(self.keys)} and "
                              f"{len(self.values)}.")  # fmt: skip
-        shape = self.keys[0].shape
-        if any(t.shape != shape or t.dim() != 4 for t in (*self.keys, *self.values)):
-            raise ValueError("KNNMemory.keys and .values must all have the same (B, H, N, Dh) shape.")
-        if self.mask.shape != (shape[0], shape[2]):
-            raise ValueError(f"KNNMemory.mask must have shape {(shape[0], shape[2])}, got {tuple(self.mask.shape)}.")
+        if self.mask.dim() != 2:
+            raise ValueError(f"KNNMemory.mask must have shape (B, N), got {tuple(self.mask.shape)}.")
+        shape = (self.mask.shape[0], *self.keys[0].shape[1:2], self.mask.shape[1]) if self.keys else None
+        if any(
+            t.dim() != 4 or t.shape[:3] != shape or t.shape != self.keys[0].shape for t in (*self.keys, *self.values)
+        ):
+            raise ValueError(
+                f"KNNMemory.keys and .values must all be (B, H, N, Dh) with (B, N) = {tuple(self.mask.shape)}."
+            )
         self.mask = self.mask.to(torch.bool)
         self.next_slot = int(self.next_slot)
-        if not 0 <= self.next_slot < max(shape[2], 1):
-            raise ValueError(f"KNNMemory.next_slot must be in [0, {shape[2]}), got {self.next_slot}.")
+        if not 0 <= self.next_slot < max(self.capacity, 1):
+            raise ValueError(f"KNNMemory.next_slot must be in [0, {self.capacity}), got {self.next_slot}.")
 
     @classmethod
     def empty(
@@ -327,11 +332,13 @@ class KNNMemory:
         masked slots so that the rows stay in step). Only the last ``capacity`` positions of a long segment stay."""
         if len(keys) != len(self.keys) or len(values) != len(self.values):
             raise ValueError(f"the memory has {len(self.keys)} kNN layers, the segment {len(keys)}.")
-        if self.capacity == 0:
+        if self.capacity == 0 or not keys:
             return self
         length = keys[0].shape[2]
         if mask is None:
             mask = torch.ones(self.batch_size, length, dtype=torch.bool, device=self.mask.device)
+        if mask.shape != (self.batch_size, length):
+            raise ValueError(f"the write mask must have shape {(self.batch_size, length)}, got {tuple(mask.shape)}.")
         kept = min(length, self.capacity)
         slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
         with torch.no_grad():
