@@ -43,7 +43,7 @@ def _check_search(queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tens
         raise ValueError(
             f"queries must be (B, H, T, Dh) and keys (B, H, N, Dh), got {tuple(queries.shape)} and {tuple(keys.shape)}."
         )
-    if allowed.dim() != 4 or allowed.shape[-1] != keys.shape[2] or allowed.shape[-2] != queries.shape[2]:
+    if allowed.dim() != 4 or allowed.shape[-1] != keys.shape[2] or allowed.shape[-2] not in (1, queries.shape[2]):
         raise ValueError(f"allowed must broadcast to (B, H, T, N), got {tuple(allowed.shape)}.")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}.")
@@ -145,7 +145,7 @@ def gather_neighbours(memory: torch.Tensor, index: torch.Tensor) -> torch.Tensor
     """``(B, H, N, Dh)`` memory, ``(B, H, T, K)`` slot indices -> ``(B, H, T, K, Dh)`` the retrieved vectors."""
     batch, heads, length, top = index.shape
     flat = index.reshape(batch, heads, length * top, 1).expand(-1, -1, -1, memory.shape[-1])
-    return memory.gather(2, flat).view(batch, heads, length, top, -1)
+    return memory.gather(2, flat).view(batch, heads, length, top, memory.shape[-1])
 
 
 def knn_attention(

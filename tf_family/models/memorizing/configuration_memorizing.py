@@ -10,6 +10,34 @@ from transformers import PreTrainedConfig
 from ...configuration_utils import check_config_kwargs, validate_config
 from ...memory.knn_memory import SEARCH_KINDS
 
+# the fields a Transformer-XL config shares with this one (same meaning, same weights): fine-tuning a Transformer-XL
+# checkpoint into a Memorizing Transformer (paper section 4.5) copies them
+TRANSFO_XL_FIELDS = (
+    "vocab_size",
+    "cutoffs",
+    "d_model",
+    "d_embed",
+    "n_head",
+    "d_head",
+    "d_inner",
+    "div_val",
+    "pre_lnorm",
+    "n_layer",
+    "mem_len",
+    "clamp_len",
+    "same_length",
+    "proj_share_all_but_first",
+    "untie_r",
+    "dropout",
+    "dropatt",
+    "proj_init_std",
+    "init_std",
+    "layer_norm_epsilon",
+    "tie_word_embeddings",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+)
 KNN_COMBINES = ("gate", "joint")
 KNN_RETRIEVALS = ("token", "segment")
 
@@ -96,6 +124,17 @@ class TffMemorizingConfig(PreTrainedConfig):
         self.knn_layers = list(self.knn_layers)
         super().__post_init__(**kwargs)
         validate_config(self)
+
+    @classmethod
+    def from_transfo_xl_config(cls, config: PreTrainedConfig, **overrides) -> TffMemorizingConfig:
+        """The Memorizing Transformer with the shape of a Transformer-XL config (`tff_transfo_xl`) plus kNN layers:
+        ``overrides`` set the kNN fields (or change any other)."""
+        if getattr(config, "model_type", None) != "tff_transfo_xl":
+            raise ValueError(
+                f"from_transfo_xl_config needs a tff_transfo_xl config, got model_type "
+                f"{getattr(config, 'model_type', None)!r}."
+            )
+        return cls(**{name: getattr(config, name) for name in TRANSFO_XL_FIELDS}, **overrides)
 
     @property
     def tie_projs(self) -> list[bool]:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
@@ -429,6 +429,22 @@ class TffMemorizingForCausalLM(TffMemorizingPreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self):
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
+
+    @classmethod
+    def from_transfo_xl(cls, pretrained_model_name_or_path: str, **config_overrides) -> TffMemorizingForCausalLM:
+        """Fine-tune an existing model to use memory (paper section 4.5): a saved `TffTransfoXLLMHeadModel` (folder or
+        Hub id) loaded with kNN layers added (``config_overrides``: `knn_layers`, `knn_memory_size`, ...). Every
+        Transformer-XL weight is reused as it is; only the kNN layers' gate and scale are new."""
+        source = AutoConfig.from_pretrained(pretrained_model_name_or_path)
+        config = TffMemorizingConfig.from_transfo_xl_config(source, **config_overrides)
+        model, info = cls.from_pretrained(pretrained_model_name_or_path, config=config, output_loading_info=True)
+        new = {key for key in info["missing_keys"] if key.rsplit(".", 1)[-1] not in ("knn_gate", "knn_scale")}
+        if new or info["unexpected_keys"] or info["mismatched_keys"]:
+            raise ValueError(
+                f"{pretrained_model_name_or_path} is not a Transformer-XL language model of this shape: missing "
+                f"{sorted(new)}, unexpected {sorted(info['unexpected_keys'])}, mismatched {info['mismatched_keys']}."
+            )
+        return model
 
     def empty_memory(self, batch_size: int, knn_memory_size: int | None = None, **kwargs) -> MemorizingMemory:
         """See `TffMemorizingModel.empty_memory`."""
