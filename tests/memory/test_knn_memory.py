@@ -156,3 +156,21 @@ def test_index_select_state_dict_and_validation():
         from tf_family.memory import knn_top_k
 
         knn_top_k("hnsw", unit(1, 1, 1, 4), unit(1, 1, 2, 4), torch.ones(1, 1, 1, 2, dtype=torch.bool), 1)
+
+
+@pytest.mark.parametrize("search", [exact_top_k, bucketed_top_k, faiss_top_k])
+def test_expired_pairs_equal_the_expanded_mask(search):
+    if search is faiss_top_k:
+        pytest.importorskip("faiss")
+    from tf_family.memory.knn_memory import expand_expired
+
+    queries, keys = unit(2, 2, 5, 8).float(), unit(2, 2, 40, 8, seed=1).float()
+    allowed = random_allowed(2, 1, 40)
+    expired = (torch.tensor([7, 8, 9]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    scores, index = search(queries, keys, allowed, 4, expired)
+    expected_scores, expected_index = search(queries, keys, expand_expired(allowed, expired, 5), 4)
+    torch.testing.assert_close(scores, expected_scores)
+    assert torch.equal(index[scores > float("-inf")], expected_index[scores > float("-inf")])
+    reference_scores, _ = top_k_reference(queries, keys, expand_expired(allowed, expired, 5), 4)
+    if search is not bucketed_top_k:
+        torch.testing.assert_close(scores, reference_scores)

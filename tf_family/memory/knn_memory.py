@@ -49,28 +49,51 @@ def _check_search(queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tens
         raise ValueError(f"k must be >= 1, got {k}.")
 
 
+Expired = tuple[torch.Tensor, torch.Tensor]  # slots (C,) and a (T, C) bool mask: the queries for which each is gone
+
+
+def expand_expired(allowed: torch.Tensor, expired: Expired | None, length: int) -> torch.Tensor:
+    """``allowed`` with the ``expired`` pairs removed, as one bool tensor broadcastable to ``(B, H, T, N)``."""
+    if expired is None:
+        return allowed
+    slots, gone = expired
+    allowed = allowed.expand(*allowed.shape[:2], length, allowed.shape[-1]).clone()
+    allowed[..., slots] &= ~gone
+    return allowed
+
+
+def _masked_scores(
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, expired: Expired | None
+) -> torch.Tensor:
+    scores = torch.einsum("bhtd,bhnd->bhtn", queries, keys.to(queries.dtype))  # (B, H, T, N)
+    if not bool(allowed.all()):
+        scores.masked_fill_(~allowed, float("-inf"))  # in place: the score tensor is the large one
+    if expired is not None:  # only C columns differ per query: mask them without a (T, N) mask
+        slots, gone = expired
+        scores[..., slots] = scores[..., slots].masked_fill(gone, float("-inf"))
+    return scores
+
+
 def exact_top_k(
-    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``min(k, N)`` best allowed slots per query: ``(B, H, T, K)`` scores (``-inf`` past the allowed ones) and
-    slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``."""
+    slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
+    ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
     _check_search(queries, keys, allowed, k)
-    scores = torch.einsum("bhtd,bhnd->bhtn", queries, keys.to(queries.dtype))  # (B, H, T, N)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores.topk(min(k, keys.shape[2]), dim=-1)
+    return _masked_scores(queries, keys, allowed, expired).topk(min(k, keys.shape[2]), dim=-1)
 
 
 def bucketed_top_k(
-    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """meliad's approximate top-k: slot ``s`` belongs to bucket ``s mod k``; each of the ``k`` buckets gives its best
-    allowed slot. Exact when ``N <= k``. Same outputs as `exact_top_k` (sorted by decreasing score)."""
+    allowed slot. Exact when ``N <= k``. Same arguments and outputs as `exact_top_k` (sorted by decreasing score)."""
     _check_search(queries, keys, allowed, k)
     slots = keys.shape[2]
     if slots <= k:
-        return exact_top_k(queries, keys, allowed, k)
-    scores = torch.einsum("bhtd,bhnd->bhtn", queries, keys.to(queries.dtype))  # (B, H, T, N)
-    scores = scores.masked_fill(~allowed, float("-inf"))
+        return exact_top_k(queries, keys, allowed, k, expired)
+    scores = _masked_scores(queries, keys, allowed, expired)  # (B, H, T, N)
     rows = -(-slots // k)
     scores = F.pad(scores, (0, rows * k - slots), value=float("-inf"))  # (B, H, T, rows * k)
     best, row = scores.unflatten(-1, (rows, k)).max(dim=-2)  # (B, H, T, K): slot = row * k + bucket
@@ -80,11 +103,17 @@ def bucketed_top_k(
 
 
 def faiss_top_k(
-    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, index_type: str = "flat"
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    k: int,
+    expired: Expired | None = None,
+    index_type: str = "flat",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`exact_top_k` through a faiss inner-product index per (row, head) (`FaissKNNStore`): each query asks for
     enough neighbours to cover the slots it may not see, which are then dropped. Exact for ``index_type="flat"``."""
     _check_search(queries, keys, allowed, k)
+    allowed = expand_expired(allowed, expired, queries.shape[2])
     batch, heads, length, _ = queries.shape
     slots = keys.shape[2]
     if slots == 0:
@@ -108,14 +137,19 @@ def faiss_top_k(
 
 
 def knn_top_k(
-    kind: str, queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int
+    kind: str,
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    k: int,
+    expired: Expired | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to the backend ``kind`` (one of `SEARCH_KINDS`); computed without gradient."""
     search = {"exact": exact_top_k, "bucketed": bucketed_top_k, "faiss": faiss_top_k}.get(kind)
     if search is None:
         raise ValueError(f"knn search {kind!r} is unknown; choose one of {list(SEARCH_KINDS)}.")
     with torch.no_grad():
-        return search(queries.detach(), keys, allowed, k)
+        return search(queries.detach(), keys, allowed, k, expired)
 
 
 def top_k_reference(
@@ -183,7 +217,7 @@ def retrieve(
     kind: str,
     query: torch.Tensor,
     memory: tuple[torch.Tensor, torch.Tensor],
-    memory_allowed: torch.Tensor,
+    memory_allowed: torch.Tensor | tuple[torch.Tensor, Expired | None],
     segment: tuple[torch.Tensor, torch.Tensor] | None,
     segment_allowed: torch.Tensor | None,
     k: int,
@@ -193,14 +227,16 @@ def retrieve(
 
     Args:
         query: ``(B, H, T, Dh)`` L2-normalised queries.
-        memory: keys and values ``(B, H, N, Dh)``; memory_allowed: bool broadcastable to ``(B, H, T, N)``.
+        memory: keys and values ``(B, H, N, Dh)``; memory_allowed: bool broadcastable to ``(B, H, T, N)``, or that
+            and the expired (slot, query) pairs (`exact_top_k`).
         segment: keys and values ``(B, H, T, Dh)`` of the segment itself, or None; segment_allowed: bool
             broadcastable to ``(B, H, T, T)`` (which earlier positions each query may retrieve).
 
     Returns:
         keys, values ``(B, H, T, K, Dh)`` (no gradient) and ``found`` ``(B, H, T, K)`` bool.
     """
-    scores, index = knn_top_k(kind, query, memory[0], memory_allowed, k)  # (B, H, T, K1)
+    allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
+    scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired)  # (B, H, T, K1)
     keys = gather_neighbours(memory[0], index).to(query.dtype)
     values = gather_neighbours(memory[1], index).to(query.dtype)
     if segment is not None:
@@ -421,6 +457,7 @@ __all__ = [
     "bucketed_top_k",
     "dense_knn_attention",
     "exact_top_k",
+    "expand_expired",
     "faiss_top_k",
     "gather_neighbours",
     "knn_attention",

@@ -71,7 +71,7 @@ class KNNLayerInputs:
 
     keys: torch.Tensor  # (B, H, N, Dh)
     values: torch.Tensor  # (B, H, N, Dh)
-    memory_allowed: torch.Tensor  # (B, 1, T, N) bool
+    memory_allowed: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]  # (B, 1, 1, N), expired pairs
     segment_allowed: torch.Tensor | None  # (B, 1, T, T) bool, or None (meliad's rule: no retrieval in the segment)
     top_k: int
     search: str
@@ -276,23 +276,24 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
             raise ValueError(f"mems has {len(mems.segment)} layers but the model has n_layer={self.config.n_layer}.")
         return mems
 
-    def _knn_masks(
-        self, knn: KNNMemory, segment_mask: torch.Tensor, length: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Which memory slots ``(B, 1, T, N)`` and which earlier positions of the segment ``(B, 1, T, T)`` each query
-        may retrieve. ``"token"``: exactly the entries a memory written token by token would hold before the query
-        (the ``N`` most recent); ``"segment"``: every real slot of the memory, nothing of the segment."""
+    def _knn_masks(self, knn: KNNMemory, segment_mask: torch.Tensor, length: int) -> tuple[tuple, torch.Tensor | None]:
+        """Which memory slots (``(B, 1, 1, N)`` real entries, and the (slot, query) pairs already evicted) and which
+        earlier positions of the segment ``(B, 1, T, T)`` each query may retrieve. ``"token"``: exactly the entries
+        a memory written token by token would hold before the query (the ``N`` most recent); ``"segment"``: every
+        real slot of the memory, nothing of the segment."""
         capacity, device = knn.capacity, segment_mask.device
         valid = knn.mask[:, None, None, :]  # (B, 1, 1, N)
         if self.config.knn_retrieval == "segment":
-            return valid, None
+            return (valid, None), None
         offset = torch.arange(length, device=device)  # position i of the query in the segment
-        # a slot of age a is still held before position i when a + i < N (the segment's i entries came after it)
-        memory_allowed = valid & (knn.ages()[None, :] + offset[:, None] < capacity)[None, None]  # (B, 1, T, N)
+        # A slot of age a is still held before position i when a + i < N (the segment's i entries came after it):
+        # only the C = min(T, N) oldest slots, next_slot + j of age N - 1 - j, are gone for some queries (j < i).
+        oldest = torch.arange(min(length, capacity), device=device)
+        expired = ((knn.next_slot + oldest) % max(capacity, 1), oldest[None, :] < offset[:, None])  # (C,), (T, C)
         distance = offset[:, None] - offset[None, :]  # (T, T): i - j
         segment_allowed = (distance > 0) & (distance <= capacity)  # written before i and not yet evicted
         segment_allowed = segment_allowed[None, None] & segment_mask[:, None, None, :]  # (B, 1, T, T)
-        return memory_allowed, segment_allowed
+        return (valid, expired), segment_allowed
 
     def forward(
         self,
