@@ -115,7 +115,7 @@ class MemorizingModelOutput(ModelOutput):
 
     Args:
         last_hidden_state: ``(B, T, D)``.
-        mems: the `MemorizingMemory` (kNN memory, written in place, and Transformer-XL memory) for the next segment,
+        mems: the `MemorizingMemory` (kNN memory and Transformer-XL memory) for the next segment,
             or ``None`` with ``use_cache=False``.
         hidden_states, attentions: as in `MemoryModelOutput` (attentions: the local attention of every layer).
     """

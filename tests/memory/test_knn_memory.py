@@ -112,8 +112,9 @@ def test_ring_buffer_evicts_the_oldest_and_resets_rows():
     memory = KNNMemory.empty(2, 1, 1, 1, capacity=4, dtype=torch.float64)
     for start in (0, 3):
         positions = torch.arange(start, start + 3, dtype=torch.float64).view(1, 1, 3, 1).expand(2, 1, 3, 1)
-        returned = memory.write([positions], [positions + 100])
-        assert returned is memory
+        before = memory
+        memory = memory.write([positions], [positions + 100])
+        assert before.size.tolist() == [min(start, 4)] * 2  # the memory written to is left as it is
     # positions 0..5 written into 4 slots: 0 and 1 evicted, the rest kept in order of age
     assert sorted(memory.keys[0][0, 0, :, 0].tolist()) == [2.0, 3.0, 4.0, 5.0]
     order = memory.ages().argsort()
@@ -124,17 +125,17 @@ def test_ring_buffer_evicts_the_oldest_and_resets_rows():
     # a segment longer than the capacity keeps its last positions only; padding is written masked
     mask = torch.tensor([[True] * 6, [True] * 5 + [False]])
     long = torch.arange(6, dtype=torch.float64).view(1, 1, 6, 1).expand(2, 1, 6, 1)
-    reset.write([long], [long], mask)
+    reset = reset.write([long], [long], mask)
     assert sorted(reset.keys[0][0, 0, :, 0].tolist()) == [2.0, 3.0, 4.0, 5.0]
     assert reset.size.tolist() == [4, 3]
     empty = KNNMemory.empty(1, 1, 1, 1, capacity=0)
-    empty.write([torch.ones(1, 1, 3, 1)], [torch.ones(1, 1, 3, 1)])
+    empty = empty.write([torch.ones(1, 1, 3, 1)], [torch.ones(1, 1, 3, 1)])
     assert empty.capacity == 0
 
 
 def test_index_select_state_dict_and_validation():
     knn = KNNMemory.empty(2, 2, 3, 4, capacity=5)
-    knn.write([unit(2, 3, 3, 4).float()] * 2, [unit(2, 3, 3, 4, seed=1).float()] * 2)
+    knn = knn.write([unit(2, 3, 3, 4).float()] * 2, [unit(2, 3, 3, 4, seed=1).float()] * 2)
     segment = SegmentMemory.from_states([torch.randn(2, 3, 6)] * 2)
     memory = MemorizingMemory(segment, knn)
     beams = memory.index_select(torch.tensor([1, 1, 0]))

@@ -4,7 +4,8 @@
 no gradient: ``capacity`` slots written in order, the oldest overwritten when it is full (never a full reset), a
 per-row mask of real entries (a row is reset at a document boundary by masking, not zeroing: a zero key is still a
 key), `index_select` for beam search and `state_dict` / `from_state_dict` for checkpoints. Like a transformers
-``Cache`` it is passed into ``forward``, written in place and returned. The capacity belongs to the memory object,
+``Cache`` it is passed into ``forward`` and the updated memory is returned (a new object: the one passed in is
+left as it is). The capacity belongs to the memory object,
 so a model trained with one size can read with another (`KNNMemory.empty`). `MemorizingMemory` bundles it with the
 Transformer-XL `SegmentMemory`: the whole state a Memorizing Transformer carries between calls.
 
@@ -363,9 +364,13 @@ class KNNMemory:
     def write(
         self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], mask: torch.Tensor | None = None
     ) -> KNNMemory:
-        """Write a segment's pairs (per kNN layer ``(B, H, T, Dh)``, keys already normalised) in place, oldest
-        slots first, and return this memory. ``mask`` ``(B, T)`` bool marks real positions (padding is written as
-        masked slots so that the rows stay in step). Only the last ``capacity`` positions of a long segment stay."""
+        """The memory after a segment's pairs (per kNN layer ``(B, H, T, Dh)``, keys already normalised) are written
+        over the oldest slots. ``mask`` ``(B, T)`` bool marks real positions (padding is written as masked slots so
+        that the rows stay in step). Only the last ``capacity`` positions of a long segment stay.
+
+        Returns a new memory; this one is left as it is (a layer recomputed under gradient checkpointing, or
+        another beam, still reads what it read). The copy costs one pass over the memory, small next to a search.
+        """
         if len(keys) != len(self.keys) or len(values) != len(self.values):
             raise ValueError(f"the memory has {len(self.keys)} kNN layers, the segment {len(keys)}.")
         if self.capacity == 0 or not keys:
@@ -378,11 +383,13 @@ class KNNMemory:
         kept = min(length, self.capacity)
         slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
         with torch.no_grad():
-            for memory, new in zip((*self.keys, *self.values), (*keys, *values), strict=True):
-                memory.index_copy_(2, slots, new[:, :, length - kept :].detach().to(memory.dtype))
-            self.mask.index_copy_(1, slots, mask[:, length - kept :].to(torch.bool))
-        self.next_slot = (self.next_slot + kept) % self.capacity
-        return self
+            written = [
+                memory.index_copy(2, slots, new[:, :, length - kept :].detach().to(memory.dtype))
+                for memory, new in zip((*self.keys, *self.values), (*keys, *values), strict=True)
+            ]
+            mask = self.mask.index_copy(1, slots, mask[:, length - kept :].to(torch.bool))
+        layers = len(self.keys)
+        return KNNMemory(written[:layers], written[layers:], mask, (self.next_slot + kept) % self.capacity)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Flat tensors for a checkpoint: ``mask``, ``next_slot``, ``keys.<layer>``, ``values.<layer>``."""

@@ -312,8 +312,8 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         Args:
             input_ids: ``(B, T)`` token ids of the segment.
             mems: the `MemorizingMemory` returned for the previous segment of the same streams, a fresh one
-                (`empty_memory`, e.g. to choose the kNN memory size), or ``None`` at the start. Its kNN memory is
-                written in place.
+                (`empty_memory`, e.g. to choose the kNN memory size), or ``None`` at the start. It is left as it is;
+                the updated memory comes back in the output.
             attention_mask: ``(B, T)`` 0/1 padding mask of the segment, or ``(B, >= M + T)`` covering
                 ``[memory, segment]`` (what `generate` passes). Padded positions are neither attended to nor
                 retrieved.
