@@ -177,10 +177,14 @@ def top_k_reference(
 
 # --------------------------------------------------------------------------------------------------------- attention
 def gather_neighbours(memory: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``(B, H, N, Dh)`` memory, ``(B, H, T, K)`` slot indices -> ``(B, H, T, K, Dh)`` the retrieved vectors."""
-    batch, heads, length, top = index.shape
-    flat = index.reshape(batch, heads, length * top, 1).expand(-1, -1, -1, memory.shape[-1])
-    return memory.gather(2, flat).view(batch, heads, length, top, memory.shape[-1])
+    """``(B, H, N, Dh)`` memory, ``(B, H, T, K)`` slot indices -> ``(B, H, T, K, Dh)`` the retrieved vectors.
+
+    One row copy per neighbour (`index_select` over the flattened memory: several times faster on CPU than a
+    `gather` along ``N`` with an index expanded over ``Dh``)."""
+    batch, heads, slots, width = memory.shape
+    rows = torch.arange(batch * heads, device=index.device).view(batch, heads, 1, 1) * slots
+    picked = memory.reshape(batch * heads * slots, width).index_select(0, (index + rows).reshape(-1))
+    return picked.view(*index.shape, width)
 
 
 def knn_attention(
@@ -238,31 +242,24 @@ def retrieve(
     """
     allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
     scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired)  # (B, H, T, K1)
-    keys = gather_neighbours(memory[0], index).to(query.dtype)
-    values = gather_neighbours(memory[1], index).to(query.dtype)
-    if segment is not None:
-        from_memory = scores.shape[-1]
-        with torch.no_grad():
-            segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
-            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys)  # (B, H, T, T)
-            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
-            scores, position = torch.cat([scores, segment_scores], -1).topk(min(k, from_memory + query.shape[2]))
+    if segment is None:
+        keys, values = gather_neighbours(memory[0], index), gather_neighbours(memory[1], index)
+        return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
+    from_memory = scores.shape[-1]
+    with torch.no_grad():
+        segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
+        segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys)  # (B, H, T, T)
+        segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
+        scores, position = torch.cat([scores, segment_scores], -1).topk(min(k, from_memory + query.shape[2]))
+        segment_index = (position - from_memory).clamp_min(0)  # (B, H, T, K)
+        keys = gather_neighbours(segment_keys, segment_index)
+        values = gather_neighbours(segment_values, segment_index)
+        if from_memory:
             in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
-            segment_index = (position - from_memory).clamp_min(0)
-            found_keys = gather_neighbours(segment_keys, segment_index)
-            found_values = gather_neighbours(segment_values, segment_index)
-            if from_memory:
-                memory_position = position.clamp_max(from_memory - 1)
-                found_keys = torch.where(in_segment, found_keys, keys.gather(3, _expand(memory_position, keys)))
-                found_values = torch.where(
-                    in_segment, found_values, values.gather(3, _expand(memory_position, values))
-                )
-            keys, values = found_keys, found_values
+            slot = index.gather(-1, position.clamp_max(from_memory - 1))  # (B, H, T, K)
+            keys = torch.where(in_segment, keys, gather_neighbours(memory[0], slot).to(query.dtype))
+            values = torch.where(in_segment, values, gather_neighbours(memory[1], slot).to(query.dtype))
     return keys, values, scores > float("-inf")
-
-
-def _expand(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return index[..., None].expand(*index.shape, like.shape[-1])
 
 
 # ------------------------------------------------------------------------------------------------------------ memory
