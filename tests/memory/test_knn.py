@@ -165,9 +165,7 @@ def test_target_log_probs_equal_the_gathered_distribution():
     tokens[0, 1] = -1
     targets = torch.randint(0, 5, (8,), generator=generator)
     full = knn_log_probs(scores, tokens, 5, 0.7)
-    torch.testing.assert_close(
-        knn_target_log_probs(scores, tokens, targets, 0.7), full.gather(1, targets[:, None])[:, 0]
-    )
+    torch.testing.assert_close(knn_target_log_probs(scores, tokens, targets, 0.7), full.gather(1, targets[:, None])[:, 0])
 
 
 def test_knn_log_probs_by_hand():

@@ -353,9 +353,8 @@ class FaissKNNStore(KNNStore):
         folder.mkdir(parents=True, exist_ok=True)
         _atomic_save(lambda path: faiss.write_index(self.index, path), folder / "index.faiss")
         _write_description(
-            folder,
-            {"backend": "faiss", "dim": self.dim, "metric": self.metric, "index_type": self.index_type}
-            | {"params": self.params},
+            folder, {"backend": "faiss", "dim": self.dim, "metric": self.metric, "index_type": self.index_type}
+            | {"params": self.params}
         )
 
     @classmethod
