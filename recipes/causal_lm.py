@@ -12,7 +12,7 @@ accumulation, clipping, checkpoints) → `evaluate()` → save (safetensors, tok
 Data: the bundled State of the Union corpus by default, a Hub dataset (``--dataset_name``) or local files
 (``--train_file``, ``--validation_file``: text, JSON lines, CSV or parquet). Every token is scored exactly once with
 next-token targets (`tf_family.data.packing`). Models that carry a memory between steps (the class attribute
-``carried_state``: Transformer-XL, the Compressive Transformer) train on ordered streams: each batch row reads documents end to end, the memory (``mems``) is carried from step to
+``carried_state``: Transformer-XL, the Compressive Transformer, the Memorizing Transformer) train on ordered streams: each batch row reads documents end to end, the memory (``mems``) is carried from step to
 step, and reset where a document starts; each process owns its own rows. Other models see shuffled blocks.
 
 A checkpoint (``--checkpointing_steps``) holds the accelerate state (weights, optimizer, scheduler, RNG), the step
@@ -101,6 +101,18 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
     model.add_argument(
         "--tokenizer_name", help="tokenizer folder or Hub id (default: the model's, or the bundled one)"
     )
+    model.add_argument(
+        "--transfo_xl_checkpoint",
+        help="with --arch memorizing: start from this trained Transformer-XL folder, adding the kNN layers "
+        "(Memorizing Transformers section 4.5: fine-tune an existing model to use memory)",
+    )
+    model.add_argument(
+        "--memory_size", type=int, help="kNN memory entries per row and head in training (kNN-memory models)"
+    )
+    model.add_argument(
+        "--eval_memory_size", type=int, help="kNN memory entries in evaluation (default: --memory_size)"
+    )
+    model.add_argument("--knn_top_k", type=int, help="neighbours each query retrieves (kNN-memory models)")
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_name", default="sotu", help="'sotu' (bundled corpus) or a Hub dataset id")
@@ -162,9 +174,20 @@ def validate_args(args: argparse.Namespace) -> None:
             "num_train_epochs",
             "block_size",
             "max_train_samples",
+            "knn_top_k",
         ),
     )
-    check_at_least(args, ("max_eval_samples",), minimum=0)
+    check_at_least(args, ("max_eval_samples", "memory_size", "eval_memory_size"), minimum=0)
+    knn_options = args.memory_size is not None or args.eval_memory_size is not None or args.knn_top_k is not None
+    if knn_options and args.arch and get_arch(args.arch).carried_state != "knn_memory":
+        raise ValueError(
+            f"--memory_size, --eval_memory_size and --knn_top_k set a kNN memory; --arch {args.arch} has none "
+            "(use --arch memorizing)."
+        )
+    if args.transfo_xl_checkpoint and args.arch != "memorizing":
+        raise ValueError(
+            "--transfo_xl_checkpoint adds kNN memory layers to a Transformer-XL: use it with --arch memorizing."
+        )
     validate_run_args(args)
 
 
@@ -181,7 +204,11 @@ def max_positions(config) -> int | None:
 
 def build_model(args: argparse.Namespace, tokenizer, separator_id: int, config_overrides: dict[str, Any]):
     """A fresh ``--arch`` model sized for ``tokenizer`` (``separator_id`` as its eos/bos/pad), or the saved
-    ``--model_name_or_path`` one."""
+    ``--model_name_or_path`` one; with ``--transfo_xl_checkpoint``, that trained Transformer-XL with kNN memory
+    layers added (Wu et al. 2022, section 4.5)."""
+    if getattr(args, "transfo_xl_checkpoint", None):
+        model_class = get_arch(args.arch).model_classes["causal_lm"]
+        return model_class.from_transfo_xl(args.transfo_xl_checkpoint, **config_overrides)
     if args.arch:
         spec = get_arch(args.arch)
         token_ids = {"eos_token_id": separator_id, "bos_token_id": separator_id, "pad_token_id": separator_id}
@@ -241,21 +268,43 @@ def model_inputs(
     return inputs
 
 
+def knn_overrides(args: argparse.Namespace) -> dict[str, int]:
+    """Config fields of a kNN-memory model (the Memorizing Transformer) that --memory_size / --knn_top_k set."""
+    overrides = {"knn_memory_size": args.memory_size, "knn_top_k": args.knn_top_k}
+    return {name: value for name, value in overrides.items() if value is not None}
+
+
+def start_memory(model, batch_size: int, memory_size: int | None) -> Any:
+    """The memory a stream starts with: None (the model's own default), or for a kNN-memory model evaluated with
+    another size than it trained with, an empty memory of ``memory_size`` entries."""
+    if memory_size is None or carried_state(model) != "knn_memory":
+        return None
+    return model.empty_memory(batch_size, memory_size)
+
+
 def rows_of(global_batch: list[int], accelerator: Accelerator, per_device: int) -> list[int]:
     start = accelerator.process_index * per_device
     return global_batch[start : start + per_device]
 
 
 def evaluate(
-    model, blocks, schedule, accelerator: Accelerator, per_device: int, has_memory: bool, num_characters: int
+    model,
+    blocks,
+    schedule,
+    accelerator: Accelerator,
+    per_device: int,
+    has_memory: bool,
+    num_characters: int,
+    memory_size: int | None = None,
 ) -> dict[str, float]:
     """Validation loss, perplexity, bits per token and bits per character over every scored token.
 
-    Memory models read the validation streams in order, carrying the memory as in training.
+    Memory models read the validation streams in order, carrying the memory as in training (a kNN memory of
+    ``memory_size`` entries when given).
     """
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    memory = None if has_memory else False
+    memory = start_memory(accelerator.unwrap_model(model), per_device, memory_size) if has_memory else False
     progress = tqdm(schedule, desc="evaluating", disable=not accelerator.is_local_main_process, leave=False)
     with torch.no_grad():
         for global_batch in progress:
@@ -316,7 +365,9 @@ def main(
     if args.max_eval_samples:
         raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
 
-    tokenizer_source = args.tokenizer_name or args.model_name_or_path or str(SOTU_TOKENIZER_DIR)
+    tokenizer_source = (
+        args.tokenizer_name or args.model_name_or_path or args.transfo_xl_checkpoint or str(SOTU_TOKENIZER_DIR)
+    )
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
     separator_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
     if separator_id is None:
@@ -326,9 +377,17 @@ def main(
         )
 
     # ---- model ------------------------------------------------------------------------------------------------
+    config_overrides = {**config_overrides, **knn_overrides(args)}
     model = build_model(args, tokenizer, separator_id, config_overrides)
-    # a model that carries a memory between steps (Transformer-XL's segment memory, the Compressive Transformer's)
+    # a model that carries a memory between steps (Transformer-XL's segment memory, the Compressive Transformer's,
+    # the Memorizing Transformer's kNN memory)
     has_memory = carried_state(model) is not None
+    if (knn_overrides(args) or args.eval_memory_size is not None) and carried_state(model) != "knn_memory":
+        raise ValueError(
+            "--memory_size, --eval_memory_size and --knn_top_k set a kNN memory; "
+            f"{type(model).__name__} has none (use --arch memorizing)."
+        )
+    eval_memory_size = args.eval_memory_size if args.eval_memory_size is not None else args.memory_size
     # an early-exit model (CALM) trains every exit: the anytime loss (and its meta classifier) comes back as aux_loss
     trains_exits = bool(getattr(model, "exit_training", False))
     block_size = choose_block_size(args.block_size, model)
@@ -474,6 +533,7 @@ def main(
                     args.per_device_eval_batch_size,
                     has_memory,
                     eval_characters,
+                    eval_memory_size,
                 )
                 accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
                 logger.info(f"step {completed_steps}: {metrics}", main_process_only=True)
@@ -488,7 +548,14 @@ def main(
 
     # ---- evaluate ---------------------------------------------------------------------------------------------
     metrics = evaluate(
-        model, eval_blocks, eval_schedule, accelerator, args.per_device_eval_batch_size, has_memory, eval_characters
+        model,
+        eval_blocks,
+        eval_schedule,
+        accelerator,
+        args.per_device_eval_batch_size,
+        has_memory,
+        eval_characters,
+        eval_memory_size,
     )
     unwrapped = accelerator.unwrap_model(model)
     vocab_size = max(getattr(unwrapped.config, "vocab_size", 0) or 0, len(tokenizer))

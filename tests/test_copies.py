@@ -49,7 +49,7 @@ COPIES = list(marked_copies())
 
 
 def test_there_are_marked_copies():
-    assert len(COPIES) >= 8
+    assert len(COPIES) >= 6  # the Transformer-XL attention and layer are shared modules now (tf_family.layers)
 
 
 @pytest.mark.parametrize(("path", "number", "match", "node"), COPIES)

@@ -6,7 +6,7 @@ Importing the package registers every architecture with the transformers Auto cl
 import importlib
 
 from .auto import register_all
-from .memory import CompressiveMemory, SegmentMemory
+from .memory import CompressiveMemory, KNNMemory, MemorizingMemory, SegmentMemory
 from .models.big_bird.configuration_big_bird import TffBigBirdConfig
 from .models.big_bird.modeling_big_bird import (
     TffBigBirdForMaskedLM,
@@ -43,6 +43,12 @@ from .models.longformer.modeling_longformer import (
     TffLongformerForTokenClassification,
     TffLongformerModel,
     TffLongformerPreTrainedModel,
+)
+from .models.memorizing.configuration_memorizing import TffMemorizingConfig
+from .models.memorizing.modeling_memorizing import (
+    TffMemorizingForCausalLM,
+    TffMemorizingModel,
+    TffMemorizingPreTrainedModel,
 )
 from .models.reformer.cache_reformer import TffReformerCache
 from .models.reformer.configuration_reformer import TffReformerConfig
@@ -82,6 +88,8 @@ __all__ = [
     "ARCHITECTURES",
     "ArchSpec",
     "CompressiveMemory",
+    "KNNMemory",
+    "MemorizingMemory",
     "SegmentMemory",
     "TffCalmConfig",
     "TffCalmForCausalLM",
@@ -122,6 +130,10 @@ __all__ = [
     "TffKNNLMConfig",
     "TffKNNLMForCausalLM",
     "TffKNNLMPreTrainedModel",
+    "TffMemorizingConfig",
+    "TffMemorizingForCausalLM",
+    "TffMemorizingModel",
+    "TffMemorizingPreTrainedModel",
     "TffTransfoXLConfig",
     "TffTransfoXLForSequenceClassification",
     "TffTransfoXLLMHeadModel",

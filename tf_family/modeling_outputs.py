@@ -8,6 +8,7 @@ import torch
 from transformers.utils import ModelOutput
 
 from .memory.compressive import CompressiveMemory
+from .memory.knn_memory import MemorizingMemory
 from .memory.segment import SegmentMemory
 
 
@@ -134,3 +135,32 @@ class EarlyExitCausalLMOutput(ModelOutput):
     aux_loss: torch.FloatTensor | None = None
     lm_loss: torch.FloatTensor | None = None
     meta_loss: torch.FloatTensor | None = None
+
+
+@dataclass
+class MemorizingModelOutput(ModelOutput):
+    """Output of the Memorizing Transformer's base model.
+
+    Args:
+        last_hidden_state: ``(B, T, D)``.
+        mems: the `MemorizingMemory` (kNN memory and Transformer-XL memory) for the next segment,
+            or ``None`` with ``use_cache=False``.
+        hidden_states, attentions: as in `MemoryModelOutput` (attentions: the local attention of every layer).
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    mems: MemorizingMemory | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class MemorizingCausalLMOutput(ModelOutput):
+    """Output of the Memorizing Transformer language model: as `MemoryCausalLMOutput`, with a `MemorizingMemory`."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    losses: torch.FloatTensor | None = None
+    mems: MemorizingMemory | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None

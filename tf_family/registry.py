@@ -20,6 +20,7 @@ from .models.compressive import SPEC as COMPRESSIVE
 from .models.decision_transformer import SPEC as DECISION_TRANSFORMER
 from .models.knn_lm import SPEC as KNN_LM
 from .models.longformer import SPEC as LONGFORMER
+from .models.memorizing import SPEC as MEMORIZING
 from .models.reformer import SPEC as REFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
@@ -27,7 +28,17 @@ from .spec import ArchSpec, Task
 ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
     {
         spec.name: spec
-        for spec in (TRANSFO_XL, COMPRESSIVE, LONGFORMER, BIG_BIRD, REFORMER, KNN_LM, CALM, DECISION_TRANSFORMER)
+        for spec in (
+            TRANSFO_XL,
+            COMPRESSIVE,
+            MEMORIZING,
+            LONGFORMER,
+            BIG_BIRD,
+            REFORMER,
+            KNN_LM,
+            CALM,
+            DECISION_TRANSFORMER,
+        )
     }
 )
 

@@ -25,8 +25,9 @@ Task = Literal[
 
 # What a model carries from one call to the next (its class attribute ``carried_state``), which recipes read to
 # decide how to feed it: ``None`` (nothing: shuffled blocks), ``"segment_memory"`` (a `SegmentMemory` passed as
-# ``mems``), ``"compressive_memory"`` (a `CompressiveMemory`).
-CarriedState = Literal["segment_memory", "compressive_memory"] | None
+# ``mems``), ``"compressive_memory"`` (a `CompressiveMemory`), ``"knn_memory"`` (a `MemorizingMemory`: the
+# Memorizing Transformer's kNN memory and its segment memory).
+CarriedState = Literal["segment_memory", "compressive_memory", "knn_memory"] | None
 
 
 def carried_state(model: Any) -> CarriedState:

@@ -3,6 +3,7 @@
 from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .bert import BertFeedForward
 from .feed_forward import PositionwiseFeedForward
+from .relative_attention import RelativeDecoderLayer, RelativeMultiHeadAttention
 from .reversible import reversible_stack
 
 __all__ = [
@@ -11,4 +12,6 @@ __all__ = [
     "PositionwiseFeedForward",
     "ProjectedAdaptiveLogSoftmax",
     "reversible_stack",
+    "RelativeDecoderLayer",
+    "RelativeMultiHeadAttention",
 ]

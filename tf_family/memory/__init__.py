@@ -1,5 +1,6 @@
-"""Carried state and its pure math, shared by the tf_family models: segment-level recurrence, compression, kNN search
-and the kNN-LM interpolation. The kNN-LM datastore, which runs models to build itself, is in `tf_family.retrieval`."""
+"""Carried state and its pure math, shared by the tf_family models: segment-level recurrence, compression, kNN search,
+the Memorizing Transformer's kNN memory and the kNN-LM interpolation. The kNN-LM datastore, which runs models to
+build itself, is in `tf_family.retrieval`."""
 
 from .compression import (
     COMPRESSION_KINDS,
@@ -25,9 +26,33 @@ from .compressive import (
 )
 from .knn import ExactKNNStore, FaissKNNStore, KNNStore, chunked_knn_search, dense_knn_search, load_knn_store
 from .knn_lm import dense_knn_log_probs, interpolate_log_probs, knn_log_probs
+from .knn_memory import (
+    SEARCH_KINDS,
+    KNNMemory,
+    MemorizingMemory,
+    bucketed_top_k,
+    dense_knn_attention,
+    exact_top_k,
+    faiss_top_k,
+    knn_attention,
+    knn_top_k,
+    retrieve,
+    top_k_reference,
+)
 from .segment import SegmentMemory, update_segment_memory
 
 __all__ = [
+    "SEARCH_KINDS",
+    "KNNMemory",
+    "MemorizingMemory",
+    "bucketed_top_k",
+    "dense_knn_attention",
+    "exact_top_k",
+    "faiss_top_k",
+    "knn_attention",
+    "knn_top_k",
+    "retrieve",
+    "top_k_reference",
     "COMPRESSION_KINDS",
     "CompressiveMemory",
     "CompressiveUpdate",

@@ -4,7 +4,8 @@ step, and resumed with the state a model carries between steps.
 A checkpoint ``<output_dir>/checkpoints/step_N`` holds the accelerate state (weights, optimizer, scheduler, RNG),
 ``trainer_state.json`` (the step reached, the world size and whatever the recipe needs to continue, e.g. the epoch and
 the update within it) and, for a model that carries state between steps (a class attribute ``carried_state``:
-``"segment_memory"`` for Transformer-XL, ``"compressive_memory"`` for the Compressive Transformer), each process's
+``"segment_memory"`` for Transformer-XL, ``"compressive_memory"`` for the Compressive Transformer, ``"knn_memory"``
+for the Memorizing Transformer), each process's
 carried state as ``memory_rank<i>.safetensors``.
 """
 

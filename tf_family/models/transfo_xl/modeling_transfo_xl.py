@@ -24,109 +24,22 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
 from ...attention import (
-    attend,
     build_causal_memory_mask,
     build_key_padding_mask,
-    relative_position_scores,
     relative_position_sequence,
     sinusoid_position_embedding,
 )
 from ...conversion import ForeignCheckpointMixin
-from ...layers import AdaptiveEmbedding, PositionwiseFeedForward, ProjectedAdaptiveLogSoftmax
+from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
 from ...memory import SegmentMemory
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from .configuration_transfo_xl import TffTransfoXLConfig
 from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
 logger = logging.get_logger(__name__)
-
-
-class TffTransfoXLAttention(nn.Module):
-    """Multi-head attention over ``[memory, segment]`` with relative positions (paper eq. in section 3.3)."""
-
-    def __init__(self, config: TffTransfoXLConfig, layer_idx: int):
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.num_heads, self.head_dim = config.n_head, config.d_head
-        self.scale = config.d_head**-0.5
-        self.pre_lnorm = config.pre_lnorm
-        inner = config.n_head * config.d_head
-        self.qkv = nn.Linear(config.d_model, 3 * inner, bias=False)
-        self.position_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.out_proj = nn.Linear(inner, config.d_model, bias=False)
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
-        self.dropout = nn.Dropout(config.dropout)
-        self.attention_dropout = nn.Dropout(config.dropatt)
-        if config.untie_r:
-            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        memory: torch.Tensor | None,
-        position_embedding: torch.Tensor,
-        allowed: torch.Tensor,
-        shared_biases: tuple[torch.Tensor, torch.Tensor] | None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, query_length, _ = hidden.shape
-        inputs = hidden if memory is None else torch.cat([memory.to(hidden.dtype), hidden], dim=1)  # (B, S, D)
-        key_length = inputs.shape[1]
-        if self.pre_lnorm:
-            inputs = self.layer_norm(inputs)
-        query, key, value = self.qkv(inputs).chunk(3, dim=-1)  # 3 x (B, S, H*Dh)
-        query = query[:, -query_length:].reshape(batch, query_length, self.num_heads, self.head_dim).transpose(1, 2)
-        key = key.reshape(batch, key_length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
-        value = value.reshape(batch, key_length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
-        position_keys = self.position_proj(position_embedding)  # (S, H*Dh)
-        position_keys = position_keys.view(key_length, self.num_heads, self.head_dim).transpose(0, 1)  # (H, S, Dh)
-        content_bias, position_bias = shared_biases or (self.content_bias, self.position_bias)
-
-        # The content term is the ordinary q.k product with u folded into the query; the position term enters as an
-        # additive score bias, masked with finfo.min (a row with no allowed key, a padded query, attends uniformly).
-        # Attention maps come from the eager dense twin, whatever the configured implementation.
-        position = relative_position_scores(query, position_keys, position_bias)  # (B, H, T, S)
-        bias = (position * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
-        attended, probs = attend(
-            query + content_bias[:, None, :].to(query.dtype),
-            key,
-            value,
-            None,
-            bias.to(query.dtype),
-            self.attention_dropout.p if self.training else 0.0,
-            "eager" if output_attentions else self.config._attn_implementation,
-        )  # (B, H, T, Dh), (B, H, T, S) or None
-        attended = attended.transpose(1, 2).reshape(batch, query_length, -1)  # (B, T, H*Dh)
-        out = self.dropout(self.out_proj(attended))  # (B, T, D)
-        out = hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
-        return out, probs
-
-
-class TffTransfoXLLayer(GradientCheckpointingLayer):
-    def __init__(self, config: TffTransfoXLConfig, layer_idx: int):
-        super().__init__()
-        self.attention = TffTransfoXLAttention(config, layer_idx)
-        self.feed_forward = PositionwiseFeedForward(
-            config.d_model, config.d_inner, config.dropout, config.pre_lnorm, config.layer_norm_epsilon
-        )
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        memory: torch.Tensor | None,
-        position_embedding: torch.Tensor,
-        allowed: torch.Tensor,
-        shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden, probs = self.attention(hidden, memory, position_embedding, allowed, shared_biases, output_attentions)
-        return self.feed_forward(hidden), probs
 
 
 class TffTransfoXLPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
@@ -137,7 +50,7 @@ class TffTransfoXLPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
     carried_state = "segment_memory"  # a SegmentMemory, passed as `mems` and returned
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["TffTransfoXLLayer"]
+    _no_split_modules = ["RelativeDecoderLayer"]
     _supports_sdpa = True
     # the attention reads config._attn_implementation at every call, so switching it later is safe
     _can_set_attn_implementation_cached_value = True
@@ -162,7 +75,7 @@ class TffTransfoXLPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
         elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
             init.normal_(module.cluster_weight, mean=0.0, std=std)
             init.zeros_(module.cluster_bias)
-        elif isinstance(module, TffTransfoXLAttention | TffTransfoXLModel):
+        elif isinstance(module, RelativeMultiHeadAttention | TffTransfoXLModel):
             for name in ("content_bias", "position_bias"):
                 if getattr(module, name, None) is not None:
                     init.normal_(getattr(module, name), mean=0.0, std=std)
@@ -199,7 +112,7 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
             config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
         )
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(TffTransfoXLLayer(config, i) for i in range(config.n_layer))
+        self.layers = nn.ModuleList(RelativeDecoderLayer.from_config(config) for _ in range(config.n_layer))
         if not config.untie_r:
             self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
@@ -283,7 +196,15 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
             if output_hidden_states:
                 all_hidden += (hidden,)
             layer_memory = None if memory is None else memory.states[index]
-            hidden, probs = layer(hidden, layer_memory, position_embedding, allowed, shared_biases, output_attentions)
+            hidden, probs = layer(
+                hidden,
+                layer_memory,
+                position_embedding,
+                allowed,
+                shared_biases,
+                output_attentions,
+                self.config._attn_implementation,
+            )
             if output_attentions:
                 all_attentions += (probs,)
         hidden = self.dropout(hidden)

@@ -1,0 +1,348 @@
+"""Memorizing Transformer (Wu et al. 2022): kNN-layer overhead, perplexity against memory size, passkey retrieval.
+
+Three parts, each small enough for 2 shared CPU cores (``--parts``):
+
+* **overhead**: one training step (forward, backward, AdamW; memory carried) of a Memorizing Transformer whose kNN
+  layer reads a memory already holding 2k / 8k / 32k entries per row and head, against the same model without kNN
+  layer (Transformer-XL, same weights otherwise), timed interleaved in one run; also one evaluation step and
+  decoding (one token per forward, memory carried, as `generate()` does) with an 8k memory against none.
+* **perplexity**: a Memorizing Transformer and a Transformer-XL of the same size, trained with the same budget on
+  the bundled State of the Union addresses (ordered document streams, memory carried and reset at document starts),
+  then the validation perplexity of the Memorizing model evaluated with kNN memory sizes 0 / 512 / 2k / 8k and of
+  the Transformer-XL.
+* **passkey**: a five-digit key planted in real text (SOTU), followed by filler text of a given distance, then the
+  question; the answer digits are scored. The distance exceeds the local window and the XL cache (segment + mem_len)
+  so only the kNN memory can carry the key. The model is trained on the task at short and long distances, then
+  evaluated with and without its kNN memory (memory size 0) as the distance grows.
+
+Run: ``python bench/bench_memorizing.py`` (all parts; ``--quick`` for a smoke run). Results go to
+``bench/results/memorizing[_quick].{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+from common import format_seconds, loadavg, markdown_table, setup_threads, time_interleaved, write_results
+
+setup_threads(2)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from tf_family import TffMemorizingConfig, TffMemorizingForCausalLM  # noqa: E402
+from tf_family.data import SOTU_TOKENIZER_DIR, build_document_streams, load_sotu, schedule_streams  # noqa: E402
+from tf_family.data.packing import IGNORE_INDEX  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", nargs="*", default=["overhead", "perplexity", "passkey"])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
+    parser.add_argument("--train_steps", type=int, default=300)
+    parser.add_argument("--passkey_steps", type=int, default=450)
+    parser.add_argument("--eval_documents", type=int, default=4)
+    parser.add_argument("--passkey_eval_samples", type=int, default=64)
+    return parser.parse_args()
+
+
+def model_config(quick: bool, **overrides) -> TffMemorizingConfig:
+    fields = {"vocab_size": 8192, "d_model": 128, "n_head": 4, "d_head": 32, "d_inner": 512, "n_layer": 4,
+              "mem_len": 64, "dropout": 0.0, "knn_layers": [2], "knn_top_k": 32, "knn_memory_size": 2048}  # fmt: skip
+    if quick:
+        fields.update(d_model=32, d_inner=64, n_layer=2, knn_layers=[1], n_head=2, d_head=16, mem_len=16)
+    return TffMemorizingConfig(**{**fields, **overrides})
+
+
+def filled_memory(model, batch: int, size: int, generator: torch.Generator):
+    """A memory holding ``size`` random unit keys (and values) per row and head."""
+    config = model.config
+    memory = model.empty_memory(batch, size)
+    shape = (batch, config.n_head, size, config.d_head)
+    keys = [F.normalize(torch.randn(shape, generator=generator), dim=-1) for _ in config.knn_layers]
+    values = [torch.randn(shape, generator=generator) for _ in config.knn_layers]
+    return type(memory)(None, memory.knn.write(keys, values))
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+# --------------------------------------------------------------------------------------------------------- overhead
+def overhead(args) -> dict:
+    sizes = [256, 512, 1024] if args.quick else [2048, 8192, 32768]
+    batch, length = 2, 32 if args.quick else 128
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    knn_model = TffMemorizingForCausalLM(model_config(args.quick)).train()
+    xl_model = TffMemorizingForCausalLM(model_config(args.quick, knn_layers=[])).train()
+    xl_model.load_state_dict(knn_model.state_dict(), strict=False)
+    ids = torch.randint(0, 8192, (batch, length + 1), generator=generator)
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    states = {}
+
+    def train_step(name, model, optimizer):
+        def step():
+            out = model(inputs, mems=states[name])
+            lm_loss(out.logits, labels).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            states[name] = out.mems
+
+        return step
+
+    steps = {}
+    for name, model, size in [("Transformer-XL (no kNN layer)", xl_model, 0)] + [
+        (f"kNN layer, {size} entries", knn_model, size) for size in sizes
+    ]:
+        states[name] = filled_memory(model, batch, size, generator)
+        steps[name] = train_step(name, model, torch.optim.AdamW(model.parameters(), lr=1e-5))
+    train_times = time_interleaved(steps, rounds=3 if args.quick else 5)
+
+    knn_model.eval(), xl_model.eval()
+    eval_states = {name: filled_memory(m, batch, s, generator) for name, m, s in
+                   [("xl", xl_model, 0), ("knn", knn_model, sizes[1])]}  # fmt: skip
+    decode_tokens = 8 if args.quick else 32
+
+    def eval_step(name, model):
+        def step():
+            with torch.no_grad():
+                eval_states[name] = model(inputs, mems=eval_states[name]).mems
+
+        return step
+
+    def decode(name, model, size):
+        def run():
+            memory = filled_memory(model, 1, size, generator)
+            token = inputs[:1, -1:]
+            with torch.no_grad():
+                for _ in range(decode_tokens):
+                    out = model(token, mems=memory)
+                    memory, token = out.mems, out.logits[:, -1:].argmax(-1)
+
+        return run
+
+    other_times = time_interleaved(
+        {
+            "eval: Transformer-XL": eval_step("xl", xl_model),
+            f"eval: kNN {sizes[1]}": eval_step("knn", knn_model),
+            "decode: Transformer-XL": decode("xl", xl_model, 0),
+            f"decode: kNN {sizes[1]}": decode("knn", knn_model, sizes[1]),
+        },
+        rounds=3 if args.quick else 5,
+    )
+    base = statistics.median(train_times["Transformer-XL (no kNN layer)"])
+    rows = []
+    for name, times in train_times.items():
+        median = statistics.median(times)
+        rows.append([name, format_seconds(median), format_seconds(min(times)), f"{(median / base - 1) * 100:+.1f} %"])
+    other = []
+    for kind in ("eval", "decode"):
+        xl = statistics.median(other_times[f"{kind}: Transformer-XL"])
+        knn = statistics.median(other_times[f"{kind}: kNN {sizes[1]}"])
+        tokens = batch * length if kind == "eval" else decode_tokens
+        other.append([kind, f"{tokens / xl:,.0f}", f"{tokens / knn:,.0f}", f"{(knn / xl - 1) * 100:+.1f} %"])
+    config = knn_model.config
+    markdown = (
+        f"### kNN-layer overhead\n\nModel: {config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads "
+        f"x {config.d_head}, mem_len {config.mem_len}, kNN layer {config.knn_layers}, k = {config.knn_top_k}, exact "
+        f"search; batch {batch} x {length} tokens. Training step = forward + backward + AdamW with the memory carried "
+        f"(the kNN memory pre-filled with random unit keys); medians of interleaved rounds in one run.\n\n"
+        + markdown_table(["training step", "median", "min", "vs Transformer-XL"], rows)
+        + f"\n\nEvaluation (batch {batch} x {length}, no grad) and decoding (batch 1, one token per forward, "
+        f"{decode_tokens} tokens, memory carried and written as `generate()` does) with a {sizes[1]}-entry memory:\n\n"
+        + markdown_table(["", "Transformer-XL tok/s", f"kNN {sizes[1]} tok/s", "time vs Transformer-XL"], other)
+    )
+    return {"train_times_s": train_times, "other_times_s": other_times, "markdown": markdown}
+
+
+# ------------------------------------------------------------------------------------------------------ perplexity
+def sotu_streams(tokenizer, split: str, limit: int | None, block: int):
+    texts = load_sotu()[split]["text"]
+    texts = texts[:limit] if limit else texts
+    docs = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return build_document_streams(docs, block, tokenizer.eos_token_id), sum(map(len, docs))
+
+
+def train_lm(model, blocks, doc_blocks, steps: int, batch: int, lr: float) -> float:
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
+    memory, epoch, done, losses = None, 0, 0, []
+    while done < steps:
+        for global_batch in schedule_streams(doc_blocks, batch, seed=0, epoch=epoch):
+            data = blocks.batch(global_batch)
+            out = model(data["input_ids"], mems=memory, reset_mems=None if memory is None else data["reset"])
+            loss = lm_loss(out.logits, data["labels"])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step(), scheduler.step(), optimizer.zero_grad()
+            memory, done = out.mems, done + 1
+            losses.append(loss.item())
+            if done >= steps:
+                break
+        epoch, memory = epoch + 1, None
+    return statistics.mean(losses[-20:])
+
+
+def evaluate_lm(model, blocks, doc_blocks, batch: int, memory_size: int | None) -> tuple[float, int]:
+    model.eval()
+    total, count = 0.0, 0
+    memory = None if memory_size is None else model.empty_memory(batch, memory_size)
+    with torch.no_grad():
+        for global_batch in schedule_streams(doc_blocks, batch, seed=0, shuffle=False):
+            data = blocks.batch(global_batch)
+            reset = None if memory is None else data["reset"]
+            out = model(data["input_ids"], mems=memory, reset_mems=reset)
+            labels = data["labels"]
+            total += F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                     reduction="sum").item()  # fmt: skip
+            count += int((labels != IGNORE_INDEX).sum())
+            memory = out.mems
+    return math.exp(total / count), count
+
+
+def perplexity(args) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR)
+    block, batch = (32, 2) if args.quick else (128, 4)
+    steps = 10 if args.quick else args.train_steps
+    (train_blocks, train_docs), train_tokens = sotu_streams(tokenizer, "train", 6 if args.quick else None, block)
+    (eval_blocks, eval_docs), eval_tokens = sotu_streams(tokenizer, "validation", args.eval_documents, block)
+    results, rows = {}, []
+    for name, overrides in (("Memorizing", {}), ("Transformer-XL", {"knn_layers": []})):
+        torch.manual_seed(0)
+        model = TffMemorizingForCausalLM(model_config(args.quick, vocab_size=len(tokenizer), **overrides))
+        start = time.perf_counter()
+        last = train_lm(model, train_blocks, train_docs, steps, batch, 1e-3)
+        minutes = (time.perf_counter() - start) / 60
+        sizes = [0, 512, 2048, 8192] if name == "Memorizing" else [None]
+        for size in sizes:
+            ppl, count = evaluate_lm(model, eval_blocks, eval_docs, batch, size)
+            results[f"{name} / {size}"] = ppl
+            label = "(no kNN layer)" if size is None else f"{size}"
+            rows.append([name, label, f"{ppl:.2f}", f"{last:.3f}", f"{minutes:.1f} min"])
+    config = model_config(args.quick)
+    markdown = (
+        f"### Validation perplexity against kNN memory size\n\nSOTU, trained {steps} steps of {batch} streams x "
+        f"{block} tokens ({steps * batch * block:,} tokens of {train_tokens:,}), AdamW lr 1e-3, seed 0; both models "
+        f"{config.n_layer} layers, d_model {config.d_model}, mem_len {config.mem_len}; the Memorizing model trained "
+        f"with a {config.knn_memory_size}-entry kNN memory at layer {config.knn_layers}, k = {config.knn_top_k}. "
+        f"Validation: the first {args.eval_documents} addresses of 1995-2009 ({count:,} scored tokens), read in "
+        f"{batch} ordered streams with the memories carried.\n\n"
+        + markdown_table(["model", "kNN memory at evaluation", "val ppl", "last train loss", "training time"], rows)
+    )
+    return {"perplexity": results, "markdown": markdown}
+
+
+# ---------------------------------------------------------------------------------------------------------- passkey
+QUESTION = " What is the pass key? The pass key is"
+
+
+def passkey_sample(tokenizer, filler: list[int], distance: int, generator: torch.Generator):
+    digits = torch.randint(0, 10, (5,), generator=generator).tolist()
+    key = " ".join(str(d) for d in digits)
+    intro = tokenizer(f" The pass key is {key}. Remember it. ", add_special_tokens=False)["input_ids"]
+    start = int(torch.randint(0, len(filler) - distance, (1,), generator=generator))
+    question = tokenizer(QUESTION, add_special_tokens=False)["input_ids"]
+    answer = tokenizer(f" {key}.", add_special_tokens=False)["input_ids"]
+    ids = intro + filler[start : start + distance] + question + answer
+    targets = [IGNORE_INDEX] * (len(ids) - len(answer)) + answer  # the answer tokens are scored
+    return torch.tensor(ids), torch.tensor(targets[1:] + [IGNORE_INDEX])  # labels: the next token
+
+
+def run_passkey(model, samples, segment: int, memory_size: int | None, train: bool, optimizer=None):
+    """Feed a batch of equal-length samples segment by segment (memory carried); returns loss and digit accuracy."""
+    length = max(len(s[0]) for s in samples)  # tokenisations differ by a token or two: pad in front
+    ids = torch.stack([F.pad(s[0], (length - len(s[0]), 0)) for s in samples])
+    labels = torch.stack([F.pad(s[1], (length - len(s[1]), 0), value=IGNORE_INDEX) for s in samples])
+    memory = None if memory_size is None else model.empty_memory(len(samples), memory_size)
+    total, correct, scored = 0.0, 0, 0
+    for start in range(0, ids.shape[1], segment):
+        part = slice(start, start + segment)
+        out = model(ids[:, part], mems=memory)
+        memory = out.mems
+        target = labels[:, part]
+        if (target != IGNORE_INDEX).any():
+            loss = lm_loss(out.logits, target)
+            if train:
+                loss.backward()
+            total += loss.item()
+            hit = (out.logits.argmax(-1) == target) & (target != IGNORE_INDEX)
+            correct, scored = correct + int(hit.sum()), scored + int((target != IGNORE_INDEX).sum())
+    if train:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step(), optimizer.zero_grad()
+    return total, correct / max(scored, 1)
+
+
+def passkey(args) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR)
+    texts = load_sotu()["train"]["text"][:40]
+    filler = [t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    segment, batch = (16, 4) if args.quick else (64, 8)
+    # trained at one distance inside the local window and two beyond it; evaluated further out too
+    train_distances = [8, 32, 64] if args.quick else [32, 128, 256]
+    distances = [8, 32, 64] if args.quick else [32, 128, 256, 512, 1024]
+    steps = 6 if args.quick else args.passkey_steps
+    config = model_config(args.quick, vocab_size=len(tokenizer), mem_len=segment, knn_memory_size=4096)
+    torch.manual_seed(0)
+    model = TffMemorizingForCausalLM(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    history = []
+    for step in range(steps):
+        distance = train_distances[step % len(train_distances)]
+        samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(batch)]
+        history.append(run_passkey(model, samples, segment, None, True, optimizer)[1])
+    minutes = (time.perf_counter() - start) / 60
+    model.eval()
+    rows, results = [], {}
+    test_generator = torch.Generator().manual_seed(123)
+    for distance in distances:
+        count = 16 if args.quick else args.passkey_eval_samples
+        samples = [passkey_sample(tokenizer, filler, distance, test_generator) for _ in range(count)]
+        accuracy = {}
+        with torch.no_grad():
+            for label, size in (("with kNN memory", None), ("without (memory size 0)", 0)):
+                accuracy[label] = statistics.mean(
+                    run_passkey(model, samples[i : i + batch], segment, size, False)[1]
+                    for i in range(0, len(samples), batch)
+                )
+        results[distance] = accuracy
+        rows.append([distance, f"{accuracy['with kNN memory']:.3f}", f"{accuracy['without (memory size 0)']:.3f}"])
+    markdown = (
+        f"### Passkey retrieval\n\nA five-digit key in real text (SOTU), then `distance` tokens of SOTU filler, then "
+        f"the question; digit accuracy on the answer tokens (teacher-forced, answer tokens of the key and the final "
+        f"period; chance for a digit is 0.1). Local window: segment {segment} + XL cache {segment} tokens, so the key "
+        f"is out of reach except through the kNN memory (4096 entries, k = {config.knn_top_k}). Trained {steps} "
+        f"steps of {batch} samples at distances {train_distances} ({minutes:.1f} min; answer accuracy over the last 20 "
+        f"steps {statistics.mean(history[-20:]):.3f}); evaluated on fresh samples.\n\n"
+        + markdown_table(["distance (tokens)", "with kNN memory", "without (memory size 0)"], rows)
+    )
+    return {"passkey": {str(k): v for k, v in results.items()}, "train_accuracy": history, "markdown": markdown}
+
+
+def main() -> None:
+    args = parse_args()
+    started = time.perf_counter()
+    payload, sections = {"args": vars(args)}, []
+    for part, run in (("overhead", overhead), ("perplexity", perplexity), ("passkey", passkey)):
+        if part in args.parts:
+            result = run(args)
+            sections.append(result.pop("markdown"))
+            payload[part] = result
+    note = (
+        f"Wall time {(time.perf_counter() - started) / 60:.1f} min on a machine shared with other work (2 cores; "
+        f"loadavg at the end {loadavg()}): timings are indicative; the ratios come from interleaved rounds."
+    )
+    name = "memorizing" + "".join(f"_{part}" for part in args.parts) + ("_quick" if args.quick else "")
+    write_results(name, payload, "\n\n".join([*sections, note]))
+
+
+if __name__ == "__main__":
+    main()

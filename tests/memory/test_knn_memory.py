@@ -1,0 +1,177 @@
+"""The Memorizing Transformer's kNN memory: ring buffer, resets, beam reordering, checkpoints, and the retrieval
+backends against their brute-force twin."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tf_family.memory import (
+    KNNMemory,
+    MemorizingMemory,
+    SegmentMemory,
+    bucketed_top_k,
+    dense_knn_attention,
+    exact_top_k,
+    faiss_top_k,
+    knn_attention,
+    retrieve,
+    top_k_reference,
+)
+
+
+def unit(*shape, seed=0):
+    return F.normalize(torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64), dim=-1)
+
+
+def random_allowed(batch, length, slots, seed=1):
+    allowed = torch.rand(batch, 1, length, slots, generator=torch.Generator().manual_seed(seed)) > 0.3
+    allowed[0, 0, 0] = False  # a query that may see nothing
+    return allowed
+
+
+@pytest.mark.parametrize("slots", [5, 37])
+def test_exact_top_k_matches_brute_force_twin(slots):
+    queries, keys = unit(2, 3, 4, 8), unit(2, 3, slots, 8, seed=1)
+    allowed = random_allowed(2, 4, slots)
+    scores, index = exact_top_k(queries, keys, allowed, 6)
+    expected_scores, expected_index = top_k_reference(queries, keys, allowed, 6)
+    torch.testing.assert_close(scores, expected_scores)
+    finite = expected_scores > float("-inf")
+    assert torch.equal(index[finite], expected_index[finite])
+    assert not finite[0, :, 0].any()  # nothing allowed, nothing found
+
+
+def recall(index, expected_index, expected_scores):
+    hits = total = 0
+    for found, truth, score in zip(
+        index.flatten(0, 2), expected_index.flatten(0, 2), expected_scores.flatten(0, 2), strict=True
+    ):
+        truth = set(truth[score > float("-inf")].tolist())
+        hits += len(truth & set(found.tolist()))
+        total += len(truth)
+    return hits / total
+
+
+def test_bucketed_top_k_is_exact_when_small_and_recalls_the_true_neighbours():
+    queries, keys = unit(1, 2, 3, 8), unit(1, 2, 6, 8, seed=1)
+    allowed = torch.ones(1, 1, 3, 6, dtype=torch.bool)
+    torch.testing.assert_close(bucketed_top_k(queries, keys, allowed, 8), exact_top_k(queries, keys, allowed, 8))
+    queries, keys = unit(2, 2, 16, 16), unit(2, 2, 1000, 16, seed=1)
+    allowed = random_allowed(2, 16, 1000)
+    scores, index = bucketed_top_k(queries, keys, allowed, 32)
+    expected_scores, expected_index = exact_top_k(queries, keys, allowed, 32)
+    assert (scores[..., :-1] >= scores[..., 1:]).all()  # sorted
+    assert allowed.expand(2, 2, 16, 1000).gather(-1, index)[scores > float("-inf")].all()  # only allowed slots
+    assert torch.equal(scores[..., 0], expected_scores[..., 0])  # the best one is always found
+    assert recall(index, expected_index, expected_scores) >= 0.55  # meliad measured 0.63 for its buckets
+
+
+def test_faiss_top_k_flat_equals_exact():
+    pytest.importorskip("faiss")
+    queries, keys = unit(2, 2, 5, 8).float(), unit(2, 2, 40, 8, seed=1).float()
+    allowed = random_allowed(2, 5, 40)
+    scores, index = faiss_top_k(queries, keys, allowed, 7)
+    expected_scores, expected_index = exact_top_k(queries, keys, allowed, 7)
+    torch.testing.assert_close(scores, expected_scores, rtol=1e-5, atol=1e-5)
+    finite = expected_scores > float("-inf")
+    assert torch.equal(index[finite], expected_index[finite])
+
+
+def test_knn_attention_with_k_covering_the_memory_equals_dense_attention_over_it():
+    query, keys, values = unit(2, 3, 4, 8), unit(2, 3, 10, 8, seed=1), unit(2, 3, 10, 8, seed=2)
+    allowed = random_allowed(2, 4, 10)
+    scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64)
+    found_keys, found_values, found = retrieve("exact", query, (keys, values), allowed, None, None, 64)
+    out, logits = knn_attention(query, found_keys, found_values, found, scale)
+    torch.testing.assert_close(out, dense_knn_attention(query, keys, values, allowed, scale))
+    assert (out[0, :, 0] == 0).all() and torch.isinf(logits[0, :, 0]).all()  # found nothing: contributes nothing
+
+
+def test_retrieve_merges_the_segment_exactly():
+    """Memory + in-segment candidates == one search over their concatenation."""
+    query = unit(2, 2, 5, 8)
+    memory = (unit(2, 2, 9, 8, seed=1), unit(2, 2, 9, 8, seed=2))
+    segment = (unit(2, 2, 5, 8, seed=3), unit(2, 2, 5, 8, seed=4))
+    memory_allowed = random_allowed(2, 5, 9)
+    segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
+    keys, values, found = retrieve("exact", query, memory, memory_allowed, segment, segment_allowed, 4)
+    all_keys = torch.cat([memory[0], segment[0]], 2)
+    all_values = torch.cat([memory[1], segment[1]], 2)
+    all_allowed = torch.cat([memory_allowed, segment_allowed.expand(2, 1, 5, 5)], -1)
+    scores, index = top_k_reference(query, all_keys, all_allowed, 4)
+    assert torch.equal(found, scores > float("-inf"))
+    for b in range(2):
+        for h in range(2):
+            for t in range(5):
+                for r in range(int(found[b, h, t].sum())):
+                    torch.testing.assert_close(keys[b, h, t, r], all_keys[b, h, index[b, h, t, r]])
+                    torch.testing.assert_close(values[b, h, t, r], all_values[b, h, index[b, h, t, r]])
+
+
+def test_ring_buffer_evicts_the_oldest_and_resets_rows():
+    memory = KNNMemory.empty(2, 1, 1, 1, capacity=4, dtype=torch.float64)
+    for start in (0, 3):
+        positions = torch.arange(start, start + 3, dtype=torch.float64).view(1, 1, 3, 1).expand(2, 1, 3, 1)
+        before = memory
+        memory = memory.write([positions], [positions + 100])
+        assert before.size.tolist() == [min(start, 4)] * 2  # the memory written to is left as it is
+    # positions 0..5 written into 4 slots: 0 and 1 evicted, the rest kept in order of age
+    assert sorted(memory.keys[0][0, 0, :, 0].tolist()) == [2.0, 3.0, 4.0, 5.0]
+    order = memory.ages().argsort()
+    assert memory.keys[0][0, 0, order, 0].tolist() == [5.0, 4.0, 3.0, 2.0]
+    torch.testing.assert_close(memory.values[0] - 100, memory.keys[0])
+    reset = memory.reset(torch.tensor([False, True]))
+    assert reset.size.tolist() == [4, 0] and memory.size.tolist() == [4, 4]
+    # a segment longer than the capacity keeps its last positions only; padding is written masked
+    mask = torch.tensor([[True] * 6, [True] * 5 + [False]])
+    long = torch.arange(6, dtype=torch.float64).view(1, 1, 6, 1).expand(2, 1, 6, 1)
+    reset = reset.write([long], [long], mask)
+    assert sorted(reset.keys[0][0, 0, :, 0].tolist()) == [2.0, 3.0, 4.0, 5.0]
+    assert reset.size.tolist() == [4, 3]
+    empty = KNNMemory.empty(1, 1, 1, 1, capacity=0)
+    empty = empty.write([torch.ones(1, 1, 3, 1)], [torch.ones(1, 1, 3, 1)])
+    assert empty.capacity == 0
+
+
+def test_index_select_state_dict_and_validation():
+    knn = KNNMemory.empty(2, 2, 3, 4, capacity=5)
+    knn = knn.write([unit(2, 3, 3, 4).float()] * 2, [unit(2, 3, 3, 4, seed=1).float()] * 2)
+    segment = SegmentMemory.from_states([torch.randn(2, 3, 6)] * 2)
+    memory = MemorizingMemory(segment, knn)
+    beams = memory.index_select(torch.tensor([1, 1, 0]))
+    assert beams.batch_size == 3 and torch.equal(beams.knn.keys[1][0], knn.keys[1][1])
+    assert beams.knn.keys[0] is not knn.keys[0]  # a copy: writing one beam leaves the others alone
+    rebuilt = MemorizingMemory.from_state_dict(memory.state_dict())
+    assert rebuilt.knn.next_slot == knn.next_slot == 3
+    for a, b in zip(rebuilt.knn.state_dict().values(), knn.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(rebuilt.segment.states[1], segment.states[1])
+    assert MemorizingMemory.from_state_dict(MemorizingMemory(None, knn).state_dict()).segment is None
+    with pytest.raises(ValueError, match="capacity"):
+        KNNMemory.empty(1, 1, 1, 1, capacity=-1)
+    with pytest.raises(ValueError, match="reset rows"):
+        knn.reset(torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match="rows"):
+        MemorizingMemory(SegmentMemory.from_states([torch.randn(3, 2, 6)]), knn)
+    with pytest.raises(ValueError, match="unknown"):
+        from tf_family.memory import knn_top_k
+
+        knn_top_k("hnsw", unit(1, 1, 1, 4), unit(1, 1, 2, 4), torch.ones(1, 1, 1, 2, dtype=torch.bool), 1)
+
+
+@pytest.mark.parametrize("search", [exact_top_k, bucketed_top_k, faiss_top_k])
+def test_expired_pairs_equal_the_expanded_mask(search):
+    if search is faiss_top_k:
+        pytest.importorskip("faiss")
+    from tf_family.memory.knn_memory import expand_expired
+
+    queries, keys = unit(2, 2, 5, 8).float(), unit(2, 2, 40, 8, seed=1).float()
+    allowed = random_allowed(2, 1, 40)
+    expired = (torch.tensor([7, 8, 9]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    scores, index = search(queries, keys, allowed, 4, expired)
+    expected_scores, expected_index = search(queries, keys, expand_expired(allowed, expired, 5), 4)
+    torch.testing.assert_close(scores, expected_scores)
+    assert torch.equal(index[scores > float("-inf")], expected_index[scores > float("-inf")])
+    reference_scores, _ = top_k_reference(queries, keys, expand_expired(allowed, expired, 5), 4)
+    if search is not bucketed_top_k:
+        torch.testing.assert_close(scores, reference_scores)

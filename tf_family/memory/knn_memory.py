@@ -1,0 +1,471 @@
+"""The kNN memory of the Memorizing Transformer (Wu et al. 2022, arXiv:2203.08913) and its pure math.
+
+`KNNMemory` holds, per kNN-augmented layer, batch row and head, a FIFO ring buffer of (key, value) pairs that receive
+no gradient: ``capacity`` slots written in order, the oldest overwritten when it is full (never a full reset), a
+per-row mask of real entries (a row is reset at a document boundary by masking, not zeroing: a zero key is still a
+key), `index_select` for beam search and `state_dict` / `from_state_dict` for checkpoints. Like a transformers
+``Cache`` it is passed into ``forward`` and the updated memory is returned (a new object: the one passed in is
+left as it is). The capacity belongs to the memory object,
+so a model trained with one size can read with another (`KNNMemory.empty`). `MemorizingMemory` bundles it with the
+Transformer-XL `SegmentMemory`: the whole state a Memorizing Transformer carries between calls.
+
+Retrieval backends behind one function, `knn_top_k` (scores are inner products of L2-normalised vectors):
+
+* ``"exact"``: one matrix product and `torch.topk` (the default; on this CPU faster than faiss for per-document
+  memories of up to 65k entries);
+* ``"bucketed"``: meliad's approximate top-k: the slots fall into ``k`` strided buckets (slot ``s`` in bucket
+  ``s mod k``) and each bucket contributes its best slot;
+* ``"faiss"``: a faiss index per (row, head) through `FaissKNNStore` (exact ``flat``), built at each call.
+
+`top_k_reference` is the brute-force twin (a Python sort per query) they are tested against; `knn_attention` is the
+attention over the retrieved pairs and `dense_knn_attention` its twin over every allowed entry (equal when ``k``
+covers the memory).
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` queries, ``N`` memory slots (the capacity), ``K`` neighbours, ``Dh`` head width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .knn import FaissKNNStore
+from .segment import SegmentMemory
+
+SEARCH_KINDS = ("exact", "bucketed", "faiss")
+
+
+# ------------------------------------------------------------------------------------------------------------ search
+def _check_search(queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int) -> None:
+    if queries.dim() != 4 or keys.dim() != 4 or queries.shape[-1] != keys.shape[-1]:
+        raise ValueError(
+            f"queries must be (B, H, T, Dh) and keys (B, H, N, Dh), got {tuple(queries.shape)} and {tuple(keys.shape)}."
+        )
+    if allowed.dim() != 4 or allowed.shape[-1] != keys.shape[2] or allowed.shape[-2] not in (1, queries.shape[2]):
+        raise ValueError(f"allowed must broadcast to (B, H, T, N), got {tuple(allowed.shape)}.")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}.")
+
+
+Expired = tuple[torch.Tensor, torch.Tensor]  # slots (C,) and a (T, C) bool mask: the queries for which each is gone
+
+
+def expand_expired(allowed: torch.Tensor, expired: Expired | None, length: int) -> torch.Tensor:
+    """``allowed`` with the ``expired`` pairs removed, as one bool tensor broadcastable to ``(B, H, T, N)``."""
+    if expired is None:
+        return allowed
+    slots, gone = expired
+    allowed = allowed.expand(*allowed.shape[:2], length, allowed.shape[-1]).clone()
+    allowed[..., slots] &= ~gone
+    return allowed
+
+
+def _masked_scores(
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, expired: Expired | None
+) -> torch.Tensor:
+    scores = torch.einsum("bhtd,bhnd->bhtn", queries, keys.to(queries.dtype))  # (B, H, T, N)
+    if not bool(allowed.all()):
+        scores.masked_fill_(~allowed, float("-inf"))  # in place: the score tensor is the large one
+    if expired is not None:  # only C columns differ per query: mask them without a (T, N) mask
+        slots, gone = expired
+        scores[..., slots] = scores[..., slots].masked_fill(gone, float("-inf"))
+    return scores
+
+
+def exact_top_k(
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``min(k, N)`` best allowed slots per query: ``(B, H, T, K)`` scores (``-inf`` past the allowed ones) and
+    slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
+    ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
+    _check_search(queries, keys, allowed, k)
+    return _masked_scores(queries, keys, allowed, expired).topk(min(k, keys.shape[2]), dim=-1)
+
+
+def bucketed_top_k(
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """meliad's approximate top-k: slot ``s`` belongs to bucket ``s mod k``; each of the ``k`` buckets gives its best
+    allowed slot. Exact when ``N <= k``. Same arguments and outputs as `exact_top_k` (sorted by decreasing score)."""
+    _check_search(queries, keys, allowed, k)
+    slots = keys.shape[2]
+    if slots <= k:
+        return exact_top_k(queries, keys, allowed, k, expired)
+    scores = _masked_scores(queries, keys, allowed, expired)  # (B, H, T, N)
+    rows = -(-slots // k)
+    scores = F.pad(scores, (0, rows * k - slots), value=float("-inf"))  # (B, H, T, rows * k)
+    best, row = scores.unflatten(-1, (rows, k)).max(dim=-2)  # (B, H, T, K): slot = row * k + bucket
+    index = row * k + torch.arange(k, device=scores.device)
+    order = best.argsort(dim=-1, descending=True)
+    return best.gather(-1, order), index.gather(-1, order)
+
+
+def faiss_top_k(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    k: int,
+    expired: Expired | None = None,
+    index_type: str = "flat",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`exact_top_k` through a faiss inner-product index per (row, head) (`FaissKNNStore`): each query asks for
+    enough neighbours to cover the slots it may not see, which are then dropped. Exact for ``index_type="flat"``."""
+    _check_search(queries, keys, allowed, k)
+    allowed = expand_expired(allowed, expired, queries.shape[2])
+    batch, heads, length, _ = queries.shape
+    slots = keys.shape[2]
+    if slots == 0:
+        return exact_top_k(queries, keys, allowed, k)
+    top = min(k, slots)
+    allowed = allowed.expand(batch, heads, length, slots)
+    out_scores = queries.new_full((batch, heads, length, top), float("-inf"), dtype=torch.float32)
+    out_index = torch.zeros((batch, heads, length, top), dtype=torch.long, device=queries.device)
+    for b in range(batch):
+        for h in range(heads):
+            store = FaissKNNStore(keys.shape[-1], "ip", index_type)
+            store.add(keys[b, h])
+            hidden = int((~allowed[b, h]).sum(-1).max())
+            scores, index = store.search(queries[b, h], min(slots, top + hidden))  # (T, K')
+            index = index.to(queries.device)
+            seen = allowed[b, h].gather(-1, index.clamp_min(0)) & (index >= 0)
+            scores = scores.to(out_scores.dtype).masked_fill(~seen, float("-inf"))
+            best, position = scores.topk(top, dim=-1)
+            out_scores[b, h], out_index[b, h] = best, index.gather(-1, position)
+    return out_scores.to(queries.dtype), out_index
+
+
+def knn_top_k(
+    kind: str,
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    k: int,
+    expired: Expired | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch to the backend ``kind`` (one of `SEARCH_KINDS`); computed without gradient."""
+    search = {"exact": exact_top_k, "bucketed": bucketed_top_k, "faiss": faiss_top_k}.get(kind)
+    if search is None:
+        raise ValueError(f"knn search {kind!r} is unknown; choose one of {list(SEARCH_KINDS)}.")
+    with torch.no_grad():
+        return search(queries.detach(), keys, allowed, k, expired)
+
+
+def top_k_reference(
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slow twin of `exact_top_k`: every query's allowed slots scored one by one and sorted in Python."""
+    batch, heads, length, _ = queries.shape
+    slots = keys.shape[2]
+    top = min(k, slots)
+    allowed = allowed.expand(batch, heads, length, slots)
+    scores = torch.full((batch, heads, length, top), float("-inf"), dtype=queries.dtype)
+    index = torch.zeros((batch, heads, length, top), dtype=torch.long)
+    for b in range(batch):
+        for h in range(heads):
+            for t in range(length):
+                found = sorted(
+                    ((float(queries[b, h, t] @ keys[b, h, s]), s) for s in range(slots) if allowed[b, h, t, s]),
+                    reverse=True,
+                )[:top]
+                for rank, (score, slot) in enumerate(found):
+                    scores[b, h, t, rank], index[b, h, t, rank] = score, slot
+    return scores, index
+
+
+# --------------------------------------------------------------------------------------------------------- attention
+def gather_neighbours(memory: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``(B, H, N, Dh)`` memory, ``(B, H, T, K)`` slot indices -> ``(B, H, T, K, Dh)`` the retrieved vectors.
+
+    One row copy per neighbour (`index_select` over the flattened memory: several times faster on CPU than a
+    `gather` along ``N`` with an index expanded over ``Dh``)."""
+    batch, heads, slots, width = memory.shape
+    rows = torch.arange(batch * heads, device=index.device).view(batch, heads, 1, 1) * slots
+    picked = memory.reshape(batch * heads * slots, width).index_select(0, (index + rows).reshape(-1))
+    return picked.view(*index.shape, width)
+
+
+def knn_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, found: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of each query over its own retrieved pairs (no positions: a retrieved pair has none).
+
+    Args:
+        query: ``(B, H, T, Dh)``, L2-normalised.
+        keys, values: ``(B, H, T, K, Dh)`` the retrieved pairs (keys L2-normalised).
+        found: ``(B, H, T, K)`` bool, False for padding neighbours (fewer than ``K`` allowed slots).
+        scale: ``(H,)`` the learned per-head scale of the cosine scores.
+
+    Returns:
+        ``(B, H, T, Dh)`` attended values (0 for a query that found nothing) and the ``(B, H, T, K)`` logits
+        (``-inf`` where nothing was found), which a joint softmax with the local attention reuses.
+    """
+    logits = torch.einsum("bhtd,bhtkd->bhtk", query, keys.to(query.dtype)) * scale[:, None, None]  # (B, H, T, K)
+    logits = logits.masked_fill(~found, float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a row with nothing found attends to nothing
+    return torch.einsum("bhtk,bhtkd->bhtd", probs, values.to(query.dtype)), logits
+
+
+def dense_knn_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """Twin of retrieval + `knn_attention` when ``k`` covers every slot: a softmax over all allowed entries.
+    ``keys, values`` ``(B, H, N, Dh)``, ``allowed`` bool broadcastable to ``(B, H, T, N)``; returns ``(B, H, T, Dh)``."""
+    logits = torch.einsum("bhtd,bhnd->bhtn", query, keys.to(query.dtype)) * scale[:, None, None]
+    probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhtn,bhnd->bhtd", probs, values.to(query.dtype))
+
+
+def retrieve(
+    kind: str,
+    query: torch.Tensor,
+    memory: tuple[torch.Tensor, torch.Tensor],
+    memory_allowed: torch.Tensor | tuple[torch.Tensor, Expired | None],
+    segment: tuple[torch.Tensor, torch.Tensor] | None,
+    segment_allowed: torch.Tensor | None,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``k`` best pairs per query among the memory's allowed slots (searched with backend ``kind``) and, when
+    ``segment`` is given, the allowed positions of the query's own segment (scored exactly).
+
+    Args:
+        query: ``(B, H, T, Dh)`` L2-normalised queries.
+        memory: keys and values ``(B, H, N, Dh)``; memory_allowed: bool broadcastable to ``(B, H, T, N)``, or that
+            and the expired (slot, query) pairs (`exact_top_k`).
+        segment: keys and values ``(B, H, T, Dh)`` of the segment itself, or None; segment_allowed: bool
+            broadcastable to ``(B, H, T, T)`` (which earlier positions each query may retrieve).
+
+    Returns:
+        keys, values ``(B, H, T, K, Dh)`` (no gradient) and ``found`` ``(B, H, T, K)`` bool.
+    """
+    allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
+    scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired)  # (B, H, T, K1)
+    if segment is None:
+        keys, values = gather_neighbours(memory[0], index), gather_neighbours(memory[1], index)
+        return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
+    from_memory = scores.shape[-1]
+    with torch.no_grad():
+        segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
+        segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys)  # (B, H, T, T)
+        segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
+        scores, position = torch.cat([scores, segment_scores], -1).topk(min(k, from_memory + query.shape[2]))
+        segment_index = (position - from_memory).clamp_min(0)  # (B, H, T, K)
+        keys = gather_neighbours(segment_keys, segment_index)
+        values = gather_neighbours(segment_values, segment_index)
+        if from_memory:
+            in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
+            slot = index.gather(-1, position.clamp_max(from_memory - 1))  # (B, H, T, K)
+            keys = torch.where(in_segment, keys, gather_neighbours(memory[0], slot).to(query.dtype))
+            values = torch.where(in_segment, values, gather_neighbours(memory[1], slot).to(query.dtype))
+    return keys, values, scores > float("-inf")
+
+
+# ------------------------------------------------------------------------------------------------------------ memory
+@dataclass
+class KNNMemory:
+    """Per kNN layer, batch row and head, a FIFO ring buffer of ``capacity`` (key, value) pairs.
+
+    Attributes:
+        keys: per kNN layer ``(B, H, N, Dh)``, L2-normalised keys; ``N`` is the capacity.
+        values: per kNN layer ``(B, H, N, Dh)``.
+        mask: ``(B, N)`` bool, True where a slot holds an entry of the row's current document.
+        next_slot: the slot the next entry goes to (shared by the rows, which are written in step).
+    """
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    mask: torch.Tensor
+    next_slot: int = 0
+
+    def __post_init__(self):
+        self.keys, self.values = tuple(self.keys), tuple(self.values)
+        if len(self.keys) != len(self.values):
+            raise ValueError(f"KNNMemory needs as many key as value tensors, got {len(self.keys)} and "
+                             f"{len(self.values)}.")  # fmt: skip
+        if self.mask.dim() != 2:
+            raise ValueError(f"KNNMemory.mask must have shape (B, N), got {tuple(self.mask.shape)}.")
+        shape = (self.mask.shape[0], *self.keys[0].shape[1:2], self.mask.shape[1]) if self.keys else None
+        if any(
+            t.dim() != 4 or t.shape[:3] != shape or t.shape != self.keys[0].shape for t in (*self.keys, *self.values)
+        ):
+            raise ValueError(
+                f"KNNMemory.keys and .values must all be (B, H, N, Dh) with (B, N) = {tuple(self.mask.shape)}."
+            )
+        self.mask = self.mask.to(torch.bool)
+        self.next_slot = int(self.next_slot)
+        if not 0 <= self.next_slot < max(self.capacity, 1):
+            raise ValueError(f"KNNMemory.next_slot must be in [0, {self.capacity}), got {self.next_slot}.")
+
+    @classmethod
+    def empty(
+        cls,
+        batch_size: int,
+        num_layers: int,
+        num_heads: int,
+        head_dim: int,
+        capacity: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> KNNMemory:
+        """A memory with ``capacity`` free slots per row and head (``0``: a memory that keeps nothing)."""
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0 (0 keeps nothing), got {capacity}.")
+        shape = (batch_size, num_heads, capacity, head_dim)
+        keys = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
+        values = tuple(torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers))
+        return cls(keys, values, torch.zeros(batch_size, capacity, dtype=torch.bool, device=device))
+
+    @property
+    def capacity(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def size(self) -> torch.Tensor:
+        """``(B,)`` entries held per row."""
+        return self.mask.sum(-1)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def ages(self) -> torch.Tensor:
+        """``(N,)`` long: how many writes ago each slot was written (0 = the newest)."""
+        slots = torch.arange(self.capacity, device=self.mask.device)
+        return (self.next_slot - 1 - slots) % max(self.capacity, 1)
+
+    def reset(self, rows: torch.Tensor) -> KNNMemory:
+        """Forget the entries of the rows where ``rows`` (``(B,)`` bool) is True (a document starts). The key and
+        value tensors are shared with this memory."""
+        rows = torch.as_tensor(rows, device=self.mask.device)
+        if rows.dtype != torch.bool or rows.shape != (self.batch_size,):
+            raise ValueError(
+                f"reset rows must be a bool tensor of shape ({self.batch_size},), got {rows.dtype} {tuple(rows.shape)}."
+            )
+        return KNNMemory(self.keys, self.values, self.mask & ~rows[:, None], self.next_slot)
+
+    def index_select(self, index: torch.Tensor) -> KNNMemory:
+        """Reorder or repeat batch rows (beam search, several samples per prompt): a copy."""
+        index = index.to(self.mask.device)
+        return KNNMemory(
+            tuple(k.index_select(0, index) for k in self.keys),
+            tuple(v.index_select(0, index) for v in self.values),
+            self.mask.index_select(0, index),
+            self.next_slot,
+        )
+
+    def write(
+        self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], mask: torch.Tensor | None = None
+    ) -> KNNMemory:
+        """The memory after a segment's pairs (per kNN layer ``(B, H, T, Dh)``, keys already normalised) are written
+        over the oldest slots. ``mask`` ``(B, T)`` bool marks real positions (padding is written as masked slots so
+        that the rows stay in step). Only the last ``capacity`` positions of a long segment stay.
+
+        Returns a new memory; this one is left as it is (a layer recomputed under gradient checkpointing, or
+        another beam, still reads what it read). The copy costs one pass over the memory, small next to a search.
+        """
+        if len(keys) != len(self.keys) or len(values) != len(self.values):
+            raise ValueError(f"the memory has {len(self.keys)} kNN layers, the segment {len(keys)}.")
+        if self.capacity == 0 or not keys:
+            return self
+        length = keys[0].shape[2]
+        if mask is None:
+            mask = torch.ones(self.batch_size, length, dtype=torch.bool, device=self.mask.device)
+        if mask.shape != (self.batch_size, length):
+            raise ValueError(f"the write mask must have shape {(self.batch_size, length)}, got {tuple(mask.shape)}.")
+        kept = min(length, self.capacity)
+        slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
+        with torch.no_grad():
+            written = [
+                memory.index_copy(2, slots, new[:, :, length - kept :].detach().to(memory.dtype))
+                for memory, new in zip((*self.keys, *self.values), (*keys, *values), strict=True)
+            ]
+            mask = self.mask.index_copy(1, slots, mask[:, length - kept :].to(torch.bool))
+        layers = len(self.keys)
+        return KNNMemory(written[:layers], written[layers:], mask, (self.next_slot + kept) % self.capacity)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat tensors for a checkpoint: ``mask``, ``next_slot``, ``keys.<layer>``, ``values.<layer>``."""
+        tensors = {"mask": self.mask, "next_slot": torch.tensor(self.next_slot)}
+        tensors.update({f"keys.{i}": k for i, k in enumerate(self.keys)})
+        tensors.update({f"values.{i}": v for i, v in enumerate(self.values)})
+        return tensors
+
+    @classmethod
+    def from_state_dict(cls, tensors: dict[str, torch.Tensor]) -> KNNMemory:
+        """Rebuild a memory saved with `state_dict`."""
+        if "mask" not in tensors or "keys.0" not in tensors:
+            raise ValueError(f"not a KNNMemory state dict: keys {sorted(tensors)}.")
+        layers = sum(1 for key in tensors if key.startswith("keys."))
+        return cls(
+            tuple(tensors[f"keys.{i}"] for i in range(layers)),
+            tuple(tensors[f"values.{i}"] for i in range(layers)),
+            tensors["mask"],
+            int(tensors["next_slot"]),
+        )
+
+
+@dataclass
+class MemorizingMemory:
+    """What a Memorizing Transformer carries between calls: the Transformer-XL memory of every layer (``segment``,
+    ``None`` with ``mem_len=0``) and the kNN memory of its kNN-augmented layers (``knn``)."""
+
+    segment: SegmentMemory | None
+    knn: KNNMemory
+
+    def __post_init__(self):
+        if self.segment is not None and self.segment.batch_size != self.knn.batch_size:
+            raise ValueError(
+                f"the segment memory holds {self.segment.batch_size} rows and the kNN memory {self.knn.batch_size}."
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.knn.batch_size
+
+    def reset(self, rows: torch.Tensor) -> MemorizingMemory:
+        """Forget both memories of the rows where ``rows`` (``(B,)`` bool) is True (a document starts)."""
+        segment = None if self.segment is None else self.segment.reset(rows)
+        return MemorizingMemory(segment, self.knn.reset(rows))
+
+    def index_select(self, index: torch.Tensor) -> MemorizingMemory:
+        """Reorder or repeat batch rows of both memories (beam search)."""
+        segment = None if self.segment is None else self.segment.index_select(index)
+        return MemorizingMemory(segment, self.knn.index_select(index))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat tensors for a checkpoint: ``knn.*`` and, with a segment memory, ``segment.*``."""
+        tensors = {f"knn.{k}": v for k, v in self.knn.state_dict().items()}
+        if self.segment is not None:
+            tensors.update({f"segment.{k}": v for k, v in self.segment.state_dict().items()})
+        return tensors
+
+    @classmethod
+    def from_state_dict(cls, tensors: dict[str, torch.Tensor]) -> MemorizingMemory:
+        """Rebuild a memory saved with `state_dict`."""
+        knn = {k[4:]: v for k, v in tensors.items() if k.startswith("knn.")}
+        segment = {k[8:]: v for k, v in tensors.items() if k.startswith("segment.")}
+        if not knn:
+            raise ValueError(f"not a MemorizingMemory state dict: keys {sorted(tensors)}.")
+        return cls(SegmentMemory.from_state_dict(segment) if segment else None, KNNMemory.from_state_dict(knn))
+
+
+__all__ = [
+    "SEARCH_KINDS",
+    "KNNMemory",
+    "MemorizingMemory",
+    "bucketed_top_k",
+    "dense_knn_attention",
+    "exact_top_k",
+    "expand_expired",
+    "faiss_top_k",
+    "gather_neighbours",
+    "knn_attention",
+    "knn_top_k",
+    "retrieve",
+    "top_k_reference",
+]

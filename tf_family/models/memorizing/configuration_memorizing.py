@@ -1,0 +1,185 @@
+"""Configuration of the Memorizing Transformer (Wu et al. 2022, arXiv:2203.08913)."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Literal
+
+from transformers import PreTrainedConfig
+
+from ...configuration_utils import check_config_kwargs, validate_config
+from ...memory.knn_memory import SEARCH_KINDS
+
+# the fields a Transformer-XL config shares with this one (same meaning, same weights): fine-tuning a Transformer-XL
+# checkpoint into a Memorizing Transformer (paper section 4.5) copies them
+TRANSFO_XL_FIELDS = (
+    "vocab_size",
+    "cutoffs",
+    "d_model",
+    "d_embed",
+    "n_head",
+    "d_head",
+    "d_inner",
+    "div_val",
+    "pre_lnorm",
+    "n_layer",
+    "mem_len",
+    "clamp_len",
+    "same_length",
+    "proj_share_all_but_first",
+    "untie_r",
+    "dropout",
+    "dropatt",
+    "proj_init_std",
+    "init_std",
+    "layer_norm_epsilon",
+    "tie_word_embeddings",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+)
+KNN_COMBINES = ("gate", "joint")
+KNN_RETRIEVALS = ("token", "segment")
+
+
+class TffMemorizingConfig(PreTrainedConfig):
+    r"""Configuration of a Memorizing Transformer language model.
+
+    A Transformer-XL decoder (relative positions, segment memory, adaptive input and softmax: the same fields and
+    weights as `TffTransfoXLConfig`) in which the layers `knn_layers` also attend over the ``k`` nearest (key, value)
+    pairs retrieved from a kNN memory of the stream's past.
+
+    Args:
+        vocab_size, cutoffs, d_model, d_embed, n_head, d_head, d_inner, div_val, pre_lnorm, n_layer, mem_len,
+        clamp_len, same_length, proj_share_all_but_first, untie_r, dropout, dropatt, proj_init_std, init_std,
+        layer_norm_epsilon, tie_word_embeddings: as in `TffTransfoXLConfig` (defaults: a small model, no adaptive
+            softmax: `vocab_size` 32000, `d_model` 512, 8 heads, 12 layers, `mem_len` 512).
+        knn_layers (`list[int]`, *optional*): indices of the kNN-augmented layers; defaults to the one at three
+            quarters of the depth, ``[n_layer * 3 // 4 - 1]`` (meliad: the 9th of 12). An empty list gives
+            Transformer-XL.
+        knn_memory_size (`int`, defaults to 8192): entries a fresh kNN memory keeps per row and head (the paper's
+            memory size; oldest evicted first). A memory passed in keeps its own size, so evaluation can use another
+            (`TffMemorizingModel.empty_memory`). ``0`` keeps nothing (no retrieval).
+        knn_top_k (`int`, defaults to 32): neighbours retrieved per query and head (``k``; the paper's 32).
+        knn_combine (`str`, defaults to `"gate"`): `"gate"`: a learned per-head sigmoid gate mixes the local and the
+            retrieved results (the paper, meliad); `"joint"`: one softmax over local keys and retrieved pairs
+            (lucidrains).
+        knn_retrieval (`str`, defaults to `"token"`): what a query may retrieve. `"token"`: every entry written
+            before its own position (the memory as if written token by token, so how a stream is cut into segments
+            or generated one token at a time never changes the result); `"segment"`: meliad's rule, the whole segment
+            retrieves from earlier segments only, before it is written.
+        knn_search (`str`, defaults to `"exact"`): `"exact"` (matrix product + top-k), `"bucketed"` (meliad's
+            approximate top-k: the best slot of each of ``k`` strided buckets) or `"faiss"` (a faiss flat index).
+        knn_gate_init (`float`, defaults to 0.0): initial per-head gate bias ``b`` (``g = sigmoid(b)``; meliad: 0).
+        knn_scale_init (`float`, defaults to 10.0): initial per-head scale of the cosine scores of retrieved keys.
+        use_cache (`bool`, defaults to `True`): return the memories (`mems`) from `forward`.
+    """
+
+    model_type = "tff_memorizing"
+    keys_to_ignore_at_inference = ["mems"]
+    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
+
+    vocab_size: int = 32000
+    cutoffs: list[int] = field(default_factory=list)
+    d_model: int = 512
+    d_embed: int | None = None
+    n_head: int = 8
+    d_head: int | None = None
+    d_inner: int = 2048
+    div_val: int = 1
+    pre_lnorm: bool = False
+    n_layer: int = 12
+    mem_len: int = 512
+    clamp_len: int = 1000
+    same_length: bool = False
+    proj_share_all_but_first: bool = True
+    untie_r: bool = True
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    proj_init_std: float = 0.01
+    init_std: float = 0.02
+    layer_norm_epsilon: float = 1e-5
+    tie_word_embeddings: bool = True
+    knn_layers: list[int] | None = None
+    knn_memory_size: int = 8192
+    knn_top_k: int = 32
+    knn_combine: Literal["gate", "joint"] = "gate"
+    knn_retrieval: Literal["token", "segment"] = "token"
+    knn_search: Literal["exact", "bucketed", "faiss"] = "exact"
+    knn_gate_init: float = 0.0
+    knn_scale_init: float = 10.0
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = 0
+
+    def __post_init__(self, **kwargs):
+        check_config_kwargs(type(self).__name__, kwargs)
+        if self.d_embed is None:
+            self.d_embed = self.d_model
+        if self.d_head is None:
+            self.d_head = self.d_model // self.n_head if self.n_head > 0 else 0
+        if self.knn_layers is None:
+            self.knn_layers = [max(self.n_layer * 3 // 4 - 1, 0)]
+        self.knn_layers = list(self.knn_layers)
+        super().__post_init__(**kwargs)
+        validate_config(self)
+
+    @classmethod
+    def from_transfo_xl_config(cls, config: PreTrainedConfig, **overrides) -> TffMemorizingConfig:
+        """The Memorizing Transformer with the shape of a Transformer-XL config (`tff_transfo_xl`) plus kNN layers:
+        ``overrides`` set the kNN fields (or change any other)."""
+        if getattr(config, "model_type", None) != "tff_transfo_xl":
+            raise ValueError(
+                f"from_transfo_xl_config needs a tff_transfo_xl config, got model_type "
+                f"{getattr(config, 'model_type', None)!r}."
+            )
+        return cls(**{name: getattr(config, name) for name in TRANSFO_XL_FIELDS}, **overrides)
+
+    @property
+    def tie_projs(self) -> list[bool]:
+        """Per cluster, whether its output projection is tied to an input projection."""
+        return [False] + [self.proj_share_all_but_first] * len(self.cutoffs)
+
+    def validate_architecture(self):
+        """Cross-field rules; each error names the field, the value and the rule."""
+        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("mem_len", "knn_memory_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 disables that memory), got {getattr(self, name)}.")
+        if self.knn_top_k < 1:
+            raise ValueError(f"knn_top_k must be >= 1 (neighbours per query), got {self.knn_top_k}.")
+        if self.knn_layers != sorted(set(self.knn_layers)) or any(not 0 <= i < self.n_layer for i in self.knn_layers):
+            raise ValueError(
+                f"knn_layers must be increasing layer indices in [0, n_layer={self.n_layer}), got {self.knn_layers}."
+            )
+        for name, choices in (
+            ("knn_combine", KNN_COMBINES),
+            ("knn_retrieval", KNN_RETRIEVALS),
+            ("knn_search", SEARCH_KINDS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")
+        if self.knn_scale_init <= 0:
+            raise ValueError(f"knn_scale_init must be > 0, got {self.knn_scale_init}.")
+        if self.d_model % 2:
+            raise ValueError(f"d_model must be even (sinusoid position embeddings), got {self.d_model}.")
+        if self.cutoffs != sorted(set(self.cutoffs)) or any(c <= 0 or c >= self.vocab_size for c in self.cutoffs):
+            raise ValueError(
+                f"cutoffs must be strictly increasing and within (0, vocab_size={self.vocab_size}), got {self.cutoffs}."
+            )
+        if self.div_val > 1 and self.d_embed // self.div_val ** len(self.cutoffs) < 1:
+            raise ValueError(
+                f"div_val={self.div_val} with {len(self.cutoffs)} cutoffs shrinks the last cluster's embedding of "
+                f"d_embed={self.d_embed} to zero width; lower div_val or raise d_embed."
+            )
+        if self.same_length and self.mem_len == 0:
+            raise ValueError("same_length=True needs mem_len > 0; set same_length=False for a model without memory.")
+        for name in ("dropout", "dropatt"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+
+
+__all__ = ["TffMemorizingConfig"]
