@@ -358,6 +358,7 @@ def test_lora_prints_no_deprecation_noise(trained_txl):
     ("arch", "task"),
     [
         ("compressive", "causal_lm"),
+        ("memorizing", "causal_lm"),
         ("longformer", "causal_lm"),
         ("big_bird", "masked_lm"),
         ("reformer", "causal_lm"),
