@@ -138,12 +138,14 @@ def _train(recipe_args: list[str]) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .training.language_modeling import max_positions
+
     folder = results["output_dir"]
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompt = tokenizer(SAMPLE_PROMPT, return_tensors="pt")
     # models with absolute positions cannot generate past their last one
-    positions = causal_lm.max_positions(model.config)
+    positions = max_positions(model.config)
     new_tokens = 60 if positions is None else max(1, min(60, positions - prompt["input_ids"].shape[1]))
     torch.manual_seed(0)
     with torch.no_grad():
