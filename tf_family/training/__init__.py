@@ -18,6 +18,7 @@ takes its helpers from ``timm.utils``. A recipe keeps its data, model and traini
 Nothing in ``tf_family`` imports this package: it is for the recipes (and scripts written like them).
 """
 
+from ..spec import carried_state  # the model's class attribute: what it carries between steps
 from .accelerator import configure_ddp, ending_run, final_barrier, make_accelerator, may_leave_parameters_unused
 from .arguments import (
     SCHEDULERS,
@@ -34,7 +35,6 @@ from .arguments import (
 )
 from .checkpointing import (
     CHECKPOINT_PATTERN,
-    carried_state,
     check_output_dir,
     find_checkpoint,
     load_carried_state,

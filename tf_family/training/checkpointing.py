@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from safetensors import safe_open
@@ -31,11 +30,6 @@ logger = get_logger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
-
-
-def carried_state(model: torch.nn.Module) -> str | None:
-    """What ``model`` carries from one step to the next (its class attribute ``carried_state``), or None."""
-    return getattr(model, "carried_state", None)
 
 
 def check_output_dir(args: argparse.Namespace) -> Path:

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..data.packing import IGNORE_INDEX
 from ..registry import get_arch
-from .checkpointing import carried_state
+from ..spec import carried_state
 from .encoder import max_input_length
 
 DEFAULT_MEMORY_BLOCK_SIZE = 128
