@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from .backend import attend
+from .chunked import chunked_window_attention, pad_chunks, window_view
 from .dense import dense_attention
 from .dropout import dropout
 
@@ -120,7 +121,10 @@ def hash_vectors(vectors: torch.Tensor, rotations: torch.Tensor, num_buckets: in
     buckets, start, radix = None, 0, 1
     for factor in factors:
         part = rotated[..., start : start + factor // 2]
-        ids = torch.cat([part, -part], dim=-1).argmax(dim=-1)  # (B, H, R, T)
+        # argmax([part, -part]) (first maximum) without building the concatenation
+        high, high_at = part.max(dim=-1)
+        low, low_at = part.min(dim=-1)
+        ids = torch.where(high >= -low, high_at, low_at + factor // 2)  # (B, H, R, T)
         buckets = ids if buckets is None else buckets + radix * ids
         start, radix = start + factor // 2, radix * factor
     return buckets
@@ -183,8 +187,10 @@ def _neighbours(chunks: torch.Tensor, pattern: ChunkPattern, fill) -> torch.Tens
 
 
 def _window_positions(positions: torch.Tensor, pattern: ChunkPattern) -> torch.Tensor:
-    """Key positions of each chunk's window, ``-1`` for a missing neighbour: ``(B, H, R, N, span*C)``."""
-    return _neighbours(positions, pattern, -1)
+    """Key positions of each chunk's window ``(B, A, N, C)`` -> ``(B, A, N, span*C)``, ``-1`` for a missing
+    neighbour (with wrap-around the neighbours roll over the row's chunks)."""
+    padded = pad_chunks(positions[..., None], pattern.before, pattern.after, pattern.wrap_around, -1)
+    return window_view(padded, pattern.span, pattern.chunk_length)[..., 0, :]
 
 
 # ------------------------------------------------------------------------------------------------------------ LSH
@@ -223,50 +229,83 @@ def lsh_attention(
     num_chunks = -(-length // size)
     padded = num_chunks * size
     valid = _valid(key_valid, batch, length, query.device)
-    order = _sort_order(buckets, valid, padded)  # (B, H, R, Tp)
-    # dummy positions (beyond T) gather position T - 1's vectors; they are masked as keys and dropped as queries
-    gather_order = order.clamp(max=length - 1).view(batch, heads, rounds * padded, 1).expand(-1, -1, -1, head_dim)
+    order = _sort_order(buckets, valid, padded)  # (B, H, R, Tp): the position in each sorted slot
+    inverse = torch.empty_like(order).scatter_(-1, order, torch.arange(padded, device=order.device).expand_as(order))
+    inverse = inverse[..., :length]  # (B, H, R, T): the slot of each position
+    offsets = torch.arange(rounds, device=order.device)[:, None]
+    # slots beyond T read position T - 1 (masked as keys, dropped as queries); their gradient goes nowhere
+    sort_index = (order.clamp(max=length - 1)).view(batch, heads, rounds * padded)
+    slot_index = (inverse + offsets * padded).view(batch, heads, rounds * length)
+    position_index = torch.where(order < length, order + offsets * length, rounds * length).flatten(2)
+    # wrap-around: the R * N chunks of a head are one sequence (transformers); else each round is its own row
+    rows, chunks = (heads, rounds * num_chunks) if pattern.wrap_around else (heads * rounds, num_chunks)
 
-    def sort(tensor):  # (B, H, T, Dh) -> (B, H, R, N, C, Dh)
-        return tensor.gather(2, gather_order).view(batch, heads, rounds, num_chunks, size, head_dim)
+    def sort(tensor):  # (B, H, T, Dh) -> (B, rows, chunks, C, Dh)
+        work = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
+        return _RowGather.apply(work, sort_index, slot_index, rounds).view(batch, rows, chunks, size, head_dim)
 
-    sorted_query, sorted_key, sorted_value = sort(query), sort(key), sort(value)
-    positions = torch.where(order < length, order, -1).view(batch, heads, rounds, num_chunks, size)
-    window_key = _neighbours(sorted_key, pattern, 0.0)  # (B, H, R, N, span*C, Dh)
-    window_value = _neighbours(sorted_value, pattern, 0.0)
-    key_positions = _window_positions(positions, pattern)  # (B, H, R, N, span*C)
-
-    scores = torch.einsum("bhrncd,bhrnkd->bhrnck", sorted_query, window_key)  # (B, H, R, N, C, span*C)
-    scores = scores.to(_score_dtype(scores.dtype)) * head_dim**-0.5
+    positions = torch.where(order < length, order, -1).view(batch, rows, chunks, size)
+    key_positions = _window_positions(positions, pattern)  # (B, rows, chunks, K)
+    key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(key_positions.shape)
     query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
-    key_ok = (key_pos >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(key_positions.shape)[
-        ..., None, :
-    ]
-    allowed = key_ok & (key_pos != query_pos)
+    blocked = ~key_ok[..., None, :]
     if pattern.causal:
-        allowed &= key_pos <= query_pos
+        blocked = blocked | (key_pos > query_pos)
+    bias = None
     if correct_duplicates:
-        scores = scores - _duplicate_counts(order, positions, key_positions, pattern, length).to(scores.dtype).log()
-    masked, self_only = _mask_values(scores.dtype, pattern.wrap_around)
-    scores = scores.masked_fill(~allowed, masked).masked_fill(key_pos == query_pos, self_only)
-    lse = scores.logsumexp(dim=-1, keepdim=True)  # (B, H, R, N, C, 1)
-    # softmax (max-shifted), not exp(scores - lse): a self-only row's scores are huge negatives that absorb log terms
-    # (transformers computes exp(scores - lse), its rounding included, in wrap-around mode)
-    probs = (scores - lse).exp() if pattern.wrap_around else scores.softmax(dim=-1)
-    probs = dropout(probs, dropout_p, dropout_p > 0.0).to(value.dtype)
-    out = torch.einsum("bhrnck,bhrnkd->bhrncd", probs, window_value)  # (B, H, R, N, C, Dh)
+        counts = _duplicate_counts(order, positions.view(batch, heads, rounds, num_chunks, size),
+                                   key_positions.view(batch, heads, rounds, num_chunks, -1), pattern, length)  # fmt: skip
+    work_dtype = _score_dtype(query.dtype)
+    if correct_duplicates:
+        bias = -counts.to(work_dtype).log().view(batch, rows, chunks, size, -1)
+    masked, self_only = _mask_values(work_dtype, pattern.wrap_around)
+    out, lse = chunked_window_attention(
+        sort(query), sort(key), sort(value), pattern.before, pattern.after, pattern.wrap_around, blocked,
+        key_pos == query_pos, bias, masked, self_only, dropout_p,
+    )  # fmt: skip  (B, rows, chunks, C, Dh), (B, rows, chunks, C)
 
     # back to the original order, per round, then combine the rounds by their log-sum-exp weights
-    inverse = order.argsort(dim=-1)[..., :length]  # (B, H, R, T)
-    out = out.reshape(batch, heads, rounds, padded, head_dim).gather(
-        3, inverse[..., None].expand(-1, -1, -1, -1, head_dim)
-    )  # (B, H, R, T, Dh)
-    lse = lse.reshape(batch, heads, rounds, padded).gather(3, inverse)  # (B, H, R, T)
+    def unsort(tensor, width):  # (B, rows, chunks, C[, Dh]) -> (B, H, R, T, width)
+        flat = tensor.reshape(batch, heads, rounds * padded, width)
+        return _RowGather.apply(flat, slot_index, position_index, 1).view(batch, heads, rounds, length, width)
+
+    out, lse = unsort(out, head_dim), unsort(lse, 1)[..., 0]  # (B, H, R, T, Dh), (B, H, R, T)
+    if rounds == 1:
+        return out[:, :, 0].to(value.dtype)
     if pattern.wrap_around:  # transformers' formula (its rounding included)
-        weights = (lse - lse.logsumexp(dim=2, keepdim=True)).exp().to(out.dtype)
+        weights = (lse - lse.logsumexp(dim=2, keepdim=True)).exp()
     else:
-        weights = lse.softmax(dim=2).to(out.dtype)  # exp(lse_r - logsumexp_r lse_r), computed max-shifted
-    return (out * weights[..., None]).sum(dim=2)  # (B, H, T, Dh)
+        weights = lse.softmax(dim=2)  # exp(lse_r - logsumexp_r lse_r), computed max-shifted
+    return (out * weights[..., None]).sum(dim=2).to(value.dtype)  # (B, H, T, Dh)
+
+
+class _RowGather(torch.autograd.Function):
+    """Rows ``index`` ``(B, H, Y)`` of each ``(b, h)`` of a ``(B, H, X, W)`` tensor (one ``index_select`` over the
+    flattened rows: several times faster on CPU than ``gather`` with an expanded index), whose backward selects
+    rows too (no scatter-add): row ``x`` of the gradient sums ``groups`` consecutive blocks of rows ``back_index``
+    ``(B, H, groups * X)`` of the incoming gradient; ``back_index == Y`` reads a zero row."""
+
+    @staticmethod
+    def forward(ctx, tensor, index, back_index, groups):
+        ctx.save_for_backward(back_index)
+        ctx.groups = groups
+        return _select_rows(tensor, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (back_index,) = ctx.saved_tensors
+        batch, heads, _, width = grad.shape
+        selected = _select_rows(torch.nn.functional.pad(grad, (0, 0, 0, 1)), back_index)
+        if ctx.groups > 1:
+            selected = selected.view(batch, heads, ctx.groups, -1, width).sum(dim=2)
+        return selected, None, None, None
+
+
+def _select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    batch, heads, rows, width = tensor.shape
+    offsets = torch.arange(0, batch * heads * rows, rows, device=index.device).view(batch, heads, 1)
+    flat = tensor.reshape(batch * heads * rows, width).index_select(0, (index + offsets).flatten())
+    return flat.view(batch, heads, index.shape[-1], width)
 
 
 def _duplicate_counts(order, positions, key_positions, pattern: ChunkPattern, length: int) -> torch.Tensor:
@@ -408,44 +447,52 @@ def chunked_local_attention(
     implementation: str | None = "sdpa",
 ) -> torch.Tensor:
     """Local attention by chunks: each chunk of ``C`` queries attends to the keys of its own and its neighbouring
-    chunks, one `backend.attend` call over all chunks. ``(B, H, T, Dh)`` in and out; any ``T`` (the last chunk is
-    padded inside)."""
+    chunks. ``(B, H, T, Dh)`` in and out; any ``T`` (the last chunk is padded inside). ``implementation`` ``"sdpa"``
+    (or ``None``) runs `chunked.chunked_window_attention` on float32 / float64 (windows read in place; on this
+    project's CPU it measures faster than one `backend.attend` call over copied windows); ``"eager"`` and other
+    dtypes go through `backend.attend` (``"eager"``: the dense softmax per chunk)."""
     batch, heads, length, head_dim = query.shape
     size = pattern.chunk_length
     num_chunks = -(-length // size)
     padded = num_chunks * size
     valid = torch.nn.functional.pad(_valid(key_valid, batch, length, query.device), (0, padded - length))
-
-    def chunks(tensor):  # (B, H, T, Dh) -> (B, H, 1, N, C, Dh)
-        tensor = torch.nn.functional.pad(tensor, (0, 0, 0, padded - length))
-        return tensor.view(batch, heads, 1, num_chunks, size, head_dim)
-
-    window_key = _neighbours(chunks(key), pattern, 0.0)[:, :, 0]  # (B, H, N, span*C, Dh)
-    window_value = _neighbours(chunks(value), pattern, 0.0)[:, :, 0]
-    positions = torch.arange(padded, device=query.device).view(1, 1, 1, num_chunks, size)
-    key_positions = _window_positions(positions, pattern)[0, 0, 0]  # (N, span*C)
-    query_positions = positions[0, 0, 0]  # (N, C)
+    positions = torch.arange(padded, device=query.device).view(1, 1, num_chunks, size)
+    key_positions = _window_positions(positions, pattern)[0, 0]  # (N, span*C)
+    query_positions = positions[0, 0]  # (N, C)
     key_ok = (key_positions >= 0)[None] & valid.gather(
         1, key_positions.clamp(min=0).flatten()[None].expand(batch, -1)
     ).view(batch, num_chunks, -1)  # (B, N, span*C)
-    allowed = key_ok[:, :, None, :].expand(-1, -1, size, -1)  # (B, N, C, span*C)
+    allowed = key_ok[:, :, None, :]  # (B, N, 1 or C, span*C)
     if pattern.causal:
         allowed = allowed & (key_positions[:, None, :] <= query_positions[:, :, None])
     # a query with nothing to attend to (padding only) attends to itself: finite, meaningless output
     self_slot = key_positions[:, None, :] == query_positions[:, :, None]  # (N, C, span*C)
     allowed = allowed | (self_slot & ~allowed.any(dim=-1, keepdim=True))
 
-    # fold the chunks into the batch: (B*N, H, C, Dh) against (B*N, H, span*C, Dh)
-    def fold(tensor):
-        return tensor.transpose(1, 2).reshape(batch * num_chunks, heads, *tensor.shape[-2:])
+    def chunks(tensor):  # (B, H, T, Dh) -> (B, H, N, C, Dh)
+        tensor = torch.nn.functional.pad(tensor, (0, 0, 0, padded - length))
+        return tensor.view(batch, heads, num_chunks, size, head_dim)
 
-    query_chunks = chunks(query)[:, :, 0]
-    out, _ = attend(
-        fold(query_chunks), fold(window_key), fold(window_value), allowed.reshape(batch * num_chunks, 1, size, -1),
-        None, dropout_p, implementation,
-    )  # fmt: skip
-    out = out.view(batch, num_chunks, heads, size, head_dim).transpose(1, 2).reshape(batch, heads, padded, head_dim)
-    return out[:, :, :length]
+    if implementation in (None, "sdpa") and query.dtype in (torch.float32, torch.float64):
+        out, _ = chunked_window_attention(
+            chunks(query), chunks(key), chunks(value), pattern.before, pattern.after, pattern.wrap_around,
+            ~allowed[:, None], None, None, torch.finfo(query.dtype).min, 0.0, dropout_p,
+        )  # fmt: skip
+    else:  # fold the chunks into the batch: (B*N, H, C, Dh) against copied windows (B*N, H, span*C, Dh)
+
+        def fold(tensor):
+            return tensor.transpose(1, 2).reshape(batch * num_chunks, heads, *tensor.shape[-2:])
+
+        def windows(tensor):
+            padded_chunks = pad_chunks(chunks(tensor), pattern.before, pattern.after, pattern.wrap_around)
+            return window_view(padded_chunks, pattern.span, size).transpose(-1, -2)  # (B, H, N, span*C, Dh)
+
+        allowed = allowed.expand(-1, -1, size, -1).reshape(batch * num_chunks, 1, size, -1)
+        out, _ = attend(
+            fold(chunks(query)), fold(windows(key)), fold(windows(value)), allowed, None, dropout_p, implementation
+        )
+        out = out.view(batch, num_chunks, heads, size, head_dim).transpose(1, 2)
+    return out.reshape(batch, heads, padded, head_dim)[:, :, :length]
 
 
 __all__ = [
