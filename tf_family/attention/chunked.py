@@ -23,7 +23,6 @@ import torch
 
 from .dropout import dropout_mask
 
-
 _EXP_FLOOR = {torch.float32: -80.0, torch.float64: -700.0}  # exp(floor) is a normal number, ~1e-35 / ~1e-304
 
 

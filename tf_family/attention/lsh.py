@@ -37,7 +37,6 @@ import torch
 from .backend import attend
 from .chunked import chunked_window_attention, pad_chunks, window_view
 from .dense import dense_attention
-from .dropout import dropout
 
 
 @dataclass(frozen=True)
@@ -167,25 +166,6 @@ def _sort_order(buckets: torch.Tensor, valid: torch.Tensor, padded_length: int) 
     return (keys * padded_length + position).argsort(dim=-1)  # unique keys: the order is stable
 
 
-def _neighbours(chunks: torch.Tensor, pattern: ChunkPattern, fill) -> torch.Tensor:
-    """Each chunk with its ``before`` / ``after`` neighbours: ``(B, H, R, N, C, ...)`` -> ``(B, H, R, N, span*C,
-    ...)``. Without wrap-around a missing neighbour is ``fill``; with it, the neighbours roll over all ``R * N``
-    chunks (transformers)."""
-    if pattern.before == 0 and pattern.after == 0:
-        return chunks
-    batch, heads, rounds, num_chunks = chunks.shape[:4]
-    tail = chunks.shape[4:]
-    if pattern.wrap_around:
-        flat = chunks.reshape(batch, heads, rounds * num_chunks, *tail)
-        parts = [flat.roll(-offset, dims=2) for offset in range(-pattern.before, pattern.after + 1)]
-        joined = torch.cat(parts, dim=3)  # (B, H, R*N, span*C, ...)
-        return joined.view(batch, heads, rounds, num_chunks, -1, *tail[1:])
-    padding = [0, 0] * (len(tail)) + [pattern.before, pattern.after]
-    padded = torch.nn.functional.pad(chunks, padding, value=fill)  # (B, H, R, before + N + after, C, ...)
-    parts = [padded[:, :, :, start : start + num_chunks] for start in range(pattern.span)]
-    return torch.cat(parts, dim=4)
-
-
 def _window_positions(positions: torch.Tensor, pattern: ChunkPattern) -> torch.Tensor:
     """Key positions of each chunk's window ``(B, A, N, C)`` -> ``(B, A, N, span*C)``, ``-1`` for a missing
     neighbour (with wrap-around the neighbours roll over the row's chunks)."""
@@ -260,8 +240,18 @@ def lsh_attention(
         bias = -counts.to(work_dtype).log().view(batch, rows, chunks, size, -1)
     masked, self_only = _mask_values(work_dtype, pattern.wrap_around)
     out, lse = chunked_window_attention(
-        sort(query), sort(key), sort(value), pattern.before, pattern.after, pattern.wrap_around, blocked,
-        key_pos == query_pos, bias, masked, self_only, dropout_p,
+        sort(query),
+        sort(key),
+        sort(value),
+        pattern.before,
+        pattern.after,
+        pattern.wrap_around,
+        blocked,
+        key_pos == query_pos,
+        bias,
+        masked,
+        self_only,
+        dropout_p,
     )  # fmt: skip  (B, rows, chunks, C, Dh), (B, rows, chunks, C)
 
     # back to the original order, per round, then combine the rounds by their log-sum-exp weights
@@ -272,10 +262,8 @@ def lsh_attention(
     out, lse = unsort(out, head_dim), unsort(lse, 1)[..., 0]  # (B, H, R, T, Dh), (B, H, R, T)
     if rounds == 1:
         return out[:, :, 0].to(value.dtype)
-    if pattern.wrap_around:  # transformers' formula (its rounding included)
-        weights = (lse - lse.logsumexp(dim=2, keepdim=True)).exp()
-    else:
-        weights = lse.softmax(dim=2)  # exp(lse_r - logsumexp_r lse_r), computed max-shifted
+    # exp(lse_r - logsumexp_r lse_r): transformers' formula (its rounding included), else computed max-shifted
+    weights = (lse - lse.logsumexp(dim=2, keepdim=True)).exp() if pattern.wrap_around else lse.softmax(dim=2)
     return (out * weights[..., None]).sum(dim=2).to(value.dtype)  # (B, H, T, Dh)
 
 
