@@ -491,8 +491,11 @@ class TffReformerModel(TffReformerPreTrainedModel):
             and hidden.shape[1] >= self.config.reversible_threshold
         )  # fmt: skip
         if reversible:
+            # the last layer keeps its graph (plain backprop): recomputing it would rebuild the activations that the
+            # backward holds first anyway, so the peak memory stays and one layer's recomputation is saved
+            *recomputed, last = self.layers
             blocks = []
-            for layer in self.layers:
+            for layer in recomputed:
                 memo = {}
 
                 def attention(x, layer=layer, memo=memo):
@@ -505,9 +508,13 @@ class TffReformerModel(TffReformerPreTrainedModel):
 
                 blocks.append((attention, layer.feed_forward))
                 all_hidden.append(memo)
-            parameters = [p for p in self.layers.parameters() if p.requires_grad]
-            first, second = reversible_stack(first, second, blocks, parameters)
-            all_attentions = [memo["probs"] for memo in all_hidden]
+            if blocks:
+                parameters = [p for layer in recomputed for p in layer.parameters() if p.requires_grad]
+                first, second = reversible_stack(first, second, blocks, parameters)
+            first, second, _, probs = last(
+                first, second, key_valid, position_ids, num_hashes, seed, output_attentions=output_attentions
+            )
+            all_attentions = [memo["probs"] for memo in all_hidden] + [probs]
             all_hidden = []  # intermediate streams are not kept in reversible mode
             if output_hidden_states:
                 logger.warning_once("Reversible training returns only the last hidden states.")
