@@ -86,7 +86,9 @@ class _ChunkedAttention(torch.autograd.Function):
             scores += bias
         if blocked is not None:
             scores.masked_fill_(blocked, masked)
-        if self_slot is not None:
+        if isinstance(self_slot, str):  # "diagonal": each query's own slot in its own chunk
+            scores[..., before * size : (before + 1) * size].diagonal(dim1=-2, dim2=-1).fill_(self_only)
+        elif self_slot is not None:
             scores.masked_fill_(self_slot, self_only)
         top = scores.amax(dim=-1, keepdim=True)
         # exp is ~10x slower on CPU for arguments far below its range: clamp them; then zero the negligible terms,
@@ -108,7 +110,7 @@ class _ChunkedAttention(torch.autograd.Function):
             torch.bmm(attended[b, a], values[b, a].transpose(-1, -2), out=out[b, a])
         # a self-only score is a constant: no gradient. Elsewhere its probability is 0, or (a row with only itself)
         # its gradient vanishes in exact arithmetic, but not under transformers' rounding (wrap)
-        frozen = self_slot if wrap else None
+        frozen = self_slot if wrap and not isinstance(self_slot, str) else None
         ctx.save_for_backward(scaled, keys, values, probs, out, kept, frozen)
         ctx.options, ctx.scale = options, scale
         ctx.set_materialize_grads(False)
@@ -156,7 +158,7 @@ def chunked_window_attention(
     after: int,
     wrap: bool = False,
     blocked: torch.Tensor | None = None,
-    self_slot: torch.Tensor | None = None,
+    self_slot: torch.Tensor | str | None = None,
     bias: torch.Tensor | None = None,
     masked: float = float("-inf"),
     self_only: float = float("-inf"),
@@ -170,7 +172,9 @@ def chunked_window_attention(
         wrap: the neighbours of the first / last chunks are the row's last / first chunks (else zeros, which the
             caller must mark ``blocked``).
         blocked: bool, broadcastable to the scores ``(B, A, N, C, K)``: True -> score ``masked``.
-        self_slot: bool, broadcastable to the scores: True -> score ``self_only`` (after ``blocked``).
+        self_slot: bool, broadcastable to the scores: True -> score ``self_only`` (after ``blocked``); or
+            ``"diagonal"``: each query's own position in its own chunk (cheaper; the same where every position
+            appears once per row, as in LSH rounds kept apart).
         bias: float, broadcastable to the scores, added before masking (no gradient).
         dropout_p: dropout on the probabilities (the global RNG, as `dropout.dropout`).
 

@@ -247,7 +247,7 @@ def lsh_attention(
         pattern.after,
         pattern.wrap_around,
         blocked,
-        key_pos == query_pos,
+        key_pos == query_pos if pattern.wrap_around else "diagonal",
         bias,
         masked,
         self_only,
