@@ -5,7 +5,9 @@ no gradient: ``capacity`` slots written in order, the oldest overwritten when it
 per-row mask of real entries (a row is reset at a document boundary by masking, not zeroing: a zero key is still a
 key), `index_select` for beam search and `state_dict` / `from_state_dict` for checkpoints. Like a transformers
 ``Cache`` it is passed into ``forward`` and the updated memory is returned (a new object: the one passed in is
-left as it is). The capacity belongs to the memory object,
+left as it is, unless the write is in place: `KNNMemory.write` with ``in_place=True``, the model's default, updates
+the preallocated buffers and marks the memory passed in as consumed, so that a second use of it raises instead of
+reading the newer entries; `KNNMemory.clone` keeps a copy). The capacity belongs to the memory object,
 so a model trained with one size can read with another (`KNNMemory.empty`). `MemorizingMemory` bundles it with the
 Transformer-XL `SegmentMemory`: the whole state a Memorizing Transformer carries between calls.
 
@@ -82,7 +84,65 @@ def exact_top_k(
     slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
     ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
     _check_search(queries, keys, allowed, k)
-    return _masked_scores(queries, keys, allowed, expired).topk(min(k, keys.shape[2]), dim=-1)
+    batch, heads, length, _ = queries.shape
+    slots = keys.shape[2]
+    if slots <= 4 * k or batch * heads * length * slots < DIRECT_SEARCH_SCORES:
+        return _masked_scores(queries, keys, allowed, expired).topk(min(k, slots), dim=-1)
+    return grouped_top_k(queries, keys, allowed, k, expired)
+
+
+DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores `exact_top_k` scores them all at once
+
+
+def grouped_top_k(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    k: int,
+    expired: Expired | None = None,
+    groups: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`exact_top_k` in two small selections instead of one over every slot (what `exact_top_k` runs for large
+    memories; same arguments and outputs).
+
+    The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``), and slot
+    ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time (a ``(T, G)`` product
+    per row and head, so the ``(T, N)`` score matrix is never allocated at once) while a running maximum keeps each
+    group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own, and at most
+    ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them: the top ``k``
+    of those groups' ``k * g`` scores is the exact answer. Two selections over ``~sqrt(N k)`` entries replace one over
+    ``N`` (`torch.topk` dominates the search on CPU otherwise).
+    """
+    batch, heads, length, width = queries.shape
+    slots = keys.shape[2]
+    if groups is None:
+        groups = max(1, round((slots / k) ** 0.5))
+    size = -(-slots // groups)  # G: slots per chunk = number of groups
+    chunks = -(-slots // size)
+    flat_queries = queries.reshape(batch * heads, length, width)
+    keys = keys.reshape(batch * heads, slots, width)
+    check_allowed = not bool(allowed.all())
+    parts, best = [], None
+    for chunk in range(chunks):
+        start, stop = chunk * size, min((chunk + 1) * size, slots)
+        scores = torch.bmm(flat_queries, keys[:, start:stop].to(queries.dtype).transpose(1, 2))  # (B*H, T, <=G)
+        scores = scores.view(batch, heads, length, stop - start)
+        if check_allowed:
+            scores.masked_fill_(~allowed[..., start:stop], float("-inf"))
+        if expired is not None:
+            inside = (expired[0] >= start) & (expired[0] < stop)
+            if bool(inside.any()):
+                columns = expired[0][inside] - start
+                scores[..., columns] = scores[..., columns].masked_fill(expired[1][:, inside], float("-inf"))
+        if stop - start < size:  # the last chunk: padded so that every chunk has G columns
+            scores = F.pad(scores, (0, size - (stop - start)), value=float("-inf"))
+        parts.append(scores)
+        best = scores.clone() if best is None else torch.maximum(best, scores, out=best)
+    chosen = best.topk(min(k, size), dim=-1).indices  # (B, H, T, K1): the groups
+    candidates = torch.cat([part.gather(-1, chosen) for part in parts], dim=-1)  # (B, H, T, g * K1)
+    scores, position = candidates.topk(min(k, slots), dim=-1)
+    index = chosen.gather(-1, position % chosen.shape[-1]) + size * (position // chosen.shape[-1])
+    return scores, index.clamp_max_(slots - 1)  # a padded slot only ever comes with a -inf score
 
 
 def bucketed_top_k(
@@ -295,6 +355,9 @@ class KNNMemory:
             )
         self.mask = self.mask.to(torch.bool)
         self.next_slot = int(self.next_slot)
+        # memories that share buffers (a reset, a write in place) share this counter of writes in place; a memory
+        # whose own count is behind it is stale (`consumed`)
+        self._writes, self._seen = [0], 0
         if not 0 <= self.next_slot < max(self.capacity, 1):
             raise ValueError(f"KNNMemory.next_slot must be in [0, {self.capacity}), got {self.next_slot}.")
 
@@ -346,10 +409,37 @@ class KNNMemory:
             raise ValueError(
                 f"reset rows must be a bool tensor of shape ({self.batch_size},), got {rows.dtype} {tuple(rows.shape)}."
             )
-        return KNNMemory(self.keys, self.values, self.mask & ~rows[:, None], self.next_slot)
+        self.check_current()
+        return self._sharing(KNNMemory(self.keys, self.values, self.mask & ~rows[:, None], self.next_slot))
+
+    @property
+    def consumed(self) -> bool:
+        """True once a write in place into this memory's buffers has made them hold newer entries."""
+        return self._seen != self._writes[0]
+
+    def _sharing(self, other: KNNMemory) -> KNNMemory:
+        other._writes, other._seen = self._writes, self._writes[0]
+        return other
+
+    def check_current(self) -> None:
+        """Raise if a write in place has moved this memory's buffers on (they now hold newer entries)."""
+        if self.consumed:
+            raise ValueError(
+                "this kNN memory was updated in place by a later forward (its buffers now hold newer entries): pass "
+                "the mems that forward returned, clone() the memory before reusing it, or set knn_write='copy'."
+            )
+
+    def clone(self) -> KNNMemory:
+        """A copy that later writes (in place or not) leave unchanged."""
+        self.check_current()
+        return KNNMemory(
+            tuple(k.clone() for k in self.keys), tuple(v.clone() for v in self.values), self.mask.clone(),
+            self.next_slot,
+        )  # fmt: skip
 
     def index_select(self, index: torch.Tensor) -> KNNMemory:
         """Reorder or repeat batch rows (beam search, several samples per prompt): a copy."""
+        self.check_current()
         index = index.to(self.mask.device)
         return KNNMemory(
             tuple(k.index_select(0, index) for k in self.keys),
@@ -359,15 +449,23 @@ class KNNMemory:
         )
 
     def write(
-        self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], mask: torch.Tensor | None = None
+        self,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        mask: torch.Tensor | None = None,
+        in_place: bool = False,
     ) -> KNNMemory:
         """The memory after a segment's pairs (per kNN layer ``(B, H, T, Dh)``, keys already normalised) are written
         over the oldest slots. ``mask`` ``(B, T)`` bool marks real positions (padding is written as masked slots so
         that the rows stay in step). Only the last ``capacity`` positions of a long segment stay.
 
-        Returns a new memory; this one is left as it is (a layer recomputed under gradient checkpointing, or
-        another beam, still reads what it read). The copy costs one pass over the memory, small next to a search.
+        ``in_place=False``: returns a new memory and leaves this one as it is (a layer recomputed under gradient
+        checkpointing, or another beam, still reads what it read), at the price of a copy of every buffer per write
+        (at 32k entries that copy cost as much as the search). ``in_place=True``: the ``T`` new pairs go into this
+        memory's preallocated buffers (nothing else is copied); the returned memory shares them and this one is
+        marked consumed (`check_current` raises on it).
         """
+        self.check_current()
         if len(keys) != len(self.keys) or len(values) != len(self.values):
             raise ValueError(f"the memory has {len(self.keys)} kNN layers, the segment {len(keys)}.")
         if self.capacity == 0 or not keys:
@@ -381,15 +479,24 @@ class KNNMemory:
         slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
         with torch.no_grad():
             written = [
-                memory.index_copy(2, slots, new[:, :, length - kept :].detach().to(memory.dtype))
+                (memory.index_copy_ if in_place else memory.index_copy)(
+                    2, slots, new[:, :, length - kept :].detach().to(memory.dtype)
+                )
                 for memory, new in zip((*self.keys, *self.values), (*keys, *values), strict=True)
             ]
-            mask = self.mask.index_copy(1, slots, mask[:, length - kept :].to(torch.bool))
+            new_mask = mask[:, length - kept :].to(torch.bool)
+            mask = self.mask.index_copy_(1, slots, new_mask) if in_place else self.mask.index_copy(1, slots, new_mask)
         layers = len(self.keys)
-        return KNNMemory(written[:layers], written[layers:], mask, (self.next_slot + kept) % self.capacity)
+        memory = KNNMemory(written[:layers], written[layers:], mask, (self.next_slot + kept) % self.capacity)
+        if in_place:
+            self._writes[0] += 1
+            memory = self._sharing(memory)
+        return memory
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Flat tensors for a checkpoint: ``mask``, ``next_slot``, ``keys.<layer>``, ``values.<layer>``."""
+        """Flat tensors for a checkpoint: ``mask``, ``next_slot``, ``keys.<layer>``, ``values.<layer>`` (the buffers
+        themselves, not copies: save them before the next write in place)."""
+        self.check_current()
         tensors = {"mask": self.mask, "next_slot": torch.tensor(self.next_slot)}
         tensors.update({f"keys.{i}": k for i, k in enumerate(self.keys)})
         tensors.update({f"values.{i}": v for i, v in enumerate(self.values)})
@@ -432,6 +539,10 @@ class MemorizingMemory:
         segment = None if self.segment is None else self.segment.reset(rows)
         return MemorizingMemory(segment, self.knn.reset(rows))
 
+    def clone(self) -> MemorizingMemory:
+        """A copy that later writes leave unchanged (to read the same memory twice with ``knn_write="in_place"``)."""
+        return MemorizingMemory(None if self.segment is None else self.segment, self.knn.clone())
+
     def index_select(self, index: torch.Tensor) -> MemorizingMemory:
         """Reorder or repeat batch rows of both memories (beam search)."""
         segment = None if self.segment is None else self.segment.index_select(index)
@@ -464,6 +575,7 @@ __all__ = [
     "expand_expired",
     "faiss_top_k",
     "gather_neighbours",
+    "grouped_top_k",
     "knn_attention",
     "knn_top_k",
     "retrieve",

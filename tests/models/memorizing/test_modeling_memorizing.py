@@ -161,7 +161,7 @@ def test_segment_retrieval_is_meliads_rule():
     changed[:, 9:] = (changed[:, 9:] + 1) % VOCAB
     _, mems_changed = run_segments(model, ids[:, :6], 6)
     with torch.no_grad():
-        a = model(ids[:, 6:], mems=mems).logits[:, :3]
+        a = model(ids[:, 6:], mems=mems.clone()).logits[:, :3]  # clone: the write in place consumes a memory
         b = model(changed[:, 6:], mems=mems_changed).logits[:, :3]
         c = close_gates(make_model(knn_retrieval="segment", mem_len=2))(ids[:, 6:], mems=mems).logits[:, :3]
     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
@@ -290,3 +290,39 @@ def test_fine_tuning_a_transformer_xl_checkpoint(tmp_path):
     torch.testing.assert_close(run_segments(model, ids, 6)[0], expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match="tff_transfo_xl"):
         TffMemorizingConfig.from_transfo_xl_config(model.config)
+
+
+# ------------------------------------------------------------------------------------------------ memory size
+def test_an_open_gate_reads_the_memory_size_it_is_given():
+    """The same weights and inputs give different logits with evaluation memories of 0, 4 and 32 entries (what the
+    benchmark's perplexity-against-memory-size table varies), and memory 0 is the closed gate."""
+    model = make_model(mem_len=2)
+    ids = tokens(2, 24)
+
+    def logits(size):
+        return run_segments(model, ids, 6, mems=model.empty_memory(2, size))[0]
+
+    none, small, large = logits(0), logits(4), logits(32)
+    torch.testing.assert_close(none, run_segments(close_gates(make_model(mem_len=2)), ids, 6)[0], rtol=0, atol=1e-6)
+    assert (none - small).abs().amax() > 1e-2 and (small - large).abs()[:, 6:].amax() > 1e-2
+    torch.testing.assert_close(small[:, :5], large[:, :5])  # before any eviction the two memories hold the same
+
+
+@pytest.mark.parametrize("write", ["in_place", "copy"])
+def test_writes_in_place_and_by_copy_agree_and_a_consumed_memory_is_refused(write):
+    model = make_model(mem_len=2, knn_write=write)
+    reference = make_model(mem_len=2, knn_write="copy")
+    ids = tokens(2, 18)
+    torch.testing.assert_close(run_segments(model, ids, 6)[0], run_segments(reference, ids, 6)[0], rtol=0, atol=0)
+    _, mems = run_segments(model, ids[:, :6], 6)
+    kept = mems.clone()
+    with torch.no_grad():
+        first = model(ids[:, 6:12], mems=mems.reset(torch.tensor([False, True]))).logits
+        assert mems.knn.consumed == (write == "in_place") and not kept.knn.consumed  # a reset shares the buffers
+        again = model(ids[:, 6:12], mems=kept).logits
+    assert not torch.allclose(first[1], again[1], atol=1e-4) and torch.allclose(first[0], again[0], atol=1e-6)
+    if write == "in_place":
+        with pytest.raises(ValueError, match="updated in place"):
+            model(ids[:, 6:12], mems=mems)
+    else:
+        model(ids[:, 6:12], mems=mems)  # a copy-written memory can be read again

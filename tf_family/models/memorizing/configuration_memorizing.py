@@ -40,6 +40,7 @@ TRANSFO_XL_FIELDS = (
 )
 KNN_COMBINES = ("gate", "joint")
 KNN_RETRIEVALS = ("token", "segment")
+KNN_WRITES = ("in_place", "copy")
 
 
 class TffMemorizingConfig(PreTrainedConfig):
@@ -70,6 +71,11 @@ class TffMemorizingConfig(PreTrainedConfig):
             retrieves from earlier segments only, before it is written.
         knn_search (`str`, defaults to `"exact"`): `"exact"` (matrix product + top-k), `"bucketed"` (meliad's
             approximate top-k: the best slot of each of ``k`` strided buckets) or `"faiss"` (a faiss flat index).
+        knn_write (`str`, defaults to `"in_place"`): how a forward writes the segment into the kNN memory.
+            `"in_place"`: into the preallocated ring buffers of the memory passed in, which is then consumed (using it
+            again raises; `MemorizingMemory.clone` keeps a copy); `"copy"`: into a copy, leaving the memory passed in
+            as it was (one copy of every buffer per forward: at 32k entries as costly as the search). Training with
+            gradient checkpointing always copies (the recomputed layer must read what the first pass read).
         knn_gate_init (`float`, defaults to 0.0): initial per-head gate bias ``b`` (``g = sigmoid(b)``; meliad: 0).
         knn_scale_init (`float`, defaults to 10.0): initial per-head scale of the cosine scores of retrieved keys.
         use_cache (`bool`, defaults to `True`): return the memories (`mems`) from `forward`.
@@ -106,6 +112,7 @@ class TffMemorizingConfig(PreTrainedConfig):
     knn_combine: Literal["gate", "joint"] = "gate"
     knn_retrieval: Literal["token", "segment"] = "token"
     knn_search: Literal["exact", "bucketed", "faiss"] = "exact"
+    knn_write: Literal["in_place", "copy"] = "in_place"
     knn_gate_init: float = 0.0
     knn_scale_init: float = 10.0
     use_cache: bool = True
@@ -159,6 +166,7 @@ class TffMemorizingConfig(PreTrainedConfig):
             ("knn_combine", KNN_COMBINES),
             ("knn_retrieval", KNN_RETRIEVALS),
             ("knn_search", SEARCH_KINDS),
+            ("knn_write", KNN_WRITES),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")

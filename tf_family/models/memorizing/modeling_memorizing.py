@@ -270,6 +270,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
                 f"mems holds {mems.batch_size} batch rows but the input has {batch_size}; pass the mems returned for "
                 "this batch, or mems=None to start a new stream."
             )
+        mems.knn.check_current()
         if len(mems.knn) != len(self.config.knn_layers):
             raise ValueError(f"mems has {len(mems.knn)} kNN layers, the model {len(self.config.knn_layers)}.")
         if mems.segment is not None and len(mems.segment) != self.config.n_layer:
@@ -312,8 +313,10 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         Args:
             input_ids: ``(B, T)`` token ids of the segment.
             mems: the `MemorizingMemory` returned for the previous segment of the same streams, a fresh one
-                (`empty_memory`, e.g. to choose the kNN memory size), or ``None`` at the start. It is left as it is;
-                the updated memory comes back in the output.
+                (`empty_memory`, e.g. to choose the kNN memory size), or ``None`` at the start. The updated memory
+                comes back in the output; with ``config.knn_write="in_place"`` (the default) the one passed in is
+                consumed by the write (`MemorizingMemory.clone` first to reuse it), with ``"copy"`` it is left as it
+                is.
             attention_mask: ``(B, T)`` 0/1 padding mask of the segment, or ``(B, >= M + T)`` covering
                 ``[memory, segment]`` (what `generate` passes). Padded positions are neither attended to nor
                 retrieved.
@@ -388,7 +391,8 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         new_memory = None
         if use_cache:
             # the whole segment retrieved above; only now is it written (meliad's order)
-            knn_memory = state.knn.write([k for k, _ in written], [v for _, v in written], segment_mask)
+            in_place = config.knn_write == "in_place" and not (self.gradient_checkpointing and self.training)
+            knn_memory = state.knn.write([k for k, _ in written], [v for _, v in written], segment_mask, in_place)
             segment = None
             if config.mem_len > 0:
                 previous = memory if memory is not None else SegmentMemory.empty_like(layer_inputs)
