@@ -63,13 +63,14 @@ def test_exact_top_k_takes_the_grouped_path_for_large_memories(monkeypatch):
     import tf_family.memory.knn_memory as knn_memory
 
     calls = []
-    monkeypatch.setattr(knn_memory, "grouped_top_k", lambda *args: calls.append(1) or (None, None))
+    monkeypatch.setattr(knn_memory, "grouped_candidates", lambda *args: calls.append(1) or (None, None))
     queries, keys = unit(1, 1, 4, 8), unit(1, 1, 300, 8, seed=1)
     allowed = torch.ones(1, 1, 1, 300, dtype=torch.bool)
     knn_memory.exact_top_k(queries, keys, allowed, 4)
     assert not calls  # 1,200 scores: scored at once
     monkeypatch.setattr(knn_memory, "DIRECT_SEARCH_SCORES", 100)
-    knn_memory.exact_top_k(queries, keys, allowed, 4)
+    with pytest.raises(AttributeError):
+        knn_memory.exact_top_k(queries, keys, allowed, 4)
     assert calls == [1]
 
 

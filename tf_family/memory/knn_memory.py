@@ -83,15 +83,27 @@ def exact_top_k(
     """The ``min(k, N)`` best allowed slots per query: ``(B, H, T, K)`` scores (``-inf`` past the allowed ones) and
     slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
     ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
+    scores, slots = exact_candidates(queries, keys, allowed, k, expired)
+    best, position = scores.topk(min(k, keys.shape[2]), dim=-1)
+    return best, position if slots is None else slots.gather(-1, position)
+
+
+DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores the exact search scores them all at once
+
+
+def exact_candidates(
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores ``(B, H, T, M)`` of candidate slots whose top ``k`` is the exact top ``k`` of the memory, and the
+    slots ``(B, H, T, M)`` they are (``None``: the candidates are every slot in order, ``M = N``): small memories are
+    scored whole, large ones go through `grouped_candidates`. A caller merging more candidates (the segment's own
+    positions, `retrieve`) selects once over all of them."""
     _check_search(queries, keys, allowed, k)
     batch, heads, length, _ = queries.shape
     slots = keys.shape[2]
     if slots <= 4 * k or batch * heads * length * slots < DIRECT_SEARCH_SCORES:
-        return _masked_scores(queries, keys, allowed, expired).topk(min(k, slots), dim=-1)
-    return grouped_top_k(queries, keys, allowed, k, expired)
-
-
-DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores `exact_top_k` scores them all at once
+        return _masked_scores(queries, keys, allowed, expired), None
+    return grouped_candidates(queries, keys, allowed, k, expired)
 
 
 def grouped_top_k(
@@ -102,16 +114,30 @@ def grouped_top_k(
     expired: Expired | None = None,
     groups: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`exact_top_k` in two small selections instead of one over every slot (what `exact_top_k` runs for large
-    memories; same arguments and outputs).
+    """`exact_top_k` through `grouped_candidates` (what it runs for large memories; same arguments and outputs)."""
+    _check_search(queries, keys, allowed, k)
+    scores, slots = grouped_candidates(queries, keys, allowed, k, expired, groups)
+    best, position = scores.topk(min(k, keys.shape[2]), dim=-1)
+    return best, slots.gather(-1, position)
+
+
+def grouped_candidates(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    k: int,
+    expired: Expired | None = None,
+    groups: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k * g`` candidates per query that hold the exact top ``k`` of ``N`` slots, found with one selection over
+    ``G`` group maxima instead of one over every slot.
 
     The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``), and slot
     ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time (a ``(T, G)`` product
     per row and head, so the ``(T, N)`` score matrix is never allocated at once) while a running maximum keeps each
     group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own, and at most
-    ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them: the top ``k``
-    of those groups' ``k * g`` scores is the exact answer. Two selections over ``~sqrt(N k)`` entries replace one over
-    ``N`` (`torch.topk` dominates the search on CPU otherwise).
+    ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them. Returns their
+    scores and slots ``(B, H, T, k * g)`` (padding slots come with ``-inf`` and are clamped into range).
     """
     batch, heads, length, width = queries.shape
     slots = keys.shape[2]
@@ -140,9 +166,8 @@ def grouped_top_k(
         best = scores.clone() if best is None else torch.maximum(best, scores, out=best)
     chosen = best.topk(min(k, size), dim=-1).indices  # (B, H, T, K1): the groups
     candidates = torch.cat([part.gather(-1, chosen) for part in parts], dim=-1)  # (B, H, T, g * K1)
-    scores, position = candidates.topk(min(k, slots), dim=-1)
-    index = chosen.gather(-1, position % chosen.shape[-1]) + size * (position // chosen.shape[-1])
-    return scores, index.clamp_max_(slots - 1)  # a padded slot only ever comes with a -inf score
+    offsets = torch.arange(chunks, device=chosen.device).repeat_interleave(chosen.shape[-1]) * size
+    return candidates, (chosen.repeat(1, 1, 1, chunks) + offsets).clamp_max_(slots - 1)
 
 
 def bucketed_top_k(
@@ -301,22 +326,29 @@ def retrieve(
         keys, values ``(B, H, T, K, Dh)`` (no gradient) and ``found`` ``(B, H, T, K)`` bool.
     """
     allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
-    scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired)  # (B, H, T, K1)
-    if segment is None:
-        keys, values = gather_neighbours(memory[0], index), gather_neighbours(memory[1], index)
-        return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
-    from_memory = scores.shape[-1]
     with torch.no_grad():
-        segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
-        segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys)  # (B, H, T, T)
-        segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
-        scores, position = torch.cat([scores, segment_scores], -1).topk(min(k, from_memory + query.shape[2]))
+        if kind == "exact":  # candidates only: one selection below covers them and the segment
+            scores, index = exact_candidates(query.detach(), memory[0], allowed, k, expired)  # (B, H, T, M)
+        else:
+            scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired)  # (B, H, T, K1)
+        from_memory = scores.shape[-1]
+        if segment is not None:
+            segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
+            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys)  # (B, H, T, T)
+            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
+            scores = torch.cat([scores, segment_scores], -1)
+        scores, position = scores.topk(min(k, scores.shape[-1]), dim=-1)  # (B, H, T, K)
+        slot = position.clamp_max(from_memory - 1) if from_memory else position
+        if index is not None and from_memory:
+            slot = index.gather(-1, slot)
+        if segment is None:
+            keys, values = gather_neighbours(memory[0], slot), gather_neighbours(memory[1], slot)
+            return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
         segment_index = (position - from_memory).clamp_min(0)  # (B, H, T, K)
         keys = gather_neighbours(segment_keys, segment_index)
         values = gather_neighbours(segment_values, segment_index)
         if from_memory:
             in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
-            slot = index.gather(-1, position.clamp_max(from_memory - 1))  # (B, H, T, K)
             keys = torch.where(in_segment, keys, gather_neighbours(memory[0], slot).to(query.dtype))
             values = torch.where(in_segment, values, gather_neighbours(memory[1], slot).to(query.dtype))
     return keys, values, scores > float("-inf")
@@ -574,7 +606,9 @@ __all__ = [
     "exact_top_k",
     "expand_expired",
     "faiss_top_k",
+    "exact_candidates",
     "gather_neighbours",
+    "grouped_candidates",
     "grouped_top_k",
     "knn_attention",
     "knn_top_k",
