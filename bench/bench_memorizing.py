@@ -275,21 +275,32 @@ def train_lm(model, blocks, doc_blocks, steps: int, batch: int, lr: float) -> fl
     return statistics.mean(losses[-20:])
 
 
-def evaluate_lm(model, blocks, doc_blocks, batch: int, memory_size: int | None) -> tuple[float, int]:
+def evaluate_lm(model, blocks, doc_blocks, batch: int, memory_size: int | None) -> dict:
+    """Validation perplexity with an evaluation memory of ``memory_size`` kNN entries (None: the model's default,
+    or no kNN memory for a model without kNN layer). Also returns the per-token losses (to compare memory sizes
+    token by token) and how much the predictions move along the text (the spread over positions of the
+    log-probabilities of the first block: a model that collapsed to token frequencies has none, and then no
+    memory can change its outputs)."""
     model.eval()
-    total, count = 0.0, 0
+    losses, spread = [], None
     memory = None if memory_size is None else model.empty_memory(batch, memory_size)
     with torch.no_grad():
         for global_batch in schedule_streams(doc_blocks, batch, seed=0, shuffle=False):
             data = blocks.batch(global_batch)
             reset = None if memory is None else data["reset"]
             out = model(data["input_ids"], mems=memory, reset_mems=reset)
+            if memory_size is not None and out.mems.knn.capacity != memory_size:
+                raise RuntimeError(f"evaluation asked for {memory_size} kNN entries, the model read "
+                                   f"{out.mems.knn.capacity}")  # fmt: skip
             labels = data["labels"]
-            total += F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
-                                     reduction="sum").item()  # fmt: skip
-            count += int((labels != IGNORE_INDEX).sum())
+            loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                   reduction="none")  # fmt: skip
+            losses.append(loss[labels.flatten() != IGNORE_INDEX])
+            if spread is None:
+                spread = out.logits[0].float().log_softmax(-1).std(0).mean().item()
             memory = out.mems
-    return math.exp(total / count), count
+    losses = torch.cat(losses)
+    return {"ppl": math.exp(losses.mean().item()), "count": losses.numel(), "losses": losses, "spread": spread}
 
 
 def perplexity(args) -> dict:
@@ -306,11 +317,18 @@ def perplexity(args) -> dict:
         last = train_lm(model, train_blocks, train_docs, steps, batch, 1e-3)
         minutes = (time.perf_counter() - start) / 60
         sizes = [0, 512, 2048, 8192] if name == "Memorizing" else [None]
+        without = None
         for size in sizes:
-            ppl, count = evaluate_lm(model, eval_blocks, eval_docs, batch, size)
+            evaluation = evaluate_lm(model, eval_blocks, eval_docs, batch, size)
+            ppl, count = evaluation["ppl"], evaluation["count"]
             results[f"{name} / {size}"] = ppl
             label = "(no kNN layer)" if size is None else f"{size}"
-            rows.append([name, label, f"{ppl:.2f}", f"{last:.3f}", f"{minutes:.1f} min"])
+            without = evaluation["losses"] if size == 0 else without
+            moved = (
+                "" if without is None or size in (0, None) else f"{(evaluation['losses'] - without).abs().mean():.4f}"
+            )
+            rows.append([name, label, f"{ppl:.2f}", moved, f"{evaluation['spread']:.3f}", f"{last:.3f}",
+                         f"{minutes:.1f} min"])  # fmt: skip
     config = model_config(args.quick)
     markdown = (
         f"### Validation perplexity against kNN memory size\n\nSOTU, trained {steps} steps of {batch} streams x "
@@ -318,8 +336,23 @@ def perplexity(args) -> dict:
         f"{config.n_layer} layers, d_model {config.d_model}, mem_len {config.mem_len}; the Memorizing model trained "
         f"with a {config.knn_memory_size}-entry kNN memory at layer {config.knn_layers}, k = {config.knn_top_k}. "
         f"Validation: the first {args.eval_documents} addresses of 1995-2009 ({count:,} scored tokens), read in "
-        f"{batch} ordered streams with the memories carried.\n\n"
-        + markdown_table(["model", "kNN memory at evaluation", "val ppl", "last train loss", "training time"], rows)
+        f"{batch} ordered streams with the memories carried. The model is pre-LN (the post-LN model of the earlier runs collapsed to token frequencies within 150 "
+        "steps: its log-probabilities did not move along the text, spread 8e-5, so no memory size could change "
+        "them). Columns: mean absolute change of the per-token loss against memory size 0 on the same weights; "
+        "spread of the log-probabilities over the positions of the first block (0 = the model ignores its "
+        "input).\n\n"
+        + markdown_table(
+            [
+                "model",
+                "kNN memory at evaluation",
+                "val ppl",
+                "mean |loss change| vs memory 0",
+                "log-prob spread",
+                "last train loss",
+                "training time",
+            ],
+            rows,
+        )  # fmt: skip
     )
     return {"perplexity": results, "markdown": markdown}
 
