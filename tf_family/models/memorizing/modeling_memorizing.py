@@ -59,6 +59,7 @@ from ...layers import (
     RelativeMultiHeadAttention,
 )
 from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, knn_attention, retrieve
+from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from .configuration_memorizing import TffMemorizingConfig
 
@@ -408,8 +409,10 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffMemorizingForCausalLM(TffMemorizingPreTrainedModel, GenerationMixin):
+class TffMemorizingForCausalLM(SegmentRecurrentForCausalLM, TffMemorizingPreTrainedModel, GenerationMixin):
     """The Memorizing Transformer with an adaptive softmax language-model head. `logits` are log-probabilities."""
+
+    causal_lm_output_class = MemorizingCausalLMOutput
 
     def __init__(self, config: TffMemorizingConfig):
         super().__init__(config)
@@ -454,77 +457,6 @@ class TffMemorizingForCausalLM(TffMemorizingPreTrainedModel, GenerationMixin):
     def empty_memory(self, batch_size: int, knn_memory_size: int | None = None, **kwargs) -> MemorizingMemory:
         """See `TffMemorizingModel.empty_memory`."""
         return self.transformer.empty_memory(batch_size, knn_memory_size, **kwargs)
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        mems: MemorizingMemory | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        reset_mems: torch.Tensor | None = None,
-        past_key_values: MemorizingMemory | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> MemorizingCausalLMOutput | tuple:
-        r"""
-        Args:
-            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
-                (the shift happens inside), ``-100`` is ignored.
-            past_key_values: alias of `mems`, used by `generate()`.
-            Other arguments: see `TffMemorizingModel.forward`.
-        """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if mems is None:
-            mems = past_key_values
-        outputs = self.transformer(
-            input_ids,
-            mems=mems,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            reset_mems=reset_mems,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels)
-        output = MemorizingCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            losses=losses,
-            mems=outputs.mems,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
-
-    def prepare_inputs_for_generation(
-        self,
-        input_ids: torch.LongTensor,
-        past_key_values: MemorizingMemory | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> dict:
-        """With a memory only the newest token is fed (the rest is in the memories, which it reads and then writes);
-        without one (first step, or ``use_cache=False``) the whole prefix is read."""
-        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
-        if past_key_values is not None:
-            model_inputs["input_ids"] = input_ids[:, -1:]
-            model_inputs["mems"] = past_key_values
-        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids
-        return model_inputs
-
-    def _reorder_cache(self, mems: MemorizingMemory, beam_idx: torch.Tensor) -> MemorizingMemory:
-        return mems.index_select(beam_idx)
 
 
 __all__ = ["TffMemorizingForCausalLM", "TffMemorizingModel", "TffMemorizingPreTrainedModel"]
