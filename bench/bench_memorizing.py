@@ -46,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--overhead_models", nargs="*", default=["small", "larger"], choices=list(OVERHEAD_MODELS))
     parser.add_argument("--train_steps", type=int, default=300)
     parser.add_argument("--passkey_steps", type=int, default=600)
+    parser.add_argument("--passkey_lr", type=float, default=2e-3)
     parser.add_argument("--eval_documents", type=int, default=4)
     parser.add_argument("--passkey_eval_samples", type=int, default=64)
     return parser.parse_args()
@@ -373,6 +374,16 @@ def passkey_sample(tokenizer, filler: list[int], distance: int, generator: torch
     return torch.tensor(ids), torch.tensor(targets[1:] + [IGNORE_INDEX])  # labels: the next token
 
 
+def repeat_sample(filler: list[int], distance: int, generator: torch.Generator, span: int = 24):
+    """The passkey's mechanism with more scored tokens: a span of real text, ``distance`` tokens of filler, then the
+    same span again, whose tokens from the third on are scored (the question of a passkey sample repeats its
+    introduction the same way: the answer continues the repetition)."""
+    first, start = (int(torch.randint(0, len(filler) - n, (1,), generator=generator)) for n in (span, distance))
+    ids = filler[first : first + span] + filler[start : start + distance] + filler[first : first + span]
+    targets = [IGNORE_INDEX] * (len(ids) - span + 2) + ids[len(ids) - span + 2 :]
+    return torch.tensor(ids), torch.tensor(targets[1:] + [IGNORE_INDEX])
+
+
 def run_passkey(model, samples, segment: int, memory_size: int | None, train: bool, optimizer=None):
     """Feed a batch of equal-length samples segment by segment (memory carried); returns loss and digit accuracy."""
     length = max(len(s[0]) for s in samples)  # tokenisations differ by a token or two: pad in front
@@ -403,11 +414,13 @@ def passkey_batches(
 ):
     """The training curriculum: the first 40 % of the steps plant the key within the local window (distances
     ``near``), where the layers can learn to find and copy it with local attention, whose queries and keys the kNN
-    retrieval shares; then half the batches plant it beyond the window (``far``), where only the memory reaches it."""
+    retrieval shares; then half the batches plant it beyond the window (``far``), where only the memory reaches it.
+    Half of each batch are passkey samples, half `repeat_sample` (the same copy, four times the scored tokens)."""
     for step in range(steps):
         low, high = far if step >= 0.4 * steps and step % 2 else near
         distance = int(torch.randint(low, high + 1, (1,), generator=generator))
-        yield distance, [passkey_sample(tokenizer, filler, distance, generator) for _ in range(batch)]
+        samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(batch // 2)]
+        yield distance, samples + [repeat_sample(filler, distance, generator) for _ in range(batch - len(samples))]
 
 
 def passkey(args) -> dict:
@@ -422,7 +435,7 @@ def passkey(args) -> dict:
     config = model_config(args.quick, vocab_size=len(tokenizer), mem_len=segment, knn_memory_size=memory_size)
     torch.manual_seed(0)
     model = TffMemorizingForCausalLM(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.passkey_lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     generator = torch.Generator().manual_seed(0)
     start = time.perf_counter()
@@ -455,7 +468,8 @@ def passkey(args) -> dict:
         f"{2 * segment} tokens the key is out of reach except through the kNN memory ({memory_size} entries, "
         f"k = {config.knn_top_k}). Model: {config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads x "
         f"{config.d_head}, pre-LN, kNN layer {config.knn_layers}. Trained {steps} steps of {batch} samples (AdamW "
-        f"1e-3, answer tokens scored), curriculum: distances {near} for the first 40 % of the steps, then {near} and "
+        f"{args.passkey_lr}, answer tokens scored; half of each batch are passkey samples, half a 24-token span of "
+        f"text repeated after the same filler, its second copy scored), curriculum: distances {near} for the first 40 % of the steps, then {near} and "
         f"{far} alternating ({minutes:.1f} min; answer accuracy over the last 40 steps: "
         f"{statistics.mean(late_near or [0]):.3f} near, {statistics.mean(late_far or [0]):.3f} far); evaluated on "
         f"{args.passkey_eval_samples if not args.quick else 16} fresh samples per distance, with the kNN memory and "

@@ -195,9 +195,12 @@ def faiss_top_k(
     k: int,
     expired: Expired | None = None,
     index_type: str = "flat",
+    indexes: Sequence | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`exact_top_k` through a faiss inner-product index per (row, head) (`FaissKNNStore`): each query asks for
-    enough neighbours to cover the slots it may not see, which are then dropped. Exact for ``index_type="flat"``."""
+    """`exact_top_k` through a faiss inner-product index per (row, head): each query asks for enough neighbours to
+    cover the slots it may not see, which are then dropped. ``indexes``: the memory's persistent per-(row, head)
+    indexes (`tf_family.memory.knn_faiss.FaissSlotIndex`, kept in step with its writes); without them a flat index
+    is built for this call (`FaissKNNStore`). Exact with flat indexes."""
     _check_search(queries, keys, allowed, k)
     allowed = expand_expired(allowed, expired, queries.shape[2])
     batch, heads, length, _ = queries.shape
@@ -210,15 +213,21 @@ def faiss_top_k(
     out_index = torch.zeros((batch, heads, length, top), dtype=torch.long, device=queries.device)
     for b in range(batch):
         for h in range(heads):
-            store = FaissKNNStore(keys.shape[-1], "ip", index_type)
-            store.add(keys[b, h])
             hidden = int((~allowed[b, h]).sum(-1).max())
-            scores, index = store.search(queries[b, h], min(slots, top + hidden))  # (T, K')
+            if indexes is None:
+                store = FaissKNNStore(keys.shape[-1], "ip", index_type)
+                store.add(keys[b, h])
+                scores, index = store.search(queries[b, h], min(slots, top + hidden))  # (T, K')
+            else:
+                scores, index = indexes[b * heads + h].search(queries[b, h], top + hidden)  # (T, K')
+                if scores.shape[-1] < top:  # fewer indexed slots than k: pad with nothing found
+                    scores = F.pad(scores, (0, top - scores.shape[-1]), value=float("-inf"))
+                    index = F.pad(index, (0, top - index.shape[-1]), value=-1)
             index = index.to(queries.device)
             seen = allowed[b, h].gather(-1, index.clamp_min(0)) & (index >= 0)
-            scores = scores.to(out_scores.dtype).masked_fill(~seen, float("-inf"))
+            scores = scores.to(out_scores.device, out_scores.dtype).masked_fill(~seen, float("-inf"))
             best, position = scores.topk(top, dim=-1)
-            out_scores[b, h], out_index[b, h] = best, index.gather(-1, position)
+            out_scores[b, h], out_index[b, h] = best, index.gather(-1, position).clamp_min(0)
     return out_scores.to(queries.dtype), out_index
 
 
@@ -229,12 +238,16 @@ def knn_top_k(
     allowed: torch.Tensor,
     k: int,
     expired: Expired | None = None,
+    indexes: Sequence | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to the backend ``kind`` (one of `SEARCH_KINDS`); computed without gradient."""
+    """Dispatch to the backend ``kind`` (one of `SEARCH_KINDS`); computed without gradient. ``indexes``: the
+    memory's persistent faiss indexes (``kind="faiss"`` only)."""
     search = {"exact": exact_top_k, "bucketed": bucketed_top_k, "faiss": faiss_top_k}.get(kind)
     if search is None:
         raise ValueError(f"knn search {kind!r} is unknown; choose one of {list(SEARCH_KINDS)}.")
     with torch.no_grad():
+        if kind == "faiss" and indexes is not None:
+            return faiss_top_k(queries.detach(), keys, allowed, k, expired, indexes=indexes)
         return search(queries.detach(), keys, allowed, k, expired)
 
 
@@ -311,6 +324,7 @@ def retrieve(
     segment: tuple[torch.Tensor, torch.Tensor] | None,
     segment_allowed: torch.Tensor | None,
     k: int,
+    indexes: Sequence | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``k`` best pairs per query among the memory's allowed slots (searched with backend ``kind``) and, when
     ``segment`` is given, the allowed positions of the query's own segment (scored exactly).
@@ -321,6 +335,7 @@ def retrieve(
             and the expired (slot, query) pairs (`exact_top_k`).
         segment: keys and values ``(B, H, T, Dh)`` of the segment itself, or None; segment_allowed: bool
             broadcastable to ``(B, H, T, T)`` (which earlier positions each query may retrieve).
+        indexes: the memory's persistent faiss indexes for ``kind="faiss"`` (`KNNMemory.faiss_indexes`).
 
     Returns:
         keys, values ``(B, H, T, K, Dh)`` (no gradient) and ``found`` ``(B, H, T, K)`` bool.
@@ -330,7 +345,7 @@ def retrieve(
         if kind == "exact":  # candidates only: one selection below covers them and the segment
             scores, index = exact_candidates(query.detach(), memory[0], allowed, k, expired)  # (B, H, T, M)
         else:
-            scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired)  # (B, H, T, K1)
+            scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired, indexes)  # (B, H, T, K1)
         from_memory = scores.shape[-1]
         if segment is not None:
             segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
@@ -390,6 +405,7 @@ class KNNMemory:
         # memories that share buffers (a reset, a write in place) share this counter of writes in place; a memory
         # whose own count is behind it is stale (`consumed`)
         self._writes, self._seen = [0], 0
+        self._faiss: dict[int, list] = {}  # per kNN layer, the persistent faiss indexes (`faiss_indexes`)
         if not 0 <= self.next_slot < max(self.capacity, 1):
             raise ValueError(f"KNNMemory.next_slot must be in [0, {self.capacity}), got {self.next_slot}.")
 
@@ -450,8 +466,19 @@ class KNNMemory:
         return self._seen != self._writes[0]
 
     def _sharing(self, other: KNNMemory) -> KNNMemory:
-        other._writes, other._seen = self._writes, self._writes[0]
+        other._writes, other._seen, other._faiss = self._writes, self._writes[0], self._faiss
         return other
+
+    def faiss_indexes(self, layer: int, index_type: str = "flat", **params) -> list:
+        """The persistent faiss indexes of kNN layer ``layer``, one per (row, head) (`knn_faiss.FaissSlotIndex`):
+        built from the written slots on first use, then updated by every write in place (a copy-written, cloned or
+        reordered memory builds its own). ``params``: ``nlist``, ``nprobe``, ``pq_m`` of an IVF index."""
+        from .knn_faiss import build_slot_indexes
+
+        indexes = self._faiss.get(layer)
+        if indexes is None or any(index.provisional for index in indexes[:1]):
+            indexes = self._faiss[layer] = build_slot_indexes(self.keys[layer], self.mask, index_type, **params)
+        return indexes
 
     def check_current(self) -> None:
         """Raise if a write in place has moved this memory's buffers on (they now hold newer entries)."""
@@ -522,6 +549,11 @@ class KNNMemory:
         memory = KNNMemory(written[:layers], written[layers:], mask, (self.next_slot + kept) % self.capacity)
         if in_place:
             self._writes[0] += 1
+            if self._faiss:
+                from .knn_faiss import update_slot_indexes
+
+                for layer, indexes in self._faiss.items():
+                    update_slot_indexes(indexes, slots, keys[layer][:, :, length - kept :].detach())
             memory = self._sharing(memory)
         return memory
 

@@ -149,6 +149,24 @@ def test_the_grouped_exact_search_gives_the_model_the_same_outputs(monkeypatch, 
     torch.testing.assert_close(run_segments(model, ids, 12)[0], whole, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("index", ["flat", "ivf_flat"])
+def test_persistent_faiss_indexes_follow_the_stream(index):
+    """knn_search="faiss" keeps one index per row and head across segments (updated by the writes, evictions
+    included): flat equals the exact search; IVF (trained once enough keys are written) stays close to it."""
+    pytest.importorskip("faiss")
+    fields = {"mem_len": 2, "knn_memory_size": 16, "knn_top_k": 4}
+    exact = make_model(**fields)
+    model = make_model(**fields, knn_search="faiss", knn_faiss_index=index, knn_faiss_nlist=4, knn_faiss_nprobe=4)
+    ids = tokens(2, 40)
+    ours, mems = run_segments(model, ids, 5)
+    assert mems.knn._faiss and all(i.count == 16 for i in mems.knn._faiss[0])  # persistent, full, no duplicates
+    if index == "flat":
+        torch.testing.assert_close(ours, run_segments(exact, ids, 5)[0], rtol=1e-5, atol=1e-5)
+    else:
+        assert not mems.knn._faiss[0][0].provisional
+        assert (ours - run_segments(exact, ids, 5)[0]).abs().mean() < 0.05
+
+
 @pytest.mark.parametrize("combine", ["gate", "joint"])
 def test_token_retrieval_does_not_depend_on_how_the_stream_is_cut(combine):
     """knn_retrieval="token": one forward, segments of 5 and token-by-token agree, also when the memory is smaller

@@ -76,6 +76,7 @@ class KNNLayerInputs:
     segment_allowed: torch.Tensor | None  # (B, 1, T, T) bool, or None (meliad's rule: no retrieval in the segment)
     top_k: int
     search: str
+    indexes: list | None = None  # the memory's persistent faiss indexes (search "faiss")
 
 
 class TffMemorizingKNNLayer(GradientCheckpointingLayer):
@@ -129,6 +130,7 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
             None if knn.segment_allowed is None else segment,
             knn.segment_allowed,
             knn.top_k,
+            knn.indexes,
         )  # 2 x (B, H, T, K, Dh), (B, H, T, K)
         scale = self.knn_scale.abs()
         if self.combine == "gate":
@@ -278,6 +280,14 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
             raise ValueError(f"mems has {len(mems.segment)} layers but the model has n_layer={self.config.n_layer}.")
         return mems
 
+    def _faiss_indexes(self, knn: KNNMemory, layer: int) -> list | None:
+        config = self.config
+        if config.knn_search != "faiss" or knn.capacity == 0:
+            return None
+        return knn.faiss_indexes(
+            layer, config.knn_faiss_index, nlist=config.knn_faiss_nlist, nprobe=config.knn_faiss_nprobe
+        )
+
     def _knn_masks(self, knn: KNNMemory, segment_mask: torch.Tensor, length: int) -> tuple[tuple, torch.Tensor | None]:
         """Which memory slots (``(B, 1, 1, N)`` real entries, and the (slot, query) pairs already evicted) and which
         earlier positions of the segment ``(B, 1, T, T)`` each query may retrieve. ``"token"``: exactly the entries
@@ -378,6 +388,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
                     segment_allowed,
                     config.knn_top_k,
                     config.knn_search,
+                    self._faiss_indexes(state.knn, slot),
                 )
                 hidden, probs, pairs = layer(*arguments, config._attn_implementation, knn)
                 written.append(pairs)
