@@ -13,11 +13,14 @@ Transformer-XL `SegmentMemory`: the whole state a Memorizing Transformer carries
 
 Retrieval backends behind one function, `knn_top_k` (scores are inner products of L2-normalised vectors):
 
-* ``"exact"``: one matrix product and `torch.topk` (the default; on this CPU faster than faiss for per-document
-  memories of up to 65k entries);
+* ``"exact"``: matrix products and `torch.topk` (the default; on this CPU faster than faiss for per-document
+  memories of up to 65k entries); large memories go through `grouped_candidates` (the score matrix in chunks, a
+  running maximum per group, then a selection over the best groups' members: exact, with two selections over
+  ``~sqrt(N k)`` entries instead of one over ``N``);
 * ``"bucketed"``: meliad's approximate top-k: the slots fall into ``k`` strided buckets (slot ``s`` in bucket
   ``s mod k``) and each bucket contributes its best slot;
-* ``"faiss"``: a faiss index per (row, head) through `FaissKNNStore` (exact ``flat``), built at each call.
+* ``"faiss"``: a faiss index per (row, head), persistent (`KNNMemory.faiss_indexes`, `tf_family.memory.knn_faiss`:
+  built once, then kept in step with every write in place; flat = exact, IVF approximate).
 
 `top_k_reference` is the brute-force twin (a Python sort per query) they are tested against; `knn_attention` is the
 attention over the retrieved pairs and `dense_knn_attention` its twin over every allowed entry (equal when ``k``
