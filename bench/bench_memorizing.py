@@ -47,6 +47,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train_steps", type=int, default=300)
     parser.add_argument("--passkey_steps", type=int, default=600)
     parser.add_argument("--passkey_lr", type=float, default=2e-3)
+    parser.add_argument("--passkey_probe_every", type=int, default=50, help="print probe accuracies (0: never)")
+    parser.add_argument("--passkey_save", help="save the trained passkey model into this folder")
+    parser.add_argument("--passkey_weights", help="evaluate these passkey weights instead of training")
     parser.add_argument("--eval_documents", type=int, default=4)
     parser.add_argument("--passkey_eval_samples", type=int, default=64)
     return parser.parse_args()
@@ -423,6 +426,32 @@ def passkey_batches(
         yield distance, samples + [repeat_sample(filler, distance, generator) for _ in range(batch - len(samples))]
 
 
+def train_passkey(args, tokenizer, filler, config, steps, batch, segment, near, far):
+    """Train a fresh model on the curriculum; every ``--passkey_probe_every`` steps print the digit accuracy at
+    distances 48 (inside the local window) and 256 (beyond it) with and without the kNN memory."""
+    torch.manual_seed(0)
+    model = TffMemorizingForCausalLM(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.passkey_lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
+    generator, probe_generator = torch.Generator().manual_seed(0), torch.Generator().manual_seed(123)
+    probes = {d: [passkey_sample(tokenizer, filler, d, probe_generator) for _ in range(16)] for d in (48, 256)}
+    start = time.perf_counter()
+    history = []
+    for step, (distance, samples) in enumerate(passkey_batches(tokenizer, filler, steps, batch, near, far, generator)):
+        history.append((distance, run_passkey(model, samples, segment, None, True, optimizer)[1]))
+        scheduler.step()
+        if args.passkey_probe_every and (step + 1) % args.passkey_probe_every == 0:
+            model.eval()
+            with torch.no_grad():
+                probe = {d: [round(run_passkey(model, s, segment, size, False)[1], 3) for size in (None, 0)]
+                         for d, s in probes.items()}  # fmt: skip
+            model.train()
+            recent = statistics.mean(a for _, a in history[-args.passkey_probe_every :])
+            print(f"step {step + 1} ({time.perf_counter() - start:.0f} s): train accuracy {recent:.3f}, probe "
+                  f"accuracy [with memory, without] {probe}", flush=True)  # fmt: skip
+    return model, history, (time.perf_counter() - start) / 60
+
+
 def passkey(args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR)
     texts = load_sotu()["train"]["text"][:40]
@@ -433,17 +462,19 @@ def passkey(args) -> dict:
     steps = 6 if args.quick else args.passkey_steps
     memory_size = 4096
     config = model_config(args.quick, vocab_size=len(tokenizer), mem_len=segment, knn_memory_size=memory_size)
-    torch.manual_seed(0)
-    model = TffMemorizingForCausalLM(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.passkey_lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
-    generator = torch.Generator().manual_seed(0)
-    start = time.perf_counter()
-    history = []
-    for distance, samples in passkey_batches(tokenizer, filler, steps, batch, near, far, generator):
-        history.append((distance, run_passkey(model, samples, segment, None, True, optimizer)[1]))
-        scheduler.step()
-    minutes = (time.perf_counter() - start) / 60
+    if args.passkey_weights:  # weights trained by this loop in another process (its log says how)
+        model = TffMemorizingForCausalLM.from_pretrained(args.passkey_weights)
+        loaded = model.config.to_dict()
+        if any(loaded.get(name) != value for name, value in config.to_diff_dict().items() if name.startswith(
+            ("vocab", "d_", "n_", "mem_len", "knn_", "pre_lnorm", "cutoffs")
+        )):  # fmt: skip
+            raise ValueError(f"{args.passkey_weights} does not hold this benchmark's passkey model configuration.")
+        history, minutes, trained = [], float("nan"), f"loaded from `{args.passkey_weights}`"
+    else:
+        model, history, minutes = train_passkey(args, tokenizer, filler, config, steps, batch, segment, near, far)
+        trained = f"{minutes:.1f} min"
+        if args.passkey_save:
+            model.save_pretrained(args.passkey_save)
     model.eval()
     rows, results = [], {}
     test_generator = torch.Generator().manual_seed(123)
@@ -461,6 +492,12 @@ def passkey(args) -> dict:
         rows.append([distance, f"{accuracy['with kNN memory']:.3f}", f"{accuracy['without (memory size 0)']:.3f}"])
     late_near = [a for d, a in history[-40:] if d <= near[1]]
     late_far = [a for d, a in history[-40:] if d > near[1]]
+    late = (
+        f"answer accuracy over the last 40 steps: {statistics.mean(late_near or [0]):.3f} near, "
+        f"{statistics.mean(late_far or [0]):.3f} far"
+        if history
+        else "its training log is bench/results/memorizing_passkey_training.log"
+    )
     markdown = (
         f"### Passkey retrieval\n\nA five-digit key in real text (SOTU), then `distance` tokens of SOTU filler, then "
         f"the question; digit accuracy on the answer tokens (teacher-forced: the five digits and the final period; "
@@ -469,9 +506,9 @@ def passkey(args) -> dict:
         f"k = {config.knn_top_k}). Model: {config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads x "
         f"{config.d_head}, pre-LN, kNN layer {config.knn_layers}. Trained {steps} steps of {batch} samples (AdamW "
         f"{args.passkey_lr}, answer tokens scored; half of each batch are passkey samples, half a 24-token span of "
-        f"text repeated after the same filler, its second copy scored), curriculum: distances {near} for the first 40 % of the steps, then {near} and "
-        f"{far} alternating ({minutes:.1f} min; answer accuracy over the last 40 steps: "
-        f"{statistics.mean(late_near or [0]):.3f} near, {statistics.mean(late_far or [0]):.3f} far); evaluated on "
+        f"text repeated after the same filler, its second copy scored), curriculum: distances {near} for the first "
+        f"40 % of the steps, then {near} and "
+        f"{far} alternating (training: {trained}; {late}); evaluated on "
         f"{args.passkey_eval_samples if not args.quick else 16} fresh samples per distance, with the kNN memory and "
         f"with memory size 0 (the same weights).\n\n"
         + markdown_table(["distance (tokens)", "with kNN memory", "without (memory size 0)"], rows)

@@ -341,7 +341,8 @@ def retrieve(
         indexes: the memory's persistent faiss indexes for ``kind="faiss"`` (`KNNMemory.faiss_indexes`).
 
     Returns:
-        keys, values ``(B, H, T, K, Dh)`` (no gradient) and ``found`` ``(B, H, T, K)`` bool.
+        keys, values ``(B, H, T, K, Dh)`` and ``found`` ``(B, H, T, K)`` bool. Pairs retrieved from the memory carry
+        no gradient; pairs retrieved from ``segment`` carry its gradient (they are this forward's keys and values).
     """
     allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
     with torch.no_grad():
@@ -351,8 +352,8 @@ def retrieve(
             scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired, indexes)  # (B, H, T, K1)
         from_memory = scores.shape[-1]
         if segment is not None:
-            segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
-            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys)  # (B, H, T, T)
+            segment_keys, segment_values = segment[0].to(query.dtype), segment[1].to(query.dtype)
+            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys.detach())  # (B, H, T, T)
             segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
             scores = torch.cat([scores, segment_scores], -1)
         scores, position = scores.topk(min(k, scores.shape[-1]), dim=-1)  # (B, H, T, K)
@@ -363,12 +364,15 @@ def retrieve(
             keys, values = gather_neighbours(memory[0], slot), gather_neighbours(memory[1], slot)
             return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
         segment_index = (position - from_memory).clamp_min(0)  # (B, H, T, K)
-        keys = gather_neighbours(segment_keys, segment_index)
-        values = gather_neighbours(segment_values, segment_index)
-        if from_memory:
-            in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
-            keys = torch.where(in_segment, keys, gather_neighbours(memory[0], slot).to(query.dtype))
-            values = torch.where(in_segment, values, gather_neighbours(memory[1], slot).to(query.dtype))
+    # the segment's own pairs are this forward's: they keep their gradient (the memory's have none)
+    keys = gather_neighbours(segment_keys, segment_index)
+    values = gather_neighbours(segment_values, segment_index)
+    if from_memory:
+        in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
+        with torch.no_grad():
+            memory_keys = gather_neighbours(memory[0], slot).to(query.dtype)
+            memory_values = gather_neighbours(memory[1], slot).to(query.dtype)
+        keys, values = torch.where(in_segment, keys, memory_keys), torch.where(in_segment, values, memory_values)
     return keys, values, scores > float("-inf")
 
 
