@@ -223,7 +223,9 @@ def train_and_evaluate(args: argparse.Namespace, run: dict) -> dict:
     if cache.is_file() and not args.retrain:
         result = json.loads(cache.read_text())
         if result.get("recipe_argv") == argv:
-            print(f"\n== {run['label']}: trained on {result['trained_at']}, reusing {cache} (--retrain to train again)")
+            print(
+                f"\n== {run['label']}: trained on {result['trained_at']}, reusing {cache} (--retrain to train again)"
+            )
             return {**result, "reused": True}
 
     print(f"\n== {run['label']}: causal_lm.main({' '.join(argv)})", flush=True)
@@ -528,8 +530,14 @@ def main() -> None:
     )
     json_path, md_path = write_results(
         args.name,
-        {"args": vars(args), "results": results, "throughput": throughput, "memory_ablation": ablations, "verdict": summary,
-         "total_seconds": round(total, 1)},  # fmt: skip
+        {
+            "args": vars(args),
+            "results": results,
+            "throughput": throughput,
+            "memory_ablation": ablations,
+            "verdict": summary,
+            "total_seconds": round(total, 1),
+        },  # fmt: skip
         markdown,
     )
     print()

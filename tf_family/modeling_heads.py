@@ -292,6 +292,88 @@ class GenericForMultipleChoice(_Head):
         return F.cross_entropy(logits.float(), labels.view(-1).to(logits.device))
 
 
+class SegmentRecurrentForCausalLM:
+    """The causal-LM head of the Transformer-XL family (Transformer-XL, the Memorizing Transformer): the base model
+    under ``transformer`` carries its memory as ``mems`` (an object with ``index_select``), and ``lm_head`` is a
+    `ProjectedAdaptiveLogSoftmax`. Gives `forward`, `prepare_inputs_for_generation` and `_reorder_cache`; the model
+    sets ``causal_lm_output_class`` and lists this mixin before its ``PreTrainedModel`` and `GenerationMixin`."""
+
+    causal_lm_output_class: type[ModelOutput]
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems=None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        reset_mems: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        r"""
+        Args:
+            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
+                (the shift happens inside), ``-100`` is ignored. With an adaptive softmax (non-empty `cutoffs`) the
+                full `logits` are not computed when labels are given, only the losses.
+            past_key_values: alias of `mems`, used by `generate()`.
+            Other arguments: see the base model's `forward` (``mems``: the memory returned for the previous
+                segment; ``reset_mems``: ``(B,)`` bool, rows that start a new document).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if mems is None:
+            mems = past_key_values
+        outputs = self.transformer(
+            input_ids,
+            mems=mems,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            reset_mems=reset_mems,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels)
+        output = self.causal_lm_output_class(
+            loss=loss,
+            logits=logits,
+            losses=losses,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.LongTensor,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> dict:
+        """With a memory only the newest token is fed (the rest is in the memory, which the model reads and
+        updates); without one (first step, or no memory kept) the whole prefix is read."""
+        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
+        if past_key_values is not None:
+            model_inputs["input_ids"] = input_ids[:, -1:]
+            model_inputs["mems"] = past_key_values
+        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
+            model_inputs["inputs_embeds"] = inputs_embeds
+        else:
+            model_inputs["input_ids"] = input_ids
+        return model_inputs
+
+    def _reorder_cache(self, mems, beam_idx: torch.Tensor):
+        return mems.index_select(beam_idx)
+
+
 __all__ = [
     "GenericForMaskedLM",
     "GenericForMultipleChoice",
@@ -299,6 +381,7 @@ __all__ = [
     "GenericForSequenceClassification",
     "GenericForTokenClassification",
     "LMPredictionHead",
+    "SegmentRecurrentForCausalLM",
     "classifier_dropout",
     "question_answering_output",
 ]

@@ -13,6 +13,7 @@ from tf_family.memory import (
     dense_knn_attention,
     exact_top_k,
     faiss_top_k,
+    grouped_top_k,
     knn_attention,
     retrieve,
     top_k_reference,
@@ -39,6 +40,38 @@ def test_exact_top_k_matches_brute_force_twin(slots):
     finite = expected_scores > float("-inf")
     assert torch.equal(index[finite], expected_index[finite])
     assert not finite[0, :, 0].any()  # nothing allowed, nothing found
+
+
+@pytest.mark.parametrize("slots,groups", [(37, None), (37, 5), (100, 7), (64, 1), (9, 4)])
+def test_grouped_top_k_is_exact(slots, groups):
+    """The two-stage search (group maxima, then the best groups' members) equals the brute-force twin, with masks,
+    expired pairs, a query that may see nothing, and a last chunk shorter than the others."""
+    from tf_family.memory.knn_memory import expand_expired
+
+    queries, keys = unit(2, 3, 5, 8), unit(2, 3, slots, 8, seed=1)
+    allowed = random_allowed(2, 5, slots)
+    expired = (torch.tensor([slots - 1, 0, 1]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    scores, index = grouped_top_k(queries, keys, allowed, 6, expired, groups=groups)
+    expected_scores, expected_index = top_k_reference(queries, keys, expand_expired(allowed, expired, 5), 6)
+    torch.testing.assert_close(scores, expected_scores)
+    finite = expected_scores > float("-inf")
+    assert torch.equal(index[finite], expected_index[finite]) and not finite[0, :, 0].any()
+    assert (index >= 0).all() and (index < slots).all()
+
+
+def test_exact_top_k_takes_the_grouped_path_for_large_memories(monkeypatch):
+    import tf_family.memory.knn_memory as knn_memory
+
+    calls = []
+    monkeypatch.setattr(knn_memory, "grouped_candidates", lambda *args: calls.append(1) or (None, None))
+    queries, keys = unit(1, 1, 4, 8), unit(1, 1, 300, 8, seed=1)
+    allowed = torch.ones(1, 1, 1, 300, dtype=torch.bool)
+    knn_memory.exact_top_k(queries, keys, allowed, 4)
+    assert not calls  # 1,200 scores: scored at once
+    monkeypatch.setattr(knn_memory, "DIRECT_SEARCH_SCORES", 100)
+    with pytest.raises(AttributeError):
+        knn_memory.exact_top_k(queries, keys, allowed, 4)
+    assert calls == [1]
 
 
 def recall(index, expected_index, expected_scores):

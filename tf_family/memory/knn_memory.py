@@ -5,17 +5,22 @@ no gradient: ``capacity`` slots written in order, the oldest overwritten when it
 per-row mask of real entries (a row is reset at a document boundary by masking, not zeroing: a zero key is still a
 key), `index_select` for beam search and `state_dict` / `from_state_dict` for checkpoints. Like a transformers
 ``Cache`` it is passed into ``forward`` and the updated memory is returned (a new object: the one passed in is
-left as it is). The capacity belongs to the memory object,
+left as it is, unless the write is in place: `KNNMemory.write` with ``in_place=True``, the model's default, updates
+the preallocated buffers and marks the memory passed in as consumed, so that a second use of it raises instead of
+reading the newer entries; `KNNMemory.clone` keeps a copy). The capacity belongs to the memory object,
 so a model trained with one size can read with another (`KNNMemory.empty`). `MemorizingMemory` bundles it with the
 Transformer-XL `SegmentMemory`: the whole state a Memorizing Transformer carries between calls.
 
 Retrieval backends behind one function, `knn_top_k` (scores are inner products of L2-normalised vectors):
 
-* ``"exact"``: one matrix product and `torch.topk` (the default; on this CPU faster than faiss for per-document
-  memories of up to 65k entries);
+* ``"exact"``: matrix products and `torch.topk` (the default; on this CPU faster than faiss for per-document
+  memories of up to 65k entries); large memories go through `grouped_candidates` (the score matrix in chunks, a
+  running maximum per group, then a selection over the best groups' members: exact, with two selections over
+  ``~sqrt(N k)`` entries instead of one over ``N``);
 * ``"bucketed"``: meliad's approximate top-k: the slots fall into ``k`` strided buckets (slot ``s`` in bucket
   ``s mod k``) and each bucket contributes its best slot;
-* ``"faiss"``: a faiss index per (row, head) through `FaissKNNStore` (exact ``flat``), built at each call.
+* ``"faiss"``: a faiss index per (row, head), persistent (`KNNMemory.faiss_indexes`, `tf_family.memory.knn_faiss`:
+  built once, then kept in step with every write in place; flat = exact, IVF approximate).
 
 `top_k_reference` is the brute-force twin (a Python sort per query) they are tested against; `knn_attention` is the
 attention over the retrieved pairs and `dense_knn_attention` its twin over every allowed entry (equal when ``k``
@@ -81,8 +86,91 @@ def exact_top_k(
     """The ``min(k, N)`` best allowed slots per query: ``(B, H, T, K)`` scores (``-inf`` past the allowed ones) and
     slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
     ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
+    scores, slots = exact_candidates(queries, keys, allowed, k, expired)
+    best, position = scores.topk(min(k, keys.shape[2]), dim=-1)
+    return best, position if slots is None else slots.gather(-1, position)
+
+
+DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores the exact search scores them all at once
+
+
+def exact_candidates(
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores ``(B, H, T, M)`` of candidate slots whose top ``k`` is the exact top ``k`` of the memory, and the
+    slots ``(B, H, T, M)`` they are (``None``: the candidates are every slot in order, ``M = N``): small memories are
+    scored whole, large ones go through `grouped_candidates`. A caller merging more candidates (the segment's own
+    positions, `retrieve`) selects once over all of them."""
     _check_search(queries, keys, allowed, k)
-    return _masked_scores(queries, keys, allowed, expired).topk(min(k, keys.shape[2]), dim=-1)
+    batch, heads, length, _ = queries.shape
+    slots = keys.shape[2]
+    if slots <= 4 * k or batch * heads * length * slots < DIRECT_SEARCH_SCORES:
+        return _masked_scores(queries, keys, allowed, expired), None
+    return grouped_candidates(queries, keys, allowed, k, expired)
+
+
+def grouped_top_k(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    k: int,
+    expired: Expired | None = None,
+    groups: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`exact_top_k` through `grouped_candidates` (what it runs for large memories; same arguments and outputs)."""
+    _check_search(queries, keys, allowed, k)
+    scores, slots = grouped_candidates(queries, keys, allowed, k, expired, groups)
+    best, position = scores.topk(min(k, keys.shape[2]), dim=-1)
+    return best, slots.gather(-1, position)
+
+
+def grouped_candidates(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    k: int,
+    expired: Expired | None = None,
+    groups: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k * g`` candidates per query that hold the exact top ``k`` of ``N`` slots, found with one selection over
+    ``G`` group maxima instead of one over every slot.
+
+    The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``), and slot
+    ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time (a ``(T, G)`` product
+    per row and head, so the ``(T, N)`` score matrix is never allocated at once) while a running maximum keeps each
+    group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own, and at most
+    ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them. Returns their
+    scores and slots ``(B, H, T, k * g)`` (padding slots come with ``-inf`` and are clamped into range).
+    """
+    batch, heads, length, width = queries.shape
+    slots = keys.shape[2]
+    if groups is None:
+        groups = max(1, round((slots / k) ** 0.5))
+    size = -(-slots // groups)  # G: slots per chunk = number of groups
+    chunks = -(-slots // size)
+    flat_queries = queries.reshape(batch * heads, length, width)
+    keys = keys.reshape(batch * heads, slots, width)
+    check_allowed = not bool(allowed.all())
+    parts, best = [], None
+    for chunk in range(chunks):
+        start, stop = chunk * size, min((chunk + 1) * size, slots)
+        scores = torch.bmm(flat_queries, keys[:, start:stop].to(queries.dtype).transpose(1, 2))  # (B*H, T, <=G)
+        scores = scores.view(batch, heads, length, stop - start)
+        if check_allowed:
+            scores.masked_fill_(~allowed[..., start:stop], float("-inf"))
+        if expired is not None:
+            inside = (expired[0] >= start) & (expired[0] < stop)
+            if bool(inside.any()):
+                columns = expired[0][inside] - start
+                scores[..., columns] = scores[..., columns].masked_fill(expired[1][:, inside], float("-inf"))
+        if stop - start < size:  # the last chunk: padded so that every chunk has G columns
+            scores = F.pad(scores, (0, size - (stop - start)), value=float("-inf"))
+        parts.append(scores)
+        best = scores.clone() if best is None else torch.maximum(best, scores, out=best)
+    chosen = best.topk(min(k, size), dim=-1).indices  # (B, H, T, K1): the groups
+    candidates = torch.cat([part.gather(-1, chosen) for part in parts], dim=-1)  # (B, H, T, g * K1)
+    offsets = torch.arange(chunks, device=chosen.device).repeat_interleave(chosen.shape[-1]) * size
+    return candidates, (chosen.repeat(1, 1, 1, chunks) + offsets).clamp_max_(slots - 1)
 
 
 def bucketed_top_k(
@@ -110,9 +198,12 @@ def faiss_top_k(
     k: int,
     expired: Expired | None = None,
     index_type: str = "flat",
+    indexes: Sequence | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`exact_top_k` through a faiss inner-product index per (row, head) (`FaissKNNStore`): each query asks for
-    enough neighbours to cover the slots it may not see, which are then dropped. Exact for ``index_type="flat"``."""
+    """`exact_top_k` through a faiss inner-product index per (row, head): each query asks for enough neighbours to
+    cover the slots it may not see, which are then dropped. ``indexes``: the memory's persistent per-(row, head)
+    indexes (`tf_family.memory.knn_faiss.FaissSlotIndex`, kept in step with its writes); without them a flat index
+    is built for this call (`FaissKNNStore`). Exact with flat indexes."""
     _check_search(queries, keys, allowed, k)
     allowed = expand_expired(allowed, expired, queries.shape[2])
     batch, heads, length, _ = queries.shape
@@ -125,15 +216,21 @@ def faiss_top_k(
     out_index = torch.zeros((batch, heads, length, top), dtype=torch.long, device=queries.device)
     for b in range(batch):
         for h in range(heads):
-            store = FaissKNNStore(keys.shape[-1], "ip", index_type)
-            store.add(keys[b, h])
             hidden = int((~allowed[b, h]).sum(-1).max())
-            scores, index = store.search(queries[b, h], min(slots, top + hidden))  # (T, K')
+            if indexes is None:
+                store = FaissKNNStore(keys.shape[-1], "ip", index_type)
+                store.add(keys[b, h])
+                scores, index = store.search(queries[b, h], min(slots, top + hidden))  # (T, K')
+            else:
+                scores, index = indexes[b * heads + h].search(queries[b, h], top + hidden)  # (T, K')
+                if scores.shape[-1] < top:  # fewer indexed slots than k: pad with nothing found
+                    scores = F.pad(scores, (0, top - scores.shape[-1]), value=float("-inf"))
+                    index = F.pad(index, (0, top - index.shape[-1]), value=-1)
             index = index.to(queries.device)
             seen = allowed[b, h].gather(-1, index.clamp_min(0)) & (index >= 0)
-            scores = scores.to(out_scores.dtype).masked_fill(~seen, float("-inf"))
+            scores = scores.to(out_scores.device, out_scores.dtype).masked_fill(~seen, float("-inf"))
             best, position = scores.topk(top, dim=-1)
-            out_scores[b, h], out_index[b, h] = best, index.gather(-1, position)
+            out_scores[b, h], out_index[b, h] = best, index.gather(-1, position).clamp_min(0)
     return out_scores.to(queries.dtype), out_index
 
 
@@ -144,12 +241,16 @@ def knn_top_k(
     allowed: torch.Tensor,
     k: int,
     expired: Expired | None = None,
+    indexes: Sequence | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to the backend ``kind`` (one of `SEARCH_KINDS`); computed without gradient."""
+    """Dispatch to the backend ``kind`` (one of `SEARCH_KINDS`); computed without gradient. ``indexes``: the
+    memory's persistent faiss indexes (``kind="faiss"`` only)."""
     search = {"exact": exact_top_k, "bucketed": bucketed_top_k, "faiss": faiss_top_k}.get(kind)
     if search is None:
         raise ValueError(f"knn search {kind!r} is unknown; choose one of {list(SEARCH_KINDS)}.")
     with torch.no_grad():
+        if kind == "faiss" and indexes is not None:
+            return faiss_top_k(queries.detach(), keys, allowed, k, expired, indexes=indexes)
         return search(queries.detach(), keys, allowed, k, expired)
 
 
@@ -226,6 +327,7 @@ def retrieve(
     segment: tuple[torch.Tensor, torch.Tensor] | None,
     segment_allowed: torch.Tensor | None,
     k: int,
+    indexes: Sequence | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``k`` best pairs per query among the memory's allowed slots (searched with backend ``kind``) and, when
     ``segment`` is given, the allowed positions of the query's own segment (scored exactly).
@@ -236,29 +338,41 @@ def retrieve(
             and the expired (slot, query) pairs (`exact_top_k`).
         segment: keys and values ``(B, H, T, Dh)`` of the segment itself, or None; segment_allowed: bool
             broadcastable to ``(B, H, T, T)`` (which earlier positions each query may retrieve).
+        indexes: the memory's persistent faiss indexes for ``kind="faiss"`` (`KNNMemory.faiss_indexes`).
 
     Returns:
-        keys, values ``(B, H, T, K, Dh)`` (no gradient) and ``found`` ``(B, H, T, K)`` bool.
+        keys, values ``(B, H, T, K, Dh)`` and ``found`` ``(B, H, T, K)`` bool. Pairs retrieved from the memory carry
+        no gradient; pairs retrieved from ``segment`` carry its gradient (they are this forward's keys and values).
     """
     allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
-    scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired)  # (B, H, T, K1)
-    if segment is None:
-        keys, values = gather_neighbours(memory[0], index), gather_neighbours(memory[1], index)
-        return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
-    from_memory = scores.shape[-1]
     with torch.no_grad():
-        segment_keys, segment_values = segment[0].detach().to(query.dtype), segment[1].detach().to(query.dtype)
-        segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys)  # (B, H, T, T)
-        segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
-        scores, position = torch.cat([scores, segment_scores], -1).topk(min(k, from_memory + query.shape[2]))
+        if kind == "exact":  # candidates only: one selection below covers them and the segment
+            scores, index = exact_candidates(query.detach(), memory[0], allowed, k, expired)  # (B, H, T, M)
+        else:
+            scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired, indexes)  # (B, H, T, K1)
+        from_memory = scores.shape[-1]
+        if segment is not None:
+            segment_keys, segment_values = segment[0].to(query.dtype), segment[1].to(query.dtype)
+            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys.detach())  # (B, H, T, T)
+            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
+            scores = torch.cat([scores, segment_scores], -1)
+        scores, position = scores.topk(min(k, scores.shape[-1]), dim=-1)  # (B, H, T, K)
+        slot = position.clamp_max(from_memory - 1) if from_memory else position
+        if index is not None and from_memory:
+            slot = index.gather(-1, slot)
+        if segment is None:
+            keys, values = gather_neighbours(memory[0], slot), gather_neighbours(memory[1], slot)
+            return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
         segment_index = (position - from_memory).clamp_min(0)  # (B, H, T, K)
-        keys = gather_neighbours(segment_keys, segment_index)
-        values = gather_neighbours(segment_values, segment_index)
-        if from_memory:
-            in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
-            slot = index.gather(-1, position.clamp_max(from_memory - 1))  # (B, H, T, K)
-            keys = torch.where(in_segment, keys, gather_neighbours(memory[0], slot).to(query.dtype))
-            values = torch.where(in_segment, values, gather_neighbours(memory[1], slot).to(query.dtype))
+    # the segment's own pairs are this forward's: they keep their gradient (the memory's have none)
+    keys = gather_neighbours(segment_keys, segment_index)
+    values = gather_neighbours(segment_values, segment_index)
+    if from_memory:
+        in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
+        with torch.no_grad():
+            memory_keys = gather_neighbours(memory[0], slot).to(query.dtype)
+            memory_values = gather_neighbours(memory[1], slot).to(query.dtype)
+        keys, values = torch.where(in_segment, keys, memory_keys), torch.where(in_segment, values, memory_values)
     return keys, values, scores > float("-inf")
 
 
@@ -295,6 +409,10 @@ class KNNMemory:
             )
         self.mask = self.mask.to(torch.bool)
         self.next_slot = int(self.next_slot)
+        # memories that share buffers (a reset, a write in place) share this counter of writes in place; a memory
+        # whose own count is behind it is stale (`consumed`)
+        self._writes, self._seen = [0], 0
+        self._faiss: dict[int, list] = {}  # per kNN layer, the persistent faiss indexes (`faiss_indexes`)
         if not 0 <= self.next_slot < max(self.capacity, 1):
             raise ValueError(f"KNNMemory.next_slot must be in [0, {self.capacity}), got {self.next_slot}.")
 
@@ -346,10 +464,48 @@ class KNNMemory:
             raise ValueError(
                 f"reset rows must be a bool tensor of shape ({self.batch_size},), got {rows.dtype} {tuple(rows.shape)}."
             )
-        return KNNMemory(self.keys, self.values, self.mask & ~rows[:, None], self.next_slot)
+        self.check_current()
+        return self._sharing(KNNMemory(self.keys, self.values, self.mask & ~rows[:, None], self.next_slot))
+
+    @property
+    def consumed(self) -> bool:
+        """True once a write in place into this memory's buffers has made them hold newer entries."""
+        return self._seen != self._writes[0]
+
+    def _sharing(self, other: KNNMemory) -> KNNMemory:
+        other._writes, other._seen, other._faiss = self._writes, self._writes[0], self._faiss
+        return other
+
+    def faiss_indexes(self, layer: int, index_type: str = "flat", **params) -> list:
+        """The persistent faiss indexes of kNN layer ``layer``, one per (row, head) (`knn_faiss.FaissSlotIndex`):
+        built from the written slots on first use, then updated by every write in place (a copy-written, cloned or
+        reordered memory builds its own). ``params``: ``nlist``, ``nprobe``, ``pq_m`` of an IVF index."""
+        from .knn_faiss import build_slot_indexes
+
+        indexes = self._faiss.get(layer)
+        if indexes is None or any(index.provisional for index in indexes[:1]):
+            indexes = self._faiss[layer] = build_slot_indexes(self.keys[layer], self.mask, index_type, **params)
+        return indexes
+
+    def check_current(self) -> None:
+        """Raise if a write in place has moved this memory's buffers on (they now hold newer entries)."""
+        if self.consumed:
+            raise ValueError(
+                "this kNN memory was updated in place by a later forward (its buffers now hold newer entries): pass "
+                "the mems that forward returned, clone() the memory before reusing it, or set knn_write='copy'."
+            )
+
+    def clone(self) -> KNNMemory:
+        """A copy that later writes (in place or not) leave unchanged."""
+        self.check_current()
+        return KNNMemory(
+            tuple(k.clone() for k in self.keys), tuple(v.clone() for v in self.values), self.mask.clone(),
+            self.next_slot,
+        )  # fmt: skip
 
     def index_select(self, index: torch.Tensor) -> KNNMemory:
         """Reorder or repeat batch rows (beam search, several samples per prompt): a copy."""
+        self.check_current()
         index = index.to(self.mask.device)
         return KNNMemory(
             tuple(k.index_select(0, index) for k in self.keys),
@@ -359,15 +515,23 @@ class KNNMemory:
         )
 
     def write(
-        self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], mask: torch.Tensor | None = None
+        self,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        mask: torch.Tensor | None = None,
+        in_place: bool = False,
     ) -> KNNMemory:
         """The memory after a segment's pairs (per kNN layer ``(B, H, T, Dh)``, keys already normalised) are written
         over the oldest slots. ``mask`` ``(B, T)`` bool marks real positions (padding is written as masked slots so
         that the rows stay in step). Only the last ``capacity`` positions of a long segment stay.
 
-        Returns a new memory; this one is left as it is (a layer recomputed under gradient checkpointing, or
-        another beam, still reads what it read). The copy costs one pass over the memory, small next to a search.
+        ``in_place=False``: returns a new memory and leaves this one as it is (a layer recomputed under gradient
+        checkpointing, or another beam, still reads what it read), at the price of a copy of every buffer per write
+        (at 32k entries that copy cost as much as the search). ``in_place=True``: the ``T`` new pairs go into this
+        memory's preallocated buffers (nothing else is copied); the returned memory shares them and this one is
+        marked consumed (`check_current` raises on it).
         """
+        self.check_current()
         if len(keys) != len(self.keys) or len(values) != len(self.values):
             raise ValueError(f"the memory has {len(self.keys)} kNN layers, the segment {len(keys)}.")
         if self.capacity == 0 or not keys:
@@ -381,15 +545,29 @@ class KNNMemory:
         slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
         with torch.no_grad():
             written = [
-                memory.index_copy(2, slots, new[:, :, length - kept :].detach().to(memory.dtype))
+                (memory.index_copy_ if in_place else memory.index_copy)(
+                    2, slots, new[:, :, length - kept :].detach().to(memory.dtype)
+                )
                 for memory, new in zip((*self.keys, *self.values), (*keys, *values), strict=True)
             ]
-            mask = self.mask.index_copy(1, slots, mask[:, length - kept :].to(torch.bool))
+            new_mask = mask[:, length - kept :].to(torch.bool)
+            mask = self.mask.index_copy_(1, slots, new_mask) if in_place else self.mask.index_copy(1, slots, new_mask)
         layers = len(self.keys)
-        return KNNMemory(written[:layers], written[layers:], mask, (self.next_slot + kept) % self.capacity)
+        memory = KNNMemory(written[:layers], written[layers:], mask, (self.next_slot + kept) % self.capacity)
+        if in_place:
+            self._writes[0] += 1
+            if self._faiss:
+                from .knn_faiss import update_slot_indexes
+
+                for layer, indexes in self._faiss.items():
+                    update_slot_indexes(indexes, slots, keys[layer][:, :, length - kept :].detach())
+            memory = self._sharing(memory)
+        return memory
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Flat tensors for a checkpoint: ``mask``, ``next_slot``, ``keys.<layer>``, ``values.<layer>``."""
+        """Flat tensors for a checkpoint: ``mask``, ``next_slot``, ``keys.<layer>``, ``values.<layer>`` (the buffers
+        themselves, not copies: save them before the next write in place)."""
+        self.check_current()
         tensors = {"mask": self.mask, "next_slot": torch.tensor(self.next_slot)}
         tensors.update({f"keys.{i}": k for i, k in enumerate(self.keys)})
         tensors.update({f"values.{i}": v for i, v in enumerate(self.values)})
@@ -432,6 +610,10 @@ class MemorizingMemory:
         segment = None if self.segment is None else self.segment.reset(rows)
         return MemorizingMemory(segment, self.knn.reset(rows))
 
+    def clone(self) -> MemorizingMemory:
+        """A copy that later writes leave unchanged (to read the same memory twice with ``knn_write="in_place"``)."""
+        return MemorizingMemory(None if self.segment is None else self.segment, self.knn.clone())
+
     def index_select(self, index: torch.Tensor) -> MemorizingMemory:
         """Reorder or repeat batch rows of both memories (beam search)."""
         segment = None if self.segment is None else self.segment.index_select(index)
@@ -463,7 +645,10 @@ __all__ = [
     "exact_top_k",
     "expand_expired",
     "faiss_top_k",
+    "exact_candidates",
     "gather_neighbours",
+    "grouped_candidates",
+    "grouped_top_k",
     "knn_attention",
     "knn_top_k",
     "retrieve",

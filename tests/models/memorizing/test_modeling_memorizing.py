@@ -136,6 +136,37 @@ def test_searches_agree_with_exact_when_exact(search):
     torch.testing.assert_close(run_segments(other, ids, 6)[0], run_segments(exact, ids, 6)[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("retrieval", ["token", "segment"])
+def test_the_grouped_exact_search_gives_the_model_the_same_outputs(monkeypatch, retrieval):
+    """The two-stage exact search (what large memories go through) and scoring every slot agree inside the model,
+    with evictions and the segment's own positions merged in."""
+    import tf_family.memory.knn_memory as knn_memory
+
+    model = make_model(mem_len=2, knn_memory_size=40, knn_top_k=3, knn_retrieval=retrieval)
+    ids = tokens(2, 60)
+    whole = run_segments(model, ids, 12)[0]
+    monkeypatch.setattr(knn_memory, "DIRECT_SEARCH_SCORES", 0)
+    torch.testing.assert_close(run_segments(model, ids, 12)[0], whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("index", ["flat", "ivf_flat"])
+def test_persistent_faiss_indexes_follow_the_stream(index):
+    """knn_search="faiss" keeps one index per row and head across segments (updated by the writes, evictions
+    included): flat equals the exact search; IVF (trained once enough keys are written) stays close to it."""
+    pytest.importorskip("faiss")
+    fields = {"mem_len": 2, "knn_memory_size": 16, "knn_top_k": 4}
+    exact = make_model(**fields)
+    model = make_model(**fields, knn_search="faiss", knn_faiss_index=index, knn_faiss_nlist=4, knn_faiss_nprobe=4)
+    ids = tokens(2, 40)
+    ours, mems = run_segments(model, ids, 5)
+    assert mems.knn._faiss and all(i.count == 16 for i in mems.knn._faiss[0])  # persistent, full, no duplicates
+    if index == "flat":
+        torch.testing.assert_close(ours, run_segments(exact, ids, 5)[0], rtol=1e-5, atol=1e-5)
+    else:
+        assert not mems.knn._faiss[0][0].provisional
+        assert (ours - run_segments(exact, ids, 5)[0]).abs().mean() < 0.05
+
+
 @pytest.mark.parametrize("combine", ["gate", "joint"])
 def test_token_retrieval_does_not_depend_on_how_the_stream_is_cut(combine):
     """knn_retrieval="token": one forward, segments of 5 and token-by-token agree, also when the memory is smaller
@@ -161,7 +192,7 @@ def test_segment_retrieval_is_meliads_rule():
     changed[:, 9:] = (changed[:, 9:] + 1) % VOCAB
     _, mems_changed = run_segments(model, ids[:, :6], 6)
     with torch.no_grad():
-        a = model(ids[:, 6:], mems=mems).logits[:, :3]
+        a = model(ids[:, 6:], mems=mems.clone()).logits[:, :3]  # clone: the write in place consumes a memory
         b = model(changed[:, 6:], mems=mems_changed).logits[:, :3]
         c = close_gates(make_model(knn_retrieval="segment", mem_len=2))(ids[:, 6:], mems=mems).logits[:, :3]
     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
@@ -290,3 +321,39 @@ def test_fine_tuning_a_transformer_xl_checkpoint(tmp_path):
     torch.testing.assert_close(run_segments(model, ids, 6)[0], expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match="tff_transfo_xl"):
         TffMemorizingConfig.from_transfo_xl_config(model.config)
+
+
+# ------------------------------------------------------------------------------------------------ memory size
+def test_an_open_gate_reads_the_memory_size_it_is_given():
+    """The same weights and inputs give different logits with evaluation memories of 0, 4 and 32 entries (what the
+    benchmark's perplexity-against-memory-size table varies), and memory 0 is the closed gate."""
+    model = make_model(mem_len=2)
+    ids = tokens(2, 24)
+
+    def logits(size):
+        return run_segments(model, ids, 6, mems=model.empty_memory(2, size))[0]
+
+    none, small, large = logits(0), logits(4), logits(32)
+    torch.testing.assert_close(none, run_segments(close_gates(make_model(mem_len=2)), ids, 6)[0], rtol=0, atol=1e-6)
+    assert (none - small).abs().amax() > 1e-2 and (small - large).abs()[:, 6:].amax() > 1e-2
+    torch.testing.assert_close(small[:, :5], large[:, :5])  # before any eviction the two memories hold the same
+
+
+@pytest.mark.parametrize("write", ["in_place", "copy"])
+def test_writes_in_place_and_by_copy_agree_and_a_consumed_memory_is_refused(write):
+    model = make_model(mem_len=2, knn_write=write)
+    reference = make_model(mem_len=2, knn_write="copy")
+    ids = tokens(2, 18)
+    torch.testing.assert_close(run_segments(model, ids, 6)[0], run_segments(reference, ids, 6)[0], rtol=0, atol=0)
+    _, mems = run_segments(model, ids[:, :6], 6)
+    kept = mems.clone()
+    with torch.no_grad():
+        first = model(ids[:, 6:12], mems=mems.reset(torch.tensor([False, True]))).logits
+        assert mems.knn.consumed == (write == "in_place") and not kept.knn.consumed  # a reset shares the buffers
+        again = model(ids[:, 6:12], mems=kept).logits
+    assert not torch.allclose(first[1], again[1], atol=1e-4) and torch.allclose(first[0], again[0], atol=1e-6)
+    if write == "in_place":
+        with pytest.raises(ValueError, match="updated in place"):
+            model(ids[:, 6:12], mems=mems)
+    else:
+        model(ids[:, 6:12], mems=mems)  # a copy-written memory can be read again

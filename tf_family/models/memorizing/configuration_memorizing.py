@@ -8,6 +8,7 @@ from typing import Literal
 from transformers import PreTrainedConfig
 
 from ...configuration_utils import check_config_kwargs, validate_config
+from ...memory.knn_faiss import FAISS_MEMORY_INDEXES
 from ...memory.knn_memory import SEARCH_KINDS
 
 # the fields a Transformer-XL config shares with this one (same meaning, same weights): fine-tuning a Transformer-XL
@@ -40,6 +41,7 @@ TRANSFO_XL_FIELDS = (
 )
 KNN_COMBINES = ("gate", "joint")
 KNN_RETRIEVALS = ("token", "segment")
+KNN_WRITES = ("in_place", "copy")
 
 
 class TffMemorizingConfig(PreTrainedConfig):
@@ -70,6 +72,16 @@ class TffMemorizingConfig(PreTrainedConfig):
             retrieves from earlier segments only, before it is written.
         knn_search (`str`, defaults to `"exact"`): `"exact"` (matrix product + top-k), `"bucketed"` (meliad's
             approximate top-k: the best slot of each of ``k`` strided buckets) or `"faiss"` (a faiss flat index).
+        knn_faiss_index (`str`, defaults to `"flat"`): with ``knn_search="faiss"``, the persistent index per row and
+            head (built once, then updated by every write in place): `"flat"` (exact), `"ivf_flat"` or `"ivf_pq"`
+            (approximate; trained once on the keys present when built, at least `knn_faiss_nlist` of them).
+        knn_faiss_nlist (`int`, defaults to 64), knn_faiss_nprobe (`int`, defaults to 8): IVF cells, and cells
+            visited per query.
+        knn_write (`str`, defaults to `"in_place"`): how a forward writes the segment into the kNN memory.
+            `"in_place"`: into the preallocated ring buffers of the memory passed in, which is then consumed (using it
+            again raises; `MemorizingMemory.clone` keeps a copy); `"copy"`: into a copy, leaving the memory passed in
+            as it was (one copy of every buffer per forward: at 32k entries as costly as the search). Training with
+            gradient checkpointing always copies (the recomputed layer must read what the first pass read).
         knn_gate_init (`float`, defaults to 0.0): initial per-head gate bias ``b`` (``g = sigmoid(b)``; meliad: 0).
         knn_scale_init (`float`, defaults to 10.0): initial per-head scale of the cosine scores of retrieved keys.
         use_cache (`bool`, defaults to `True`): return the memories (`mems`) from `forward`.
@@ -106,6 +118,10 @@ class TffMemorizingConfig(PreTrainedConfig):
     knn_combine: Literal["gate", "joint"] = "gate"
     knn_retrieval: Literal["token", "segment"] = "token"
     knn_search: Literal["exact", "bucketed", "faiss"] = "exact"
+    knn_faiss_index: Literal["flat", "ivf_flat", "ivf_pq"] = "flat"
+    knn_faiss_nlist: int = 64
+    knn_faiss_nprobe: int = 8
+    knn_write: Literal["in_place", "copy"] = "in_place"
     knn_gate_init: float = 0.0
     knn_scale_init: float = 10.0
     use_cache: bool = True
@@ -149,6 +165,9 @@ class TffMemorizingConfig(PreTrainedConfig):
         for name in ("mem_len", "knn_memory_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 disables that memory), got {getattr(self, name)}.")
+        for name in ("knn_faiss_nlist", "knn_faiss_nprobe"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.knn_top_k < 1:
             raise ValueError(f"knn_top_k must be >= 1 (neighbours per query), got {self.knn_top_k}.")
         if self.knn_layers != sorted(set(self.knn_layers)) or any(not 0 <= i < self.n_layer for i in self.knn_layers):
@@ -159,6 +178,8 @@ class TffMemorizingConfig(PreTrainedConfig):
             ("knn_combine", KNN_COMBINES),
             ("knn_retrieval", KNN_RETRIEVALS),
             ("knn_search", SEARCH_KINDS),
+            ("knn_write", KNN_WRITES),
+            ("knn_faiss_index", FAISS_MEMORY_INDEXES),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")

@@ -59,6 +59,7 @@ from ...layers import (
     RelativeMultiHeadAttention,
 )
 from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, knn_attention, retrieve
+from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from .configuration_memorizing import TffMemorizingConfig
 
@@ -75,6 +76,7 @@ class KNNLayerInputs:
     segment_allowed: torch.Tensor | None  # (B, 1, T, T) bool, or None (meliad's rule: no retrieval in the segment)
     top_k: int
     search: str
+    indexes: list | None = None  # the memory's persistent faiss indexes (search "faiss")
 
 
 class TffMemorizingKNNLayer(GradientCheckpointingLayer):
@@ -128,6 +130,7 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
             None if knn.segment_allowed is None else segment,
             knn.segment_allowed,
             knn.top_k,
+            knn.indexes,
         )  # 2 x (B, H, T, K, Dh), (B, H, T, K)
         scale = self.knn_scale.abs()
         if self.combine == "gate":
@@ -270,11 +273,20 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
                 f"mems holds {mems.batch_size} batch rows but the input has {batch_size}; pass the mems returned for "
                 "this batch, or mems=None to start a new stream."
             )
+        mems.knn.check_current()
         if len(mems.knn) != len(self.config.knn_layers):
             raise ValueError(f"mems has {len(mems.knn)} kNN layers, the model {len(self.config.knn_layers)}.")
         if mems.segment is not None and len(mems.segment) != self.config.n_layer:
             raise ValueError(f"mems has {len(mems.segment)} layers but the model has n_layer={self.config.n_layer}.")
         return mems
+
+    def _faiss_indexes(self, knn: KNNMemory, layer: int) -> list | None:
+        config = self.config
+        if config.knn_search != "faiss" or knn.capacity == 0:
+            return None
+        return knn.faiss_indexes(
+            layer, config.knn_faiss_index, nlist=config.knn_faiss_nlist, nprobe=config.knn_faiss_nprobe
+        )
 
     def _knn_masks(self, knn: KNNMemory, segment_mask: torch.Tensor, length: int) -> tuple[tuple, torch.Tensor | None]:
         """Which memory slots (``(B, 1, 1, N)`` real entries, and the (slot, query) pairs already evicted) and which
@@ -312,8 +324,10 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         Args:
             input_ids: ``(B, T)`` token ids of the segment.
             mems: the `MemorizingMemory` returned for the previous segment of the same streams, a fresh one
-                (`empty_memory`, e.g. to choose the kNN memory size), or ``None`` at the start. It is left as it is;
-                the updated memory comes back in the output.
+                (`empty_memory`, e.g. to choose the kNN memory size), or ``None`` at the start. The updated memory
+                comes back in the output; with ``config.knn_write="in_place"`` (the default) the one passed in is
+                consumed by the write (`MemorizingMemory.clone` first to reuse it), with ``"copy"`` it is left as it
+                is.
             attention_mask: ``(B, T)`` 0/1 padding mask of the segment, or ``(B, >= M + T)`` covering
                 ``[memory, segment]`` (what `generate` passes). Padded positions are neither attended to nor
                 retrieved.
@@ -374,6 +388,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
                     segment_allowed,
                     config.knn_top_k,
                     config.knn_search,
+                    self._faiss_indexes(state.knn, slot),
                 )
                 hidden, probs, pairs = layer(*arguments, config._attn_implementation, knn)
                 written.append(pairs)
@@ -388,7 +403,8 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         new_memory = None
         if use_cache:
             # the whole segment retrieved above; only now is it written (meliad's order)
-            knn_memory = state.knn.write([k for k, _ in written], [v for _, v in written], segment_mask)
+            in_place = config.knn_write == "in_place" and not (self.gradient_checkpointing and self.training)
+            knn_memory = state.knn.write([k for k, _ in written], [v for _, v in written], segment_mask, in_place)
             segment = None
             if config.mem_len > 0:
                 previous = memory if memory is not None else SegmentMemory.empty_like(layer_inputs)
@@ -404,8 +420,10 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffMemorizingForCausalLM(TffMemorizingPreTrainedModel, GenerationMixin):
+class TffMemorizingForCausalLM(SegmentRecurrentForCausalLM, TffMemorizingPreTrainedModel, GenerationMixin):
     """The Memorizing Transformer with an adaptive softmax language-model head. `logits` are log-probabilities."""
+
+    causal_lm_output_class = MemorizingCausalLMOutput
 
     def __init__(self, config: TffMemorizingConfig):
         super().__init__(config)
@@ -450,77 +468,6 @@ class TffMemorizingForCausalLM(TffMemorizingPreTrainedModel, GenerationMixin):
     def empty_memory(self, batch_size: int, knn_memory_size: int | None = None, **kwargs) -> MemorizingMemory:
         """See `TffMemorizingModel.empty_memory`."""
         return self.transformer.empty_memory(batch_size, knn_memory_size, **kwargs)
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        mems: MemorizingMemory | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        reset_mems: torch.Tensor | None = None,
-        past_key_values: MemorizingMemory | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> MemorizingCausalLMOutput | tuple:
-        r"""
-        Args:
-            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
-                (the shift happens inside), ``-100`` is ignored.
-            past_key_values: alias of `mems`, used by `generate()`.
-            Other arguments: see `TffMemorizingModel.forward`.
-        """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if mems is None:
-            mems = past_key_values
-        outputs = self.transformer(
-            input_ids,
-            mems=mems,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            reset_mems=reset_mems,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels)
-        output = MemorizingCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            losses=losses,
-            mems=outputs.mems,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
-
-    def prepare_inputs_for_generation(
-        self,
-        input_ids: torch.LongTensor,
-        past_key_values: MemorizingMemory | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> dict:
-        """With a memory only the newest token is fed (the rest is in the memories, which it reads and then writes);
-        without one (first step, or ``use_cache=False``) the whole prefix is read."""
-        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
-        if past_key_values is not None:
-            model_inputs["input_ids"] = input_ids[:, -1:]
-            model_inputs["mems"] = past_key_values
-        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids
-        return model_inputs
-
-    def _reorder_cache(self, mems: MemorizingMemory, beam_idx: torch.Tensor) -> MemorizingMemory:
-        return mems.index_select(beam_idx)
 
 
 __all__ = ["TffMemorizingForCausalLM", "TffMemorizingModel", "TffMemorizingPreTrainedModel"]

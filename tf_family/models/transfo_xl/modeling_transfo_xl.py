@@ -35,6 +35,7 @@ from ...attention import (
 from ...conversion import ForeignCheckpointMixin
 from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
 from ...memory import SegmentMemory
+from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from .configuration_transfo_xl import TffTransfoXLConfig
 from .convert_transfo_xl import LEGACY_TRANSFO_XL
@@ -225,8 +226,10 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffTransfoXLLMHeadModel(TffTransfoXLPreTrainedModel, GenerationMixin):
+class TffTransfoXLLMHeadModel(SegmentRecurrentForCausalLM, TffTransfoXLPreTrainedModel, GenerationMixin):
     """Transformer-XL with an adaptive softmax language-model head. `logits` are log-probabilities."""
+
+    causal_lm_output_class = MemoryCausalLMOutput
 
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
@@ -251,78 +254,6 @@ class TffTransfoXLLMHeadModel(TffTransfoXLPreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self):
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        mems: SegmentMemory | tuple[torch.Tensor, ...] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        reset_mems: torch.Tensor | None = None,
-        past_key_values: SegmentMemory | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> MemoryCausalLMOutput | tuple:
-        r"""
-        Args:
-            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
-                (the shift happens inside), ``-100`` is ignored. With an adaptive softmax (non-empty `cutoffs`) the
-                full `logits` are not computed when labels are given, only the losses.
-            past_key_values: alias of `mems`, used by `generate()`.
-            Other arguments: see `TffTransfoXLModel.forward`.
-        """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if mems is None:
-            mems = past_key_values
-        outputs = self.transformer(
-            input_ids,
-            mems=mems,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            reset_mems=reset_mems,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels)
-        output = MemoryCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            losses=losses,
-            mems=outputs.mems,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
-
-    def prepare_inputs_for_generation(
-        self,
-        input_ids: torch.LongTensor,
-        past_key_values: SegmentMemory | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> dict:
-        """With a memory only the newest token is fed (the rest is in the memory); without one (first step, or
-        ``mem_len=0``) the whole prefix is re-read."""
-        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
-        if past_key_values is not None:
-            model_inputs["input_ids"] = input_ids[:, -1:]
-            model_inputs["mems"] = past_key_values
-        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids
-        return model_inputs
-
-    def _reorder_cache(self, mems: SegmentMemory, beam_idx: torch.Tensor) -> SegmentMemory:
-        return mems.index_select(beam_idx)
 
 
 class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
