@@ -330,3 +330,28 @@ def test_prompt_step_runs_at_full_depth_and_decoding_steps_exit():
         assert bool((log[0] == depth).all())
         step = model(early.logits[:, -1:].argmax(-1), past_key_values=early.past_key_values, use_cache=True)
     assert bool((step.exit_layers == 1).all())
+
+
+def test_both_batched_modes_run_and_equal_row_by_row():
+    """Once at most half the rows run, attention and MLP run on those rows only (``rows``); a batch of 6 whose
+    steps go through that mode gives each row the tokens, exits and scores of its run alone. (Steps with a few rows
+    left, the whole-batch mode with torch.where, are `test_batched_per_row_exits_equal_row_by_row`'s.)"""
+    model = build()
+    ids = prompt(6)
+    subsets = []
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(lambda module, args: subsets.append(len(args) > 5 and args[5] is not None))
+    for threshold in (0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005):
+        model.config.exit_threshold = threshold
+        subsets.clear()
+        batched, batched_exits = generate(model, ids)
+        if any(subsets) and not all(subsets):
+            break
+    else:
+        raise AssertionError("no threshold ran both modes")
+    for row in range(ids.shape[0]):
+        alone, alone_exits = generate(model, ids[row : row + 1])
+        assert torch.equal(alone.sequences[0], batched.sequences[row])
+        assert torch.equal(alone_exits[0], batched_exits[row])
+        for a, b in zip(alone.scores, batched.scores, strict=True):
+            torch.testing.assert_close(a[0], b[row], rtol=1e-9, atol=1e-9)
