@@ -35,7 +35,13 @@ from tf_family.cards import RUN_INFO_FILE, write_model_card
 from tf_family.data import load_text_datasets
 from tf_family.early_exit import CONFIDENCE_MEASURES
 from tf_family.early_exit.calibration import P_VALUE_METHODS
-from tf_family.training.early_exit import CONSISTENCY_KINDS, cut_prompts, generate_with_exits, run_calibration
+from tf_family.training.early_exit import (
+    CONSISTENCY_KINDS,
+    DEFAULT_GRIDS,
+    cut_prompts,
+    generate_with_exits,
+    run_calibration,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -64,7 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ltt.add_argument("--consistency", choices=CONSISTENCY_KINDS, default="token")
     ltt.add_argument("--p_value", choices=P_VALUE_METHODS, default="hoeffding_bentkus")
     ltt.add_argument(
-        "--thresholds", type=float, nargs="+", help="descending grid (default: 1.0 down to 0.05 in steps of 0.05)"
+        "--thresholds",
+        type=float,
+        nargs="+",
+        help="descending grid (default: the measure's grid in tf_family.training.early_exit.DEFAULT_GRIDS, down to 0)",
     )
     ltt.add_argument("--confidence_measure", choices=CONFIDENCE_MEASURES, help="override the model's measure")
     ltt.add_argument(
@@ -78,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def validate_args(args: argparse.Namespace) -> list[float]:
-    """Refuse, before any work, what cannot run; returns the threshold grid."""
+    """Refuse, before any work, what cannot run; returns the threshold grid (``None``: the measure's default)."""
     if not 0.0 < args.delta < 1.0:
         raise ValueError(f"--delta must be in (0, 1), got {args.delta}.")
     if not 0.0 < args.epsilon < 1.0:
@@ -86,8 +95,8 @@ def validate_args(args: argparse.Namespace) -> list[float]:
     for name in ("num_prompts", "prompt_length", "max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}.")
-    grid = args.thresholds or [round(1.0 - 0.05 * i, 2) for i in range(20)]
-    if any(a <= b for a, b in zip(grid, grid[1:], strict=False)):
+    grid = list(args.thresholds) if args.thresholds else None
+    if grid is not None and any(a <= b for a, b in zip(grid, grid[1:], strict=False)):
         raise ValueError(f"--thresholds must be strictly descending (most conservative first), got {grid}.")
     output = Path(args.output_dir)
     if output.exists() and any(output.iterdir()) and not args.overwrite_output_dir:
@@ -173,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     model.config.validate_architecture()
 
+    grid = grid or list(DEFAULT_GRIDS[model.config.confidence_measure])
     documents = load_documents(args, tokenizer, args.split)
     prompts, continuations = cut_prompts(documents, args.prompt_length, args.max_new_tokens, args.num_prompts)
     logger.warning(f"calibrating on {prompts.shape[0]} prompts of {args.prompt_length} tokens, grid {grid}")

@@ -80,7 +80,6 @@ from tf_family.training.language_modeling import (
 logger = get_logger(__name__)
 
 
-
 def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The recipe's options. ``prog`` names the command in the usage line; ``defaults`` replace the recipe's own
     defaults (``tf-family train`` passes the main job's), and ``--help`` shows the defaults in force."""

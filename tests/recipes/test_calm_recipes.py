@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from tf_family import TffCalmForCausalLM
 from tf_family.early_exit import calibrate_threshold
 from tf_family.recipes import calm_calibrate, causal_lm
+from tf_family.training.early_exit import run_calibration, score_grid
 
 from .conftest import data_args
 
@@ -83,3 +84,19 @@ def test_calibration_refuses_other_models_and_bad_arguments(tiny_gpt2, corpus, t
         )
     with pytest.raises(ValueError, match="--delta"):
         calm_calibrate.main(["--model_name_or_path", tiny_gpt2, "--output_dir", str(tmp_path / "z"), "--delta", "2"])
+
+
+def test_calibration_sweep_stops_at_the_first_failed_test_with_the_same_result(trained_calm):
+    """Fixed-sequence testing stops at the first p > ε, so the sweep does too: same threshold, fewer generations."""
+    model = AutoModelForCausalLM.from_pretrained(trained_calm).eval()
+    prompts = torch.randint(0, model.config.vocab_size, (6, 8), generator=torch.Generator().manual_seed(0))
+    continuations = torch.zeros(6, 4, dtype=torch.long)
+    grid = [1.0, 0.5, 0.2, 0.1, 0.05, 0.0]
+    swept = run_calibration(model, prompts, continuations, grid, 0.2, 0.3, batch_size=3)
+    full = score_grid(model, prompts, continuations, grid, batch_size=3)
+    everything = calibrate_threshold(grid, full.losses, 0.2, 0.3)
+    assert swept.result.threshold == everything.threshold
+    evaluated = len(swept.result.thresholds)
+    assert swept.record()["grid"] == grid and swept.record()["evaluated_thresholds"] == evaluated
+    assert evaluated == min(len(grid), (everything.index + 2) if everything.index is not None else 1)
+    torch.testing.assert_close(swept.result.p_values, everything.p_values[:evaluated])

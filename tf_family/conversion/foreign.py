@@ -177,16 +177,30 @@ def load_foreign(
         if values is None:
             raise FileNotFoundError(f"No config.json found in {config or path!s}.")
     tff_config = fmt.translate_config(values, **overrides)
+    weights = read_weights(path, hub_kwargs, **file_kwargs)
+    loaded = build_converted(target, tff_config, weights, fmt, *model_args, **load_kwargs)
+    model = loaded[0] if isinstance(loaded, tuple) else loaded
+    model.config.name_or_path = str(path)
+    return loaded
+
+
+def build_converted(
+    target: type[PreTrainedModel],
+    tff_config: PreTrainedConfig,
+    weights: Mapping[str, torch.Tensor],
+    fmt: ForeignFormat,
+    *model_args: Any,
+    **load_kwargs: Any,
+) -> PreTrainedModel:
+    """``target`` built with ``tff_config`` from ``weights`` under the source's names (a folder's tensors or an
+    in-memory model's ``state_dict()``): renamed by ``fmt``, checked name by name and shape by shape, loaded."""
     tff_config.architectures = [target.__name__]
     with torch.device("meta"):  # names and shapes only: nothing allocated, nothing initialised
         skeleton = target(tff_config, *model_args)
     tied = skeleton.get_expanded_tied_weights_keys(all_submodels=True)
-    weights = fmt.convert_state_dict(read_weights(path, hub_kwargs, **file_kwargs))
-    state_dict = check_state_dict(skeleton, weights, f"{target.base_model_prefix}.", tied, fmt.unused)
-    loaded = target.from_pretrained(None, *model_args, config=tff_config, state_dict=state_dict, **load_kwargs)
-    model = loaded[0] if isinstance(loaded, tuple) else loaded
-    model.config.name_or_path = str(path)
-    return loaded
+    converted = fmt.convert_state_dict(weights)
+    state_dict = check_state_dict(skeleton, converted, f"{target.base_model_prefix}.", tied, fmt.unused)
+    return target.from_pretrained(None, *model_args, config=tff_config, state_dict=state_dict, **load_kwargs)
 
 
 def convert_folder(
@@ -242,6 +256,7 @@ __all__ = [
     "ForeignCheckpointMixin",
     "ForeignFormat",
     "ForeignTokenizer",
+    "build_converted",
     "convert_folder",
     "copy_config_values",
     "find_format",

@@ -6,14 +6,47 @@ The math is `tf_family.early_exit`'s; this module runs models.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..early_exit import LTTResult, calibrate_threshold, rouge_l_f1, token_disagreement
+from ..early_exit.calibration import hoeffding_bentkus_p_value, hoeffding_p_value
 
 CONSISTENCY_KINDS = ("token", "rouge_l", "risk")
+
+# Descending threshold grids per confidence measure, fixed before any data is seen (fixed-sequence testing needs
+# that), reaching down to thresholds where every token leaves at the first exit, so that Learn-then-Test stops
+# where the inconsistency really exceeds δ. Fine where a measure's values crowd: small top-1 minus top-2 gaps,
+# cosines near 1, meta probabilities around 0.5.
+_SOFTMAX_GRID = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.07, 0.05, 0.035, 0.025, 0.015, 0.01, 0.005, 0.0)
+DEFAULT_GRIDS = {
+    "softmax_diff": _SOFTMAX_GRID,
+    "restricted_softmax": _SOFTMAX_GRID,
+    "softmax_max": (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.0),
+    "state": (
+        1.0,
+        0.9995,
+        0.999,
+        0.998,
+        0.996,
+        0.993,
+        0.99,
+        0.985,
+        0.98,
+        0.97,
+        0.96,
+        0.95,
+        0.93,
+        0.9,
+        0.85,
+        0.8,
+        0.6,
+        0.0,
+    ),
+    "meta": (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.3, 0.2, 0.0),
+}
 
 
 def cut_prompts(
@@ -121,11 +154,13 @@ def loss_tolerance(kind: str, delta: float) -> float:
 
 @dataclass
 class Calibration:
-    """A Learn-then-Test run: the LTT result and, per threshold of the grid, the mean exit layer."""
+    """A Learn-then-Test run: the LTT result (over the thresholds evaluated: the grid up to the first failed test)
+    and, per evaluated threshold, the mean exit layer; ``grid`` is the whole grid asked for."""
 
     result: LTTResult
     consistency: str
     mean_exit_layers: tuple[float, ...]
+    grid: tuple[float, ...] = ()
 
     def record(self) -> dict:
         """What goes into ``config.calibration`` (JSON-ready)."""
@@ -140,7 +175,8 @@ class Calibration:
             "empirical_risk": None if result.index is None else result.risks[result.index],
             "p_value": None if result.index is None else result.p_values[result.index],
             "guarantee": result.guarantee(),
-            "grid": list(result.thresholds),
+            "grid": list(self.grid or result.thresholds),
+            "evaluated_thresholds": len(result.thresholds),
         }
 
 
@@ -161,9 +197,11 @@ def score_grid(
     consistency: str = "token",
     batch_size: int = 8,
     full: Generations | None = None,
+    stop: Callable[[torch.Tensor], bool] | None = None,
 ) -> GridScores:
     """Generate at full depth (unless ``full`` is given) and at every threshold, and score each example's
-    consistency with the full model at each threshold."""
+    consistency with the full model at each threshold. ``stop(losses)`` (the latest threshold's ``(n,)`` losses)
+    ends the sweep early: the scores then cover the thresholds evaluated so far."""
     max_new_tokens = continuations.shape[1]
     if full is None:
         full = generate_with_exits(model, prompts, max_new_tokens, batch_size, None)
@@ -172,7 +210,10 @@ def score_grid(
         early = generate_with_exits(model, prompts, max_new_tokens, batch_size, float(threshold))
         columns.append(consistency_losses(consistency, early.tokens, full.tokens, continuations))
         mean_exits.append(early.mean_exit_layer)
-    return GridScores(tuple(float(t) for t in thresholds), torch.stack(columns, dim=1), tuple(mean_exits))
+        if stop is not None and stop(columns[-1]):
+            break
+    evaluated = tuple(float(t) for t in thresholds[: len(columns)])
+    return GridScores(evaluated, torch.stack(columns, dim=1), tuple(mean_exits))
 
 
 def run_calibration(
@@ -187,14 +228,23 @@ def run_calibration(
     batch_size: int = 8,
     full: Generations | None = None,
 ) -> Calibration:
-    """`score_grid` over the descending grid, then Learn-then-Test for ``delta`` and ``epsilon``."""
-    scores = score_grid(model, prompts, continuations, thresholds, consistency, batch_size, full)
-    result = calibrate_threshold(thresholds, scores.losses, loss_tolerance(consistency, delta), epsilon, method)
-    return Calibration(result, consistency, scores.mean_exit_layers)
+    """`score_grid` over the descending grid, then Learn-then-Test for ``delta`` and ``epsilon``. The sweep stops
+    at the first threshold whose p-value exceeds ε: fixed-sequence testing stops there too, so the thresholds below
+    cannot change the result and are not generated."""
+    tolerance = loss_tolerance(consistency, delta)
+    p_value = hoeffding_p_value if method == "hoeffding" else hoeffding_bentkus_p_value
+
+    def fails(losses: torch.Tensor) -> bool:
+        return p_value(min(max(float(losses.mean()), 0.0), 1.0), losses.shape[0], tolerance) > epsilon
+
+    scores = score_grid(model, prompts, continuations, thresholds, consistency, batch_size, full, fails)
+    result = calibrate_threshold(scores.thresholds, scores.losses, tolerance, epsilon, method)
+    return Calibration(result, consistency, scores.mean_exit_layers, tuple(float(t) for t in thresholds))
 
 
 __all__ = [
     "CONSISTENCY_KINDS",
+    "DEFAULT_GRIDS",
     "Calibration",
     "Generations",
     "GridScores",

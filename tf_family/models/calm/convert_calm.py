@@ -128,6 +128,28 @@ TRANSFORMERS_GPT2 = ForeignFormat(
     default_task="causal_lm",
 )
 
+# The zoo's other models, and why each cannot become a CALM decoder (`TffCalmForCausalLM.from_decoder` says so).
+UNSUPPORTED_FIX = (
+    "Train an exiting model with `python recipes/causal_lm.py --arch calm` instead, or build one from a transformers "
+    "Llama/GPT-2 model (or a kNN-LM around one) with TffCalmForCausalLM.from_decoder."
+)
+UNSUPPORTED_DECODERS = {
+    "tff_transfo_xl": "Transformer-XL attends with relative positions (r_w_bias, r_r_bias, a relative position "
+    "projection) over a memory of previous segments, not a key/value cache: a skipped layer's state propagation would "
+    "have to write that layer's segment memory, and CALM's decoder has no relative attention.",
+    "tff_compressive": "the Compressive Transformer is Transformer-XL's relative attention over a segment memory plus "
+    "a compressed memory: the same obstacle as Transformer-XL (no key/value cache to propagate into).",
+    "tff_memorizing": "the Memorizing Transformer is Transformer-XL's relative attention and segment memory plus a kNN "
+    "memory of past keys and values in one layer: no plain key/value cache to propagate into.",
+    "tff_reformer": "the Reformer's layers are reversible (two residual streams per layer, no single exit state) "
+    "with LSH/local attention over chunked buckets and axial positions: state propagation has no keys and values "
+    "of one exit state to write.",
+    "tff_longformer": "the Longformer is a bidirectional encoder (masked LM): CALM exits while decoding causally.",
+    "tff_big_bird": "BigBird is a bidirectional encoder (masked LM): CALM exits while decoding causally.",
+    "tff_decision_transformer": "the Decision Transformer decodes (return, state, action) embeddings into continuous "
+    "actions: it has no token vocabulary, so no softmax confidence and no LM head to share between exits.",
+}
+
 TRANSFORMERS_LLAMA = ForeignFormat(
     name="calm-llama",
     source_model_type=REFERENCE_MODEL_TYPE,
@@ -140,6 +162,8 @@ TRANSFORMERS_LLAMA = ForeignFormat(
 
 __all__ = [
     "REFERENCE_MODEL_TYPE",
+    "UNSUPPORTED_DECODERS",
+    "UNSUPPORTED_FIX",
     "TRANSFORMERS_GPT2",
     "TRANSFORMERS_LLAMA",
     "translate_config",

@@ -5,19 +5,26 @@ NeurIPS 2022, arXiv:2207.07061. Reference code read: google-research t5x ``contr
 ``calm_t5`` (an encoder-decoder T5); its formulas are in `tf_family.early_exit`.
 
 The decoder is Llama's (RMSNorm, rotary positions, gated SiLU MLP, grouped key/value heads; Llama's module names,
-so a transformers Llama checkpoint loads one to one, `convert_calm.py`). Exits sit after the layer counts
+so a transformers Llama checkpoint loads one to one, `convert_calm.py`) or GPT-2's (``decoder_style="gpt2"``);
+`TffCalmForCausalLM.from_decoder` builds one from a Llama, a GPT-2 or a zoo kNN-LM around one. Exits sit after the layer counts
 ``config.exit_points()`` (``first_exit``, every ``exit_interval``, and the last layer) and all read the hidden
 state through the shared final norm and LM head.
 
 Decoding (one new token per row, with a cache): after each exit point from ``min_exit`` on, every row still
 running computes its confidence (`confidence_measure`) and leaves when it reaches the position-decayed threshold
-λ'(t) = 0.9 λ + 0.1 λ exp(-τ t / N). Rows decide separately: a row that has left keeps its exit state, the layers
-above compute attention and MLP for the remaining rows only, and every layer still writes keys and values for all
-rows — a left row's are the layer's own pre-attention norm and key/value projections of its exit state (the
-paper's state propagation). So every cache layer has the same length at every step (a layer that wrote nothing
-would make SDPA attend silently over misaligned caches). Once every row has left, the remaining layers only
-propagate. A call with several new tokens per row (the prompt) runs at full depth; ``exit_layer=k`` forces every
-token of a call to exit after k layers (with propagation), for tests and analysis.
+λ'(t) = 0.9 λ + 0.1 λ exp(-τ t / N). Rows decide separately: a row that has left keeps its exit state, and
+every layer above still writes keys and values for all rows — a left row's are the layer's own pre-attention norm
+and key/value projections of its exit state (the paper's state propagation). So every cache layer has the same
+length at every step (a layer that wrote nothing would make SDPA attend silently over misaligned caches). While
+more than half the rows run, a layer runs on the whole batch and keeps the left rows' states with ``torch.where``;
+with at most half running, attention and MLP run on those rows only. Once every row has left, the remaining layers
+only propagate, all of them in one product (`TffCalmModel.propagate`). ``exit_layer=k`` forces every token of a
+call to exit after k layers (with propagation), for tests and analysis.
+
+The prompt (a call with several new tokens per row) runs at full depth, as in the paper, which exits only on
+generated tokens: every prompt position's keys and values at every layer are what later tokens attend to, so they
+must come from the real states, and all positions run each layer in the same products — exiting the last position
+early would save nothing and only change the first generated token.
 
 Training: the anytime loss — the exits' cross entropies weighted by `anytime_loss_weights` (``aggregation``) —
 plus the meta classifier's class-balanced loss (label: the exit's argmax equals the last layer's) on detached
@@ -32,19 +39,21 @@ is added (softmax over ``restricted_vocab`` only). Config field <-> paper symbol
 
 from __future__ import annotations
 
+import copy
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, Cache, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import logging
 
 from ...attention import attend
-from ...conversion import ForeignCheckpointMixin
+from ...conversion import ForeignCheckpointMixin, build_converted
 from ...early_exit import (
     anytime_loss_weights,
     class_balanced_meta_loss,
@@ -58,7 +67,7 @@ from ...early_exit import (
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import build_activation, fused_projections
 from .configuration_calm import TffCalmConfig
-from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA
+from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA, UNSUPPORTED_DECODERS, UNSUPPORTED_FIX
 
 logger = logging.get_logger(__name__)
 
@@ -73,10 +82,7 @@ class TffCalmRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        dtype = hidden.dtype
-        hidden = hidden.float()
-        hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * hidden.to(dtype)
+        return self.weight * _normalise(self, hidden)
 
 
 def build_norm(config: TffCalmConfig) -> nn.Module:
@@ -84,6 +90,15 @@ def build_norm(config: TffCalmConfig) -> nn.Module:
     if config.decoder_style == "gpt2":
         return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
     return TffCalmRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+def _normalise(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """``norm(hidden)`` without its weight and bias: the part every layer's norm shares (as the norm computes it)."""
+    if isinstance(norm, nn.LayerNorm):
+        return F.layer_norm(hidden, norm.normalized_shape, None, None, norm.eps)
+    dtype = hidden.dtype
+    hidden = hidden.float()
+    return (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + norm.eps)).to(dtype)
 
 
 class TffCalmMLP(nn.Module):
@@ -274,6 +289,68 @@ class TffCalmModel(TffCalmPreTrainedModel):
             )
         return depth
 
+    def propagate(self, hidden, cos, sin, past_key_values: Cache, start: int) -> None:
+        """State propagation into layers ``start`` … ``depth - 1``: each writes its keys and values of ``hidden``
+        (the exit states ``(B, T, D)``, which pass those layers unchanged) into the cache.
+
+        Without gradients, all those layers' norms and key/value projections are one product: a layer's norm is
+        the shared normalisation ``x̂`` times its weight (plus its bias, LayerNorm), so ``norm_l(x) W_l^T + c_l =
+        x̂ (W_l diag(w_l))^T + (W_l b_l + c_l)``, and the folded weights of every layer are stacked once per weight
+        version. With gradients, each layer projects on its own (`TffCalmDecoderLayer.propagate`)."""
+        layers = self.layers[start : self.depth]
+        if not len(layers):
+            return
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            for layer in layers:
+                layer.propagate(hidden, cos, sin, past_key_values)
+            return
+        weight, bias = self._folded_key_value(hidden.dtype)
+        width = 2 * self.config.num_key_value_heads * self.config.head_dim
+        normalised = _normalise(self.layers[0].input_layernorm, hidden)
+        rows = slice(start * width, self.depth * width)
+        batch, length = hidden.shape[:2]
+        heads, head_dim = self.config.num_key_value_heads, self.config.head_dim
+        projected = F.linear(normalised, weight[rows], bias[rows])  # (B, T, L' * 2 * Hkv * Dh)
+        projected = projected.view(batch, length, len(layers) * 2 * heads, head_dim).transpose(1, 2)
+        keys_values = projected.reshape(batch, len(layers), 2, heads, length, head_dim)
+        keys = _apply_rotary(keys_values[:, :, 0].reshape(batch, -1, length, head_dim), cos, sin)
+        keys = keys.view(batch, len(layers), heads, length, head_dim)
+        for index, layer in enumerate(layers):
+            past_key_values.update(keys[:, index], keys_values[:, index, 1], layer.layer_idx)
+
+    def _folded_key_value(self, dtype: torch.dtype):
+        """Every layer's key/value projection with its input norm's weight (and bias) folded in, stacked:
+        ``(L * 2 * Hkv * Dh, D)`` and ``(L * 2 * Hkv * Dh,)`` (rebuilt when a weight changes)."""
+        parameters = []
+        for layer in self.layers:
+            attention = layer.self_attn
+            parameters += [layer.input_layernorm.weight, getattr(layer.input_layernorm, "bias", None)]
+            parameters += [
+                attention.k_proj.weight,
+                attention.k_proj.bias,
+                attention.v_proj.weight,
+                attention.v_proj.bias,
+            ]
+        key = (dtype, tuple((p.data_ptr(), p._version) for p in parameters if p is not None))
+        cached = getattr(self, "_folded_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        weights, biases = [], []
+        with torch.no_grad():
+            for layer in self.layers:
+                attention, norm = layer.self_attn, layer.input_layernorm
+                projection = torch.cat([attention.k_proj.weight, attention.v_proj.weight]).double()  # (2 Hkv Dh, D)
+                bias = torch.zeros(projection.shape[0], dtype=torch.float64, device=projection.device)
+                if attention.k_proj.bias is not None:
+                    bias = bias + torch.cat([attention.k_proj.bias, attention.v_proj.bias]).double()
+                if getattr(norm, "bias", None) is not None:
+                    bias = bias + projection @ norm.bias.double()
+                weights.append(projection * norm.weight.double()[None, :])
+                biases.append(bias)
+            folded = (torch.cat(weights).to(dtype), torch.cat(biases).to(dtype))
+        self._folded_cache = (key, folded)
+        return folded
+
     def prepare(self, input_ids, inputs_embeds, attention_mask, position_ids, past_key_values):
         """Embeddings ``(B, T, D)``, rotary tables, the bool mask ``(B, 1, T, S)`` (``None``: nothing masked) and
         the positions ``(B, T)``. Positions count real tokens (left padding starts at 0)."""
@@ -371,6 +448,52 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
+    @classmethod
+    def from_decoder(cls, decoder, **calm_fields) -> TffCalmForCausalLM:
+        """A CALM model with the weights of an existing decoder language model, ready to fine-tune with the anytime
+        loss (``recipes/causal_lm.py --model_name_or_path <saved>``) and to calibrate.
+
+        ``decoder``: a model object or a folder. Accepted: a transformers Llama (``LlamaForCausalLM``/``LlamaModel``)
+        or GPT-2 (``GPT2LMHeadModel``/``GPT2Model``), converted as by `from_pretrained` of their folders
+        (`convert_calm.py`); a zoo kNN-LM (``tff_knn_lm``), whose base LM is converted (its datastore is retrieval,
+        not layers: attach one to the new model's kNN-LM wrapper if wanted); a CALM model (a copy with new
+        fields). ``calm_fields`` set CALM's fields (``first_exit``, ``exit_interval``, ``confidence_measure`` …).
+        The zoo's other architectures cannot be CALM decoders; the ValueError names why
+        (`convert_calm.UNSUPPORTED_DECODERS`)."""
+        if isinstance(decoder, (str, os.PathLike)):
+            model_type = AutoConfig.from_pretrained(decoder).model_type
+            if model_type in UNSUPPORTED_DECODERS:  # refuse before building anything
+                raise ValueError(
+                    f"decoder {decoder!s} is a {model_type!r} model: {UNSUPPORTED_DECODERS[model_type]} {UNSUPPORTED_FIX}"
+                )
+            if any(fmt.matches({"model_type": model_type}) for fmt in cls._foreign_formats):
+                return cls.from_pretrained(decoder, **calm_fields)
+            decoder = AutoModelForCausalLM.from_pretrained(decoder)
+        config = getattr(decoder, "config", None)
+        model_type = getattr(config, "model_type", None)
+        if model_type == "tff_knn_lm":  # the kNN-LM's base LM is the decoder
+            return cls.from_decoder(decoder.lm, **calm_fields)
+        if model_type == "tff_calm":
+            new_config = copy.deepcopy(config)
+            for name, value in calm_fields.items():
+                if not hasattr(new_config, name):
+                    raise ValueError(f"{name}={value!r} is not a TffCalmConfig field.")
+                setattr(new_config, name, value)
+            new_config.validate_architecture()
+            model = cls(new_config)
+            model.load_state_dict(decoder.state_dict())
+            return model.to(next(decoder.parameters()).dtype)
+        fmt = next((fmt for fmt in cls._foreign_formats if fmt.matches(config)), None)
+        if fmt is None:
+            reason = UNSUPPORTED_DECODERS.get(
+                model_type, "CALM builds from Llama and GPT-2 decoders (transformers' or inside a zoo kNN-LM)."
+            )
+            raise ValueError(
+                f"decoder is a {model_type!r} model ({type(decoder).__name__}): {reason} {UNSUPPORTED_FIX}"
+            )
+        model = build_converted(cls, fmt.translate_config(config.to_dict(), **calm_fields), decoder.state_dict(), fmt)
+        return model[0] if isinstance(model, tuple) else model
+
     # --------------------------------------------------------------------------------------------------- forward
     def forward(
         self,
@@ -435,8 +558,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
             for layer in base.layers[:exit_layer]:
                 hidden, _ = layer(hidden, cos, sin, allowed, cache)
             if cache is not None:
-                for layer in base.layers[exit_layer:depth]:
-                    layer.propagate(hidden, cos, sin, cache)
+                base.propagate(hidden, cos, sin, cache, exit_layer)
             logits = self.lm_head(base.norm(hidden))
             exit_layers = torch.full((batch, length), exit_layer, dtype=torch.long, device=hidden.device)
         else:
@@ -508,63 +630,84 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
         return anytime, lm_loss, meta_loss
 
     # -------------------------------------------------------------------------------------------------- exiting
-    def _confidence(self, measure: str, normed, logits, previous, hidden):
-        """The rows' confidence ``(B',)`` at an exit (``previous``: their hidden state at the previous exit)."""
-        if measure == "softmax_diff":
-            return softmax_diff_confidence(logits)
-        if measure == "softmax_max":
-            return softmax_max_confidence(logits)
+    def _restricted_weight(self) -> torch.Tensor:
+        """The LM head's rows of ``config.restricted_vocab`` ``(K, D)``, gathered once per weight version."""
+        weight, vocab = self.lm_head.weight, tuple(self.config.restricted_vocab)
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return weight[list(vocab)]
+        key = (weight.data_ptr(), weight._version, weight.dtype, vocab)
+        cached = getattr(self, "_restricted_cache", None)
+        if cached is None or cached[0] != key:
+            cached = (key, weight.detach()[list(vocab)].contiguous())
+            self._restricted_cache = cached
+        return cached[1]
+
+    def _confidence(self, measure: str, hidden, previous):
+        """Every row's confidence ``(B,)`` at an exit, and the exit logits ``(B, 1, V)`` when the measure computed
+        them (``previous``: the hidden states at the previous exit, for ``state``)."""
         if measure == "state":
-            return state_confidence(previous, hidden)
+            return state_confidence(previous, hidden)[:, 0], None
+        normed = self.model.norm(hidden)
         if measure == "meta":
-            return meta_confidence(self.meta_classifier(normed))
-        vocab = torch.as_tensor(self.config.restricted_vocab, device=normed.device)
-        return restricted_softmax_confidence(normed, self.lm_head.weight[vocab])
+            return meta_confidence(self.meta_classifier(normed))[:, 0], None
+        if measure == "restricted_softmax":
+            return restricted_softmax_confidence(normed, self._restricted_weight())[:, 0], None
+        logits = self.lm_head(normed)
+        score = softmax_diff_confidence if measure == "softmax_diff" else softmax_max_confidence
+        return score(logits)[:, 0], logits
 
     def _decode_with_exits(self, hidden, cos, sin, allowed, cache, positions):
         """One new token per row (``hidden`` ``(B, 1, D)``): per-row exits, state propagation for exited rows.
-        Returns the logits ``(B, 1, V)`` (each from its row's exit) and the exit layers ``(B, 1)``."""
+        Returns the logits ``(B, 1, V)`` (each from its row's exit) and the exit layers ``(B, 1)``.
+
+        A row that leaves keeps its exit state, and every layer above still writes its keys and values: the layer's
+        own norm and key/value projections of that state (state propagation). While more than half the rows run,
+        a layer runs on the whole batch and ``torch.where`` keeps the left rows' states (on a CPU a layer's cost
+        hardly depends on a few rows, and gathering them costs more); once at most half run, attention and MLP run
+        on those rows only (`index_select`/`index_copy`), the keys and values still on all. Once every row has
+        left, the remaining layers only propagate, all in one product (`TffCalmModel.propagate`). One host read
+        per exit check (how many rows still run); no per-row Python work."""
         config, base = self.config, self.model
         depth = base.depth
-        points = set(config.exit_points(depth))
+        points = config.exit_points(depth)
         measure = config.confidence_measure
-        needs_logits = measure in ("softmax_diff", "softmax_max")
         decay_length = config.decay_length or config.max_position_embeddings
         threshold = decayed_threshold(
             config.exit_threshold, positions[:, 0], decay_length, config.position_temperature
-        )
-        batch, device = hidden.shape[0], hidden.device
-        logits = hidden.new_zeros(batch, 1, config.vocab_size)
-        exit_layers = torch.full((batch, 1), depth, dtype=torch.long, device=device)
-        running = torch.arange(batch, device=device)  # rows still computing
-        previous = None  # (B', 1, D) hidden states of the running rows at the previous exit
+        )  # (B,)
+        batch = hidden.shape[0]
+        exit_layers = torch.full((batch,), depth, dtype=torch.long, device=hidden.device)
+        running = None  # (B,) bool once a row has left (None: every row runs)
+        rows = None  # the running rows' indices once at most half the batch runs
+        previous = None  # the hidden states at the previous exit (the state measure)
         for count, layer in enumerate(base.layers[:depth], start=1):
-            if running.numel() == 0:  # every row has left: the layers above only propagate
-                if cache is not None:
-                    layer.propagate(hidden, cos, sin, cache)
-                continue
-            rows = None if running.numel() == batch else running
-            hidden, _ = layer(hidden, cos, sin, allowed, cache, rows)
+            updated, _ = layer(hidden, cos, sin, allowed, cache, rows)
+            hidden = (
+                updated
+                if running is None or rows is not None
+                else torch.where(running[:, None, None], updated, hidden)
+            )
             if count not in points or count == depth:
                 continue
-            current = hidden[running]  # (B', 1, D)
             if count < config.min_exit or (measure == "state" and previous is None):
-                previous = current
+                previous = hidden
                 continue
-            normed = base.norm(current)
-            exit_logits = self.lm_head(normed) if needs_logits else None
-            confidence = self._confidence(measure, normed, exit_logits, previous, current)[:, 0]  # (B',)
-            leaving = confidence >= threshold[running]
-            if bool(leaving.any()):
-                left = running[leaving]
-                exit_logits = self.lm_head(normed[leaving]) if exit_logits is None else exit_logits[leaving]
-                logits[left] = exit_logits.to(logits.dtype)
-                exit_layers[left] = count
-                running, current = running[~leaving], current[~leaving]
-            previous = current
-        if running.numel():
-            logits[running] = self.lm_head(base.norm(hidden[running])).to(logits.dtype)
-        return logits, exit_layers
+            confidence, logits = self._confidence(measure, hidden, previous)
+            previous = hidden
+            leaving = confidence >= threshold
+            if running is not None:
+                leaving = leaving & running
+            exit_layers = torch.where(leaving, count, exit_layers)
+            running = ~leaving if running is None else running & ~leaving
+            remaining = int(running.sum())
+            if remaining == 0:  # every row has left: the layers above only propagate
+                if cache is not None and count < depth:
+                    base.propagate(hidden, cos, sin, cache, count)
+                # a left row's state is frozen, so these logits are every row's exit logits
+                return (self.lm_head(base.norm(hidden)) if logits is None else logits), exit_layers[:, None]
+            if 2 * remaining <= batch:
+                rows = running.nonzero()[:, 0]
+        return self.lm_head(base.norm(hidden)), exit_layers[:, None]
 
     # ---------------------------------------------------------------------------------------------- generation
     def prepare_inputs_for_generation(
