@@ -552,6 +552,7 @@ def main(
         accelerator, args, model, output_dir, tokenizer, recipe="causal_lm", task="causal_lm", dataset=data,
         hyperparameters=hyperparameters, metrics=metrics, num_parameters=num_parameters,
         train_steps=completed_steps, history=log.history,
+        **({"datastore": {"folder": DATASTORE_FOLDER, "keys": unwrapped.datastore.size}} if base_metrics else {}),
     )  # fmt: skip
     # ---- end: the process group goes while the last barrier is held (see final_barrier) -----------------------
     with ending_run(accelerator):

@@ -229,9 +229,9 @@ def dependencies_text(folder: Path, run: dict[str, Any]) -> str:
     if datastore:
         lines.append(
             f"**Depends on its datastore**, stored in this folder under `{datastore['folder']}/` "
-            f"({datastore['keys']:,} keys): `from_pretrained` on a local copy of the folder attaches it. From the Hub, "
-            "download the whole repository first (`huggingface_hub.snapshot_download(repo_id)`) and load that "
-            "folder; without its datastore the model is its base LM alone."
+            f"({datastore['keys']:,} keys): `from_pretrained` attaches it, from a local copy of the folder or by Hub "
+            "id (the repository's `datastore/` files are fetched into the Hub cache with the weights); without its "
+            "datastore the model is its base LM alone."
         )
     return "\n\n".join(lines)
 

@@ -87,7 +87,9 @@ def test_train_knn_lm_from_its_name_trains_the_base_then_builds_the_datastore(tm
     assert model.datastore is not None and 300 <= model.datastore.size < 300 + 64  # whole blocks of 64 tokens
     run = json.loads((folder / "training_run.json").read_text())
     assert run["metrics"]["datastore_keys"] == model.datastore.size and "base_perplexity" in run["metrics"]
-    assert "datastore" in (folder / "README.md").read_text()
+    assert (
+        "**Depends on its datastore**, stored in this folder under `datastore/`" in (folder / "README.md").read_text()
+    )
 
 
 def test_a_wrapper_variant_without_a_base_model_is_refused_before_any_work():
