@@ -197,3 +197,29 @@ def test_what_cannot_be_exported_is_refused_with_the_reason(tmp_path):
     )
     with pytest.raises(ExportError, match="wraps a tf_family model"):
         export_remote_code(tmp_path)
+
+
+def test_export_and_push_commands(tmp_path, capsys, monkeypatch):
+    from huggingface_hub import HfApi
+
+    from tf_family import cli
+
+    folder = tmp_path / "model"
+    build(ARCHITECTURES["transfo_xl"], "causal_lm").save_pretrained(folder)
+    # a recipe's run record: the card is rendered from it, and says how the folder loads without tf_family
+    run = {"recipe": "recipes/causal_lm.py", "task": "causal_lm", "arch": "transfo_xl", "metrics": {}, "dataset": {}}
+    (folder / "training_run.json").write_text(json.dumps(run))
+    assert cli.main(["export", str(folder)]) == 0
+    assert "code files and auto_map" in capsys.readouterr().out
+    assert "trust_remote_code=True" in (folder / "README.md").read_text()
+
+    pushed = tmp_path / "pushed"
+    build(ARCHITECTURES["reformer"], "masked_lm").save_pretrained(pushed)
+    uploads = []
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: None)
+    monkeypatch.setattr(
+        HfApi, "create_commit", lambda self, repo_id, ops, **kw: uploads.append([o.path_in_repo for o in ops])
+    )
+    assert cli.main(["push", str(pushed), "org/tiny-reformer", "--remote_code"]) == 0
+    assert {"config.json", "modeling_reformer.py", "configuration_reformer.py", "attention_lsh.py"} <= set(uploads[0])
+    assert "AutoModelForMaskedLM" in json.loads((pushed / "config.json").read_text())["auto_map"]

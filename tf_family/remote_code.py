@@ -33,7 +33,6 @@ from pathlib import Path
 _PACKAGE = __name__.split(".")[0]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REMOTE_CODE_NOTE_MARKER = "<!-- tf_family remote code -->"
 # what an exported file may import besides the standard library: transformers and what it always installs
 ALLOWED_IMPORTS = frozenset(
     {"torch", "transformers", "safetensors", "numpy", "tqdm", "huggingface_hub", "packaging", "tokenizers"}
@@ -308,19 +307,6 @@ def _atomic_write(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def remote_code_note(auto_map: dict[str, str]) -> str:
-    """What a card says about loading the folder without tf_family."""
-    auto_class = next((name for name in auto_map if name.startswith("AutoModelFor")), "AutoModel")
-    return (
-        f"{REMOTE_CODE_NOTE_MARKER}\n**Loads without tf_family.** This folder carries its model code (the `*.py` "
-        "files, named in `config.json`'s `auto_map`), so plain transformers (with torch and safetensors) loads it: "
-        f"`{auto_class}.from_pretrained(path_or_repo_id, trust_remote_code=True)`; read the code before trusting it. "
-        "Without tf_family, attention always takes the PyTorch path: the native C++ CPU kernel tf_family compiles is "
-        "not included (same results; CPU training is slower), and faiss indexes stay optional (exact search without "
-        "faiss). With tf_family installed, `import tf_family` and load without `trust_remote_code`."
-    )
-
-
 def export_remote_code(folder: str | Path) -> list[str]:
     """Make the saved tf_family model in ``folder`` loadable where tf_family is not installed: write the model's
     code files beside its weights and ``auto_map`` into ``config.json`` (both atomically), and say so in the card
@@ -347,7 +333,7 @@ def export_remote_code(folder: str | Path) -> list[str]:
 
 
 def _note_in_card(folder: Path, auto_map: dict[str, str]) -> None:
-    from .cards import RUN_INFO_FILE, write_model_card
+    from .cards import REMOTE_CODE_NOTE_MARKER, RUN_INFO_FILE, remote_code_note, write_model_card
 
     if (folder / RUN_INFO_FILE).is_file():
         write_model_card(folder)  # the card says it (cards.dependencies_text reads auto_map)
@@ -367,5 +353,4 @@ __all__ = [
     "export_remote_code",
     "flat_name",
     "remote_code_files",
-    "remote_code_note",
 ]
