@@ -131,9 +131,8 @@ def test_every_task_head_loads_without_tf_family_and_gives_the_same_outputs(arch
         if arch == "knn_lm":
             model.set_datastore(_knn_lm_datastore(model, tmp_path))
         folder = tmp_path / task / "model"  # one folder name: the tasks share the loaded code modules
-        model.save_pretrained(folder)
-        written = export_remote_code(folder)
-        assert f"{model_class.__module__.rsplit('.', 1)[-1]}.py" in written
+        model.save_pretrained(folder, remote_code=True)  # save, then export_remote_code(folder)
+        assert (folder / f"{model_class.__module__.rsplit('.', 1)[-1]}.py").is_file()
         inputs = make_inputs(spec, model.config, task)
         with torch.no_grad():
             expected = flatten(model(**inputs), "output", {})
@@ -184,6 +183,14 @@ def test_the_export_holds_exactly_the_modules_needed_and_the_card_says_so(tmp_pa
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["auto_map"]["AutoModelForMaskedLM"] == "modeling_longformer.TffLongformerForMaskedLM"
     assert list(STAND_INS) == ["tf_family.attention.native"]
+
+
+def test_an_export_that_would_need_more_than_transformers_is_refused(monkeypatch):
+    import tf_family.remote_code as remote_code
+
+    monkeypatch.setattr(remote_code, "ALLOWED_IMPORTS", remote_code.ALLOWED_IMPORTS - {"numpy"})
+    with pytest.raises(ExportError, match=r"would need \['numpy'\] \(imported by retrieval_datastore.py"):
+        remote_code_files("tff_knn_lm")
 
 
 def test_what_cannot_be_exported_is_refused_with_the_reason(tmp_path):

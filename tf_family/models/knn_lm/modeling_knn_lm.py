@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
+from ...modeling_utils import RemoteCodeMixin
 from ...retrieval.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
 from .configuration_knn_lm import TffKNNLMConfig
 
@@ -61,7 +62,7 @@ class KNNLMCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class TffKNNLMPreTrainedModel(PreTrainedModel):
+class TffKNNLMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     config_class = TffKNNLMConfig
     base_model_prefix = "knn_lm"
     carried_state = None  # nothing carried between calls
