@@ -20,6 +20,7 @@ from tf_family.registry import ARCHITECTURES
 from tf_family.remote_code import STAND_INS, ExportError, export_remote_code, remote_code_files
 
 from .common.tester import build, make_inputs
+from .hub_cache import as_hub_cache
 
 # flattens a model output into named tensors; run here and, as source, in the subprocess (the same code both sides)
 FLATTEN = textwrap.dedent(
@@ -83,7 +84,7 @@ LOADER = (
     for task, entry in manifest.items():
         tensors = load_file(entry["tensors"])
         auto_class = getattr(transformers, entry["auto_class"])
-        model = auto_class.from_pretrained(entry["folder"], trust_remote_code=True).eval()
+        model = auto_class.from_pretrained(entry["folder"], trust_remote_code=True, **entry["kwargs"]).eval()
         if type(model).__name__ != entry["class"] or not type(model).__module__.startswith("transformers_modules."):
             failures.append(f"{task}: loaded {type(model).__module__}.{type(model).__name__}")
             continue
@@ -120,31 +121,30 @@ def _knn_lm_datastore(model, tmp_path):
     return build_datastore(model.lm, batches, tmp_path / "datastore-build", show_progress=False)
 
 
-@pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_every_task_head_loads_without_tf_family_and_gives_the_same_outputs(arch, tmp_path):
-    spec = ARCHITECTURES[arch]
-    manifest = {}
-    for task, model_class in spec.model_classes.items():
-        if task not in AUTO_CLASS_BY_TASK:
-            continue
-        model = build(spec, task)
-        if arch == "knn_lm":
-            model.set_datastore(_knn_lm_datastore(model, tmp_path))
-        folder = tmp_path / task / "model"  # one folder name: the tasks share the loaded code modules
-        model.save_pretrained(folder, remote_code=True)  # save, then export_remote_code(folder)
-        assert (folder / f"{model_class.__module__.rsplit('.', 1)[-1]}.py").is_file()
-        inputs = make_inputs(spec, model.config, task)
-        with torch.no_grad():
-            expected = flatten(model(**inputs), "output", {})
-        assert expected, f"{arch}/{task} returned no tensors"
-        tensors = {**{f"input.{k}": v.contiguous() for k, v in inputs.items()}, **expected}
-        save_file(tensors, str(tmp_path / f"{task}.safetensors"))
-        manifest[task] = {
-            "folder": str(folder),
-            "auto_class": AUTO_CLASS_BY_TASK[task].__name__,
-            "class": model_class.__name__,
-            "tensors": str(tmp_path / f"{task}.safetensors"),
-        }
+def _export_and_expect(spec, task: str, folder, tensors_path, tmp_path) -> dict:
+    """Save a tiny ``task`` model of ``spec`` to ``folder`` with its code, and its inputs and outputs to
+    ``tensors_path``; returns the loader's manifest entry."""
+    model = build(spec, task)
+    if spec.name == "knn_lm":
+        model.set_datastore(_knn_lm_datastore(model, tmp_path))
+    model.save_pretrained(folder, remote_code=True)  # save, then export_remote_code(folder)
+    model_class = spec.model_classes[task]
+    assert (folder / f"{model_class.__module__.rsplit('.', 1)[-1]}.py").is_file()
+    inputs = make_inputs(spec, model.config, task)
+    with torch.no_grad():
+        expected = flatten(model(**inputs), "output", {})
+    assert expected, f"{spec.name}/{task} returned no tensors"
+    save_file({**{f"input.{k}": v.contiguous() for k, v in inputs.items()}, **expected}, str(tensors_path))
+    return {
+        "folder": str(folder),
+        "kwargs": {},
+        "auto_class": AUTO_CLASS_BY_TASK[task].__name__,
+        "class": model_class.__name__,
+        "tensors": str(tensors_path),
+    }
+
+
+def _load_without_tf_family(manifest: dict, tmp_path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     (tmp_path / "load.py").write_text(LOADER)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
@@ -159,6 +159,28 @@ def test_every_task_head_loads_without_tf_family_and_gives_the_same_outputs(arch
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "all outputs equal" in result.stdout
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_every_task_head_loads_without_tf_family_and_gives_the_same_outputs(arch, tmp_path):
+    spec = ARCHITECTURES[arch]
+    manifest = {
+        # one folder name for every task: the loaded code modules are shared between the tasks
+        task: _export_and_expect(spec, task, tmp_path / task / "model", tmp_path / f"{task}.safetensors", tmp_path)
+        for task in spec.model_classes
+        if task in AUTO_CLASS_BY_TASK
+    }
+    _load_without_tf_family(manifest, tmp_path)
+
+
+def test_a_pushed_export_loads_by_hub_id_without_tf_family(tmp_path):
+    """From the Hub, transformers fetches each code file a module names with `from .x import` on its own, and checks
+    each file's imports: the repository is read from a pre-populated Hub cache here (no network)."""
+    spec = ARCHITECTURES["longformer"]  # its attention backend imports a module object (the native stand-in)
+    entry = _export_and_expect(spec, "masked_lm", tmp_path / "saved", tmp_path / "tensors.safetensors", tmp_path)
+    as_hub_cache(tmp_path / "saved", tmp_path / "hub", "org/tiny-longformer")
+    entry.update(folder="org/tiny-longformer", kwargs={"cache_dir": str(tmp_path / "hub")})
+    _load_without_tf_family({"masked_lm": entry}, tmp_path)
 
 
 def test_the_export_holds_exactly_the_modules_needed_and_the_card_says_so(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
+from tests.hub_cache import as_hub_cache
 from tf_family import ARCHITECTURES, create_model
 from tf_family.data.packing import IGNORE_INDEX, pack_into_blocks
 from tf_family.memory.knn import dense_knn_search
@@ -256,33 +257,13 @@ def test_save_and_from_pretrained_keep_the_datastore(built, tmp_path):
         assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "pointer")(ids).logits, expected)
 
 
-def _as_hub_cache(folder, cache_dir, repo_id: str):
-    """Lay ``folder`` out as huggingface_hub's cache holds a downloaded snapshot of ``repo_id`` (blobs, a snapshot of
-    links, refs/main): what a user has after fetching the repository, read here with no network."""
-    import hashlib
-    import os
-
-    repo = cache_dir / ("models--" + repo_id.replace("/", "--"))
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = repo / "snapshots" / commit / path.relative_to(folder)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(os.path.relpath(blob, link.parent), link)
-
-
 def test_a_hub_id_brings_its_datastore_folder(built, tmp_path, monkeypatch):
     """Loaded by Hub id, the repository's datastore/ is fetched with the weights (it used to be read only from a
     local folder, so a pushed kNN-LM came back as its base model)."""
     base, blocks, datastore, _ = built
     model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.4)
     model.save_pretrained(tmp_path / "saved")
-    _as_hub_cache(tmp_path / "saved", tmp_path / "cache", "org/tiny-knn-lm")
+    as_hub_cache(tmp_path / "saved", tmp_path / "cache", "org/tiny-knn-lm")
     monkeypatch.chdir(tmp_path / "cache")  # nothing called org/tiny-knn-lm on disk where it runs
     loaded = AutoModelForCausalLM.from_pretrained(
         "org/tiny-knn-lm", cache_dir=tmp_path / "cache", local_files_only=True
