@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 from safetensors.torch import save_file
+from transformers import AutoModelForMaskedLM
 
 from tf_family.auto import AUTO_CLASS_BY_TASK
 from tf_family.registry import ARCHITECTURES
@@ -204,6 +205,9 @@ def test_the_export_holds_exactly_the_modules_needed_and_the_card_says_so(tmp_pa
     assert "trust_remote_code=True" in card and "native C++ CPU kernel" in card and "faiss" in card
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["auto_map"]["AutoModelForMaskedLM"] == "modeling_longformer.TffLongformerForMaskedLM"
+    # with tf_family imported, the folder still loads tf_family's own classes, without trust_remote_code
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path / "model")
+    assert type(loaded) is spec.model_classes["masked_lm"] and loaded.config.auto_map == config["auto_map"]
     assert list(STAND_INS) == ["tf_family.attention.native"]
 
 
