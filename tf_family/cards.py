@@ -30,6 +30,8 @@ RUN_INFO_FILE = "training_run.json"
 # a Hub repository id: "name" or "owner/name"
 HUB_ID_PATTERN = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 DEFAULT_TEMPLATE = "default.md"
+# marks the card paragraph about loading without tf_family (`remote_code_note`)
+REMOTE_CODE_NOTE_MARKER = "<!-- tf_family remote code -->"
 
 # metric key in training_run.json -> (metric type, display name) in the model-index
 _METRICS = {
@@ -202,9 +204,23 @@ def _base_on_hub(run: dict[str, Any]) -> bool:
     return not Path(base).exists() and HUB_ID_PATTERN.fullmatch(base) is not None
 
 
+def remote_code_note(auto_map: dict[str, str]) -> str:
+    """What a card says about loading the folder without tf_family."""
+    auto_class = next((name for name in auto_map if name.startswith("AutoModelFor")), "AutoModel")
+    return (
+        f"{REMOTE_CODE_NOTE_MARKER}\n**Loads without tf_family.** This folder carries its model code (the `*.py` "
+        "files, named in `config.json`'s `auto_map`), so plain transformers (with torch and safetensors) loads it: "
+        f"`{auto_class}.from_pretrained(path_or_repo_id, trust_remote_code=True)`; read the code before trusting it. "
+        "Without tf_family, attention always takes the PyTorch path: the native C++ CPU kernel tf_family compiles is "
+        "not included (same results; CPU training is slower), and faiss indexes stay optional (exact search without "
+        "faiss). With tf_family installed, `import tf_family` and load without `trust_remote_code`."
+    )
+
+
 def dependencies_text(folder: Path, run: dict[str, Any]) -> str:
-    """What the folder needs besides itself, said plainly: an adapter's base model, a kNN-LM's datastore; and where
-    a fine-tuned model came from when that is no Hub repository."""
+    """What the folder needs besides itself, said plainly: an adapter's base model, a kNN-LM's datastore, whether it
+    loads without tf_family (a remote-code export); and where a fine-tuned model came from when that is no Hub
+    repository."""
     base = run.get("base_model")
     on_hub = _base_on_hub(run)
     lines = []
@@ -225,13 +241,17 @@ def dependencies_text(folder: Path, run: dict[str, Any]) -> str:
             f"Fine-tuned from the local folder `{base}` (not on the Hub); this folder holds the whole model and "
             "needs nothing from it."
         )
+    config_path = folder / "config.json"
+    auto_map = json.loads(config_path.read_text()).get("auto_map") if config_path.is_file() else None
+    if auto_map:  # a remote-code export (`tf_family.remote_code`)
+        lines.append(remote_code_note(auto_map))
     datastore = run.get("datastore")
     if datastore:
         lines.append(
             f"**Depends on its datastore**, stored in this folder under `{datastore['folder']}/` "
-            f"({datastore['keys']:,} keys): `from_pretrained` on a local copy of the folder attaches it. From the Hub, "
-            "download the whole repository first (`huggingface_hub.snapshot_download(repo_id)`) and load that "
-            "folder; without its datastore the model is its base LM alone."
+            f"({datastore['keys']:,} keys): `from_pretrained` attaches it, from a local copy of the folder or by Hub "
+            "id (the repository's `datastore/` files are fetched into the Hub cache with the weights); without its "
+            "datastore the model is its base LM alone."
         )
     return "\n\n".join(lines)
 
@@ -339,4 +359,13 @@ def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
     return path
 
 
-__all__ = ["RL_TASK", "RUN_INFO_FILE", "read_run_info", "render_model_card", "template_for", "write_model_card"]
+__all__ = [
+    "REMOTE_CODE_NOTE_MARKER",
+    "RL_TASK",
+    "RUN_INFO_FILE",
+    "read_run_info",
+    "remote_code_note",
+    "render_model_card",
+    "template_for",
+    "write_model_card",
+]

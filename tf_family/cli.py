@@ -4,7 +4,10 @@ tf-family train [RECIPE ARGS]                    the causal-LM recipe; with no a
                                                  Transformer-XL on the bundled State of the Union corpus (~5 min on
                                                  2 CPU cores), then reload, perplexity vs unigram, and a sample
 tf-family card DIR [--repo_id ID]                render (or refresh) DIR/README.md from DIR/training_run.json
-tf-family push DIR REPO_ID [--private]           upload a trained folder (weights, config, tokenizer, card)
+tf-family push DIR REPO_ID [--private] [--remote_code]
+                                                 upload a trained folder (weights, config, tokenizer, card)
+tf-family export DIR                             add the model's code to a saved folder, so that plain transformers
+                                                 loads it with trust_remote_code=True where tf_family is not installed
 tf-family list                                   the zoo as a table
 tf-family build-kernels                          compile the native CPU attention kernel now (else on first use)
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
@@ -209,6 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("repo_id")
     push.add_argument("--private", action="store_true")
     push.add_argument("--token")
+    push.add_argument(
+        "--remote_code",
+        action="store_true",
+        help="export the model's code into the folder first (tf-family export), so it loads without tf_family",
+    )
+    export = commands.add_parser(
+        "export",
+        help="add the model's code and auto_map to a saved folder: AutoModel*.from_pretrained(folder, "
+        "trust_remote_code=True) then loads it where tf_family is not installed",
+    )
+    export.add_argument("folder")
     commands.add_parser("list", help="print the zoo as a table")
     commands.add_parser(
         "build-kernels",
@@ -248,11 +262,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .hub import HubPushError, push_folder
 
         try:
-            pushed = push_folder(args.folder, args.repo_id, token=args.token, private=args.private or None)
+            pushed = push_folder(
+                args.folder, args.repo_id, token=args.token, private=args.private or None, remote_code=args.remote_code
+            )
         except HubPushError as error:
             sys.stderr.write(f"tf-family push: {error}\n")
             return 1
         sys.stdout.write(f"pushed {', '.join(pushed)} to https://huggingface.co/{args.repo_id}\n")
+        return 0
+    if args.command == "export":
+        from .remote_code import export_remote_code
+
+        written = export_remote_code(args.folder)
+        sys.stdout.write(
+            f"wrote {len(written)} code files and auto_map into {args.folder}: AutoModel*.from_pretrained(folder, "
+            "trust_remote_code=True) loads it without tf_family\n"
+        )
         return 0
     if args.command == "list":
         sys.stdout.write(zoo_table() + "\n")

@@ -32,6 +32,8 @@ _BASE_CONFIG_KWARGS = frozenset(
         "_attn_implementation_autoset",
         "rope_scaling",
         "rope_theta",
+        # a remote-code export's Auto classes (`tf_family.remote_code`): kept, so a loaded config saves them again
+        "auto_map",
     }
 )
 
@@ -83,7 +85,8 @@ def validate_config(config: Any) -> None:
     tf_family raises the plain ones users catch.)
     """
     for cls in reversed(type(config).__mro__):
-        if not cls.__module__.startswith("tf_family"):
+        # tf_family's classes, also when loaded from a remote-code export (transformers' dynamic modules)
+        if not cls.__module__.startswith(("tf_family", "transformers_modules")):
             continue
         for name, annotation in inspect.get_annotations(cls, eval_str=True).items():
             if typing.get_origin(annotation) is typing.ClassVar or name.startswith("_"):

@@ -124,13 +124,19 @@ def push_folder(
     private: bool | None = None,
     commit_message: str = "Upload model trained with tf_family",
     refresh_card: bool = True,
+    remote_code: bool = False,
 ) -> list[str]:
     """Create ``repo_id`` if needed and upload `files_to_push` in one commit; returns the uploaded paths.
 
     With ``refresh_card`` the card is rendered again for ``repo_id`` (so its usage snippet names the repository)
-    when the folder holds a recipe's ``training_run.json``.
+    when the folder holds a recipe's ``training_run.json``. With ``remote_code`` the folder is first exported for
+    loading without tf_family (`tf_family.remote_code.export_remote_code`: code files and ``auto_map``).
     """
     folder = Path(folder)
+    if remote_code:
+        from .remote_code import export_remote_code
+
+        export_remote_code(folder)
     if "/" not in repo_id and not repo_id.strip():
         raise ValueError(f"repo_id={repo_id!r} is empty; pass 'user/name' or 'org/name'.")
     if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():

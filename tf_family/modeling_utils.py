@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +23,24 @@ class Dropout(nn.Dropout):
 
     def forward(self, tensor: torch.Tensor) -> torch.Tensor:
         return dropout(tensor, self.p, self.training)
+
+
+class RemoteCodeMixin:
+    """``save_pretrained(..., remote_code=True)``: save, then add the model's code to the folder
+    (`tf_family.remote_code.export_remote_code`), so that plain transformers loads it with ``trust_remote_code=True``
+    where tf_family is not installed. Listed first among the bases of every tf_family ``PreTrainedModel``."""
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, remote_code: bool = False, **kwargs):
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if remote_code and kwargs.get("is_main_process", True):
+            try:  # by name: the exporter is not part of an export (the code files a folder carries)
+                exporter = importlib.import_module("tf_family.remote_code")
+            except ImportError as error:
+                raise ValueError(
+                    "save_pretrained(remote_code=True) needs tf_family installed (pip install tf-family); a model "
+                    "loaded from exported code saves with remote_code=False and keeps its auto_map."
+                ) from error
+            exporter.export_remote_code(save_directory)
 
 
 def build_activation(name: str) -> nn.Module:
@@ -60,4 +81,4 @@ def fused_projections(hidden: torch.Tensor, *linears: nn.Module) -> tuple[torch.
     return F.linear(hidden, weight, bias).split([linear.out_features for linear in linears], dim=-1)
 
 
-__all__ = ["Dropout", "build_activation", "find_first_real_token", "fused_projections"]
+__all__ = ["Dropout", "RemoteCodeMixin", "build_activation", "find_first_real_token", "fused_projections"]

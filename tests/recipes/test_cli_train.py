@@ -10,7 +10,6 @@ from transformers import AutoTokenizer
 from tf_family import cli
 from tf_family.data import SOTU_TOKENIZER_DIR
 from tf_family.recipes import causal_lm
-from tf_family.registry import get_arch
 from tf_family.training import architectures_with, parse_config_overrides
 from tf_family.training.arguments import SMOKE_EVAL_SAMPLES, SMOKE_RUN_STEPS
 
@@ -63,19 +62,42 @@ def test_train_help_names_the_command_and_shows_the_defaults_in_force(capsys):
 @pytest.mark.parametrize("arch", architectures_with("causal_lm"))
 def test_every_causal_lm_arch_starts_from_its_name_alone(arch):
     """`tf-family train --arch NAME` with nothing else: the arguments pass the recipe's checks, the model builds and
-    the block size fits it (or, for a wrapper such as kNN-LM, the refusal says which recipe to use)."""
+    the block size fits it (a wrapper such as kNN-LM trains the base model its variant names)."""
     args = causal_lm.parse_args(["--arch", arch], defaults=cli.train_defaults(["--arch", arch]))
-    wrapper = getattr(get_arch(arch).make_config(args.variant), "base_config", None) is not None
-    if wrapper:
-        with pytest.raises(ValueError, match="recipes/knn_lm.py"):
-            causal_lm.validate_args(args)
-        return
     causal_lm.validate_args(args)
     tokenizer = AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR)
     overrides = parse_config_overrides(args.config_overrides)
     with torch.device("meta"):  # the real sizes, without allocating them
         model = causal_lm.build_model(args, tokenizer, tokenizer.eos_token_id, overrides)
     assert causal_lm.choose_block_size(args.block_size, model) >= 16
+    assert model.config.vocab_size == len(tokenizer)
+
+
+def test_train_knn_lm_from_its_name_trains_the_base_then_builds_the_datastore(tmp_path, corpus, capsys, monkeypatch):
+    from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--arch", "knn_lm", *data_args(corpus), "--max_train_steps", "2", "--datastore_tokens", "300"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "-> TffKNNLMForCausalLM" in out and "validation perplexity" in out
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.startswith("knn_lm-") and (folder / "datastore" / "datastore.json").is_file()
+    model = TffKNNLMForCausalLM.from_pretrained(folder)
+    assert model.datastore is not None and 300 <= model.datastore.size < 300 + 64  # whole blocks of 64 tokens
+    run = json.loads((folder / "training_run.json").read_text())
+    assert run["metrics"]["datastore_keys"] == model.datastore.size and "base_perplexity" in run["metrics"]
+    assert (
+        "**Depends on its datastore**, stored in this folder under `datastore/`" in (folder / "README.md").read_text()
+    )
+
+
+def test_a_wrapper_variant_without_a_base_model_is_refused_before_any_work():
+    args = causal_lm.parse_args(["--arch", "knn_lm", "--variant", "paper"])
+    with pytest.raises(ValueError, match="names no base model to train.*'tiny'"):
+        causal_lm.validate_args(args)
+    with pytest.raises(ValueError, match="--datastore_tokens sizes a kNN-LM"):
+        causal_lm.validate_args(causal_lm.parse_args(["--arch", "transfo_xl", "--datastore_tokens", "5"]))
 
 
 def test_train_longformer_with_nothing_but_its_arch_and_smoke_sizes(tmp_path, corpus, capsys, monkeypatch):

@@ -128,7 +128,7 @@ def test_the_saved_knn_lm_folder_is_portable_and_the_grid_is_a_table(corpus, tin
     assert (out / "datastore" / "datastore.json").is_file()
     assert "datastore/datastore.json" in files_to_push(out)  # a push takes what the model needs
     card = (out / "README.md").read_text()
-    assert "**Depends on its datastore**" in card and "`datastore/`" in card and "snapshot_download" in card
+    assert "**Depends on its datastore**" in card and "`datastore/`" in card and "by Hub id" in card
     assert "\nbase_model:" not in card.split("\n---\n")[0]  # a local base model is no Hub repository id
     tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
     assert "is_local" not in tokenizer_config and "local_files_only" not in tokenizer_config

@@ -94,6 +94,12 @@ def add_lora_and_hub_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--hub_model_id", help="user/name of the repository to push to")
     hub.add_argument("--hub_token")
     hub.add_argument("--hub_private", action="store_true")
+    hub.add_argument(
+        "--remote_code",
+        action="store_true",
+        help="also write the model's code into the saved folder (tf-family export), so that plain transformers "
+        "loads it with trust_remote_code=True where tf_family is not installed",
+    )
 
 
 def architectures_with(task: str) -> list[str]:
@@ -166,6 +172,11 @@ def validate_run_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--lora_r={args.lora_r} must be >= 0 (0 turns LoRA off).")
     if args.merge_lora and not args.lora_r:
         raise ValueError("--merge_lora needs --lora_r > 0.")
+    if getattr(args, "remote_code", False) and args.lora_r and not args.merge_lora:
+        raise ValueError(
+            "--remote_code exports a whole model's code; a LoRA run saves an adapter: add --merge_lora, or leave "
+            "--remote_code out."
+        )
     if args.push_to_hub and not args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id user/name.")
     if args.push_to_hub:  # before the work, not after it: offline, not logged in, unreachable

@@ -1,11 +1,12 @@
 """What the causal-LM recipe needs beside its loop: the model to train, the block size it reads, the kNN-memory
-options, and the unigram floor its perplexity is reported against."""
+options, the datastore a retrieval wrapper (kNN-LM) is given after training, and the unigram floor its perplexity is
+reported against."""
 
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -15,13 +16,30 @@ from ..registry import get_arch
 from ..spec import carried_state
 from .encoder import max_input_length
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
 DEFAULT_MEMORY_BLOCK_SIZE = 128
 DEFAULT_BLOCK_SIZE = 512
+# scored training tokens a kNN-LM trained by the causal-LM recipe stores in its datastore by default
+DEFAULT_DATASTORE_TOKENS = 100_000
+
+
+def wraps_base_model(config) -> bool:
+    """Whether ``config`` is a retrieval wrapper around a causal LM of its own (kNN-LM's ``base_config``)."""
+    return getattr(config, "base_config", None) is not None
+
+
+def variant_base_config(arch: str, variant: str) -> dict[str, Any] | None:
+    """The base model a wrapper architecture's ``variant`` names (a dict with its ``model_type``), else None."""
+    base = get_arch(arch).variants[variant].get("base_config")
+    return dict(base) if base is not None else None
 
 
 def max_positions(config) -> int | None:
-    """The longest block the model can read, when it has absolute positions (RoBERTa-style offsets counted)."""
-    return max_input_length(config)
+    """The longest block the model can read, when it has absolute positions (RoBERTa-style offsets counted); a
+    wrapper's (kNN-LM's) are its base model's."""
+    return max_input_length(getattr(config, "base_config", None) or config)
 
 
 def build_model(args: argparse.Namespace, tokenizer, separator_id: int, config_overrides: dict[str, Any]):
@@ -34,7 +52,12 @@ def build_model(args: argparse.Namespace, tokenizer, separator_id: int, config_o
     if args.arch:
         spec = get_arch(args.arch)
         token_ids = {"eos_token_id": separator_id, "bos_token_id": separator_id, "pad_token_id": separator_id}
-        config = spec.make_config(args.variant, **{"vocab_size": len(tokenizer), **token_ids, **config_overrides})
+        sized = {"vocab_size": len(tokenizer), **token_ids}
+        base = variant_base_config(args.arch, args.variant)
+        if base is not None:  # a wrapper (kNN-LM): the vocabulary and token ids are its base model's
+            config = spec.make_config(args.variant, base_config={**base, **sized}, **token_ids, **config_overrides)
+        else:
+            config = spec.make_config(args.variant, **sized, **config_overrides)
         return spec.model_classes["causal_lm"](config)
     config = AutoConfig.from_pretrained(args.model_name_or_path, **config_overrides)
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, config=config)
@@ -77,6 +100,49 @@ def start_memory(model, batch_size: int, memory_size: int | None) -> Any:
     return model.empty_memory(batch_size, memory_size)
 
 
+def datastore_rows(blocks, max_tokens: int | None) -> list[int]:
+    """The first blocks of ``blocks`` holding about ``max_tokens`` scored tokens (all of them when None)."""
+    if max_tokens is None:
+        return list(range(len(blocks)))
+    scored = (blocks.labels != IGNORE_INDEX).sum(dim=1).cumsum(0)  # (N,) scored tokens up to each block
+    return list(range(min(len(blocks), int((scored < max_tokens).sum()) + 1)))
+
+
+def attach_run_datastore(
+    accelerator: Accelerator,
+    model,
+    blocks,
+    folder,
+    tokenizer,
+    batch_size: int,
+    max_tokens: int | None,
+):
+    """Give a trained retrieval wrapper (kNN-LM) its datastore: the main process runs the trained base model over
+    the first ``max_tokens`` scored tokens of ``blocks`` (the training data) and writes the datastore to ``folder``
+    (the output folder's ``datastore/``, which the saved model then holds); every process then attaches it. Returns
+    the datastore."""
+    from ..retrieval.datastore import KNNDatastore, build_datastore
+
+    unwrapped = accelerator.unwrap_model(model)
+    if accelerator.is_main_process:
+        rows = datastore_rows(blocks, max_tokens)
+        batches = [blocks.batch(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+        build_datastore(
+            unwrapped.lm,
+            batches,
+            folder,
+            tokenizer=tokenizer,
+            key_point=unwrapped.config.key_point,
+            module_path=unwrapped.config.key_module_path,
+            total=len(batches),
+            show_progress=accelerator.is_local_main_process,
+        )
+    accelerator.wait_for_everyone()
+    datastore = KNNDatastore.load(folder)
+    unwrapped.set_datastore(datastore)
+    return datastore
+
+
 def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
     """Perplexity of the add-one unigram model of the training targets on the evaluation targets: the floor a
     model that learned anything beats."""
@@ -89,11 +155,16 @@ def unigram_perplexity(train_blocks, eval_blocks, vocab_size: int) -> float:
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_DATASTORE_TOKENS",
     "DEFAULT_MEMORY_BLOCK_SIZE",
+    "attach_run_datastore",
     "build_model",
     "choose_block_size",
+    "datastore_rows",
     "knn_overrides",
     "max_positions",
     "start_memory",
     "unigram_perplexity",
+    "variant_base_config",
+    "wraps_base_model",
 ]

@@ -158,9 +158,14 @@ def run_record(
 
 def publish_run(output_dir: Path, record: dict[str, Any], args: argparse.Namespace | None = None) -> None:
     """Main process only: write ``training_run.json`` and the model card made from it; push the folder when
-    ``args`` asks for it (``--push_to_hub``, ``--hub_model_id``, ``--hub_token``, ``--hub_private``)."""
+    ``args`` asks for it (``--push_to_hub``, ``--hub_model_id``, ``--hub_token``, ``--hub_private``); with
+    ``--remote_code``, first add the model's code for loading without tf_family (`tf_family.remote_code`)."""
     hub_model_id = getattr(args, "hub_model_id", None)
     (output_dir / RUN_INFO_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    if getattr(args, "remote_code", False):
+        from ..remote_code import export_remote_code
+
+        export_remote_code(output_dir)  # before the card, which then says how the folder loads without tf_family
     write_model_card(output_dir, hub_model_id)
     sys.stdout.write(f"saved to {output_dir} (weights, config, tokenizer, model card README.md, {RUN_INFO_FILE})\n")
     if getattr(args, "push_to_hub", False):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
+from tests.hub_cache import as_hub_cache
 from tf_family import ARCHITECTURES, create_model
 from tf_family.data.packing import IGNORE_INDEX, pack_into_blocks
 from tf_family.memory.knn import dense_knn_search
@@ -254,6 +255,24 @@ def test_save_and_from_pretrained_keep_the_datastore(built, tmp_path):
     assert not (tmp_path / "pointer" / "datastore").exists()
     with torch.no_grad():
         assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "pointer")(ids).logits, expected)
+
+
+def test_a_hub_id_brings_its_datastore_folder(built, tmp_path, monkeypatch):
+    """Loaded by Hub id, the repository's datastore/ is fetched with the weights (it used to be read only from a
+    local folder, so a pushed kNN-LM came back as its base model)."""
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.4)
+    model.save_pretrained(tmp_path / "saved")
+    as_hub_cache(tmp_path / "saved", tmp_path / "cache", "org/tiny-knn-lm")
+    monkeypatch.chdir(tmp_path / "cache")  # nothing called org/tiny-knn-lm on disk where it runs
+    loaded = AutoModelForCausalLM.from_pretrained(
+        "org/tiny-knn-lm", cache_dir=tmp_path / "cache", local_files_only=True
+    )
+    assert loaded.datastore is not None and loaded.datastore.size == datastore.size
+    assert str(loaded.datastore.folder).startswith(str(tmp_path / "cache"))
+    ids = blocks.input_ids[:2]
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
 def test_a_wrapped_gpt2_with_tied_embeddings_round_trips(tmp_path):

@@ -47,7 +47,7 @@ from ...modeling_heads import (
     GenericForTokenClassification,
     question_answering_output,
 )
-from ...modeling_utils import Dropout, build_activation, find_first_real_token, fused_projections
+from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token, fused_projections
 from .configuration_big_bird import TffBigBirdConfig
 from .convert_big_bird import TRANSFORMERS_BIG_BIRD
 
@@ -184,7 +184,7 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffBigBirdPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
+class TffBigBirdPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffBigBirdConfig
     config: TffBigBirdConfig
     base_model_prefix = "bert"

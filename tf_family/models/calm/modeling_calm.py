@@ -65,7 +65,7 @@ from ...early_exit import (
     state_confidence,
 )
 from ...modeling_outputs import EarlyExitCausalLMOutput
-from ...modeling_utils import build_activation, fused_projections
+from ...modeling_utils import RemoteCodeMixin, build_activation, fused_projections
 from .configuration_calm import TffCalmConfig
 from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA, UNSUPPORTED_DECODERS, UNSUPPORTED_FIX
 
@@ -228,7 +228,7 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
 
 
 # ------------------------------------------------------------------------------------------------- pretrained model
-class TffCalmPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
+class TffCalmPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffCalmConfig
     config: TffCalmConfig
     base_model_prefix = "model"

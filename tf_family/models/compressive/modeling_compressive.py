@@ -61,6 +61,7 @@ from ...memory import (
     dilated_conv_layers,
 )
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
+from ...modeling_utils import RemoteCodeMixin
 from .configuration_compressive import TffCompressiveConfig
 
 logger = logging.get_logger(__name__)
@@ -101,7 +102,7 @@ class TffCompressiveCompression(nn.Module):
         return conv_transpose_decompress(compressed, self.rate, self.decoder.weight, self.decoder.bias)
 
 
-class TffCompressivePreTrainedModel(PreTrainedModel):
+class TffCompressivePreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     config_class = TffCompressiveConfig
     config: TffCompressiveConfig
     base_model_prefix = "transformer"

@@ -41,6 +41,7 @@ from transformers.utils import ModelOutput, logging
 
 from ...attention import attend
 from ...conversion import ForeignCheckpointMixin
+from ...modeling_utils import RemoteCodeMixin
 from .configuration_decision_transformer import TffDecisionTransformerConfig
 from .convert_decision_transformer import TRANSFORMERS_DECISION_TRANSFORMER
 
@@ -166,7 +167,7 @@ class TffDecisionTransformerBlock(GradientCheckpointingLayer):
         return hidden + self.mlp(self.mlp_norm(hidden)), probs
 
 
-class TffDecisionTransformerPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
+class TffDecisionTransformerPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffDecisionTransformerConfig
     config: TffDecisionTransformerConfig
     base_model_prefix = "decision_transformer"

@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
+from ...modeling_utils import RemoteCodeMixin
 from ...retrieval.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
 from .configuration_knn_lm import TffKNNLMConfig
 
@@ -61,7 +62,7 @@ class KNNLMCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class TffKNNLMPreTrainedModel(PreTrainedModel):
+class TffKNNLMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
     config_class = TffKNNLMConfig
     base_model_prefix = "knn_lm"
     carried_state = None  # nothing carried between calls
@@ -242,18 +243,49 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, datastore: KNNDatastore | None = None, **kwargs):
         """Load the wrapper and attach ``datastore``, else ``config.datastore_path``, else the checkpoint's
-        ``datastore/`` folder (when local), searching with ``config.index_type``."""
+        ``datastore/`` folder (a local folder's, or a Hub repository's, fetched into the Hub cache beside the
+        weights), searching with ``config.index_type``."""
+        hub_kwargs = {name: kwargs.get(name) for name in _HUB_KWARGS if kwargs.get(name) is not None}
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         if datastore is None:
             folder = model.config.datastore_path
-            if folder is None and os.path.isdir(Path(pretrained_model_name_or_path) / DATASTORE_FOLDER):
-                folder = str(Path(pretrained_model_name_or_path) / DATASTORE_FOLDER)
+            if folder is None:
+                folder = _checkpoint_datastore(str(pretrained_model_name_or_path), hub_kwargs)
             if folder is not None:
                 index = None if model.config.index_type == "exact" else model.config.index_type
                 datastore = KNNDatastore.load(folder, index_type=index)
         if datastore is not None:
             model.set_datastore(datastore)
         return model
+
+
+# from_pretrained's arguments that say where and how a Hub repository is read
+_HUB_KWARGS = ("cache_dir", "revision", "token", "local_files_only", "force_download", "proxies", "subfolder")
+
+
+def _checkpoint_datastore(name_or_path: str, hub_kwargs: dict) -> str | None:
+    """The ``datastore/`` folder of a checkpoint: inside a local folder, or for a Hub id the repository's
+    ``datastore/`` files fetched into the Hub cache (only those; the weights are already there). None without one."""
+    local = Path(name_or_path) / hub_kwargs.get("subfolder", "") / DATASTORE_FOLDER
+    if Path(name_or_path).is_dir():
+        return str(local) if local.is_dir() else None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    subfolder = hub_kwargs.pop("subfolder", "")
+    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
+    try:
+        snapshot = snapshot_download(name_or_path, allow_patterns=[f"{prefix}{DATASTORE_FOLDER}/*"], **hub_kwargs)
+    except HFValidationError:  # neither a folder nor a Hub id: transformers already said what it could read
+        return None
+    except Exception as error:  # offline without the files cached, unreachable, no access: load without one
+        logger.warning(
+            f"{name_or_path}: could not fetch its {DATASTORE_FOLDER}/ folder ({type(error).__name__}: {error}); the "
+            "model is loaded without a datastore (it is the base model until set_datastore is called)."
+        )
+        return None
+    folder = Path(snapshot) / prefix / DATASTORE_FOLDER
+    return str(folder) if (folder / "datastore.json").is_file() else None
 
 
 __all__ = ["KNNLMCausalLMOutput", "TffKNNLMForCausalLM", "TffKNNLMPreTrainedModel"]

@@ -57,7 +57,7 @@ from ...modeling_heads import (
     GenericForTokenClassification,
     LMPredictionHead,
 )
-from ...modeling_utils import Dropout, find_first_real_token, fused_projections
+from ...modeling_utils import Dropout, RemoteCodeMixin, find_first_real_token, fused_projections
 from .configuration_longformer import TffLongformerConfig
 from .convert_longformer import TRANSFORMERS_LONGFORMER
 
@@ -284,7 +284,7 @@ class TffLongformerLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffLongformerPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
+class TffLongformerPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffLongformerConfig
     config: TffLongformerConfig
     base_model_prefix = "longformer"

@@ -61,7 +61,7 @@ from ...conversion import ForeignCheckpointMixin
 from ...layers.reversible import reversible_stack
 from ...losses import sequence_classification_loss
 from ...modeling_heads import question_answering_output
-from ...modeling_utils import Dropout, build_activation, find_first_real_token
+from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 from .convert_reformer import TRANSFORMERS_REFORMER
@@ -316,7 +316,7 @@ class TffReformerLayer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------ model
-class TffReformerPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
+class TffReformerPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffReformerConfig
     base_model_prefix = "reformer"
     supports_gradient_checkpointing = True

@@ -37,13 +37,14 @@ from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDe
 from ...memory import SegmentMemory
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
+from ...modeling_utils import RemoteCodeMixin
 from .configuration_transfo_xl import TffTransfoXLConfig
 from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
 logger = logging.get_logger(__name__)
 
 
-class TffTransfoXLPreTrainedModel(ForeignCheckpointMixin, PreTrainedModel):
+class TffTransfoXLPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffTransfoXLConfig
     config: TffTransfoXLConfig
     base_model_prefix = "transformer"
