@@ -28,6 +28,15 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
+def _faiss():
+    """The faiss module, imported on first use (optional: exported folders must load without it)."""
+    try:
+        import faiss
+    except ImportError as error:
+        raise ImportError("knn_search='faiss' needs the faiss package: pip install faiss-cpu") from error
+    return faiss
+
+
 class FaissSlotIndex:
     """A faiss inner-product index over the written slots of one (row, head) of a kNN memory.
 
@@ -56,9 +65,7 @@ class FaissSlotIndex:
         store = FaissKNNStore(keys.shape[1], "ip", self.index_type, nlist=nlist, nprobe=nprobe, pq_m=pq_m, seed=seed)
         index = store.index
         if self.index_type == "flat":
-            import faiss
-
-            index = faiss.IndexIDMap2(index)
+            index = _faiss().IndexIDMap2(index)
             self._inner = store.index  # faiss keeps a raw pointer: the flat index must live as long as the map
         else:
             store.train(keys[slots])
@@ -79,10 +86,8 @@ class FaissSlotIndex:
 
     def update(self, slots: torch.Tensor, keys: torch.Tensor) -> None:
         """The slots ``(C,)`` were overwritten with ``keys`` ``(C, Dh)``: drop their old entries, add the new."""
-        import faiss
-
         ids = slots.to("cpu", torch.int64).numpy()
-        self.index.remove_ids(faiss.IDSelectorBatch(ids))
+        self.index.remove_ids(_faiss().IDSelectorBatch(ids))
         self.add(slots, keys)
 
     def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
