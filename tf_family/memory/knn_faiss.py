@@ -19,22 +19,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .knn import FaissKNNStore
+from .knn import FaissKNNStore, _require_faiss
 
 FAISS_MEMORY_INDEXES = ("flat", "ivf_flat", "ivf_pq")
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float32).contiguous().numpy()
-
-
-def _faiss():
-    """The faiss module, imported on first use (optional: exported folders must load without it)."""
-    try:
-        import faiss
-    except ImportError as error:
-        raise ImportError("knn_search='faiss' needs the faiss package: pip install faiss-cpu") from error
-    return faiss
 
 
 class FaissSlotIndex:
@@ -65,7 +56,7 @@ class FaissSlotIndex:
         store = FaissKNNStore(keys.shape[1], "ip", self.index_type, nlist=nlist, nprobe=nprobe, pq_m=pq_m, seed=seed)
         index = store.index
         if self.index_type == "flat":
-            index = _faiss().IndexIDMap2(index)
+            index = _require_faiss().IndexIDMap2(index)
             self._inner = store.index  # faiss keeps a raw pointer: the flat index must live as long as the map
         else:
             store.train(keys[slots])
@@ -87,7 +78,7 @@ class FaissSlotIndex:
     def update(self, slots: torch.Tensor, keys: torch.Tensor) -> None:
         """The slots ``(C,)`` were overwritten with ``keys`` ``(C, Dh)``: drop their old entries, add the new."""
         ids = slots.to("cpu", torch.int64).numpy()
-        self.index.remove_ids(_faiss().IDSelectorBatch(ids))
+        self.index.remove_ids(_require_faiss().IDSelectorBatch(ids))
         self.add(slots, keys)
 
     def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
