@@ -19,3 +19,9 @@ _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, suppress_health_check=_SLOW_OK)
 settings.register_profile("long", max_examples=500, deadline=None, suppress_health_check=_SLOW_OK)
 settings.load_profile(os.environ.get("TF_FAMILY_HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fuzz-report", dest="fuzz_report", default=None, help="write the fuzzing suite's outcome counts to this JSON file"
+    )
