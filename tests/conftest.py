@@ -23,5 +23,8 @@ settings.load_profile(os.environ.get("TF_FAMILY_HYPOTHESIS_PROFILE", "ci"))
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--fuzz-report", dest="fuzz_report", default=None, help="write the fuzzing suite's outcome counts to this JSON file"
+        "--fuzz-report",
+        dest="fuzz_report",
+        default=None,
+        help="write the fuzzing suite's outcome counts to this JSON file",
     )

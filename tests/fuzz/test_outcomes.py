@@ -22,9 +22,7 @@ def _raise(err):
 
 def test_classifies_the_four_outcomes():
     assert expect_clear_error_or_ok(lambda: 1, suite="self", names=["x"], check=lambda r: r == 1) == "accepted"
-    assert (
-        expect_clear_error_or_ok(lambda: _raise(ValueError("bad x=3")), suite="self", names=["x="]) == "clear_error"
-    )
+    assert expect_clear_error_or_ok(lambda: _raise(ValueError("bad x=3")), suite="self", names=["x="]) == "clear_error"
     with pytest.raises(FuzzFailure, match="does not name"):
         expect_clear_error_or_ok(lambda: _raise(ValueError("bad")), suite="self", names=["width"])
     with pytest.raises(FuzzFailure, match="KeyError"):
