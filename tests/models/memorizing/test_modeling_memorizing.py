@@ -318,7 +318,9 @@ def test_fine_tuning_a_transformer_xl_checkpoint(tmp_path):
     with torch.no_grad():
         first = xl(ids[:, :6])
         expected = torch.cat([first.logits, xl(ids[:, 6:], mems=first.mems).logits], 1)
-    torch.testing.assert_close(run_segments(model, ids, 6)[0], expected, rtol=0, atol=0)
+    # the same operations on the same values; not bit-exact because the loaded weights live in differently aligned
+    # memory (safetensors), which makes some CPUs' GEMM kernels round differently (seen: 9.5e-7 on AMD EPYC)
+    torch.testing.assert_close(run_segments(model, ids, 6)[0], expected, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="tff_transfo_xl"):
         TffMemorizingConfig.from_transfo_xl_config(model.config)
 
