@@ -146,6 +146,26 @@ def test_cached_generation_equals_full_recomputation_and_left_padding(do_sample)
             assert beams.shape == (2, 13)
 
 
+def test_left_padded_generation_beyond_one_lsh_chunk():
+    """LSH layers over several chunks of 4: each row of a left-padded batch gets, step by step, the logits and tokens
+    it gets alone (padding is sorted last in every hashing round and nothing wraps around)."""
+    model = _model(attn_layers=["local", "lsh", "lsh"], lsh_attn_chunk_length=4).eval()
+    prompts = [_ids(1, 9, seed=1), _ids(1, 5, seed=2), _ids(1, 2, seed=3)]
+    batch = torch.zeros(3, 9, dtype=torch.long)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        batch[row, 9 - prompt.shape[1] :], mask[row, 9 - prompt.shape[1] :] = prompt[0], 1
+    steps = {"max_new_tokens": 12, "pad_token_id": 0, "eos_token_id": None, "output_logits": True,
+             "return_dict_in_generate": True}  # fmt: skip
+    with torch.no_grad():
+        together = model.generate(batch, attention_mask=mask, **steps)
+        for row, prompt in enumerate(prompts):
+            alone = model.generate(prompt, attention_mask=torch.ones_like(prompt), **steps)
+            assert torch.equal(together.sequences[row, 9:], alone.sequences[0, prompt.shape[1] :]), f"row {row}"
+            for step, logits in enumerate(alone.logits):
+                torch.testing.assert_close(together.logits[step][row], logits[0], rtol=0, atol=1e-5)
+
+
 def test_cache_is_a_transformers_cache_with_its_length():
     model = _model().eval()
     ids = _ids(length=7)
