@@ -290,6 +290,31 @@ def test_building_into_a_folder_that_is_not_a_datastore_is_refused(base, tmp_pat
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+
+def test_an_interrupted_conversion_leaves_the_output_folder_as_it_was(tmp_path, monkeypatch):
+    from tests.test_conversion import reference
+    from tf_family.cli import convert_kinds
+    from tf_family.conversion import convert_folder
+
+    source, _ = reference(tmp_path, "decision-transformer")
+    output = tmp_path / "converted"
+    output.mkdir()
+    (output / "config.json").write_text('{"kept": true}')
+    spec, record = convert_kinds()["decision-transformer"]
+    real_save = save_file
+
+    def save_then_die(tensors, filename, *args, **kwargs):
+        real_save(tensors, filename, *args, **kwargs)
+        raise OSError("disk full")
+
+    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", save_then_die)
+    with pytest.raises(OSError, match="disk full"):
+        convert_folder(source, output, spec.model_classes, record)
+    assert sorted(p.name for p in output.iterdir()) == ["config.json"]  # no half-written weights, config kept
+    assert json.loads((output / "config.json").read_text()) == {"kept": True}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the staging folder is gone
+
+
 KILLED_REBUILD = """
 import sys, time
 import torch
@@ -327,3 +352,16 @@ def test_a_killed_rebuild_leaves_the_previous_datastore_loadable(datastore_folde
         child.wait(timeout=60)
     after = search(KNNDatastore.load(datastore_folder, model=base))  # the old datastore, for the old model
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+# ------------------------------------------------------------------------------------------------- 5. exact resume
+# (the recipe-level test, which needs tests/recipes' fixtures, is tests/recipes/test_resume_hardening.py)
+def test_a_missing_random_state_file_is_refused(tmp_path):
+    from accelerate import PartialState
+
+    from tf_family.training.checkpointing import check_random_states
+
+    PartialState(cpu=True)  # accelerate's logger needs it
+    with pytest.raises(ValueError, match=r"random_states_0\.pkl cannot be restored \(FileNotFoundError"):
+        check_random_states(tmp_path, 0, allow_inexact=False)
+    check_random_states(tmp_path, 0, allow_inexact=True)  # warns, goes on

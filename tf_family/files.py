@@ -153,6 +153,34 @@ def _tensor_entry_problem(info: Any, data_size: int) -> str | None:
     return None
 
 
+def check_checkpoint_folder(folder: str | os.PathLike) -> None:
+    """Check a local checkpoint folder's files before transformers reads them: ``config.json`` must be a JSON object,
+    ``model.safetensors`` (and every shard a ``model.safetensors.index.json`` names, which must lie inside the folder)
+    a well-formed safetensors file. Each problem is a `ValueError` naming the file, where transformers would raise a
+    bare parse error (or read outside the folder)."""
+    folder = Path(folder)
+    for name in ("config.json", "model.safetensors.index.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path} is not valid JSON ({error}); re-save the checkpoint.") from error
+        if not isinstance(values, dict):
+            raise ValueError(f"{path} holds a {type(values).__name__}, not a JSON object; re-save the checkpoint.")
+        if name == "model.safetensors.index.json":
+            weight_map = values.get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{path} has no 'weight_map' object; re-save the checkpoint.")
+            for shard in sorted(set(map(str, weight_map.values()))):
+                shard_path = resolve_inside(folder, shard, path, what="shard")
+                if shard_path.is_file():
+                    read_safetensors_header(shard_path)
+    if (folder / "model.safetensors").is_file():
+        read_safetensors_header(folder / "model.safetensors")
+
+
 # ------------------------------------------------------------------------------------------------- atomic writes
 
 
@@ -297,6 +325,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_with",
+    "check_checkpoint_folder",
     "fsync_tree",
     "read_safetensors_header",
     "replace_dir",

@@ -16,6 +16,7 @@ results ``(N, K)``. `dense_knn_search` is the one-matrix-product twin the chunke
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
@@ -367,7 +368,7 @@ class FaissKNNStore(KNNStore):
         _write_description(
             folder,
             {"backend": "faiss", "dim": self.dim, "metric": self.metric, "index_type": self.index_type}
-            | {"params": self.params},
+            | {"params": self.params, "file_sha256": _file_sha256(folder / "index.faiss")},
             metadata,
         )
 
@@ -381,6 +382,12 @@ class FaissKNNStore(KNNStore):
         if not path.is_file():
             raise FileNotFoundError(f"{folder} has a {STORE_DESCRIPTION} but no index.faiss; rebuild the index.")
         flags = faiss.IO_FLAG_MMAP if mmap else 0
+        recorded = description.get("file_sha256")
+        if recorded is not None and not mmap and _file_sha256(path) != recorded:  # a mapped index is not read whole
+            raise ValueError(
+                f"{path} does not match the file_sha256 of {STORE_DESCRIPTION}: it was changed or damaged; rebuild "
+                "the index."
+            )
         try:
             index = faiss.read_index(str(path), flags)
         except Exception as error:  # noqa: BLE001 - faiss raises RuntimeError with C++ text for damaged files
@@ -405,6 +412,14 @@ class FaissKNNStore(KNNStore):
             ) from error
         store.metadata = description.get("metadata") or {}
         return store
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _as_faiss_array(tensor: torch.Tensor):

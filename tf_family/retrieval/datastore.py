@@ -339,6 +339,21 @@ class KNNDatastore:
             store.save(self.folder / f"index-{index_type}", metadata=self.index_metadata())
         return store
 
+    def verify(self) -> None:
+        """Read every shard and compare its keys and values with the description's ``content_sha256`` (what loading
+        does not do: it maps the shards without reading them). A `ValueError` says the shards were changed."""
+        expected = self.description.get("content_sha256")
+        if expected is None:
+            raise ValueError(f"the datastore {self.folder or ''} records no content_sha256 to verify against.")
+        digest = _ContentDigest()
+        for keys, values in zip(self.key_shards, self.value_shards, strict=True):
+            digest.update(keys, values)
+        if digest.hexdigest(self.dim, str(self.description.get("key_dtype"))) != expected:
+            raise ValueError(
+                f"the shards of the datastore {self.folder or ''} do not match the content_sha256 of its "
+                f"{DESCRIPTION_FILE}: they were changed or damaged; rebuild the datastore."
+            )
+
     def index_metadata(self) -> dict[str, Any]:
         """What an index saved for this datastore records: the digest of the keys and values it was built from."""
         return {"datastore_content_sha256": self.description.get("content_sha256")}

@@ -64,6 +64,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_to
 from transformers.utils import logging
 
 from ...conversion import ForeignTokenizer
+from ...files import atomic_update_dir
 
 logger = logging.get_logger(__name__)
 
@@ -486,10 +487,15 @@ def convert_transfo_xl_vocab(vocab_pkl: str | os.PathLike, output_dir: str | os.
     output = Path(output_dir)
     if output.exists() and not output.is_dir():
         raise ValueError(f"output_dir={str(output_dir)!r} exists and is not a directory; pass a folder path.")
-    output.mkdir(parents=True, exist_ok=True)
-
     tokenizer_file = output / "tokenizer.json"
-    _build_tokenizer(vocab).save(str(tokenizer_file))
+    with atomic_update_dir(output) as staging:  # the three files are written beside, flushed, then renamed in
+        _write_tokenizer_files(vocab, staging)
+    logger.info(f"Converted {vocab_pkl} ({len(vocab['idx2sym'])} tokens) to {tokenizer_file}.")
+    return tokenizer_file
+
+
+def _write_tokenizer_files(vocab: dict[str, Any], output: Path) -> None:
+    _build_tokenizer(vocab).save(str(output / "tokenizer.json"))
 
     named = {"unk_token": vocab["unk_token"]}
     if vocab["eos_token"] is not None:
@@ -509,8 +515,6 @@ def convert_transfo_xl_vocab(vocab_pkl: str | os.PathLike, output_dir: str | os.
         ("special_tokens_map.json", special_tokens_map),
     ):
         (output / name).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    logger.info(f"Converted {vocab_pkl} ({len(vocab['idx2sym'])} tokens) to {tokenizer_file}.")
-    return tokenizer_file
 
 
 TRANSFO_XL_VOCAB = ForeignTokenizer(
