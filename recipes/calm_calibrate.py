@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
 from collections import Counter
@@ -35,6 +34,7 @@ from tf_family.cards import RUN_INFO_FILE, write_model_card
 from tf_family.data import load_text_datasets
 from tf_family.early_exit import CONFIDENCE_MEASURES
 from tf_family.early_exit.calibration import P_VALUE_METHODS
+from tf_family.files import replace_dir
 from tf_family.training.early_exit import (
     CONSISTENCY_KINDS,
     DEFAULT_GRIDS,
@@ -155,9 +155,7 @@ def write_folder(model, tokenizer, output: Path, source: Path, section: str, rec
         card = f"# {output.name}\n\nA CALM early-exit model (tf_family `tff_calm`).\n"
     (staging / "README.md").write_text(card.split(f"\n{CARD_SECTION}")[0].rstrip() + "\n" + section)
     (staging / "calibration.json").write_text(json.dumps(record, indent=2) + "\n")
-    if output.exists():
-        shutil.rmtree(output)
-    os.replace(staging, output)
+    replace_dir(staging, output)  # flushed to disk, then swapped in: an interrupted save keeps the previous folder
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import tf_family
 from tf_family.data import SOTU_TOKENIZER_DIR, load_text_datasets, pack_into_blocks
 from tf_family.data.packing import IGNORE_INDEX
+from tf_family.files import atomic_write_text
 from tf_family.hub import hub_id_of, portable_reference
 from tf_family.memory.knn import FAISS_INDEX_TYPES
 from tf_family.memory.knn_lm import knn_target_log_probs
@@ -407,7 +408,7 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
         }
         run_info["dataset"] = {k: v for k, v in run_info["dataset"].items() if v is not None}
         publish_run(output_dir, run_info)
-        (output_dir / "knn_lm_results.json").write_text(json.dumps(results, indent=2) + "\n")
+        atomic_write_text(output_dir / "knn_lm_results.json", json.dumps(results, indent=2) + "\n")
     return results
 
 

@@ -26,6 +26,8 @@ import jinja2
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .files import atomic_write_text
+
 RUN_INFO_FILE = "training_run.json"
 # a Hub repository id: "name" or "owner/name"
 HUB_ID_PATTERN = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
@@ -355,7 +357,7 @@ def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
     """Render the card of ``folder`` and write it to ``folder/README.md``."""
     card = render_model_card(folder, repo_id)
     path = Path(folder) / "README.md"
-    card.save(path)
+    atomic_write_text(path, str(card))  # beside, fsync, rename: an interrupted write keeps the previous card
     return path
 
 

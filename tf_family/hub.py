@@ -9,6 +9,7 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi
 
 from .cards import HUB_ID_PATTERN, RUN_INFO_FILE, write_model_card
+from .files import atomic_write_text
 
 # subfolders a saved model loads from (a kNN-LM's datastore): pushed with the folder; other subfolders (training
 # checkpoints, tracker logs) stay local
@@ -111,9 +112,7 @@ def _record_hub_id(folder: Path, repo_id: str) -> None:
     if run.get("hub_model_id") == repo_id:
         return
     run["hub_model_id"] = repo_id
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
-    partial.replace(path)
+    atomic_write_text(path, json.dumps(run, indent=2) + "\n")
 
 
 def push_folder(

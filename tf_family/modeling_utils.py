@@ -11,6 +11,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from .attention.dropout import _check_p, dropout
+from .files import check_checkpoint_folder
 
 
 class Dropout(nn.Dropout):
@@ -28,7 +29,16 @@ class Dropout(nn.Dropout):
 class RemoteCodeMixin:
     """``save_pretrained(..., remote_code=True)``: save, then add the model's code to the folder
     (`tf_family.remote_code.export_remote_code`), so that plain transformers loads it with ``trust_remote_code=True``
-    where tf_family is not installed. Listed first among the bases of every tf_family ``PreTrainedModel``."""
+    where tf_family is not installed. Listed first among the bases of every tf_family ``PreTrainedModel``, it is also
+    where ``from_pretrained`` checks a local folder's files first (`tf_family.files.check_checkpoint_folder`)."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' ``from_pretrained``, after checking a local folder's ``config.json`` and safetensors files:
+        a damaged or truncated file, or a shard named outside the folder, is a `ValueError` naming it."""
+        if pretrained_model_name_or_path is not None and os.path.isdir(pretrained_model_name_or_path):
+            check_checkpoint_folder(os.path.join(pretrained_model_name_or_path, kwargs.get("subfolder") or ""))
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, remote_code: bool = False, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)

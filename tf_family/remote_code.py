@@ -302,9 +302,9 @@ def remote_code_files(model_type: str) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    from .files import atomic_write_text
+
+    atomic_write_text(path, text)
 
 
 def export_remote_code(folder: str | Path) -> list[str]:

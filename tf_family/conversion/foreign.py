@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
+from ..files import atomic_update_dir
 from .loading import HUB_KWARGS, check_state_dict, read_config_dict, read_weights, split_load_kwargs
 
 logger = logging.get_logger(__name__)
@@ -211,7 +212,8 @@ def convert_folder(
     **overrides: Any,
 ) -> PreTrainedModel:
     """What ``tf-family convert`` runs: load a checkpoint saved in ``fmt`` into the tf_family class of the same
-    task and save it in the tf_family format (safetensors).
+    task and save it in the tf_family format (safetensors). The files are written beside ``output_dir`` and renamed
+    into it once all are on disk, so an interrupted conversion leaves no half-written file there.
 
     The class is the one among ``model_classes`` (an `ArchSpec`'s task -> class) named ``Tff`` + the source's
     ``architectures[0]`` (``LongformerForMaskedLM`` -> ``TffLongformerForMaskedLM``), else the format's
@@ -228,7 +230,8 @@ def convert_folder(
     architecture = (values.get("architectures") or [""])[0]
     model_class = by_name.get(f"Tff{architecture}", model_classes[fmt.default_task])
     model = load_foreign(model_class, source, fmt, **overrides)
-    model.save_pretrained(output_dir)
+    with atomic_update_dir(output_dir) as staging:  # every file written beside, flushed, then renamed into place
+        model.save_pretrained(staging)
     return model
 
 

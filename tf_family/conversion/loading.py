@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 from transformers.utils import cached_file, logging
+
+from ..files import read_safetensors_header, resolve_inside
 
 logger = logging.get_logger(__name__)
 
@@ -36,11 +37,34 @@ LOAD_KWARGS = frozenset(
 )  # fmt: skip
 # `from_pretrained` arguments about which weight file to read
 FILE_KWARGS = ("variant", "use_safetensors")
+
+
+def _read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    read_safetensors_header(path)  # a truncated or garbled file: a ValueError naming it, not a crash in mmap
+    try:
+        return load_file(path)
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own exception type
+        raise ValueError(f"{path} could not be read as safetensors ({type(error).__name__}: {error}).") from error
+
+
+def _read_torch_bin(path: str) -> dict[str, torch.Tensor]:
+    try:
+        # weights_only: plain tensors only, nothing in the file is executed
+        weights = torch.load(path, "cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - truncated files raise OSError, RuntimeError, EOFError, ...
+        raise ValueError(
+            f"{path} could not be read as a PyTorch weights file ({type(error).__name__}: {error}); it is truncated, "
+            "damaged, or holds more than tensors. Re-download or re-save it."
+        ) from error
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise ValueError(f"{path} holds a {type(weights).__name__}, not a dict of tensor name -> tensor.")
+    return weights
+
+
 # (single file, manifest of shards, reader); the first one present is read
 _WEIGHT_FILES = (
-    ("model.safetensors", "model.safetensors.index.json", load_file),
-    # weights_only: plain tensors only, nothing in the file is executed
-    ("pytorch_model.bin", "pytorch_model.bin.index.json", lambda path: torch.load(path, "cpu", weights_only=True)),
+    ("model.safetensors", "model.safetensors.index.json", _read_safetensors),
+    ("pytorch_model.bin", "pytorch_model.bin.index.json", _read_torch_bin),
 )
 
 
@@ -76,28 +100,39 @@ def read_config_dict(path: str | os.PathLike, hub_kwargs: Mapping[str, Any] | No
     config_file = resolve_file(path, "config.json", hub_kwargs or {})
     if config_file is None:
         return None
-    with open(config_file, encoding="utf-8") as handle:
-        return json.load(handle)
+    try:
+        with open(config_file, encoding="utf-8") as handle:
+            values = json.load(handle)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config_file} is not valid JSON ({error}); re-save the checkpoint's config.") from error
+    if not isinstance(values, dict):
+        raise ValueError(f"{config_file} holds a {type(values).__name__}, not a JSON object of config fields.")
+    return values
 
 
 def read_manifest(manifest_file: str | os.PathLike) -> list[str]:
     """The shard files a ``*.index.json`` names, each checked to lie inside the manifest's folder.
 
-    A `ValueError` names the manifest and the entry when an entry is absolute or climbs out of the folder
-    (``../x``): a manifest must not make a loader read files the checkpoint does not own.
+    A `ValueError` names the manifest and the entry when an entry is absolute, climbs out of the folder (``../x``)
+    or is a symlink out of it (`tf_family.files.resolve_inside`): a manifest must not make a loader read files the
+    checkpoint does not own. A manifest that is not JSON, or has no ``weight_map``, is a `ValueError` naming it.
     """
-    with open(manifest_file, encoding="utf-8") as handle:
-        weight_map = json.load(handle).get("weight_map")
+    try:
+        with open(manifest_file, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"{manifest_file!s} is not a JSON shard manifest ({error}); re-save the checkpoint."
+        ) from error
+    weight_map = manifest.get("weight_map") if isinstance(manifest, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
-        raise ValueError(f"{manifest_file!s} has no 'weight_map' of tensor name -> shard file name.")
+        raise ValueError(
+            f"{manifest_file!s} has no 'weight_map' of tensor name -> shard file name; re-save the checkpoint."
+        )
     shards = sorted(set(weight_map.values()))
+    folder = os.path.dirname(os.path.abspath(manifest_file))
     for shard in shards:
-        normal = posixpath.normpath(shard.replace("\\", "/"))
-        if os.path.isabs(shard) or posixpath.isabs(normal) or normal == ".." or normal.startswith("../"):
-            raise ValueError(
-                f"{manifest_file!s} names the shard {shard!r}, which is outside the checkpoint's folder; a shard "
-                "must be a file name inside the folder that holds the manifest."
-            )
+        resolve_inside(folder, shard, manifest_file, what="shard")
     return shards
 
 

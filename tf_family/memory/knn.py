@@ -16,6 +16,7 @@ results ``(N, K)``. `dense_knn_search` is the one-matrix-product twin the chunke
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
@@ -25,6 +26,8 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
+
+from ..files import atomic_write_text, atomic_write_with, read_safetensors_header
 
 logger = logging.get_logger(__name__)
 
@@ -120,6 +123,8 @@ class KNNStore(ABC):
 
     dim: int
     metric: Metric
+    # what `save(folder, metadata=...)` recorded beside the store (e.g. the datastore it was built from)
+    metadata: dict
 
     @property
     @abstractmethod
@@ -135,8 +140,9 @@ class KNNStore(ABC):
         """``(N, D) -> (scores (N, K) float32, ids (N, K) long)``."""
 
     @abstractmethod
-    def save(self, folder: str | os.PathLike) -> None:
-        """Write the store into ``folder`` (created if needed)."""
+    def save(self, folder: str | os.PathLike, metadata: dict | None = None) -> None:
+        """Write the store into ``folder`` (created if needed), each file atomically; ``metadata`` (JSON values) is
+        recorded in its description and comes back as ``.metadata`` on load."""
 
     def __len__(self) -> int:
         return self.size
@@ -150,6 +156,7 @@ class ExactKNNStore(KNNStore):
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}.")
         self.dim, self.metric, self.chunk_size = dim, metric, chunk_size
+        self.metadata: dict = {}
         self._chunks: list[torch.Tensor] = []
         self._keys: torch.Tensor | None = None
         if keys is not None:
@@ -190,21 +197,27 @@ class ExactKNNStore(KNNStore):
             offset += chunk.shape[0]
         return scores, ids
 
-    def save(self, folder: str | os.PathLike) -> None:
+    def save(self, folder: str | os.PathLike, metadata: dict | None = None) -> None:
         from safetensors.torch import save_file
 
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        _atomic_save(lambda path: save_file({"keys": self.keys.contiguous().cpu()}, path), folder / "keys.safetensors")
-        _write_description(folder, {"backend": "exact", "dim": self.dim, "metric": self.metric})
+        keys = self.keys.contiguous().cpu()
+        atomic_write_with(lambda path: save_file({"keys": keys}, path), folder / "keys.safetensors")
+        _write_description(folder, {"backend": "exact", "dim": self.dim, "metric": self.metric}, metadata)
 
     @classmethod
     def load(cls, folder: str | os.PathLike, chunk_size: int = 65536) -> ExactKNNStore:
         from safetensors.torch import load_file
 
         description = _read_description(folder, "exact")
-        keys = load_file(str(Path(folder) / "keys.safetensors"))["keys"]
-        return cls(description["dim"], description["metric"], chunk_size, keys)
+        path = Path(folder) / "keys.safetensors"
+        _, header = read_safetensors_header(path)
+        shape = header.get("keys", {}).get("shape")
+        if shape is None or len(shape) != 2 or shape[1] != description["dim"]:
+            raise ValueError(f"{path} holds no 'keys' of shape (S, {description['dim']}); save the store again.")
+        store = cls(description["dim"], description["metric"], chunk_size, load_file(str(path))["keys"])
+        store.metadata = description.get("metadata") or {}
+        return store
 
 
 def _require_faiss():
@@ -267,6 +280,7 @@ class FaissKNNStore(KNNStore):
             "seed": seed,
         }
         self.index = index if index is not None else self._new_index(faiss)
+        self.metadata: dict = {}
         self._apply_search_params()
 
     def _new_index(self, faiss):
@@ -347,15 +361,15 @@ class FaissKNNStore(KNNStore):
             scores = -scores
         return scores.masked_fill(ids < 0, float("-inf")), ids
 
-    def save(self, folder: str | os.PathLike) -> None:
+    def save(self, folder: str | os.PathLike, metadata: dict | None = None) -> None:
         faiss = _require_faiss()
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        _atomic_save(lambda path: faiss.write_index(self.index, path), folder / "index.faiss")
+        atomic_write_with(lambda path: faiss.write_index(self.index, path), folder / "index.faiss")
         _write_description(
             folder,
             {"backend": "faiss", "dim": self.dim, "metric": self.metric, "index_type": self.index_type}
-            | {"params": self.params},
+            | {"params": self.params, "file_sha256": _file_sha256(folder / "index.faiss")},
+            metadata,
         )
 
     @classmethod
@@ -364,40 +378,85 @@ class FaissKNNStore(KNNStore):
         override the saved search parameters."""
         faiss = _require_faiss()
         description = _read_description(folder, "faiss")
+        path = Path(folder) / "index.faiss"
+        if not path.is_file():
+            raise FileNotFoundError(f"{folder} has a {STORE_DESCRIPTION} but no index.faiss; rebuild the index.")
         flags = faiss.IO_FLAG_MMAP if mmap else 0
-        index = faiss.read_index(str(Path(folder) / "index.faiss"), flags)
-        params = {**description["params"], **search_params}
-        return cls(description["dim"], description["metric"], description["index_type"], index=index, **params)
+        recorded = description.get("file_sha256")
+        if recorded is not None and not mmap and _file_sha256(path) != recorded:  # a mapped index is not read whole
+            raise ValueError(
+                f"{path} does not match the file_sha256 of {STORE_DESCRIPTION}: it was changed or damaged; rebuild "
+                "the index."
+            )
+        try:
+            index = faiss.read_index(str(path), flags)
+        except Exception as error:  # noqa: BLE001 - faiss raises RuntimeError with C++ text for damaged files
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(
+                f"{path} could not be read as a faiss index ({first_line}); rebuild the index."
+            ) from error
+        index_type, params = description.get("index_type"), description.get("params")
+        if index_type not in FAISS_INDEX_TYPES or not isinstance(params, dict):
+            raise ValueError(
+                f"{Path(folder) / STORE_DESCRIPTION}: 'index_type' / 'params' are damaged; rebuild the index."
+            )
+        if index.d != description["dim"]:
+            raise ValueError(f"{path} holds keys of width {index.d}, {STORE_DESCRIPTION} says {description['dim']}.")
+        params = {**params, **search_params}
+        try:
+            store = cls(description["dim"], description["metric"], index_type, index=index, **params)
+        except (TypeError, AttributeError, RuntimeError) as error:
+            raise ValueError(
+                f"{path} does not match {Path(folder) / STORE_DESCRIPTION} ({type(error).__name__}: {error}); rebuild "
+                "the index."
+            ) from error
+        store.metadata = description.get("metadata") or {}
+        return store
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _as_faiss_array(tensor: torch.Tensor):
     return tensor.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
-def _atomic_save(write, path: Path) -> None:
-    """Write through ``write(temporary_path)`` then rename: a crash never leaves half a file under ``path``."""
-    temporary = path.with_name(path.name + ".tmp")
-    write(str(temporary))
-    os.replace(temporary, path)
+def _write_description(folder: Path, description: dict, metadata: dict | None = None) -> None:
+    if metadata:
+        description = {**description, "metadata": metadata}
+    atomic_write_text(folder / STORE_DESCRIPTION, json.dumps(description, indent=2))
 
 
-def _write_description(folder: Path, description: dict) -> None:
-    _atomic_save(lambda path: Path(path).write_text(json.dumps(description, indent=2)), folder / STORE_DESCRIPTION)
-
-
-def _read_description(folder: str | os.PathLike, backend: str) -> dict:
+def _read_description(folder: str | os.PathLike, backend: str | None = None) -> dict:
+    """``knn_store.json`` of ``folder``, checked (a `ValueError` names the file and the field)."""
     path = Path(folder) / STORE_DESCRIPTION
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no kNN store ({STORE_DESCRIPTION} is missing).")
-    description = json.loads(path.read_text())
-    if description.get("backend") != backend:
+    try:
+        description = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); save the store again.") from error
+    if not isinstance(description, dict):
+        raise ValueError(f"{path} holds a {type(description).__name__}, not a JSON object; save the store again.")
+    if backend is not None and description.get("backend") != backend:
         raise ValueError(f"{folder} holds a {description.get('backend')!r} store, not a {backend!r} one.")
+    if not (type(description.get("dim")) is int and description["dim"] >= 1):
+        raise ValueError(f"{path}: 'dim' is {description.get('dim')!r}, not a positive integer; save the store again.")
+    if description.get("metric") not in METRICS:
+        raise ValueError(f"{path}: 'metric' is {description.get('metric')!r}, not one of {list(METRICS)}.")
+    if not isinstance(description.get("metadata", {}), dict):
+        raise ValueError(f"{path}: 'metadata' is not a JSON object; save the store again.")
     return description
 
 
 def load_knn_store(folder: str | os.PathLike, **kwargs) -> KNNStore:
     """Load whichever store `save` wrote into ``folder``."""
-    backend = json.loads((Path(folder) / STORE_DESCRIPTION).read_text()).get("backend")
+    backend = _read_description(folder).get("backend")
     if backend == "exact":
         return ExactKNNStore.load(folder, **kwargs)
     if backend == "faiss":

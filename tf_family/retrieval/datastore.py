@@ -10,12 +10,20 @@ Keys are taken with a forward hook at a named point of *any* ``AutoModelForCausa
 ``module_path`` overrides the module (a dotted name from ``model.named_modules()``). The value of the key at
 position t is the token at t + 1 (the aligned ``labels`` of `tf_family.data.packing`).
 
-On disk a datastore is a folder: ``datastore.json`` (key point, module path, dimension, count, dtype, and the
-fingerprints of the model and the tokenizer that built it) plus shards ``shard-00000.safetensors`` … each holding
-``keys (S_i, D)`` and ``values (S_i,)``, written to a temporary name and renamed (a crash never leaves a
-half-written shard under its final name). Loading maps the shards into memory (no copy, no pickle); loading with a
-different model or tokenizer is refused unless ``force=True``. Indexes built over the keys live in sub-folders
-``index-<type>/`` (`FaissKNNStore`).
+On disk a datastore is a folder: ``datastore.json`` (key point, module path, dimension, count, dtype, the
+fingerprints of the model and the tokenizer that built it, and ``content_sha256``, a digest of every key and value)
+plus shards ``shard-00000.safetensors`` … each holding ``keys (S_i, D)`` and ``values (S_i,)``. A datastore is built
+(or saved) whole into a staging folder beside its final place, flushed to disk and swapped in with a rename
+(`tf_family.files.atomic_replace_dir`): a build that is killed or fails leaves the previous datastore as it was.
+
+Loading maps the shards into memory (no copy, no pickle) after checking the folder: every shard ``datastore.json``
+names must lie inside the folder (no ``..``, no absolute path, no symlink out of it), its header and shapes must
+agree with the description, and values must be integer token ids (damage is a `ValueError` naming the file). Using a
+datastore with a model checks that the model built it (the weights fingerprint): another model or tokenizer is
+refused unless ``force=True``; a description without a fingerprint is refused unless ``allow_unverified=True`` (both
+only log a warning). Indexes built over the keys live in sub-folders ``index-<type>/`` (`FaissKNNStore`), each
+recording the ``content_sha256`` of the shards it was built from; an index of other shards (a datastore rebuilt in
+place) is refused on load.
 """
 
 from __future__ import annotations
@@ -24,7 +32,6 @@ import contextlib
 import hashlib
 import json
 import os
-import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +42,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from ..memory.knn import ExactKNNStore, FaissKNNStore, KNNStore, Metric, _atomic_save, load_knn_store, neighbour_scores
+from ..files import atomic_replace_dir, atomic_write_text, read_safetensors_header, resolve_inside
+from ..memory.knn import ExactKNNStore, FaissKNNStore, KNNStore, Metric, load_knn_store, neighbour_scores
 
 logger = logging.get_logger(__name__)
 
@@ -45,11 +53,13 @@ FFN_MODULE_NAMES = ("mlp", "feed_forward", "ffn", "pos_ff")
 DESCRIPTION_FILE = "datastore.json"
 FORMAT = "tf_family.knn_datastore"
 IGNORE_INDEX = -100
-_SAFETENSORS_DTYPES = {"F16": np.float16, "F32": np.float32, "BF16": None, "I64": np.int64, "I32": np.int32}
+_KEY_DTYPES = {"F16": np.float16, "F32": np.float32}
+_VALUE_DTYPES = {"I64": np.int64, "I32": np.int32}
 
 
 class DatastoreMismatchError(ValueError):
-    """The datastore was built by another model or tokenizer than the one it is being used with."""
+    """The datastore was built by another model or tokenizer than the one it is being used with, or cannot be checked
+    (its description has no fingerprint)."""
 
 
 # ------------------------------------------------------------------------------------------------------ fingerprints
@@ -122,26 +132,101 @@ def capture_module_inputs(module: torch.nn.Module) -> Iterator[list[torch.Tensor
 
 
 # ------------------------------------------------------------------------------------------------ safetensors memmap
-def _memmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file mapped from disk (copy-on-write pages, nothing read until used)."""
-    with open(path, "rb") as handle:
-        (header_size,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(header_size))
+def _memmap_shard(path: Path, dim: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keys (size, dim), values (size,))`` of a shard mapped from disk (copy-on-write pages, nothing read until
+    used), after checking its header (`tf_family.files.read_safetensors_header`) against the description."""
+    header_size, header = read_safetensors_header(path)
     tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which datastores do not use.")
+    for name, shape, dtypes in (("keys", (size, dim), _KEY_DTYPES), ("values", (size,), _VALUE_DTYPES)):
+        info = header.get(name)
+        if info is None:
+            raise ValueError(f"{path} has no {name!r} tensor (it holds {sorted(header)}); rebuild the datastore.")
+        if info["dtype"] not in dtypes:
+            kind = "float16/float32 keys" if name == "keys" else "integer token ids"
+            raise ValueError(
+                f"{path}: {name!r} has dtype {info['dtype']}, a datastore holds {kind}; rebuild the datastore."
+            )
+        if tuple(info["shape"]) != shape:
+            raise ValueError(
+                f"{path}: {name!r} has shape {tuple(info['shape'])}, {DESCRIPTION_FILE} says {shape}; rebuild the "
+                "datastore."
+            )
         begin, end = info["data_offsets"]
-        shape = tuple(info["shape"])
+        dtype = dtypes[info["dtype"]]
         if end == begin:
             tensors[name] = torch.from_numpy(np.zeros(shape, dtype=dtype))
             continue
         array = np.memmap(path, dtype=dtype, mode="c", offset=8 + header_size + begin, shape=shape)
         tensors[name] = torch.from_numpy(array)
-    return tensors
+    return tensors["keys"], tensors["values"]
+
+
+def read_description(folder: str | os.PathLike) -> dict[str, Any]:
+    """The ``datastore.json`` of ``folder``, checked field by field (a `ValueError` names the file and the field)."""
+    path = Path(folder) / DESCRIPTION_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a kNN datastore ({DESCRIPTION_FILE} is missing).")
+    try:
+        description = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); rebuild the datastore.") from error
+    if not isinstance(description, dict) or description.get("format") != FORMAT:
+        found = description.get("format") if isinstance(description, dict) else type(description).__name__
+        raise ValueError(f"{path} is not a {FORMAT} description (format={found!r}).")
+
+    def count(value: Any) -> bool:
+        return type(value) is int and value >= 0
+
+    shards = description.get("shards")
+    problem = None
+    if not (type(description.get("dim")) is int and description["dim"] >= 1):
+        problem = f"'dim' is {description.get('dim')!r}, not a positive integer"
+    elif not count(description.get("size")):
+        problem = f"'size' is {description.get('size')!r}, not a non-negative integer"
+    elif not isinstance(shards, list):
+        problem = f"'shards' is {type(shards).__name__ if 'shards' in description else 'missing'}, not a list"
+    elif not all(isinstance(shard, dict) and isinstance(shard.get("file"), str) and count(shard.get("size"))
+                 for shard in shards):  # fmt: skip
+        problem = '\'shards\' must list objects {"file": name, "size": count}'
+    elif sum(shard["size"] for shard in shards) != description["size"]:
+        problem = f"the shards' sizes add up to {sum(s['size'] for s in shards)}, 'size' is {description['size']}"
+    elif description.get("vocab_size") is not None and not (
+        type(description["vocab_size"]) is int and description["vocab_size"] >= 1
+    ):
+        problem = f"'vocab_size' is {description['vocab_size']!r}, not a positive integer"
+    else:
+        for name in ("model_fingerprint", "tokenizer_fingerprint", "content_sha256", "module_path"):
+            if description.get(name) is not None and not isinstance(description[name], str):
+                problem = f"{name!r} is {description[name]!r}, not a string"
+    if problem:
+        raise ValueError(f"{path}: {problem}; the description is damaged: rebuild the datastore.")
+    return description
+
+
+class _ContentDigest:
+    """SHA-256 of a datastore's keys and values (in id order, whatever the sharding): what ties an index to them."""
+
+    def __init__(self) -> None:
+        self.keys, self.values = hashlib.sha256(), hashlib.sha256()
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys.update(keys.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        self.values.update(values.detach().cpu().to(torch.long).contiguous().view(torch.uint8).numpy().tobytes())
+
+    def hexdigest(self, dim: int, key_dtype: str) -> str:
+        parts = f"{dim}:{key_dtype}:{self.keys.hexdigest()}:{self.values.hexdigest()}"
+        return hashlib.sha256(parts.encode()).hexdigest()
+
+
+def _check_replaceable(folder: Path) -> None:
+    """A datastore is written by replacing ``folder`` whole: refuse a folder that holds something else."""
+    if folder.exists() and (
+        not folder.is_dir() or (any(folder.iterdir()) and not (folder / DESCRIPTION_FILE).is_file())
+    ):
+        raise ValueError(
+            f"{folder} exists and is not a kNN datastore (no {DESCRIPTION_FILE}); a datastore replaces its folder "
+            "whole, so pass a new or empty folder (or one holding a datastore to rebuild)."
+        )
 
 
 # --------------------------------------------------------------------------------------------------------- datastore
@@ -174,8 +259,20 @@ class KNNDatastore:
 
     @property
     def values(self) -> torch.Tensor:
-        """Next tokens of all keys, ``(S,)`` long, in id order."""
+        """Next tokens of all keys, ``(S,)`` long, in id order; checked on first use to be token ids (>= 0, below the
+        description's ``vocab_size``)."""
         if self._values is None:
+            vocab_size = self.description.get("vocab_size")
+            shards = self.description.get("shards") or [{}] * len(self.value_shards)
+            for number, (values, shard) in enumerate(zip(self.value_shards, shards, strict=False)):
+                if values.is_floating_point() or values.is_complex():
+                    raise ValueError(f"value shard {number} has dtype {values.dtype}; token ids must be integers.")
+                if values.numel() and (values.min() < 0 or (vocab_size is not None and values.max() >= vocab_size)):
+                    where = self.folder / shard["file"] if self.folder is not None and "file" in shard else number
+                    raise ValueError(
+                        f"{where}: 'values' holds token ids in [{int(values.min())}, {int(values.max())}], outside "
+                        f"[0, {vocab_size}) (the vocab_size of {DESCRIPTION_FILE}); rebuild the datastore."
+                    )
             self._values = torch.cat([v.long() for v in self.value_shards]) if self.value_shards else torch.zeros(0)
         return self._values
 
@@ -239,39 +336,85 @@ class KNNDatastore:
             store.add(shard, show_progress=show_progress)
         self.index = store
         if save and self.folder is not None:
-            store.save(self.folder / f"index-{index_type}")
+            store.save(self.folder / f"index-{index_type}", metadata=self.index_metadata())
         return store
 
-    def load_index(self, index_type: str, **kwargs) -> KNNStore:
+    def verify(self) -> None:
+        """Read every shard and compare its keys and values with the description's ``content_sha256`` (what loading
+        does not do: it maps the shards without reading them). A `ValueError` says the shards were changed."""
+        expected = self.description.get("content_sha256")
+        if expected is None:
+            raise ValueError(f"the datastore {self.folder or ''} records no content_sha256 to verify against.")
+        digest = _ContentDigest()
+        for keys, values in zip(self.key_shards, self.value_shards, strict=True):
+            digest.update(keys, values)
+        if digest.hexdigest(self.dim, str(self.description.get("key_dtype"))) != expected:
+            raise ValueError(
+                f"the shards of the datastore {self.folder or ''} do not match the content_sha256 of its "
+                f"{DESCRIPTION_FILE}: they were changed or damaged; rebuild the datastore."
+            )
+
+    def index_metadata(self) -> dict[str, Any]:
+        """What an index saved for this datastore records: the digest of the keys and values it was built from."""
+        return {"datastore_content_sha256": self.description.get("content_sha256")}
+
+    def load_index(self, index_type: str, allow_unverified: bool = False, **kwargs) -> KNNStore:
+        """Load and attach ``index-<index_type>/``. An index built from other shards (the datastore was rebuilt since)
+        is refused; one that records no shards (saved by an older version) too, unless ``allow_unverified=True``."""
         if self.folder is None:
             raise ValueError("this datastore has no folder to load an index from; save it first.")
         path = self.folder / f"index-{index_type}"
         if not path.is_dir():
             raise FileNotFoundError(f"{path} does not exist; build it with datastore.build_index({index_type!r}).")
-        self.index = load_knn_store(path, **kwargs)
-        if self.index.size != self.size:
-            raise ValueError(f"{path} holds {self.index.size} keys, the datastore {self.size}; rebuild the index.")
+        index = load_knn_store(path, **kwargs)
+        recorded = getattr(index, "metadata", {}).get("datastore_content_sha256")
+        expected = self.description.get("content_sha256")
+        rebuild = f"rebuild it with datastore.build_index({index_type!r})"
+        if index.size != self.size or index.dim != self.dim:
+            raise ValueError(
+                f"{path} holds {index.size} keys of width {index.dim}, the datastore {self.size} of width {self.dim}; "
+                f"{rebuild}."
+            )
+        if recorded is None or expected is None:
+            message = f"{path} cannot be checked against the datastore's shards (no content digest recorded)"
+            if not allow_unverified:
+                raise ValueError(f"{message}; {rebuild}, or pass allow_unverified=True to use it anyway.")
+            logger.warning(f"{message}; using it anyway (allow_unverified=True).")
+        elif recorded != expected:
+            raise ValueError(
+                f"{path} was built from other keys than the datastore's shards (the datastore was rebuilt since); "
+                f"{rebuild}."
+            )
+        self.index = index
         return self.index
 
     # ------------------------------------------------------------------------------------------------------ disk
     def save(self, folder: str | os.PathLike, shard_size: int | None = None) -> None:
-        """Write every shard and the description into ``folder`` (re-sharded to ``shard_size`` keys if given)."""
+        """Write every shard and the description as ``folder`` (re-sharded to ``shard_size`` keys if given): built
+        beside it and swapped in whole (`tf_family.files.atomic_replace_dir`), so an interrupted save leaves what
+        was there; indexes of an earlier datastore in ``folder`` go with it."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        _check_replaceable(folder)
         keys_shards, value_shards = self.key_shards, self.value_shards
         if shard_size is not None:
             keys, values = torch.cat(list(keys_shards)), torch.cat(list(value_shards))
             keys_shards, value_shards = list(keys.split(shard_size)), list(values.split(shard_size))
-        shards = []
-        for number, (keys, values) in enumerate(zip(keys_shards, value_shards, strict=True)):
-            name = f"shard-{number:05d}.safetensors"
-            tensors = {"keys": keys.contiguous().cpu(), "values": values.contiguous().cpu()}
-            _atomic_save(lambda path, tensors=tensors: save_file(tensors, path), folder / name)
-            shards.append({"file": name, "size": int(values.shape[0])})
-        description = {**self.description, "shards": shards, "size": sum(s["size"] for s in shards)}
-        _atomic_save(lambda path: Path(path).write_text(json.dumps(description, indent=2)), folder / DESCRIPTION_FILE)
+        shards, digest = [], _ContentDigest()
+        with atomic_replace_dir(folder) as staging:
+            for number, (keys, values) in enumerate(zip(keys_shards, value_shards, strict=True)):
+                name = f"shard-{number:05d}.safetensors"
+                save_file({"keys": keys.contiguous().cpu(), "values": values.contiguous().cpu()}, str(staging / name))
+                digest.update(keys, values)
+                shards.append({"file": name, "size": int(values.shape[0])})
+            description = {
+                **self.description,
+                "shards": shards,
+                "size": sum(s["size"] for s in shards),
+                "content_sha256": digest.hexdigest(self.dim, str(self.description.get("key_dtype"))),
+            }
+            atomic_write_text(staging / DESCRIPTION_FILE, json.dumps(description, indent=2))
         self.description, self.folder = description, folder
 
     @classmethod
@@ -282,40 +425,54 @@ class KNNDatastore:
         tokenizer: Any = None,
         force: bool = False,
         index_type: str | None = None,
+        allow_unverified: bool = False,
     ) -> KNNDatastore:
-        """Map a saved datastore. With ``model`` / ``tokenizer``, check they are the ones that built it (raise
-        `DatastoreMismatchError` unless ``force=True``, which only logs a warning)."""
+        """Map a saved datastore, after checking its description and shards (see the module docstring). With
+        ``model`` / ``tokenizer``, check they are the ones that built it (raise `DatastoreMismatchError` unless
+        ``force=True``, which only logs a warning); a description without a model fingerprint, or an index that
+        records no shards, is refused unless ``allow_unverified=True`` (a warning)."""
         folder = Path(folder)
-        path = folder / DESCRIPTION_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{folder} is not a kNN datastore ({DESCRIPTION_FILE} is missing).")
-        description = json.loads(path.read_text())
-        if description.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} description (format={description.get('format')!r}).")
-        check_fingerprints(description, model, tokenizer, force, where=str(folder))
+        description = read_description(folder)
+        check_fingerprints(description, model, tokenizer, force, where=str(folder), allow_unverified=allow_unverified)
         key_shards, value_shards = [], []
+        manifest = folder / DESCRIPTION_FILE
         for shard in description["shards"]:
-            tensors = _memmap_safetensors(folder / shard["file"])
-            key_shards.append(tensors["keys"])
-            value_shards.append(tensors["values"])
+            path = resolve_inside(folder, shard["file"], manifest, what="shard")
+            if not path.is_file():
+                raise FileNotFoundError(f"{manifest} names the shard {shard['file']!r}, which is missing in {folder}.")
+            keys, values = _memmap_shard(path, description["dim"], shard["size"])
+            key_shards.append(keys)
+            value_shards.append(values)
         datastore = cls(key_shards, value_shards, description, folder)
-        if datastore.size != description["size"]:
-            raise ValueError(
-                f"{folder}: the shards hold {datastore.size} keys, the description {description['size']}."
-            )
         if index_type is not None and index_type != "exact":
-            datastore.load_index(index_type)
+            datastore.load_index(index_type, allow_unverified=allow_unverified)
         return datastore
 
 
 def check_fingerprints(
-    description: Mapping[str, Any], model: torch.nn.Module | None, tokenizer: Any, force: bool, where: str = ""
+    description: Mapping[str, Any],
+    model: torch.nn.Module | None,
+    tokenizer: Any,
+    force: bool,
+    where: str = "",
+    allow_unverified: bool = False,
 ) -> None:
-    """Compare the model / tokenizer at hand with those that built a datastore; raise (or warn when forced)."""
+    """Compare the model / tokenizer at hand with those that built a datastore; raise `DatastoreMismatchError` (or
+    warn when ``force=True``). A description without a model fingerprint cannot be checked: refused too, unless
+    ``allow_unverified=True`` (or ``force=True``), which warn."""
     problems = []
-    if model is not None and description.get("model_fingerprint") not in (None, fingerprint_model(model)):
+    recorded = description.get("model_fingerprint")
+    if model is not None and recorded is None:
+        message = f"The kNN datastore {where} records no model fingerprint, so nothing shows that this model built it"
+        if not (allow_unverified or force):
+            raise DatastoreMismatchError(
+                message + ". Rebuild it with this model (tf_family.retrieval.build_datastore), or pass "
+                "allow_unverified=True to use it anyway."
+            )
+        logger.warning(message + "; using it anyway (allow_unverified=True).")
+    elif model is not None and recorded != fingerprint_model(model):
         problems.append(
-            f"it was built by another model (weights fingerprint {description['model_fingerprint'][:12]}…, "
+            f"it was built by another model (weights fingerprint {recorded[:12]}…, "
             f"built from {description.get('model_name_or_path')!r})"
         )
     if tokenizer is not None and description.get("tokenizer_fingerprint") not in (
@@ -367,8 +524,10 @@ def build_datastore(
         model: any causal LM (``model(input_ids=…, attention_mask=…)``); it runs in eval mode without gradients.
         batches: dicts with ``input_ids (B, T)``, aligned next-token ``labels (B, T)`` (-100 where nothing is
             stored) and optionally ``attention_mask``; e.g. ``LMBlocks.batch(...)`` of `tf_family.data.packing`.
-        folder: where each shard is written as soon as it fills, and the description at the end (None keeps the
-            datastore in memory).
+        folder: where the datastore goes (None keeps it in memory). Each shard is written as soon as it fills, into a
+            staging folder beside ``folder``; at the end the description is written and the staging folder replaces
+            ``folder`` whole (an earlier datastore there, and its indexes, stay untouched until then, and stay if
+            the build fails or is killed). A ``folder`` that holds anything but a datastore is refused.
         tokenizer: fingerprinted into the description, so a later load with another tokenizer is refused.
         key_point / module_path: where keys are read (see the module docstring).
         key_dtype: ``torch.float16`` (half the disk, the paper's ``--dstore-fp16``) or ``torch.float32``.
@@ -384,27 +543,29 @@ def build_datastore(
     was_training = model.training
     model.eval()
     folder = Path(folder) if folder is not None else None
+    staging: Path | None = None
+    build = contextlib.ExitStack()
+    if folder is not None:
+        from safetensors.torch import save_file
+
+        _check_replaceable(folder)
+        staging = build.enter_context(atomic_replace_dir(folder))
+    digest = _ContentDigest()
     pending_keys: list[torch.Tensor] = []
     pending_values: list[torch.Tensor] = []
     key_shards: list[torch.Tensor] = []
     value_shards: list[torch.Tensor] = []
     written: list[dict[str, Any]] = []  # shards already on disk (with a folder, memory holds one shard at most)
     dim = None
-    if folder is not None:
-        from safetensors.torch import save_file
-
-        folder.mkdir(parents=True, exist_ok=True)
-        # an earlier datastore's description goes first: until the new one is complete, the folder is no datastore
-        (folder / DESCRIPTION_FILE).unlink(missing_ok=True)
 
     def emit(keys: torch.Tensor, values: torch.Tensor) -> None:
-        if folder is None:
+        digest.update(keys, values)
+        if staging is None:
             key_shards.append(keys)
             value_shards.append(values)
             return
         name = f"shard-{len(written):05d}.safetensors"
-        tensors = {"keys": keys.contiguous(), "values": values.contiguous()}
-        _atomic_save(lambda path: save_file(tensors, path), folder / name)
+        save_file({"keys": keys.contiguous(), "values": values.contiguous()}, str(staging / name))
         written.append({"file": name, "size": int(values.shape[0])})
 
     def flush(final: bool) -> None:
@@ -416,7 +577,7 @@ def build_datastore(
             keys, values = keys[shard_size:], values[shard_size:]
         pending_keys, pending_values = [keys], [values]
 
-    with torch.no_grad(), capture_module_inputs(module) as captured:
+    with build, torch.no_grad(), capture_module_inputs(module) as captured:
         for batch in tqdm(batches, total=total, desc="building kNN datastore", disable=not show_progress):
             captured.clear()
             inputs = {"input_ids": batch["input_ids"].to(device)}
@@ -444,36 +605,38 @@ def build_datastore(
             if sum(k.shape[0] for k in pending_keys) >= shard_size:
                 flush(final=False)
         flush(final=True)
-    model.train(was_training)
-    if dim is None:
-        raise ValueError("no batches: the datastore would be empty.")
-    config = getattr(model, "config", None)
-    description = {
-        "format": FORMAT,
-        "version": 1,
-        "key_point": key_point if module_path is None else "module_input",
-        "module_path": name,
-        "dim": int(dim),
-        "size": sum(v.shape[0] for v in value_shards) + sum(shard["size"] for shard in written),
-        "key_dtype": str(key_dtype).removeprefix("torch."),
-        "model_class": type(model).__name__,
-        "model_name_or_path": getattr(config, "_name_or_path", None) or None,
-        "vocab_size": getattr(config, "vocab_size", None),
-        "model_fingerprint": fingerprint_model(model),
-        "tokenizer_fingerprint": fingerprint_tokenizer(tokenizer),
-    }
-    if folder is None:
-        datastore = KNNDatastore(key_shards, value_shards, description)
-    else:
-        description["shards"] = written
-        _atomic_save(lambda path: Path(path).write_text(json.dumps(description, indent=2)), folder / DESCRIPTION_FILE)
-        datastore = KNNDatastore.load(folder)  # memory-mapped: a datastore larger than RAM is never held whole
+        model.train(was_training)
+        if dim is None:
+            raise ValueError("no batches: the datastore would be empty.")
+        config = getattr(model, "config", None)
+        key_dtype_name = str(key_dtype).removeprefix("torch.")
+        description = {
+            "format": FORMAT,
+            "version": 2,
+            "key_point": key_point if module_path is None else "module_input",
+            "module_path": name,
+            "dim": int(dim),
+            "size": sum(v.shape[0] for v in value_shards) + sum(shard["size"] for shard in written),
+            "key_dtype": key_dtype_name,
+            "model_class": type(model).__name__,
+            "model_name_or_path": getattr(config, "_name_or_path", None) or None,
+            "vocab_size": getattr(config, "vocab_size", None),
+            "model_fingerprint": fingerprint_model(model),
+            "tokenizer_fingerprint": fingerprint_tokenizer(tokenizer),
+            "content_sha256": digest.hexdigest(int(dim), key_dtype_name),
+        }
+        if staging is not None:
+            description["shards"] = written
+            atomic_write_text(staging / DESCRIPTION_FILE, json.dumps(description, indent=2))
+    # from a folder, memory-mapped: a datastore larger than RAM is never held whole
+    datastore = KNNDatastore(key_shards, value_shards, description) if folder is None else KNNDatastore.load(folder)
     logger.info(f"kNN datastore: {datastore.size} keys of width {dim} at {name!r}")
     return datastore
 
 
 __all__ = [
     "DESCRIPTION_FILE",
+    "read_description",
     "KEY_POINTS",
     "DatastoreMismatchError",
     "KNNDatastore",

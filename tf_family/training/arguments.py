@@ -75,6 +75,12 @@ def add_run_arguments(
     run.add_argument("--checkpointing_steps", type=int, help="save a resumable checkpoint every N optimizer steps")
     run.add_argument("--checkpoints_total_limit", type=int, help="keep only the N most recent checkpoints")
     run.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' in --output_dir")
+    run.add_argument(
+        "--allow_inexact_resume",
+        action="store_true",
+        help="resume even when the checkpoint's random states cannot be restored (the run goes on, with a warning, "
+        "but no longer exactly as it would have without the interruption); without it such a resume is refused",
+    )
     run.add_argument("--logging_steps", type=int, default=logging_steps)
     run.add_argument("--report_to", default="none", help="experiment tracking: none, tensorboard, trackio, wandb, all")
     return run

@@ -7,24 +7,36 @@ the update within it) and, for a model that carries state between steps (a class
 ``"segment_memory"`` for Transformer-XL, ``"compressive_memory"`` for the Compressive Transformer, ``"knn_memory"``
 for the Memorizing Transformer), each process's
 carried state as ``memory_rank<i>.safetensors``.
+
+Resuming is exact: the weights, optimizer, scheduler, random states and carried state of the checkpoint are all
+restored, or the resume stops with a `ValueError` naming the file that cannot be read. accelerate itself only logs
+(at INFO level) when it cannot restore the random states, and the run would then go on with other dropout masks and
+data order than the interrupted one; here that is refused unless ``--allow_inexact_resume`` is given, which resumes
+with a warning that the run is no longer exact.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
+from accelerate.utils import RNG_STATE_NAME
+from accelerate.utils import load as accelerate_load
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .. import memory as memory_lib
 from ..cards import RUN_INFO_FILE
+from ..files import atomic_write_text, read_safetensors_header, replace_dir
 
 logger = get_logger(__name__)
 
@@ -82,12 +94,10 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str, state: dict, carr
             metadata={"class": type(carried).__name__},
         )
     if accelerator.is_main_process:
-        (partial / TRAINER_STATE_FILE).write_text(json.dumps({**state, "world_size": accelerator.num_processes}))
+        atomic_write_text(partial / TRAINER_STATE_FILE, json.dumps({**state, "world_size": accelerator.num_processes}))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        if final.exists():
-            shutil.rmtree(final)
-        partial.rename(final)
+        replace_dir(partial, final)  # flushed to disk, then swapped in
         if limit is not None:
             kept = sorted(
                 (int(CHECKPOINT_PATTERN.match(p.name).group(1)), p)
@@ -105,16 +115,108 @@ def resume(accelerator: Accelerator, args: argparse.Namespace) -> tuple[Path, di
     ``trainer_state.json``. A checkpoint is resumed by as many processes as wrote it (each owns its data rows and
     carried state)."""
     checkpoint = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
-    state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
+    state = read_trainer_state(checkpoint)
     world = accelerator.num_processes
     if state["world_size"] != world:
         raise ValueError(
             f"{checkpoint} was written by {state['world_size']} processes; resume it with as many "
             f"(this run has {world})."
         )
-    accelerator.load_state(str(checkpoint))
+    check_state_files(checkpoint, accelerator)
+    check_random_states(checkpoint, accelerator.process_index, getattr(args, "allow_inexact_resume", False))
+    try:
+        accelerator.load_state(str(checkpoint))
+    except Exception as error:  # noqa: BLE001 - damaged files raise many kinds; name the file instead
+        damaged = find_unreadable_file(checkpoint)
+        what = f"{damaged[0]} cannot be read ({damaged[1]})" if damaged else f"{type(error).__name__}: {error}"
+        raise ValueError(
+            f"--resume_from_checkpoint: {checkpoint} cannot be resumed: {what}. Resume from an earlier checkpoint, "
+            "or start the run again."
+        ) from error
     logger.info(f"resumed from {checkpoint} at step {state['completed_steps']}", main_process_only=True)
     return checkpoint, state
+
+
+def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    """``trainer_state.json`` of a checkpoint, checked (a `ValueError` names the file and the field)."""
+    path = checkpoint / TRAINER_STATE_FILE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"--resume_from_checkpoint: {path} cannot be read ({type(error).__name__}: {error}); resume from an "
+            "earlier checkpoint."
+        ) from error
+    for name in ("completed_steps", "world_size"):
+        value = state.get(name) if isinstance(state, dict) else None
+        if type(value) is not int or value < (1 if name == "world_size" else 0):
+            raise ValueError(
+                f"--resume_from_checkpoint: {path} has {name}={value!r}, not a count; resume from an earlier checkpoint."
+            )
+    return state
+
+
+def check_state_files(checkpoint: Path, accelerator: Accelerator) -> None:
+    """Every file ``accelerator.load_state`` will read is there (a `ValueError` naming the first one missing)."""
+    expected = []
+    for number in range(len(accelerator._models)):
+        ending = f"_{number}" if number else ""
+        if not (checkpoint / f"pytorch_model{ending}.bin").is_file():
+            expected.append(f"model{ending}.safetensors")
+    for kind, count in (("optimizer", len(accelerator._optimizers)), ("scheduler", len(accelerator._schedulers))):
+        expected += [f"{kind}{f'_{number}' if number else ''}.bin" for number in range(count)]
+    missing = [name for name in expected if not (checkpoint / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"--resume_from_checkpoint: {checkpoint} lacks {missing[0]} (a checkpoint holds {expected}); resume from "
+            "an earlier checkpoint."
+        )
+
+
+def _restore_random_states(states: Any) -> None:
+    """What accelerate's ``load_state`` does with ``random_states_<i>.pkl`` (it runs again right after)."""
+    random.setstate(states["random_state"])
+    np.random.set_state(states["numpy_random_seed"])
+    torch.set_rng_state(states["torch_manual_seed"])
+    if torch.cuda.is_available() and "torch_cuda_manual_seed" in states:
+        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+
+
+def check_random_states(checkpoint: Path, process_index: int, allow_inexact: bool) -> None:
+    """Check that this process's random states in ``checkpoint`` can be restored. accelerate would skip a missing
+    or unreadable file with an INFO line, and the resumed run would differ from the uninterrupted one: refuse
+    (a `ValueError` naming the file), or with ``allow_inexact`` warn that the resume is not exact."""
+    path = checkpoint / f"{RNG_STATE_NAME}_{process_index}.pkl"
+    try:
+        _restore_random_states(accelerate_load(path))
+        return
+    except Exception as error:  # noqa: BLE001 - a missing, truncated or foreign file: all mean "not exact"
+        problem = f"{path} cannot be restored ({type(error).__name__}: {error})"
+    if not allow_inexact:
+        raise ValueError(
+            f"--resume_from_checkpoint: {problem}, so the resumed run would not continue exactly as the interrupted "
+            "one (other dropout masks and data order). Resume from an earlier checkpoint, or pass "
+            "--allow_inexact_resume to continue anyway with fresh random states."
+        )
+    logger.warning(
+        f"RESUME IS NOT EXACT: {problem}; continuing with the current random states (--allow_inexact_resume). "
+        "The weights will differ from those of an uninterrupted run.",
+        main_process_only=False,
+    )
+
+
+def find_unreadable_file(checkpoint: Path) -> tuple[Path, str] | None:
+    """The first file of ``checkpoint`` that cannot be read, with why (used to name it when a resume fails)."""
+    for path in sorted(checkpoint.iterdir()):
+        try:
+            if path.suffix == ".safetensors":
+                read_safetensors_header(path)
+                load_file(str(path))
+            elif path.suffix in (".bin", ".pkl", ".pt"):
+                accelerate_load(path, map_location="cpu")
+        except Exception as error:  # noqa: BLE001
+            return path, f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return None
 
 
 def load_carried_state(checkpoint: Path, accelerator: Accelerator) -> Any:
@@ -123,7 +225,19 @@ def load_carried_state(checkpoint: Path, accelerator: Accelerator) -> Any:
     path = checkpoint / f"memory_rank{accelerator.process_index}.safetensors"
     if not path.is_file():
         return None
+    read_safetensors_header(path)  # a damaged file: a ValueError naming it
     with safe_open(str(path), framework="pt") as handle:
-        class_name = handle.metadata()["class"]
-    memory_class = getattr(memory_lib, class_name)
-    return memory_class.from_state_dict(load_file(str(path), device=str(accelerator.device)))
+        class_name = (handle.metadata() or {}).get("class")
+    memory_class = getattr(memory_lib, class_name, None) if isinstance(class_name, str) else None
+    if class_name not in getattr(memory_lib, "__all__", ()) or not hasattr(memory_class, "from_state_dict"):
+        raise ValueError(
+            f"--resume_from_checkpoint: {path} names the carried-state class {class_name!r}, which is not one of "
+            "tf_family.memory's; resume from an earlier checkpoint."
+        )
+    try:
+        return memory_class.from_state_dict(load_file(str(path), device=str(accelerator.device)))
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(
+            f"--resume_from_checkpoint: {path} does not hold a {class_name} ({type(error).__name__}: {error}); resume "
+            "from an earlier checkpoint."
+        ) from error

@@ -22,6 +22,7 @@ from accelerate.utils import DistributedType, gather_object
 
 from .. import __version__
 from ..cards import RUN_INFO_FILE, write_model_card
+from ..files import atomic_write_text
 from ..hub import hub_id_of, portable_reference, push_folder
 
 logger = get_logger(__name__)
@@ -50,9 +51,7 @@ def save_tokenizer(tokenizer, output_dir: str | Path) -> None:
         if any(key in config for key in TOKENIZER_LOAD_KEYS):
             for key in TOKENIZER_LOAD_KEYS:
                 config.pop(key, None)
-            partial = path.with_name(path.name + ".partial")
-            partial.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-            partial.replace(path)
+            atomic_write_text(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def point_adapter_at_base(model, base_model: str) -> None:
@@ -161,7 +160,7 @@ def publish_run(output_dir: Path, record: dict[str, Any], args: argparse.Namespa
     ``args`` asks for it (``--push_to_hub``, ``--hub_model_id``, ``--hub_token``, ``--hub_private``); with
     ``--remote_code``, first add the model's code for loading without tf_family (`tf_family.remote_code`)."""
     hub_model_id = getattr(args, "hub_model_id", None)
-    (output_dir / RUN_INFO_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    atomic_write_text(output_dir / RUN_INFO_FILE, json.dumps(record, indent=2) + "\n")
     if getattr(args, "remote_code", False):
         from ..remote_code import export_remote_code
 

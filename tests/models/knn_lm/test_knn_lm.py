@@ -18,6 +18,7 @@ from tf_family.retrieval.datastore import (
     DatastoreMismatchError,
     KNNDatastore,
     build_datastore,
+    fingerprint_model,
     fingerprint_tokenizer,
     resolve_key_module,
 )
@@ -182,9 +183,8 @@ def test_a_hand_computed_three_token_example():
         p_lm = torch.softmax(base(ids).logits[0, -1].float(), -1)
     offsets = torch.zeros(3, 32)
     offsets[0, 0], offsets[1, 1], offsets[2, 2] = 1.0, 2.0**0.5, 3.0**0.5
-    datastore = KNNDatastore(
-        [(hidden + offsets).float()], [torch.tensor([2, 0, 2])], {"dim": 32, "module_path": "lm_head"}
-    )
+    description = {"dim": 32, "module_path": "lm_head", "model_fingerprint": fingerprint_model(base)}
+    datastore = KNNDatastore([(hidden + offsets).float()], [torch.tensor([2, 0, 2])], description)
     model = TffKNNLMForCausalLM.from_base(base, datastore, k=3, lmbda=0.4)
     with torch.no_grad():
         p = model(ids).logits[0, -1].exp()

@@ -22,6 +22,7 @@ explicit: the datastore is attached (`set_datastore`, ``from_pretrained``) or pa
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,8 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.lm = base_model if base_model is not None else AutoModelForCausalLM.from_config(config.base_config)
         self.datastore: KNNDatastore | None = None
+        # datastores already checked against this base model (`set_datastore`, or a first `forward(datastore=...)`)
+        self._checked_datastores: dict[int, weakref.ref] = {}
         self.post_init()
 
     # ------------------------------------------------------------------------------------------------ construction
@@ -107,17 +110,34 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
             model.set_datastore(datastore)
         return model
 
-    def set_datastore(self, datastore: KNNDatastore | None, force: bool | None = None) -> None:
-        """Attach ``datastore`` (or detach with None) after checking it was built by this base model."""
+    def set_datastore(
+        self, datastore: KNNDatastore | None, force: bool | None = None, allow_unverified: bool = False
+    ) -> None:
+        """Attach ``datastore`` (or detach with None) after checking it was built by this base model (its weights
+        fingerprint): another model's is refused unless ``force=True`` (or ``config.check_datastore=False``); one
+        whose description records no fingerprint is refused unless ``allow_unverified=True``; both then warn."""
         if datastore is not None:
-            force = (not self.config.check_datastore) if force is None else force
-            check_fingerprints(datastore.description, self.lm, None, force, where=str(datastore.folder or ""))
-            if datastore.description.get("module_path") != self.key_module_name:
-                logger.warning(
-                    f"the datastore's keys were read at {datastore.description.get('module_path')!r}, the queries "
-                    f"are read at {self.key_module_name!r}; set config.key_module_path to match."
-                )
+            self._check_datastore(datastore, force, allow_unverified)
         self.datastore = datastore
+
+    def _check_datastore(
+        self, datastore: KNNDatastore, force: bool | None = None, allow_unverified: bool = False
+    ) -> None:
+        """`check_fingerprints` once per datastore object: ``forward(datastore=...)`` applies the same check as
+        `set_datastore` without fingerprinting the weights on every decoding step."""
+        checked = self._checked_datastores.get(id(datastore))
+        if checked is not None and checked() is datastore:
+            return
+        force = (not self.config.check_datastore) if force is None else force
+        where = str(datastore.folder or "")
+        check_fingerprints(datastore.description, self.lm, None, force, where=where, allow_unverified=allow_unverified)
+        if datastore.description.get("module_path") != self.key_module_name:
+            logger.warning(
+                f"the datastore's keys were read at {datastore.description.get('module_path')!r}, the queries "
+                f"are read at {self.key_module_name!r}; set config.key_module_path to match."
+            )
+        self._checked_datastores = {key: ref for key, ref in self._checked_datastores.items() if ref() is not None}
+        self._checked_datastores[id(datastore)] = weakref.ref(datastore)
 
     @property
     def key_module_name(self) -> str:
@@ -154,11 +174,22 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         Args:
             labels: ``(B, T)`` token ids, shifted inside the model (``labels[:, 1:]`` scores ``logits[:, :-1]``);
                 ``-100`` is ignored. The loss is on the interpolated distribution.
-            datastore: overrides the attached datastore for this call.
-            lmbda / k: override ``config.lmbda`` / ``config.k`` for this call (e.g. a λ sweep).
+            datastore: overrides the attached datastore for this call; checked like `set_datastore` (once per
+                datastore object; to use an unverified one, attach it with ``allow_unverified=True`` first).
+            lmbda / k: override ``config.lmbda`` / ``config.k`` for this call (e.g. a λ sweep); ``lmbda`` must be a
+                finite number in [0, 1].
         """
+        if datastore is not None and datastore is not self.datastore:
+            self._check_datastore(datastore)
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
+        if isinstance(lmbda, torch.Tensor) and lmbda.numel() == 1:
+            lmbda = lmbda.item()
+        if isinstance(lmbda, bool) or not isinstance(lmbda, (int, float)) or not 0.0 <= lmbda <= 1.0:
+            source = "config.lmbda" if lmbda is self.config.lmbda else "lmbda"
+            raise ValueError(
+                f"{source}={lmbda!r} must be a number in [0, 1] (the weight of the kNN distribution; 0 is the base LM)."
+            )
         k = self.config.k if k is None else k
         retrieve = datastore is not None and lmbda > 0
         base_kwargs = {
@@ -238,13 +269,22 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
                 copy = KNNDatastore(self.datastore.key_shards, self.datastore.value_shards, self.datastore.description)
                 copy.save(target)
                 if index is not None and folder is not None:
-                    index.save(target / f"index-{self.config.index_type}")
+                    index.save(target / f"index-{self.config.index_type}", metadata=copy.index_metadata())
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, datastore: KNNDatastore | None = None, **kwargs):
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path,
+        *args,
+        datastore: KNNDatastore | None = None,
+        allow_unverified_datastore: bool = False,
+        **kwargs,
+    ):
         """Load the wrapper and attach ``datastore``, else ``config.datastore_path``, else the checkpoint's
         ``datastore/`` folder (a local folder's, or a Hub repository's, fetched into the Hub cache beside the
-        weights), searching with ``config.index_type``."""
+        weights), searching with ``config.index_type``. The datastore is checked as `set_datastore` checks it;
+        ``allow_unverified_datastore=True`` accepts one without a fingerprint (or an index that records no shards)
+        with a warning."""
         hub_kwargs = {name: kwargs.get(name) for name in _HUB_KWARGS if kwargs.get(name) is not None}
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         if datastore is None:
@@ -253,9 +293,9 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
                 folder = _checkpoint_datastore(str(pretrained_model_name_or_path), hub_kwargs)
             if folder is not None:
                 index = None if model.config.index_type == "exact" else model.config.index_type
-                datastore = KNNDatastore.load(folder, index_type=index)
+                datastore = KNNDatastore.load(folder, index_type=index, allow_unverified=allow_unverified_datastore)
         if datastore is not None:
-            model.set_datastore(datastore)
+            model.set_datastore(datastore, allow_unverified=allow_unverified_datastore)
         return model
 
 
