@@ -32,7 +32,13 @@ from transformers.utils import ModelOutput, logging
 
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling_utils import RemoteCodeMixin
-from ...retrieval.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
+from ...retrieval.datastore import (
+    KNNDatastore,
+    capture_module_inputs,
+    check_fingerprints,
+    model_fingerprints,
+    resolve_key_module,
+)
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -132,6 +138,37 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm.get_output_embeddings()
 
+    def set_output_embeddings(self, new_embeddings):
+        self.lm.set_output_embeddings(new_embeddings)
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, *args, **kwargs):
+        """Resize the base model's token embeddings (and output layer) and keep ``config.base_config`` in step.
+
+        An attached datastore stays attached while every token it predicts is still in the vocabulary (its keys are
+        hidden states, which new embedding rows do not change); shrinking below one of its tokens is refused.
+        """
+        if new_num_tokens is not None and self.datastore is not None:
+            largest = max((int(values.max()) for values in self.datastore.value_shards if values.numel()), default=-1)
+            if new_num_tokens <= largest:
+                raise ValueError(
+                    f"resize_token_embeddings({new_num_tokens}) would drop token {largest}, which the attached "
+                    "datastore predicts; keep new_num_tokens > that, or detach the datastore first "
+                    "(set_datastore(None)) and build a new one."
+                )
+        embeddings = self.lm.resize_token_embeddings(new_num_tokens, *args, **kwargs)
+        self.config.base_config = self.lm.config
+        if self.datastore is not None:  # the same keys, now of the resized model: its copy carries new fingerprints
+            old = self.datastore
+            description = {**old.description, **model_fingerprints(self.lm)}
+            self.datastore = KNNDatastore(old.key_shards, old.value_shards, description, old.folder, old.index)
+            if self.config.datastore_path is not None:
+                logger.warning(
+                    f"resize_token_embeddings: the datastore at {self.config.datastore_path} was fingerprinted with "
+                    "the model before resizing; save it again (model.datastore.save(folder)) or set "
+                    "config.datastore_path=None so that save_pretrained writes a copy that matches."
+                )
+        return embeddings
+
     # -------------------------------------------------------------------------------------------------- forward
     def forward(
         self,
@@ -157,6 +194,7 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
             datastore: overrides the attached datastore for this call.
             lmbda / k: override ``config.lmbda`` / ``config.k`` for this call (e.g. a λ sweep).
         """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
         k = self.config.k if k is None else k
@@ -200,7 +238,7 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
                 labels[:, 1:].reshape(-1).to(log_probs.device),
                 ignore_index=-100,
             )
-        return KNNLMCausalLMOutput(
+        output = KNNLMCausalLMOutput(
             loss=loss,
             logits=log_probs,
             lm_log_probs=lm_log_probs,
@@ -211,6 +249,7 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
             hidden_states=getattr(outputs, "hidden_states", None),
             attentions=getattr(outputs, "attentions", None),
         )
+        return output if return_dict else output.to_tuple()
 
     # ------------------------------------------------------------------------------------------------ generation
     def prepare_inputs_for_generation(self, *args, **kwargs):
