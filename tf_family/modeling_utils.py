@@ -43,6 +43,36 @@ class RemoteCodeMixin:
             exporter.export_remote_code(save_directory)
 
 
+class AdaptiveTokenEmbeddingsMixin:
+    """``resize_token_embeddings`` for the models whose input embeddings are a `tf_family.layers.AdaptiveEmbedding`
+    and whose ``lm_head``, when they have one, is a `ProjectedAdaptiveLogSoftmax` (Transformer-XL, Compressive,
+    Memorizing). transformers' own resizing needs one embedding matrix; here the last cluster of both is resized
+    (`AdaptiveEmbedding.resize`), the cutoffs stay, and tied weights are tied again."""
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Module:
+        """Resize the vocabulary to ``new_num_tokens`` (rounded up to ``pad_to_multiple_of``) and return the input
+        embeddings. New rows are drawn as ``_init_weights`` draws them (transformers' ``mean_resizing`` fits one
+        embedding matrix; it does not apply to clustered embeddings). A size at or below the last cutoff raises a
+        `ValueError` (the adaptive layout cannot shrink into its frequent-token clusters)."""
+        embeddings = self.get_input_embeddings()
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return embeddings
+        new_num_tokens = embeddings.bounds[-1] if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of is not None:
+            if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+                raise ValueError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of!r}.")
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        embeddings.resize(new_num_tokens, self._init_weights)
+        head = getattr(self, "lm_head", None)
+        if head is not None:
+            head.resize(new_num_tokens, self._init_weights)
+        self.config.vocab_size = new_num_tokens
+        self.tie_weights()
+        return embeddings
+
+
 def build_activation(name: str) -> nn.Module:
     """transformers' activation ``name``; its Python tanh-approximate GELU (``gelu_new``) becomes PyTorch's fused
     one (the same function, several times faster on CPU)."""
@@ -81,4 +111,11 @@ def fused_projections(hidden: torch.Tensor, *linears: nn.Module) -> tuple[torch.
     return F.linear(hidden, weight, bias).split([linear.out_features for linear in linears], dim=-1)
 
 
-__all__ = ["Dropout", "RemoteCodeMixin", "build_activation", "find_first_real_token", "fused_projections"]
+__all__ = [
+    "AdaptiveTokenEmbeddingsMixin",
+    "Dropout",
+    "RemoteCodeMixin",
+    "build_activation",
+    "find_first_real_token",
+    "fused_projections",
+]
