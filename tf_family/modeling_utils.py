@@ -89,6 +89,33 @@ def find_first_real_token(attention_mask: torch.Tensor | None, batch: int, devic
     return attention_mask.to(torch.int).argmax(dim=1)  # (B,)
 
 
+def decoding_step_inputs(
+    input_ids: torch.LongTensor,
+    past_length: int,
+    attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    embed: nn.Module,
+) -> dict[str, torch.Tensor]:
+    """What one `generate` step feeds a model whose cache holds ``past_length`` positions: ``{"input_ids": …}``
+    (the tokens the cache has not seen) or ``{"inputs_embeds": …}``.
+
+    Under ``generate(inputs_embeds=...)`` the prompt is embeddings and ``input_ids`` holds only the tokens generated
+    so far; positions the cache has not seen are taken from the prompt's embeddings and from ``embed(input_ids)``
+    (the model's input embeddings), so decoding without a cache re-reads the whole prefix too. ``attention_mask``,
+    when given, covers the whole sequence (left padding included).
+    """
+    if inputs_embeds is None:
+        total = attention_mask.shape[1] if attention_mask is not None else input_ids.shape[1]
+        return {"input_ids": input_ids[:, input_ids.shape[1] - (total - past_length) :]}
+    prompt = inputs_embeds.shape[1]
+    if past_length >= prompt:  # the cache covers the prompt: only generated tokens are new
+        return {"input_ids": input_ids[:, past_length - prompt :]}
+    if input_ids.shape[1] == 0:
+        return {"inputs_embeds": inputs_embeds[:, past_length:]}
+    generated = embed(input_ids).to(inputs_embeds.dtype)  # (B, T_generated, D)
+    return {"inputs_embeds": torch.cat([inputs_embeds, generated], dim=1)[:, past_length:]}
+
+
 def _is_plain_linear(module: nn.Module) -> bool:
     return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
 
@@ -116,6 +143,7 @@ __all__ = [
     "Dropout",
     "RemoteCodeMixin",
     "build_activation",
+    "decoding_step_inputs",
     "find_first_real_token",
     "fused_projections",
 ]

@@ -411,3 +411,14 @@ def test_resize_token_embeddings_keeps_the_datastore(built, tmp_path):
         assert torch.equal(loaded(ids).logits, after.logits)
     with pytest.raises(ValueError, match="which the attached datastore predicts"):
         model.resize_token_embeddings(4)
+
+
+def test_generate_from_inputs_embeds_retrieves_like_generate_from_ids(built):
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.5)
+    prompt = blocks.input_ids[:2, :5]
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "attention_mask": torch.ones_like(prompt)}
+    with torch.no_grad():
+        expected = model.generate(prompt, **kwargs)[:, 5:]
+        got = model.generate(inputs_embeds=model.get_input_embeddings()(prompt), **kwargs)
+    assert torch.equal(got, expected)

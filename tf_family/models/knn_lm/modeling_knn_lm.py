@@ -252,8 +252,18 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         return output if return_dict else output.to_tuple()
 
     # ------------------------------------------------------------------------------------------------ generation
-    def prepare_inputs_for_generation(self, *args, **kwargs):
-        inputs = self.lm.prepare_inputs_for_generation(*args, **kwargs)
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, **kwargs
+    ) -> dict:
+        """The base model's inputs for one decoding step (``inputs_embeds`` named here, so that
+        ``generate(inputs_embeds=...)`` is accepted), plus this call's ``datastore`` / ``lmbda`` / ``k``."""
+        inputs = self.lm.prepare_inputs_for_generation(
+            input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
         for name in ("datastore", "lmbda", "k"):
             if name in kwargs:
                 inputs[name] = kwargs[name]

@@ -61,7 +61,13 @@ from ...conversion import ForeignCheckpointMixin
 from ...layers.reversible import reversible_stack
 from ...losses import sequence_classification_loss
 from ...modeling_heads import question_answering_output
-from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token
+from ...modeling_utils import (
+    Dropout,
+    RemoteCodeMixin,
+    build_activation,
+    decoding_step_inputs,
+    find_first_real_token,
+)
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 from .convert_reformer import TRANSFORMERS_REFORMER
@@ -628,10 +634,9 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
         model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
         if use_cache:
             model_inputs["past_key_values"] = past_key_values
-        if inputs_embeds is not None and past == 0:
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids[:, past:]
+        model_inputs.update(
+            decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
+        )
         for name in ("num_hashes", "hash_seed", "logits_to_keep"):
             if kwargs.get(name) is not None:
                 model_inputs[name] = kwargs[name]
