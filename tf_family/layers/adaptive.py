@@ -75,6 +75,8 @@ class AdaptiveEmbedding(nn.Module):
                 embeddings = F.linear(embeddings, self.projections[0])  # (B, T, D)
             return embeddings * self.scale
         flat_ids = input_ids.reshape(-1)  # (B*T,)
+        if torch.compiler.is_exporting():
+            return self._embed_every_cluster(flat_ids).view(*input_ids.shape, -1) * self.scale  # (B, T, D)
         embeddings = None
         for cluster, layer in enumerate(self.layers):
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
@@ -88,6 +90,21 @@ class AdaptiveEmbedding(nn.Module):
         if embeddings is None:
             raise ValueError("input_ids is empty.")
         return embeddings.view(*input_ids.shape, -1) * self.scale  # (B, T, D)
+
+    def _embed_every_cluster(self, flat_ids: torch.Tensor) -> torch.Tensor:
+        """``(N, D)`` embeddings with no branch on the data (for `torch.export`, which cannot trace "skip the
+        clusters no token falls in"): every cluster embeds every token (ids clamped into its range) and keeps the
+        rows of its own tokens. The same values as the gathering path, at the cost of one product per cluster."""
+        embeddings = None
+        for cluster, layer in enumerate(self.layers):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            local = (flat_ids - low).clamp(0, high - low - 1)  # (N,)
+            cluster_embeddings = F.linear(layer(local), self.projections[cluster])  # (N, D)
+            inside = ((flat_ids >= low) & (flat_ids < high))[:, None]  # (N, 1)
+            if embeddings is None:
+                embeddings = cluster_embeddings.new_zeros(cluster_embeddings.shape)
+            embeddings = torch.where(inside, cluster_embeddings.to(embeddings.dtype), embeddings)
+        return embeddings
 
     def resize(self, vocab_size: int, init_module: Callable[[nn.Module], None]) -> None:
         """Grow or shrink the vocabulary to ``vocab_size`` by resizing the last cluster (the whole matrix when

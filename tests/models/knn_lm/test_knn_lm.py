@@ -422,3 +422,15 @@ def test_generate_from_inputs_embeds_retrieves_like_generate_from_ids(built):
         expected = model.generate(prompt, **kwargs)[:, 5:]
         got = model.generate(inputs_embeds=model.get_input_embeddings()(prompt), **kwargs)
     assert torch.equal(got, expected)
+
+
+def test_exporting_retrieval_is_refused_clearly(built):
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.4).eval()
+    ids = blocks.input_ids[:2]
+    with pytest.raises(NotImplementedError, match=r"torch.export cannot trace the kNN-LM's retrieval.*model.lm"):
+        torch.export.export(model, args=(ids,), kwargs={"use_cache": False}, strict=False)
+    exported = torch.export.export(model, args=(ids,), kwargs={"use_cache": False, "lmbda": 0.0}, strict=False)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False, lmbda=0.0).logits
+        torch.testing.assert_close(exported.module()(ids, use_cache=False, lmbda=0.0).logits, expected)

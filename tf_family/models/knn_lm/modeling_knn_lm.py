@@ -14,6 +14,9 @@ computed in log space (`tf_family.memory.knn_lm`). ``logits`` of the output are 
 cross-entropy, sampling and greedy decoding apply unchanged. The base model's KV cache is passed through, so
 ``generate()`` decodes incrementally; each new position searches the datastore once.
 
+Export: ``torch.export`` traces the model without retrieval (no datastore, or ``lmbda=0``), which is the base
+model; with a datastore it raises `NotImplementedError` (the search runs over an external store).
+
 Deviations: the paper's datastore of WikiText-103 used fairseq's ``last_ffn_input`` key (``key_point="ffn_input"``
 here); the default here is the input of the output layer, which needs no knowledge of the layer layout. State is
 explicit: the datastore is attached (`set_datastore`, ``from_pretrained``) or passed to ``forward(datastore=...)``.
@@ -199,6 +202,13 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         lmbda = self.config.lmbda if lmbda is None else lmbda
         k = self.config.k if k is None else k
         retrieve = datastore is not None and lmbda > 0
+        if retrieve and torch.compiler.is_exporting():
+            raise NotImplementedError(
+                "torch.export cannot trace the kNN-LM's retrieval: the datastore is searched outside the model "
+                "(memory-mapped shards or a faiss index, a data-dependent search). Export the base model "
+                "(model.lm), or this model with lmbda=0 or no datastore (set_datastore(None)), and interpolate "
+                "with the search results outside the exported graph."
+            )
         base_kwargs = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,

@@ -120,7 +120,8 @@ class TffLongformerEmbeddings(nn.Module):
         batch, length = inputs_embeds.shape[:2]
         if position_ids is None:
             position_ids = self.position_ids(input_ids, attention_mask, batch, length, inputs_embeds.device)
-        if int(position_ids.max()) >= self.position_embeddings.num_embeddings:
+        # a data-dependent check: skipped while torch.compile / torch.export trace the model
+        if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.position_embeddings.num_embeddings:
             raise ValueError(
                 f"The input needs position {int(position_ids.max())} but max_position_embeddings="
                 f"{self.position_embeddings.num_embeddings}; shorten the input to at most "

@@ -131,7 +131,12 @@ class TffReformerEmbeddings(nn.Module):
     def forward(self, input_ids, inputs_embeds, position_ids: torch.Tensor) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, D)
-        if position_ids.numel() and int(position_ids.max()) >= self.max_positions:
+        # a data-dependent check: skipped while torch.compile / torch.export trace the model
+        if (
+            not torch.compiler.is_compiling()
+            and position_ids.numel()
+            and int(position_ids.max()) >= self.max_positions
+        ):
             raise ValueError(
                 f"The input needs position {int(position_ids.max())} but the model has {self.max_positions} "
                 f"positions ({'prod(axial_pos_shape)' if self.kind == 'axial' else 'max_position_embeddings'}); "
