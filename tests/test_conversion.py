@@ -216,3 +216,28 @@ def test_variant_and_use_safetensors_pick_the_weight_file(tmp_path):
     assert torch.equal(read_weights(tmp_path, {})["a"], torch.zeros(2))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         read_weights(tmp_path, {}, use_safetensors=True)
+
+
+@pytest.mark.parametrize("name", ["transfo-xl", "longformer", "big-bird", "decision-transformer"])
+def test_big_model_loading_arguments_on_foreign_folders(tmp_path, name):
+    """``device_map`` and ``low_cpu_mem_usage`` go through the foreign-checkpoint hook to transformers, for the task
+    class the folder was saved as, for the base model (a masked-LM folder has no pooler: it starts fresh) and
+    through the Auto class (legacy transfo-xl)."""
+    folder, model_class = reference(tmp_path, name)
+    spec = next(spec for spec in ARCHITECTURES.values() if model_class in spec.model_classes.values())
+    for task_class in {model_class, spec.model_classes.get("base", model_class)}:
+        plain = task_class.from_pretrained(folder)
+        placed = task_class.from_pretrained(folder, device_map="cpu", low_cpu_mem_usage=True)
+        assert type(placed) is task_class and not placed.training
+        assert {parameter.device.type for parameter in placed.parameters()} == {"cpu"}
+        if task_class is model_class:
+            assert_same_weights(plain, placed)
+        else:  # the base model: everything but a freshly initialised pooler comes from the folder
+            fresh = {key for key in plain.state_dict() if key.startswith("pooler.")}
+            expected, got = plain.state_dict(), placed.state_dict()
+            assert expected.keys() == got.keys()
+            assert all(torch.equal(expected[key], got[key]) for key in expected.keys() - fresh)
+    if name == "transfo-xl":  # the legacy model type goes through the same hook from the Auto class
+        loaded = AutoModelForCausalLM.from_pretrained(folder, device_map="cpu", low_cpu_mem_usage=True)
+        assert type(loaded) is model_class
+        assert_same_weights(model_class.from_pretrained(folder), loaded)

@@ -6,7 +6,7 @@ Importing the package registers every architecture with the transformers Auto cl
 import importlib
 
 from .auto import register_all
-from .memory import CompressiveMemory, KNNMemory, MemorizingMemory, SegmentMemory
+from .memory import CompressiveMemory, KNNMemory, MemorizingMemory, SegmentMemory, register_pytree_nodes
 from .models.big_bird.configuration_big_bird import TffBigBirdConfig
 from .models.big_bird.modeling_big_bird import (
     TffBigBirdForMaskedLM,
@@ -73,6 +73,7 @@ from .spec import ArchSpec
 __version__ = "0.1.0"
 
 register_all()
+register_pytree_nodes()  # torch.export traces the models that return a SegmentMemory / CompressiveMemory
 
 # subpackages a bare `import tf_family` does not load, reachable as attributes all the same (`tf_family.data.load_sotu()`)
 _LAZY_SUBMODULES = ("cards", "cli", "conversion", "data", "hub", "metrics", "retrieval", "training")

@@ -53,6 +53,36 @@ class RemoteCodeMixin:
             exporter.export_remote_code(save_directory)
 
 
+class AdaptiveTokenEmbeddingsMixin:
+    """``resize_token_embeddings`` for the models whose input embeddings are a `tf_family.layers.AdaptiveEmbedding`
+    and whose ``lm_head``, when they have one, is a `ProjectedAdaptiveLogSoftmax` (Transformer-XL, Compressive,
+    Memorizing). transformers' own resizing needs one embedding matrix; here the last cluster of both is resized
+    (`AdaptiveEmbedding.resize`), the cutoffs stay, and tied weights are tied again."""
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Module:
+        """Resize the vocabulary to ``new_num_tokens`` (rounded up to ``pad_to_multiple_of``) and return the input
+        embeddings. New rows are drawn as ``_init_weights`` draws them (transformers' ``mean_resizing`` fits one
+        embedding matrix; it does not apply to clustered embeddings). A size at or below the last cutoff raises a
+        `ValueError` (the adaptive layout cannot shrink into its frequent-token clusters)."""
+        embeddings = self.get_input_embeddings()
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return embeddings
+        new_num_tokens = embeddings.bounds[-1] if new_num_tokens is None else new_num_tokens
+        if pad_to_multiple_of is not None:
+            if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+                raise ValueError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of!r}.")
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        embeddings.resize(new_num_tokens, self._init_weights)
+        head = getattr(self, "lm_head", None)
+        if head is not None:
+            head.resize(new_num_tokens, self._init_weights)
+        self.config.vocab_size = new_num_tokens
+        self.tie_weights()
+        return embeddings
+
+
 def build_activation(name: str) -> nn.Module:
     """transformers' activation ``name``; its Python tanh-approximate GELU (``gelu_new``) becomes PyTorch's fused
     one (the same function, several times faster on CPU)."""
@@ -67,6 +97,33 @@ def find_first_real_token(attention_mask: torch.Tensor | None, batch: int, devic
     if attention_mask is None:
         return torch.zeros(batch, dtype=torch.long, device=device)
     return attention_mask.to(torch.int).argmax(dim=1)  # (B,)
+
+
+def decoding_step_inputs(
+    input_ids: torch.LongTensor,
+    past_length: int,
+    attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    embed: nn.Module,
+) -> dict[str, torch.Tensor]:
+    """What one `generate` step feeds a model whose cache holds ``past_length`` positions: ``{"input_ids": …}``
+    (the tokens the cache has not seen) or ``{"inputs_embeds": …}``.
+
+    Under ``generate(inputs_embeds=...)`` the prompt is embeddings and ``input_ids`` holds only the tokens generated
+    so far; positions the cache has not seen are taken from the prompt's embeddings and from ``embed(input_ids)``
+    (the model's input embeddings), so decoding without a cache re-reads the whole prefix too. ``attention_mask``,
+    when given, covers the whole sequence (left padding included).
+    """
+    if inputs_embeds is None:
+        total = attention_mask.shape[1] if attention_mask is not None else input_ids.shape[1]
+        return {"input_ids": input_ids[:, input_ids.shape[1] - (total - past_length) :]}
+    prompt = inputs_embeds.shape[1]
+    if past_length >= prompt:  # the cache covers the prompt: only generated tokens are new
+        return {"input_ids": input_ids[:, past_length - prompt :]}
+    if input_ids.shape[1] == 0:
+        return {"inputs_embeds": inputs_embeds[:, past_length:]}
+    generated = embed(input_ids).to(inputs_embeds.dtype)  # (B, T_generated, D)
+    return {"inputs_embeds": torch.cat([inputs_embeds, generated], dim=1)[:, past_length:]}
 
 
 def _is_plain_linear(module: nn.Module) -> bool:
@@ -91,4 +148,12 @@ def fused_projections(hidden: torch.Tensor, *linears: nn.Module) -> tuple[torch.
     return F.linear(hidden, weight, bias).split([linear.out_features for linear in linears], dim=-1)
 
 
-__all__ = ["Dropout", "RemoteCodeMixin", "build_activation", "find_first_real_token", "fused_projections"]
+__all__ = [
+    "AdaptiveTokenEmbeddingsMixin",
+    "Dropout",
+    "RemoteCodeMixin",
+    "build_activation",
+    "decoding_step_inputs",
+    "find_first_real_token",
+    "fused_projections",
+]

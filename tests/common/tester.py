@@ -382,6 +382,22 @@ def check_generation_cache(spec: ArchSpec) -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+def check_generation_from_inputs_embeds(spec: ArchSpec) -> None:
+    """``generate(inputs_embeds=...)`` gives the tokens ``generate(input_ids)`` gives for the same prompt (greedy),
+    with and without a cache."""
+    if "causal_lm" not in spec.model_classes:
+        return
+    model = build(spec, "causal_lm")
+    prompt = make_inputs(spec, model.config, "causal_lm", batch=2, length=4)["input_ids"]
+    kwargs = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "attention_mask": torch.ones_like(prompt)}
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(prompt)
+        for use_cache in (True, False):
+            expected = model.generate(prompt, use_cache=use_cache, **kwargs)[:, prompt.shape[1] :]
+            got = model.generate(inputs_embeds=embeds, use_cache=use_cache, **kwargs)
+            assert torch.equal(got, expected), f"use_cache={use_cache}: {got.tolist()} != {expected.tolist()}"
+
+
 def check_gradient_checkpointing(spec: ArchSpec) -> None:
     task = next(t for t in ("causal_lm", "base", *spec.model_classes) if t in spec.model_classes)
     if not spec.model_classes[task].supports_gradient_checkpointing:
@@ -421,6 +437,7 @@ ALL_CHECKS = [
     check_causality,
     check_memory_equivalence,
     check_generation_cache,
+    check_generation_from_inputs_embeds,
     check_gradient_checkpointing,
     check_bf16_autocast,
 ]

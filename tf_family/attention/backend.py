@@ -29,8 +29,11 @@ def takes_masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     """Whether `attend` computes with our own CPU function (native kernel or `masked_attention`): on CPU in
     float32/64, under dropout (PyTorch then takes its unfused math path) or when a gradient is needed (PyTorch's fused
     CPU backward is slower: measured 1.2-1.35x ours forward+backward at the chunk shapes of Longformer and BigBird,
-    2 cores)."""
+    2 cores). Never under `torch.export`: PyTorch's SDPA exports, our CPU functions (a C++ extension, a custom
+    autograd function) do not."""
     if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.float64):
+        return False
+    if torch.compiler.is_exporting():
         return False
     return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
 

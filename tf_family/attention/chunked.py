@@ -79,9 +79,15 @@ class _ChunkedAttention(torch.autograd.Function):
         scaled = query * width**-0.5
         keys = window_view(pad_chunks(key.contiguous(), before, after, wrap), span, size)  # (B, A, N, Dh, K)
         values = window_view(pad_chunks(value.contiguous(), before, after, wrap), span, size)
-        scores = query.new_empty(batch, rows, num_chunks, size, span * size)
-        for b, a in _rows(scores):
-            torch.bmm(scaled[b, a], keys[b, a], out=scores[b, a])
+        # one bmm per row into a preallocated buffer; under torch.export one batched product instead (an exported
+        # graph cannot hold out= products, which refuse inputs that require a gradient)
+        exporting = torch.compiler.is_exporting()
+        if exporting:
+            scores = torch.matmul(scaled, keys)  # (B, A, N, C, K)
+        else:
+            scores = query.new_empty(batch, rows, num_chunks, size, span * size)
+            for b, a in _rows(scores):
+                torch.bmm(scaled[b, a], keys[b, a], out=scores[b, a])
         if bias is not None:
             scores += bias
         if blocked is not None:
@@ -105,9 +111,12 @@ class _ChunkedAttention(torch.autograd.Function):
         if dropout_p > 0.0:
             kept, scale = dropout_mask(probs.shape, dropout_p, probs.device)
             attended = kept.view(torch.uint8).to(probs.dtype).mul_(probs).mul_(scale)
-        out = query.new_empty(batch, rows, num_chunks, size, width)
-        for b, a in _rows(out):
-            torch.bmm(attended[b, a], values[b, a].transpose(-1, -2), out=out[b, a])
+        if exporting:
+            out = torch.matmul(attended, values.transpose(-1, -2))  # (B, A, N, C, Dh)
+        else:
+            out = query.new_empty(batch, rows, num_chunks, size, width)
+            for b, a in _rows(out):
+                torch.bmm(attended[b, a], values[b, a].transpose(-1, -2), out=out[b, a])
         # a self-only score is a constant: no gradient. Elsewhere its probability is 0, or (a row with only itself)
         # its gradient vanishes in exact arithmetic, but not under transformers' rounding (wrap)
         frozen = self_slot if wrap and not isinstance(self_slot, str) else None

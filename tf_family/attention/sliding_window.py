@@ -74,9 +74,14 @@ class GlobalTokens:
         if key_padding_mask is not None:
             mask = mask & key_padding_mask.to(torch.bool)
         counts = mask.sum(dim=1)  # (B,)
-        num_slots = int(counts.max()) if mask.numel() else 0
-        if num_slots == 0:
-            return None
+        if torch.compiler.is_exporting():
+            # the number of global tokens is data: an exported graph gets one slot per position (unused ones are
+            # masked), the same values at the cost of the global attention of every position
+            num_slots = mask.shape[1]
+        else:
+            num_slots = int(counts.max()) if mask.numel() else 0
+            if num_slots == 0:
+                return None
         length = mask.shape[1]
         # stable sort puts the global positions first, in order
         order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices  # (B, T)

@@ -197,7 +197,7 @@ def check_state_dict(
     left out. When the checkpoint has another task's head, that head is skipped and the model's head keeps its
     fresh initialisation (with a warning); a checkpoint with no head at all gives a model with a head a fresh one.
     Body weights under ``unused`` (``"pooler."``, which some heads do not have) are dropped when the model lacks
-    them. Anything else missing, unexpected or mis-shaped raises a `ValueError` that names the keys.
+    them, and start fresh (with a warning) when the checkpoint lacks them. Anything else missing, unexpected or mis-shaped raises a `ValueError` that names the keys.
     """
     expected = {key: tensor.shape for key, tensor in model.state_dict().items()}
     model_has_prefix = any(key.startswith(base_prefix) for key in expected)
@@ -220,6 +220,9 @@ def check_state_dict(
     # a checkpoint without any head loaded into a model with one: the head starts fresh
     if missing and not checkpoint_head and set(missing) <= model_head:
         fresh_head, missing = set(missing), []
+    # body weights under ``unused`` that the checkpoint lacks (a masked-LM folder has no pooler): they start fresh
+    fresh_unused = {key for key in missing if key.startswith(droppable)}
+    fresh_head, missing = fresh_head | fresh_unused, [key for key in missing if key not in fresh_unused]
     unexpected = sorted(set(state_dict) - set(expected))
     mis_shaped = sorted(
         f"{key}: checkpoint {tuple(state_dict[key].shape)} vs model {tuple(expected[key])}"

@@ -10,7 +10,7 @@ vocabulary (projected only when ``d_embed != d_model``). Parameter names follow 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,34 @@ from torch import nn
 
 def _cluster_widths(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
     return [d_embed // (div_val**cluster) for cluster in range(num_clusters)]
+
+
+def _check_new_vocab_size(bounds: Sequence[int], vocab_size: int) -> None:
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size <= bounds[-2]:
+        raise ValueError(
+            f"new_num_tokens={vocab_size!r}: an adaptive embedding resizes only its last cluster, which starts at the "
+            f"last cutoff {bounds[-2]}, so new_num_tokens must be an int > {bounds[-2]}. To go below it, build a "
+            "model whose config has smaller `cutoffs` and copy the weights you keep."
+        )
+
+
+def _resized(
+    module: nn.Embedding | nn.Linear, rows: int, init_module: Callable[[nn.Module], None]
+) -> nn.Embedding | nn.Linear:
+    """A copy of ``module`` with ``rows`` rows (embeddings, or output features): the first rows kept, new ones
+    initialised by ``init_module`` (the model's ``_init_weights``)."""
+    factory = {"device": module.weight.device, "dtype": module.weight.dtype}
+    if isinstance(module, nn.Embedding):
+        new = nn.Embedding(rows, module.embedding_dim, **factory)
+    else:
+        new = nn.Linear(module.in_features, rows, bias=module.bias is not None, **factory)
+    init_module(new)
+    keep = min(rows, module.weight.shape[0])
+    with torch.no_grad():
+        new.weight[:keep] = module.weight[:keep]
+        if getattr(module, "bias", None) is not None:
+            new.bias[:keep] = module.bias[:keep]
+    return new
 
 
 class AdaptiveEmbedding(nn.Module):
@@ -47,6 +75,8 @@ class AdaptiveEmbedding(nn.Module):
                 embeddings = F.linear(embeddings, self.projections[0])  # (B, T, D)
             return embeddings * self.scale
         flat_ids = input_ids.reshape(-1)  # (B*T,)
+        if torch.compiler.is_exporting():
+            return self._embed_every_cluster(flat_ids).view(*input_ids.shape, -1) * self.scale  # (B, T, D)
         embeddings = None
         for cluster, layer in enumerate(self.layers):
             low, high = self.bounds[cluster], self.bounds[cluster + 1]
@@ -60,6 +90,30 @@ class AdaptiveEmbedding(nn.Module):
         if embeddings is None:
             raise ValueError("input_ids is empty.")
         return embeddings.view(*input_ids.shape, -1) * self.scale  # (B, T, D)
+
+    def _embed_every_cluster(self, flat_ids: torch.Tensor) -> torch.Tensor:
+        """``(N, D)`` embeddings with no branch on the data (for `torch.export`, which cannot trace "skip the
+        clusters no token falls in"): every cluster embeds every token (ids clamped into its range) and keeps the
+        rows of its own tokens. The same values as the gathering path, at the cost of one product per cluster."""
+        embeddings = None
+        for cluster, layer in enumerate(self.layers):
+            low, high = self.bounds[cluster], self.bounds[cluster + 1]
+            local = (flat_ids - low).clamp(0, high - low - 1)  # (N,)
+            cluster_embeddings = F.linear(layer(local), self.projections[cluster])  # (N, D)
+            inside = ((flat_ids >= low) & (flat_ids < high))[:, None]  # (N, 1)
+            if embeddings is None:
+                embeddings = cluster_embeddings.new_zeros(cluster_embeddings.shape)
+            embeddings = torch.where(inside, cluster_embeddings.to(embeddings.dtype), embeddings)
+        return embeddings
+
+    def resize(self, vocab_size: int, init_module: Callable[[nn.Module], None]) -> None:
+        """Grow or shrink the vocabulary to ``vocab_size`` by resizing the last cluster (the whole matrix when
+        ``div_val == 1``): the cutoffs stay, rows kept keep their values, new rows are initialised by
+        ``init_module``. `ValueError` when ``vocab_size`` does not exceed the last cutoff."""
+        _check_new_vocab_size(self.bounds, vocab_size)
+        start = 0 if len(self.layers) == 1 else self.bounds[-2]
+        self.layers[-1] = _resized(self.layers[-1], vocab_size - start, init_module)
+        self.bounds[-1] = vocab_size
 
 
 class ProjectedAdaptiveLogSoftmax(nn.Module):
@@ -87,6 +141,15 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             for cluster, width in enumerate(_cluster_widths(d_embed, div_val, len(self.bounds) - 1)):
                 self.projections.append(nn.Parameter(torch.empty(d_model, width)))
                 self.out_layers.append(nn.Linear(width, self.bounds[cluster + 1] - self.bounds[cluster]))
+
+    def resize(self, vocab_size: int, init_module: Callable[[nn.Module], None]) -> None:
+        """`AdaptiveEmbedding.resize` for the output side: the last cluster's output layer (the whole one when
+        ``div_val == 1``) gets ``vocab_size - last cutoff`` rows; the head, its cluster entries and the
+        projections are unchanged, so the tokens of the other clusters keep their log-probabilities."""
+        _check_new_vocab_size(self.bounds, vocab_size)
+        start = 0 if len(self.out_layers) == 1 else self.bounds[-2]
+        self.out_layers[-1] = _resized(self.out_layers[-1], vocab_size - start, init_module)
+        self.bounds[-1] = vocab_size
 
     def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
         """Unnormalised scores of cluster ``cluster`` (the head also scores the tail clusters)."""

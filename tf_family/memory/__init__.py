@@ -42,7 +42,40 @@ from .knn_memory import (
 )
 from .segment import SegmentMemory, update_segment_memory
 
+
+def _flatten_fields(names: tuple[str, ...]):
+    return lambda state: ([getattr(state, name) for name in names], None)
+
+
+def _unflatten_fields(cls: type, names: tuple[str, ...]):
+    def unflatten(values, _context):
+        state = object.__new__(cls)  # no __post_init__ checks: pytree utilities rebuild with placeholder leaves
+        for name, value in zip(names, values, strict=True):
+            setattr(state, name, value)
+        return state
+
+    return unflatten
+
+
+def register_pytree_nodes() -> None:
+    """Make `SegmentMemory` and `CompressiveMemory` pytree nodes (idempotent), so that `torch.export` traces the
+    models that return them (Transformer-XL, the Compressive Transformer) with their memory. Called by
+    ``import tf_family``; nothing registers on importing this package alone."""
+    import torch.utils._pytree as pytree
+
+    nodes = {SegmentMemory: ("states", "mask"), CompressiveMemory: ("memory", "compressed", "usage")}
+    for cls, names in nodes.items():
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_pytree_node(
+                cls,
+                _flatten_fields(names),
+                _unflatten_fields(cls, names),
+                serialized_type_name=f"tf_family.memory.{cls.__name__}",
+            )
+
+
 __all__ = [
+    "register_pytree_nodes",
     "SEARCH_KINDS",
     "KNNMemory",
     "MemorizingMemory",

@@ -72,7 +72,7 @@ def _masked_scores(
     queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, expired: Expired | None
 ) -> torch.Tensor:
     scores = torch.einsum("bhtd,bhnd->bhtn", queries, keys.to(queries.dtype))  # (B, H, T, N)
-    if not bool(allowed.all()):
+    if torch.compiler.is_exporting() or not bool(allowed.all()):  # export: no branch on the data
         scores.masked_fill_(~allowed, float("-inf"))  # in place: the score tensor is the large one
     if expired is not None:  # only C columns differ per query: mask them without a (T, N) mask
         slots, gone = expired

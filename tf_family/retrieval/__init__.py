@@ -10,6 +10,7 @@ from .datastore import (
     check_fingerprints,
     fingerprint_model,
     fingerprint_tokenizer,
+    model_fingerprints,
     resolve_key_module,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "check_fingerprints",
     "fingerprint_model",
     "fingerprint_tokenizer",
+    "model_fingerprints",
     "resolve_key_module",
 ]

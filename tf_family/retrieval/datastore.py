@@ -20,7 +20,8 @@ Loading maps the shards into memory (no copy, no pickle) after checking the fold
 names must lie inside the folder (no ``..``, no absolute path, no symlink out of it), its header and shapes must
 agree with the description, and values must be integer token ids (damage is a `ValueError` naming the file). Using a
 datastore with a model checks that the model built it (the weights fingerprint): another model or tokenizer is
-refused unless ``force=True``; a description without a fingerprint is refused unless ``allow_unverified=True`` (both
+refused unless ``force=True``. The model fingerprint is of the weights' values, not their dtype: the model that
+built a datastore matches it when loaded in float32, bfloat16 or float16. A description without a fingerprint is refused unless ``allow_unverified=True`` (both
 only log a warning). Indexes built over the keys live in sub-folders ``index-<type>/`` (`FaissKNNStore`), each
 recording the ``content_sha256`` of the shards it was built from; an index of other shards (a datastore rebuilt in
 place) is refused on load.
@@ -63,13 +64,58 @@ class DatastoreMismatchError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------------ fingerprints
-def fingerprint_model(model: torch.nn.Module) -> str:
-    """SHA-256 of the model's parameter and buffer names, shapes and bytes (order independent)."""
+# the load dtypes a datastore's model may come back in (``from_pretrained(dtype=...)``); its fingerprint is also
+# recorded for the weights rounded to each, so that a datastore built in float32 serves the model loaded in bfloat16
+FINGERPRINT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def fingerprint_model(model: torch.nn.Module, rounded_to: torch.dtype | None = None) -> str:
+    """SHA-256 of the model's parameter and buffer names, shapes and values (order independent).
+
+    Floating-point tensors are hashed in float32 (after rounding to ``rounded_to`` when given), so the fingerprint
+    depends on the values, not on the dtype they are held in: a bfloat16 model and its float32 upcast agree, and a
+    float32 model's fingerprint with ``rounded_to=torch.bfloat16`` is that of the same model loaded with
+    ``dtype=torch.bfloat16``. For a float32 model it is the fingerprint tf_family always wrote.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu()
+        if tensor.is_floating_point():
+            tensor = (tensor if rounded_to is None else tensor.to(rounded_to)).float()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _dtype_exact_fingerprint(model: torch.nn.Module) -> str:
+    """The fingerprint of datastores written before fingerprints were dtype-independent: the tensors' own bytes
+    and dtypes (equal to `fingerprint_model` for a float32 model)."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def model_fingerprints(model: torch.nn.Module) -> dict[str, str]:
+    """The fingerprints a datastore records: its model's values (``"model_fingerprint"``) and those values rounded
+    to each of `FINGERPRINT_DTYPES` (``"model_fingerprint_rounded"``: dtype name -> fingerprint)."""
+    return {
+        "model_fingerprint": fingerprint_model(model),
+        "model_fingerprint_rounded": {
+            str(dtype).removeprefix("torch."): fingerprint_model(model, dtype) for dtype in FINGERPRINT_DTYPES
+        },
+    }
+
+
+def _same_model(description: Mapping[str, Any], model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds the weights that built the datastore ``description`` describes, in any load dtype
+    (float32, or rounded to bfloat16 / float16), or (a datastore of an older tf_family) byte for byte."""
+    recorded = description.get("model_fingerprint")
+    if recorded is None:
+        return True
+    accepted = {recorded, *(description.get("model_fingerprint_rounded") or {}).values()}
+    return fingerprint_model(model) in accepted or _dtype_exact_fingerprint(model) == recorded
 
 
 def fingerprint_tokenizer(tokenizer: Any) -> str | None:
@@ -470,7 +516,7 @@ def check_fingerprints(
                 "allow_unverified=True to use it anyway."
             )
         logger.warning(message + "; using it anyway (allow_unverified=True).")
-    elif model is not None and recorded != fingerprint_model(model):
+    elif model is not None and not _same_model(description, model):
         problems.append(
             f"it was built by another model (weights fingerprint {recorded[:12]}…, "
             f"built from {description.get('model_name_or_path')!r})"
@@ -621,7 +667,7 @@ def build_datastore(
             "model_class": type(model).__name__,
             "model_name_or_path": getattr(config, "_name_or_path", None) or None,
             "vocab_size": getattr(config, "vocab_size", None),
-            "model_fingerprint": fingerprint_model(model),
+            **model_fingerprints(model),
             "tokenizer_fingerprint": fingerprint_tokenizer(tokenizer),
             "content_sha256": digest.hexdigest(int(dim), key_dtype_name),
         }
@@ -644,6 +690,7 @@ __all__ = [
     "capture_module_inputs",
     "check_fingerprints",
     "fingerprint_model",
+    "model_fingerprints",
     "fingerprint_tokenizer",
     "resolve_key_module",
 ]

@@ -1,6 +1,7 @@
 """kNN-LM: datastore building and round trip, fingerprints, degenerate λ, a hand-computed example, faiss vs exact,
 generation with the base model's KV cache, save / from_pretrained with the datastore."""
 
+import hashlib
 import json
 import logging
 
@@ -330,3 +331,105 @@ def test_generation_around_transformer_xl_carries_its_segment_memory():
     assert torch.equal(cached.sequences, full.sequences)
     for step, score in enumerate(cached.scores):
         torch.testing.assert_close(score, whole[:, 2 + step], rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------- ecosystem
+def test_the_datastore_serves_the_model_in_any_load_dtype(built, tmp_path):
+    """The fingerprint is of the weights' values: ``from_pretrained(dtype=torch.bfloat16)``, and ``dtype="auto"`` on
+    a bfloat16 save, keep the datastore (both used to be refused as "built by another model")."""
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.4)
+    model.save_pretrained(tmp_path / "float32")
+    half = TffKNNLMForCausalLM.from_pretrained(tmp_path / "float32", dtype=torch.bfloat16)
+    assert half.lm.dtype == torch.bfloat16 and half.datastore is not None
+    ids = blocks.input_ids[:2]
+    with torch.no_grad():
+        torch.testing.assert_close(half(ids).logits, model(ids).logits, rtol=0.1, atol=0.1)
+    half.save_pretrained(tmp_path / "bfloat16")
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path / "bfloat16", dtype="auto")
+    assert auto.lm.dtype == torch.bfloat16 and auto.datastore is not None
+    assert TffKNNLMForCausalLM.from_pretrained(tmp_path / "bfloat16", dtype=torch.float32).datastore is not None
+    changed = base_llama(seed=1)  # other weights are still refused, whatever their dtype
+    with pytest.raises(DatastoreMismatchError, match="built by another model"):
+        TffKNNLMForCausalLM.from_base(changed.to(torch.bfloat16), datastore)
+
+
+def _old_fingerprint(model):
+    """The model fingerprint datastores carried before it ignored the dtype: the tensors' own dtypes and bytes."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_a_float32_model_keeps_its_old_fingerprint(built):
+    """Datastores written before fingerprints ignored the dtype stay valid: a float32 model's fingerprint is the
+    bytes-and-dtype hash tf_family always wrote, and an old description (that hash alone) is still accepted, also
+    for a bfloat16 model whose datastore was built in bfloat16."""
+    base, _, datastore, _ = built
+    assert fingerprint_model(base) == _old_fingerprint(base)
+    old = {key: value for key, value in datastore.description.items() if key != "model_fingerprint_rounded"}
+    TffKNNLMForCausalLM.from_base(base, KNNDatastore(datastore.key_shards, datastore.value_shards, old))
+    half = base_llama().to(torch.bfloat16)
+    old_half = {**old, "model_fingerprint": _old_fingerprint(half)}
+    TffKNNLMForCausalLM.from_base(half, KNNDatastore(datastore.key_shards, datastore.value_shards, old_half))
+
+
+def test_return_dict_false_gives_a_tuple(built):
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.4)
+    ids = blocks.input_ids[:2]
+    with torch.no_grad():
+        expected = model(ids, labels=ids)
+        output = model(ids, labels=ids, return_dict=False)
+    assert isinstance(output, tuple)
+    assert torch.equal(output[0], expected.loss) and torch.equal(output[1], expected.logits)
+
+
+def test_resize_token_embeddings_keeps_the_datastore(built, tmp_path):
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base_llama(), datastore, k=8, lmbda=0.4)
+    ids = blocks.input_ids[:2]
+    with torch.no_grad():
+        before = model(ids).lm_log_probs
+    model.resize_token_embeddings(VOCAB + 8)
+    assert model.get_input_embeddings().num_embeddings == VOCAB + 8
+    assert model.get_output_embeddings().out_features == VOCAB + 8
+    assert model.config.base_config.vocab_size == VOCAB + 8 and model.lm.config.vocab_size == VOCAB + 8
+    with torch.no_grad():
+        after = model(ids)
+    assert after.logits.shape[-1] == VOCAB + 8 and model.datastore is not None
+    # the old tokens keep their logits: their log-probabilities differ only by the new rows' share of the softmax
+    shift = (after.lm_log_probs[..., :VOCAB] - before).mean(dim=-1, keepdim=True)
+    torch.testing.assert_close(after.lm_log_probs[..., :VOCAB], before + shift, rtol=1e-4, atol=1e-4)
+    model.save_pretrained(tmp_path)
+    loaded = TffKNNLMForCausalLM.from_pretrained(tmp_path)  # its datastore copy matches the resized model
+    assert loaded.datastore is not None
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, after.logits)
+    with pytest.raises(ValueError, match="which the attached datastore predicts"):
+        model.resize_token_embeddings(4)
+
+
+def test_generate_from_inputs_embeds_retrieves_like_generate_from_ids(built):
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.5)
+    prompt = blocks.input_ids[:2, :5]
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "attention_mask": torch.ones_like(prompt)}
+    with torch.no_grad():
+        expected = model.generate(prompt, **kwargs)[:, 5:]
+        got = model.generate(inputs_embeds=model.get_input_embeddings()(prompt), **kwargs)
+    assert torch.equal(got, expected)
+
+
+def test_exporting_retrieval_is_refused_clearly(built):
+    base, blocks, datastore, _ = built
+    model = TffKNNLMForCausalLM.from_base(base, datastore, k=8, lmbda=0.4).eval()
+    ids = blocks.input_ids[:2]
+    with pytest.raises(NotImplementedError, match=r"torch.export cannot trace the kNN-LM's retrieval.*model.lm"):
+        torch.export.export(model, args=(ids,), kwargs={"use_cache": False}, strict=False)
+    exported = torch.export.export(model, args=(ids,), kwargs={"use_cache": False, "lmbda": 0.0}, strict=False)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False, lmbda=0.0).logits
+        torch.testing.assert_close(exported.module()(ids, use_cache=False, lmbda=0.0).logits, expected)

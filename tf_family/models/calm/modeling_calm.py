@@ -65,7 +65,7 @@ from ...early_exit import (
     state_confidence,
 )
 from ...modeling_outputs import EarlyExitCausalLMOutput
-from ...modeling_utils import RemoteCodeMixin, build_activation, fused_projections
+from ...modeling_utils import RemoteCodeMixin, build_activation, decoding_step_inputs, fused_projections
 from .configuration_calm import TffCalmConfig
 from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA, UNSUPPORTED_DECODERS, UNSUPPORTED_FIX
 
@@ -715,14 +715,12 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
     ) -> dict:
         """With a cache, only the tokens it has not seen; the mask always covers the whole sequence."""
         past = past_key_values.get_seq_length() if past_key_values is not None and use_cache else 0
-        total = attention_mask.shape[1] if attention_mask is not None else input_ids.shape[1]  # prompt embeds too
         model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
         if use_cache:
             model_inputs["past_key_values"] = past_key_values
-        if inputs_embeds is not None and past == 0 and kwargs.get("is_first_iteration", True):
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids[:, input_ids.shape[1] - (total - past) :]
+        model_inputs.update(
+            decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
+        )
         for name in ("exit_layer", "exit_log"):
             if kwargs.get(name) is not None:
                 model_inputs[name] = kwargs[name]

@@ -61,7 +61,7 @@ from ...memory import (
     dilated_conv_layers,
 )
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
-from ...modeling_utils import RemoteCodeMixin
+from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
 from .configuration_compressive import TffCompressiveConfig
 
 logger = logging.get_logger(__name__)
@@ -102,7 +102,7 @@ class TffCompressiveCompression(nn.Module):
         return conv_transpose_decompress(compressed, self.rate, self.decoder.weight, self.decoder.bias)
 
 
-class TffCompressivePreTrainedModel(RemoteCodeMixin, PreTrainedModel):
+class TffCompressivePreTrainedModel(AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel):
     config_class = TffCompressiveConfig
     config: TffCompressiveConfig
     base_model_prefix = "transformer"

@@ -14,6 +14,9 @@ computed in log space (`tf_family.memory.knn_lm`). ``logits`` of the output are 
 cross-entropy, sampling and greedy decoding apply unchanged. The base model's KV cache is passed through, so
 ``generate()`` decodes incrementally; each new position searches the datastore once.
 
+Export: ``torch.export`` traces the model without retrieval (no datastore, or ``lmbda=0``), which is the base
+model; with a datastore it raises `NotImplementedError` (the search runs over an external store).
+
 Deviations: the paper's datastore of WikiText-103 used fairseq's ``last_ffn_input`` key (``key_point="ffn_input"``
 here); the default here is the input of the output layer, which needs no knowledge of the layer layout. State is
 explicit: the datastore is attached (`set_datastore`, ``from_pretrained``) or passed to ``forward(datastore=...)``.
@@ -33,7 +36,13 @@ from transformers.utils import ModelOutput, logging
 
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling_utils import RemoteCodeMixin
-from ...retrieval.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
+from ...retrieval.datastore import (
+    KNNDatastore,
+    capture_module_inputs,
+    check_fingerprints,
+    model_fingerprints,
+    resolve_key_module,
+)
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -152,6 +161,37 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm.get_output_embeddings()
 
+    def set_output_embeddings(self, new_embeddings):
+        self.lm.set_output_embeddings(new_embeddings)
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, *args, **kwargs):
+        """Resize the base model's token embeddings (and output layer) and keep ``config.base_config`` in step.
+
+        An attached datastore stays attached while every token it predicts is still in the vocabulary (its keys are
+        hidden states, which new embedding rows do not change); shrinking below one of its tokens is refused.
+        """
+        if new_num_tokens is not None and self.datastore is not None:
+            largest = max((int(values.max()) for values in self.datastore.value_shards if values.numel()), default=-1)
+            if new_num_tokens <= largest:
+                raise ValueError(
+                    f"resize_token_embeddings({new_num_tokens}) would drop token {largest}, which the attached "
+                    "datastore predicts; keep new_num_tokens > that, or detach the datastore first "
+                    "(set_datastore(None)) and build a new one."
+                )
+        embeddings = self.lm.resize_token_embeddings(new_num_tokens, *args, **kwargs)
+        self.config.base_config = self.lm.config
+        if self.datastore is not None:  # the same keys, now of the resized model: its copy carries new fingerprints
+            old = self.datastore
+            description = {**old.description, **model_fingerprints(self.lm)}
+            self.datastore = KNNDatastore(old.key_shards, old.value_shards, description, old.folder, old.index)
+            if self.config.datastore_path is not None:
+                logger.warning(
+                    f"resize_token_embeddings: the datastore at {self.config.datastore_path} was fingerprinted with "
+                    "the model before resizing; save it again (model.datastore.save(folder)) or set "
+                    "config.datastore_path=None so that save_pretrained writes a copy that matches."
+                )
+        return embeddings
+
     # -------------------------------------------------------------------------------------------------- forward
     def forward(
         self,
@@ -181,6 +221,7 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         """
         if datastore is not None and datastore is not self.datastore:
             self._check_datastore(datastore)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
         if isinstance(lmbda, torch.Tensor) and lmbda.numel() == 1:
@@ -192,6 +233,13 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
             )
         k = self.config.k if k is None else k
         retrieve = datastore is not None and lmbda > 0
+        if retrieve and torch.compiler.is_exporting():
+            raise NotImplementedError(
+                "torch.export cannot trace the kNN-LM's retrieval: the datastore is searched outside the model "
+                "(memory-mapped shards or a faiss index, a data-dependent search). Export the base model "
+                "(model.lm), or this model with lmbda=0 or no datastore (set_datastore(None)), and interpolate "
+                "with the search results outside the exported graph."
+            )
         base_kwargs = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -231,7 +279,7 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
                 labels[:, 1:].reshape(-1).to(log_probs.device),
                 ignore_index=-100,
             )
-        return KNNLMCausalLMOutput(
+        output = KNNLMCausalLMOutput(
             loss=loss,
             logits=log_probs,
             lm_log_probs=lm_log_probs,
@@ -242,10 +290,21 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
             hidden_states=getattr(outputs, "hidden_states", None),
             attentions=getattr(outputs, "attentions", None),
         )
+        return output if return_dict else output.to_tuple()
 
     # ------------------------------------------------------------------------------------------------ generation
-    def prepare_inputs_for_generation(self, *args, **kwargs):
-        inputs = self.lm.prepare_inputs_for_generation(*args, **kwargs)
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, **kwargs
+    ) -> dict:
+        """The base model's inputs for one decoding step (``inputs_embeds`` named here, so that
+        ``generate(inputs_embeds=...)`` is accepted), plus this call's ``datastore`` / ``lmbda`` / ``k``."""
+        inputs = self.lm.prepare_inputs_for_generation(
+            input_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
         for name in ("datastore", "lmbda", "k"):
             if name in kwargs:
                 inputs[name] = kwargs[name]

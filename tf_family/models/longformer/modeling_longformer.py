@@ -57,7 +57,13 @@ from ...modeling_heads import (
     GenericForTokenClassification,
     LMPredictionHead,
 )
-from ...modeling_utils import Dropout, RemoteCodeMixin, find_first_real_token, fused_projections
+from ...modeling_utils import (
+    Dropout,
+    RemoteCodeMixin,
+    decoding_step_inputs,
+    find_first_real_token,
+    fused_projections,
+)
 from .configuration_longformer import TffLongformerConfig
 from .convert_longformer import TRANSFORMERS_LONGFORMER
 
@@ -114,7 +120,8 @@ class TffLongformerEmbeddings(nn.Module):
         batch, length = inputs_embeds.shape[:2]
         if position_ids is None:
             position_ids = self.position_ids(input_ids, attention_mask, batch, length, inputs_embeds.device)
-        if int(position_ids.max()) >= self.position_embeddings.num_embeddings:
+        # a data-dependent check: skipped while torch.compile / torch.export trace the model
+        if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.position_embeddings.num_embeddings:
             raise ValueError(
                 f"The input needs position {int(position_ids.max())} but max_position_embeddings="
                 f"{self.position_embeddings.num_embeddings}; shorten the input to at most "
@@ -556,14 +563,15 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
         """With a cache (the default), only the tokens it has not seen; without, the whole prefix every step.
         ``attention_mask`` and ``global_attention_mask`` always cover the whole sequence."""
         past_length = past_key_values.get_seq_length() if past_key_values is not None and use_cache else 0
-        total = attention_mask.shape[1] if attention_mask is not None else input_ids.shape[1]  # prompt embeds too
+        total = attention_mask.shape[1] if attention_mask is not None else None
         model_inputs = {"attention_mask": attention_mask}
         if use_cache:
             model_inputs.update(past_key_values=past_key_values, use_cache=True)
-        if inputs_embeds is not None and past_length == 0 and kwargs.get("is_first_iteration", True):
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids[:, input_ids.shape[1] - (total - past_length) :]
+        model_inputs.update(
+            decoding_step_inputs(input_ids, past_length, attention_mask, inputs_embeds, self.get_input_embeddings())
+        )
+        if total is None:  # the whole sequence: prompt embeddings (if any) and tokens
+            total = input_ids.shape[1] + (inputs_embeds.shape[1] if inputs_embeds is not None else 0)
         if kwargs.get("global_attention_mask") is not None:
             global_mask = kwargs["global_attention_mask"]
             grow = total - global_mask.shape[1]

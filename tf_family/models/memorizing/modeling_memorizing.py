@@ -61,7 +61,7 @@ from ...layers import (
 from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, knn_attention, retrieve
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
-from ...modeling_utils import RemoteCodeMixin
+from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
 from .configuration_memorizing import TffMemorizingConfig
 
 logger = logging.get_logger(__name__)
@@ -169,7 +169,7 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         return attended, probs[..., :key_length]
 
 
-class TffMemorizingPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
+class TffMemorizingPreTrainedModel(AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel):
     config_class = TffMemorizingConfig
     config: TffMemorizingConfig
     base_model_prefix = "transformer"

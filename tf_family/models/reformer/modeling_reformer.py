@@ -67,7 +67,13 @@ from ...conversion import ForeignCheckpointMixin
 from ...layers.reversible import reversible_stack
 from ...losses import sequence_classification_loss
 from ...modeling_heads import question_answering_output
-from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token
+from ...modeling_utils import (
+    Dropout,
+    RemoteCodeMixin,
+    build_activation,
+    decoding_step_inputs,
+    find_first_real_token,
+)
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 from .convert_reformer import TRANSFORMERS_REFORMER
@@ -131,7 +137,12 @@ class TffReformerEmbeddings(nn.Module):
     def forward(self, input_ids, inputs_embeds, position_ids: torch.Tensor) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, D)
-        if position_ids.numel() and int(position_ids.max()) >= self.max_positions:
+        # a data-dependent check: skipped while torch.compile / torch.export trace the model
+        if (
+            not torch.compiler.is_compiling()
+            and position_ids.numel()
+            and int(position_ids.max()) >= self.max_positions
+        ):
             raise ValueError(
                 f"The input needs position {int(position_ids.max())} but the model has {self.max_positions} "
                 f"positions ({'prod(axial_pos_shape)' if self.kind == 'axial' else 'max_position_embeddings'}); "
@@ -634,10 +645,9 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
         model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
         if use_cache:
             model_inputs["past_key_values"] = past_key_values
-        if inputs_embeds is not None and past == 0:
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids[:, past:]
+        model_inputs.update(
+            decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
+        )
         for name in ("num_hashes", "hash_seed", "logits_to_keep"):
             if kwargs.get(name) is not None:
                 model_inputs[name] = kwargs[name]

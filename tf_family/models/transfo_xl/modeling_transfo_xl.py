@@ -37,14 +37,16 @@ from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDe
 from ...memory import SegmentMemory
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
-from ...modeling_utils import RemoteCodeMixin
+from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
 from .configuration_transfo_xl import TffTransfoXLConfig
 from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
 logger = logging.get_logger(__name__)
 
 
-class TffTransfoXLPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffTransfoXLPreTrainedModel(
+    AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel
+):
     config_class = TffTransfoXLConfig
     config: TffTransfoXLConfig
     base_model_prefix = "transformer"
