@@ -1,17 +1,126 @@
-"""Loss helpers shared by the task heads. They read the config but never write to it (transformers'
-``ForSequenceClassificationLoss`` stores the inferred ``problem_type`` on the config during the forward pass)."""
+"""Loss helpers shared by the models and task heads. They read the config but never write to it (transformers'
+``ForSequenceClassificationLoss`` stores the inferred ``problem_type`` on the config during the forward pass).
+
+Gradient accumulation (``num_items_in_batch``). transformers' `Trainer` calls ``forward(**inputs,
+num_items_in_batch=N)`` on a model whose ``forward`` takes ``**kwargs`` (unless the class sets
+``accepts_loss_kwargs = False``), where ``N`` counts the labels that are not ``-100`` in every micro-batch of the
+optimizer step (``labels[..., 1:]`` for a causal LM, i.e. a model whose ``loss_type`` is ``"ForCausalLM"``), summed
+over the processes when ``average_tokens_across_devices``; it then does not divide the loss by the number of
+accumulation steps, and with several processes multiplies it by their number (DDP averages the gradients). So a
+loss that is a sum over counted items divided by ``N`` gives, summed over the micro-batches and averaged over the
+processes, exactly the mean over the whole optimizer batch: what one big batch gives. Without ``N`` every helper
+returns the usual mean over its own batch (bit for bit what it returned before).
+
+- Token and item losses (causal / masked LM, token classification, sequence classification, multiple choice, span
+  starts and ends): `item_mean` — the sum over counted items, over ``N``.
+- A loss that is not a sum over the items `Trainer` counts (an auxiliary loss on memories, a class-balanced loss):
+  `batch_share` weighs the micro-batch's own mean by its share ``n / N`` of the counted items; accumulated, that is
+  the item-weighted average of the micro-batches' means (the one-batch value when the micro-batches are alike).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+IGNORE_INDEX = -100
+
+NumItems = int | float | torch.Tensor | None
+
+
+def check_num_items(num_items_in_batch: NumItems) -> None:
+    """A `TypeError` / `ValueError` naming ``num_items_in_batch`` when it is not a positive count (a tensor is only
+    checked for its kind: reading its value would wait for the device)."""
+    if num_items_in_batch is None or isinstance(num_items_in_batch, torch.Tensor):
+        if isinstance(num_items_in_batch, torch.Tensor) and num_items_in_batch.is_complex():
+            raise TypeError("num_items_in_batch must be a real count, got a complex tensor.")
+        return
+    if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, int | float):
+        raise TypeError(
+            f"num_items_in_batch must be a number or a tensor (the count of labelled items over the accumulated "
+            f"batch), got {type(num_items_in_batch).__name__}."
+        )
+    if num_items_in_batch <= 0:
+        raise ValueError(
+            f"num_items_in_batch must be positive (the count of labelled items over the accumulated batch), got "
+            f"{num_items_in_batch}."
+        )
+
+
+def _divide(total: torch.Tensor, num_items_in_batch: int | float | torch.Tensor) -> torch.Tensor:
+    check_num_items(num_items_in_batch)
+    if isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def item_mean(losses: torch.Tensor, counted: torch.Tensor, num_items_in_batch: NumItems = None) -> torch.Tensor:
+    """``losses`` (any shape) summed where ``counted`` (same shape, bool) over ``num_items_in_batch``, or over the
+    number of counted entries (at least 1) without it."""
+    total = (losses * counted).sum()
+    if num_items_in_batch is None:
+        return total / counted.sum().clamp(min=1)
+    return _divide(total, num_items_in_batch)
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    num_items_in_batch: NumItems = None,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
+    """Cross entropy of ``logits`` ``(N, C)`` (computed in float32) against ``targets`` ``(N,)``, ``ignore_index``
+    skipped: the mean over the other targets, or their sum over ``num_items_in_batch`` when given."""
+    targets = targets.to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
+    total = F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum")
+    return _divide(total, num_items_in_batch)
+
+
+def nll(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    num_items_in_batch: NumItems = None,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
+    """`cross_entropy` for log-probabilities ``(N, C)`` that are already normalised (kNN-LM's interpolation)."""
+    targets = targets.to(log_probs.device)
+    if num_items_in_batch is None:
+        return F.nll_loss(log_probs, targets, ignore_index=ignore_index)
+    total = F.nll_loss(log_probs, targets, ignore_index=ignore_index, reduction="sum")
+    return _divide(total, num_items_in_batch)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems = None) -> torch.Tensor:
+    """Next-token cross entropy: ``logits[:, t]`` (``(B, T, V)``) predicts ``labels[:, t + 1]`` (``(B, T)``, -100
+    ignored); `Trainer` counts ``labels[:, 1:]`` for ``num_items_in_batch`` (a model whose ``loss_type`` is
+    ``"ForCausalLM"``)."""
+    return cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), num_items_in_batch)
+
+
+def batch_share(loss: torch.Tensor, count: torch.Tensor | int, num_items_in_batch: NumItems = None) -> torch.Tensor:
+    """``loss`` (a mean over this micro-batch that is not a sum over counted items) weighted by the micro-batch's
+    share ``count / num_items_in_batch`` of the counted items; ``loss`` itself without ``num_items_in_batch``."""
+    if num_items_in_batch is None:
+        return loss
+    if isinstance(count, torch.Tensor):
+        count = count.to(loss.device, loss.dtype)
+    return _divide(loss * count, num_items_in_batch)
+
 
 def sequence_classification_loss(
-    logits: torch.Tensor, labels: torch.Tensor, num_labels: int, problem_type: str | None
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_labels: int,
+    problem_type: str | None,
+    num_items_in_batch: NumItems = None,
 ) -> torch.Tensor:
     """Regression (MSE), single-label (cross-entropy) or multi-label (BCE) loss, inferred like transformers does
-    when ``problem_type`` is ``None``: one label -> regression, integer labels -> single-label, else multi-label."""
+    when ``problem_type`` is ``None``: one label -> regression, integer labels -> single-label, else multi-label.
+
+    With ``num_items_in_batch`` (`Trainer` counts every entry of ``labels``: one per row, ``num_labels`` per row for
+    multi-label or multi-output regression) the sum over the entries is divided by it."""
     labels = labels.to(logits.device)
     if problem_type is None:
         if num_labels == 1:
@@ -20,31 +129,50 @@ def sequence_classification_loss(
             problem_type = "single_label_classification"
         else:
             problem_type = "multi_label_classification"
+    reduction = "mean" if num_items_in_batch is None else "sum"
     if problem_type == "regression":
-        return (
-            F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype)) if num_labels == 1 else F.mse_loss(logits, labels)
+        if num_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype), reduction=reduction)
+        else:
+            loss = F.mse_loss(logits, labels, reduction=reduction)
+    elif problem_type == "single_label_classification":
+        return cross_entropy(logits.view(-1, num_labels), labels.view(-1), num_items_in_batch)
+    elif problem_type == "multi_label_classification":
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32), reduction=reduction)
+    else:
+        raise ValueError(
+            f"problem_type must be 'regression', 'single_label_classification' or 'multi_label_classification', "
+            f"got {problem_type!r}."
         )
-    if problem_type == "single_label_classification":
-        return F.cross_entropy(logits.view(-1, num_labels).float(), labels.view(-1))
-    if problem_type == "multi_label_classification":
-        return F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32))
-    raise ValueError(
-        f"problem_type must be 'regression', 'single_label_classification' or 'multi_label_classification', got "
-        f"{problem_type!r}."
-    )
+    return loss if num_items_in_batch is None else _divide(loss, num_items_in_batch)
 
 
 def span_loss(
-    start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor, end_positions: torch.Tensor
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    start_positions: torch.Tensor,
+    end_positions: torch.Tensor,
+    num_items_in_batch: NumItems = None,
 ) -> torch.Tensor:
     """Extractive question answering: mean of the start and end cross-entropies; positions outside the input
-    (clamped to its length) are ignored."""
+    (clamped to its length) are ignored. `Trainer` gives no ``num_items_in_batch`` here (the targets are not called
+    ``labels``) and divides by the accumulation steps itself; a caller that counts the answered rows may pass it."""
     length = start_logits.shape[1]
     start = start_positions.reshape(-1).clamp(0, length).to(start_logits.device)
     end = end_positions.reshape(-1).clamp(0, length).to(end_logits.device)
-    start_loss = F.cross_entropy(start_logits.float(), start, ignore_index=length)
-    end_loss = F.cross_entropy(end_logits.float(), end, ignore_index=length)
+    start_loss = cross_entropy(start_logits, start, num_items_in_batch, ignore_index=length)
+    end_loss = cross_entropy(end_logits, end, num_items_in_batch, ignore_index=length)
     return (start_loss + end_loss) / 2
 
 
-__all__ = ["sequence_classification_loss", "span_loss"]
+__all__ = [
+    "IGNORE_INDEX",
+    "batch_share",
+    "causal_lm_loss",
+    "check_num_items",
+    "cross_entropy",
+    "item_mean",
+    "nll",
+    "sequence_classification_loss",
+    "span_loss",
+]

@@ -17,13 +17,14 @@ rule (Longformer's default global tokens) and sets the few choices below where t
   when the field is ``None``).
 
 Pooled rows are each row's first real token (from ``attention_mask``), so left and right padding classify alike.
-Losses come from `tf_family.losses` (they never write ``problem_type`` into the config).
+Losses come from `tf_family.losses` (they never write ``problem_type`` into the config) and honour `Trainer`'s
+``num_items_in_batch`` (the sum over the labelled items divided by their count over the accumulated batch), so
+gradient accumulation gives the update of one large batch.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import (
     MaskedLMOutput,
@@ -34,7 +35,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import ModelOutput
 
-from .losses import sequence_classification_loss, span_loss
+from .losses import NumItems, cross_entropy, sequence_classification_loss, span_loss
 from .modeling_utils import Dropout, build_activation, find_first_real_token
 
 
@@ -79,17 +80,20 @@ class _Head:
         inputs_embeds=None,
         labels=None,
         return_dict=None,
+        num_items_in_batch: NumItems = None,
         **kwargs,
     ):
         r"""
         Args:
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds: as the base model takes them.
             labels: see the head's `_loss`.
+            num_items_in_batch: the labels (not -100) over the whole accumulated batch, from `Trainer`: the loss is
+                then their sum over it (`tf_family.losses`).
             kwargs: everything else (``output_attentions``, ``output_hidden_states``, the model's own inputs)
                 goes to the base model by name.
         """
         outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        return self._finish(outputs, self._logits(outputs, attention_mask), labels, return_dict)
+        return self._finish(outputs, self._logits(outputs, attention_mask), labels, return_dict, num_items_in_batch)
 
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict):
         """The base model's output (a `ModelOutput`), called by keyword; ``kwargs`` (``output_attentions``,
@@ -104,10 +108,12 @@ class _Head:
             **kwargs,
         )
 
-    def _finish(self, outputs: ModelOutput, logits: torch.Tensor, labels, return_dict: bool | None):
+    def _finish(
+        self, outputs: ModelOutput, logits: torch.Tensor, labels, return_dict: bool | None, num_items_in_batch=None
+    ):
         """The head's ``output_class`` (a tuple when ``return_dict`` is false), with the loss when labels are given."""
         output = self.output_class(
-            loss=None if labels is None else self._loss(logits, labels),
+            loss=None if labels is None else self._loss(logits, labels, num_items_in_batch),
             logits=logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
@@ -141,8 +147,8 @@ class GenericForMaskedLM(_Head):
     def _logits(self, outputs: ModelOutput, attention_mask) -> torch.Tensor:
         return self.lm_head(outputs.last_hidden_state)  # (B, T, V)
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device))
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
+        return cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), num_items_in_batch)
 
 
 class GenericForSequenceClassification(_Head):
@@ -170,8 +176,10 @@ class GenericForSequenceClassification(_Head):
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, D)
         return self.out_proj(self.dropout(self.activation(self.dense(self.dropout(pooled)))))  # (B, num_labels)
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
+        return sequence_classification_loss(
+            logits, labels, self.num_labels, self.config.problem_type, num_items_in_batch
+        )
 
 
 class GenericForTokenClassification(_Head):
@@ -191,19 +199,19 @@ class GenericForTokenClassification(_Head):
     def _logits(self, outputs: ModelOutput, attention_mask) -> torch.Tensor:
         return self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1).to(logits.device))
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
+        return cross_entropy(logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch)
 
 
 def question_answering_output(
-    logits: torch.Tensor, start_positions, end_positions, outputs: ModelOutput
+    logits: torch.Tensor, start_positions, end_positions, outputs: ModelOutput, num_items_in_batch: NumItems = None
 ) -> QuestionAnsweringModelOutput:
     """Start / end logits from ``(B, T, 2)`` span ``logits``, with `tf_family.losses.span_loss` when both positions
     are given; hidden states and attentions from the base model's ``outputs``."""
     start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))  # (B, T) each
     loss = None
     if start_positions is not None and end_positions is not None:
-        loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+        loss = span_loss(start_logits, end_logits, start_positions, end_positions, num_items_in_batch)
     return QuestionAnsweringModelOutput(
         loss=loss,
         start_logits=start_logits,
@@ -232,13 +240,15 @@ class GenericForQuestionAnswering(_Head):
         start_positions=None,
         end_positions=None,
         return_dict=None,
+        num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> QuestionAnsweringModelOutput | tuple:
-        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span. Other keyword arguments go
-        to the base model."""
+        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span (`Trainer` passes no
+        ``num_items_in_batch`` for them and scales for accumulation itself). Other keyword arguments go to the base
+        model."""
         outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
-        output = question_answering_output(logits, start_positions, end_positions, outputs)
+        output = question_answering_output(logits, start_positions, end_positions, outputs, num_items_in_batch)
         return output if self._returns_dict(return_dict) else output.to_tuple()
 
 
@@ -267,6 +277,7 @@ class GenericForMultipleChoice(_Head):
         inputs_embeds=None,
         labels=None,
         return_dict=None,
+        num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
         r"""
@@ -274,6 +285,7 @@ class GenericForMultipleChoice(_Head):
             input_ids, attention_mask and the other tensors: ``(B, C, T)``, one row per choice (``inputs_embeds``:
                 ``(B, C, T, D)``).
             labels: ``(B,)`` index of the right choice.
+            num_items_in_batch: the labelled rows of the accumulated batch (`Trainer`).
         """
         num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
@@ -286,10 +298,10 @@ class GenericForMultipleChoice(_Head):
             flat_kwargs,
         )  # fmt: skip
         logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, C)
-        return self._finish(outputs, logits, labels, return_dict)
+        return self._finish(outputs, logits, labels, return_dict, num_items_in_batch)
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float(), labels.view(-1).to(logits.device))
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
+        return cross_entropy(logits, labels.view(-1), num_items_in_batch)
 
 
 class SegmentRecurrentForCausalLM:
@@ -313,12 +325,14 @@ class SegmentRecurrentForCausalLM:
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs,
     ):
         r"""
         Args:
             labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
-                (the shift happens inside), ``-100`` is ignored. With an adaptive softmax (non-empty `cutoffs`) the
+                (the shift happens inside), ``-100`` is ignored. With ``num_items_in_batch`` (`Trainer`: the counted
+                ``labels[:, 1:]`` of the accumulated batch) the loss is the sum over it. With an adaptive softmax (non-empty `cutoffs`) the
                 full `logits` are not computed when labels are given, only the losses.
             past_key_values: alias of `mems`, used by `generate()`.
             Other arguments: see the base model's `forward` (``mems``: the memory returned for the previous
@@ -338,7 +352,7 @@ class SegmentRecurrentForCausalLM:
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels)
+        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels, num_items_in_batch)
         output = self.causal_lm_output_class(
             loss=loss,
             logits=logits,

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..losses import NumItems, item_mean
+
 
 def _cluster_widths(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
     return [d_embed // (div_val**cluster) for cluster in range(num_clusters)]
@@ -191,14 +193,15 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return nll
 
     def causal_lm_outputs(
-        self, hidden: torch.Tensor, labels: torch.LongTensor | None = None
+        self, hidden: torch.Tensor, labels: torch.LongTensor | None = None, num_items_in_batch: NumItems = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """A causal LM head's ``(logits, losses, loss)`` for hidden states ``(B, T, D)``.
 
         ``logits`` ``(B, T, V)`` are log-probabilities; with tail clusters and ``labels`` they are not computed
         (only the losses, cluster by cluster). ``labels`` ``(B, T)``: position ``t`` is predicted from positions
         ``<= t - 1`` (the shift happens here), ``-100`` is ignored; ``losses`` ``(B, T - 1)`` are the per-token
-        negative log-likelihoods (0 where ignored) and ``loss`` their mean over the counted tokens.
+        negative log-likelihoods (0 where ignored) and ``loss`` their mean over the counted tokens, or their sum over
+        ``num_items_in_batch`` (`Trainer`'s count over the accumulated batch; `tf_family.losses.item_mean`).
         """
         batch, length, width = hidden.shape
         logits = loss = losses = None
@@ -214,8 +217,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             else:
                 losses = self(hidden[:, :-1].reshape(-1, width), targets)
             losses = losses.view(batch, length - 1)  # (B, T-1)
-            count = (labels[:, 1:] != -100).sum()
-            loss = losses.sum() / count.clamp(min=1)
+            loss = item_mean(losses, labels[:, 1:] != -100, num_items_in_batch)
         return logits, losses, loss
 
     def tied_weights_keys(

@@ -362,6 +362,7 @@ class TffBigBirdForQuestionAnswering(TffBigBirdPreTrainedModel):
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        num_items_in_batch=None,
         **kwargs,
     ) -> QuestionAnsweringModelOutput | tuple:
         r"""
@@ -399,7 +400,7 @@ class TffBigBirdForQuestionAnswering(TffBigBirdPreTrainedModel):
         logits = self.qa_head(outputs.last_hidden_state)  # (B, T, 2)
         if question_mask is not None:
             logits = logits - question_mask[..., None] * 1e6
-        output = question_answering_output(logits, start_positions, end_positions, outputs)
+        output = question_answering_output(logits, start_positions, end_positions, outputs, num_items_in_batch)
         return output if return_dict else output.to_tuple()
 
 

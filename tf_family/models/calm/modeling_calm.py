@@ -28,7 +28,12 @@ early would save nothing and only change the first generated token.
 
 Training: the anytime loss — the exits' cross entropies weighted by `anytime_loss_weights` (``aggregation``) —
 plus the meta classifier's class-balanced loss (label: the exit's argmax equals the last layer's) on detached
-states, weighted by ``meta_loss_weight``.
+states, weighted by ``meta_loss_weight``. Under `Trainer`'s gradient accumulation (``num_items_in_batch``) each
+exit's cross entropy is a sum over the counted tokens divided by their count over the accumulated batch (exact: one
+large batch's anytime loss); the meta loss, class-balanced within a call, enters weighted by the call's share of the
+counted tokens (`tf_family.losses.batch_share`): accumulated, the token-weighted average of the micro-batches' meta
+losses. It trains the meta classifier only (its inputs are detached), so the rest of the model gets exactly the
+large-batch update.
 
 Deviations from the official code: exits are decided per row (it exits the whole batch when its least confident
 row is confident; its PyTorch port runs batch 1 only); the ``state`` measure is a per-row cosine; t in the decay is
@@ -64,6 +69,7 @@ from ...early_exit import (
     softmax_max_confidence,
     state_confidence,
 )
+from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import RemoteCodeMixin, build_activation, decoding_step_inputs, fused_projections
 from .configuration_calm import TffCalmConfig
@@ -510,6 +516,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
         exit_layer: int | None = None,
         exit_labels: torch.LongTensor | None = None,
         exit_log: list | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> EarlyExitCausalLMOutput | tuple:
         r"""
@@ -525,6 +532,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
                 layers above propagated from the exit state).
             exit_log: a list; each call appends its ``(B, T)`` exit layers (so a `generate` call reports the exit
                 layer of every token: ``torch.cat(exit_log[1:], dim=1)`` are the generated ones).
+            num_items_in_batch: `Trainer`'s count of ``labels[:, 1:]`` over the accumulated batch (see the module
+                docstring for how each loss uses it).
 
         With ``config.exit_threshold`` set and one new token per row (decoding), rows exit early (module docstring).
         """
@@ -575,8 +584,10 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
             elif exit_labels is not None:
                 targets = exit_labels
             if targets is not None:
-                anytime, lm_loss, meta_loss = self._exit_losses(all_hidden, logits, targets.to(logits.device))
-                total = anytime + self.config.meta_loss_weight * meta_loss
+                targets = targets.to(logits.device)
+                anytime, lm_loss, meta_loss = self._exit_losses(all_hidden, logits, targets, num_items_in_batch)
+                counted = (targets != IGNORE_INDEX).sum()
+                total = anytime + self.config.meta_loss_weight * batch_share(meta_loss, counted, num_items_in_batch)
                 if labels is not None:
                     loss = total
                 else:
@@ -597,8 +608,9 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
         return output if return_dict else output.to_tuple()
 
     # ----------------------------------------------------------------------------------------------------- losses
-    def _exit_losses(self, all_hidden, final_logits, targets):
-        """The anytime loss over the exits, the last layer's cross entropy, and the meta classifier's loss."""
+    def _exit_losses(self, all_hidden, final_logits, targets, num_items_in_batch: NumItems = None):
+        """The anytime loss over the exits, the last layer's cross entropy (sums over ``num_items_in_batch`` when
+        given), and the meta classifier's loss (a mean over this call)."""
         points = self.config.exit_points(self.model.depth)
         weights = anytime_loss_weights(len(points), self.config.aggregation).tolist()
         valid = targets != -100
@@ -618,7 +630,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
                 meta_losses.append(
                     class_balanced_meta_loss(meta_logits.reshape(-1, 2), agrees.reshape(-1), valid.reshape(-1))
                 )
-            exit_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat_targets, ignore_index=-100)
+            exit_loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_targets, num_items_in_batch)
             if not bool(valid.any()):
                 exit_loss = logits.sum() * 0.0
             anytime = anytime + weight * exit_loss

@@ -51,6 +51,7 @@ from ...attention import (
     sinusoid_position_embedding,
 )
 from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
+from ...losses import IGNORE_INDEX, NumItems, batch_share
 from ...memory import (
     CompressiveMemory,
     SegmentMemory,
@@ -374,6 +375,8 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
 
     def __init__(self, config: TffCompressiveConfig):
         super().__init__(config)
+        # `Trainer` reads the loss type to count ``labels[:, 1:]`` (the shifted targets) for ``num_items_in_batch``
+        self.loss_type = "ForCausalLM"
         self.transformer = TffCompressiveModel(config)
         self.lm_head = ProjectedAdaptiveLogSoftmax(
             config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
@@ -411,6 +414,7 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         output_compression_loss: bool | None = None,
         return_dict: bool | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> CompressiveCausalLMOutput | tuple:
         r"""
@@ -418,6 +422,11 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
             labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
                 (the shift happens inside), ``-100`` is ignored. With an adaptive softmax (non-empty `cutoffs`) the
                 full `logits` are not computed when labels are given, only the losses.
+            num_items_in_batch: `Trainer`'s count of ``labels[:, 1:]`` over the accumulated batch. The language-model
+                loss is then the sum over it; the auxiliary losses (means over this call's memories, not sums over
+                tokens) enter weighted by this call's share of the counted tokens (`tf_family.losses.batch_share`),
+                so that accumulated they are the token-weighted average of the micro-batches' auxiliary losses.
+                `aux_loss` and its parts are reported unweighted.
             past_key_values: alias of `mems`, used by `generate()`.
             output_compression_loss: compute the auxiliary losses (defaults to training mode or labels given).
             Other arguments: see `TffCompressiveModel.forward`.
@@ -439,8 +448,11 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
             output_compression_loss=output_compression_loss,
             return_dict=True,
         )
-        logits, losses, lm_loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels)
-        loss = lm_loss if lm_loss is None or outputs.aux_loss is None else lm_loss + outputs.aux_loss
+        logits, losses, lm_loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels, num_items_in_batch)
+        loss = lm_loss
+        if lm_loss is not None and outputs.aux_loss is not None:
+            counted = (labels[:, 1:] != IGNORE_INDEX).sum()
+            loss = lm_loss + batch_share(outputs.aux_loss, counted, num_items_in_batch)
         output = CompressiveCausalLMOutput(
             loss=loss,
             logits=logits,

@@ -175,6 +175,12 @@ class TffDecisionTransformerPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMi
         TRANSFORMERS_DECISION_TRANSFORMER,
     )  # folders of other implementations that from_pretrained reads
     carried_state = None  # nothing carried between calls
+    # `Trainer` gets no ``num_items_in_batch`` from this model and divides the loss by the accumulation steps itself:
+    # what it would count (``labels != -100``) is not what the loss averages over (continuous actions are floats and
+    # padded steps are marked by ``attention_mask``, not -100; the next-state / next-return losses average over
+    # pairs of real steps). Accumulated, the loss is the mean of the micro-batches' losses (as the
+    # decision_transformer recipe accumulates): the large-batch loss when the micro-batches hold as many real steps.
+    accepts_loss_kwargs = False
     main_input_name = "states"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffDecisionTransformerBlock"]

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
+from ...losses import NumItems, nll
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling_utils import RemoteCodeMixin
 from ...retrieval.datastore import (
@@ -208,12 +209,15 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         datastore: KNNDatastore | None = None,
         lmbda: float | None = None,
         k: int | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> KNNLMCausalLMOutput:
         r"""
         Args:
             labels: ``(B, T)`` token ids, shifted inside the model (``labels[:, 1:]`` scores ``logits[:, :-1]``);
                 ``-100`` is ignored. The loss is on the interpolated distribution.
+            num_items_in_batch: `Trainer`'s count of ``labels[:, 1:]`` over the accumulated batch; the loss is then
+                the sum over it (`tf_family.losses.nll`).
             datastore: overrides the attached datastore for this call; checked like `set_datastore` (once per
                 datastore object; to use an unverified one, attach it with ``allow_unverified=True`` first).
             lmbda / k: override ``config.lmbda`` / ``config.k`` for this call (e.g. a λ sweep); ``lmbda`` must be a
@@ -274,10 +278,8 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
             scores, tokens = scores.view(batch, length, -1), tokens.view(batch, length, -1)
         loss = None
         if labels is not None:
-            loss = F.nll_loss(
-                log_probs[:, :-1].reshape(-1, log_probs.shape[-1]),
-                labels[:, 1:].reshape(-1).to(log_probs.device),
-                ignore_index=-100,
+            loss = nll(
+                log_probs[:, :-1].reshape(-1, log_probs.shape[-1]), labels[:, 1:].reshape(-1), num_items_in_batch
             )
         output = KNNLMCausalLMOutput(
             loss=loss,

@@ -49,6 +49,7 @@ from ...attention import (
 )
 from ...conversion import ForeignCheckpointMixin
 from ...layers import BertFeedForward
+from ...losses import causal_lm_loss
 from ...modeling_heads import (
     GenericForMaskedLM,
     GenericForMultipleChoice,
@@ -460,6 +461,7 @@ class _TffLongformerHead:
         inputs_embeds=None,
         labels=None,
         return_dict=None,
+        num_items_in_batch=None,
         **kwargs,
     ):
         """``global_attention_mask``: 1 for tokens with global attention (see every token and are seen by every
@@ -467,7 +469,7 @@ class _TffLongformerHead:
         ``output_attentions``, ``output_hidden_states`` go to `TffLongformerModel`."""
         return super().forward(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, labels, return_dict,
-            global_attention_mask=global_attention_mask, **kwargs,
+            num_items_in_batch, global_attention_mask=global_attention_mask, **kwargs,
         )  # fmt: skip
 
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict):
@@ -524,10 +526,12 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
         past_key_values=None,
         use_cache=None,
         position_ids=None,
+        num_items_in_batch=None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         r"""labels: ``(B, T)``, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1`` (the
-        shift happens inside), -100 is ignored. ``past_key_values`` / ``use_cache``: a key/value cache, as in
+        shift happens inside), -100 is ignored; with ``num_items_in_batch`` (`Trainer`'s count of ``labels[:, 1:]``
+        over the accumulated batch) the loss is the sum over it. ``past_key_values`` / ``use_cache``: a key/value cache, as in
         `TffLongformerModel` (`generate` uses one unless ``use_cache=False``)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.longformer(
@@ -544,10 +548,7 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            shifted = labels[:, 1:].reshape(-1).to(logits.device)
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), shifted)
+        loss = None if labels is None else causal_lm_loss(logits, labels, num_items_in_batch)
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -612,12 +613,13 @@ class TffLongformerForQuestionAnswering(_TffLongformerHead, GenericForQuestionAn
         start_positions=None,
         end_positions=None,
         return_dict=None,
+        num_items_in_batch=None,
         **kwargs,
     ):
         """As `GenericForQuestionAnswering.forward`, with Longformer's ``global_attention_mask``."""
         return GenericForQuestionAnswering.forward(
             self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, start_positions,
-            end_positions, return_dict, global_attention_mask=global_attention_mask, **kwargs,
+            end_positions, return_dict, num_items_in_batch, global_attention_mask=global_attention_mask, **kwargs,
         )  # fmt: skip
 
     def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:

@@ -65,7 +65,7 @@ from ...attention import (
 )
 from ...conversion import ForeignCheckpointMixin
 from ...layers.reversible import reversible_stack
-from ...losses import sequence_classification_loss
+from ...losses import causal_lm_loss, cross_entropy, sequence_classification_loss
 from ...modeling_heads import question_answering_output
 from ...modeling_utils import (
     Dropout,
@@ -611,10 +611,13 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
         output_attentions=None,
         return_dict=None,
         logits_to_keep: int = 0,
+        num_items_in_batch=None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         r"""labels: ``(B, T)``, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1`` (the
-        shift happens inside), -100 is ignored. ``logits_to_keep``: only the last that many positions' logits."""
+        shift happens inside), -100 is ignored; with ``num_items_in_batch`` (`Trainer`'s count of ``labels[:, 1:]``
+        over the accumulated batch) the loss is the sum over it. ``logits_to_keep``: only the last that many
+        positions' logits."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
@@ -623,10 +626,7 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
         )  # fmt: skip
         hidden = outputs.last_hidden_state
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            shifted = labels[:, 1:].reshape(-1).to(logits.device)
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), shifted)
+        loss = None if labels is None else causal_lm_loss(logits, labels, num_items_in_batch)
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -669,9 +669,11 @@ class TffReformerForMaskedLM(_TffReformerWithLMHead):
         output_hidden_states=None,
         output_attentions=None,
         return_dict=None,
+        num_items_in_batch=None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
-        r"""labels: ``(B, T)`` token ids to predict at masked positions, -100 elsewhere."""
+        r"""labels: ``(B, T)`` token ids to predict at masked positions, -100 elsewhere (with
+        ``num_items_in_batch``, `Trainer`'s count over the accumulated batch, the loss is the sum over it)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
@@ -681,7 +683,7 @@ class TffReformerForMaskedLM(_TffReformerWithLMHead):
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device))
+            loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), num_items_in_batch)
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -704,8 +706,9 @@ class TffReformerForSequenceClassification(TffReformerPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                return_dict=None, **kwargs) -> SequenceClassifierOutput | tuple:  # fmt: skip
-        r"""labels: ``(B,)`` class ids (floats for regression); other keyword arguments go to the base model."""
+                return_dict=None, num_items_in_batch=None, **kwargs) -> SequenceClassifierOutput | tuple:  # fmt: skip
+        r"""labels: ``(B,)`` class ids (floats for regression); ``num_items_in_batch``: `Trainer`'s count of labels
+        over the accumulated batch; other keyword arguments go to the base model."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
@@ -717,7 +720,9 @@ class TffReformerForSequenceClassification(TffReformerPreTrainedModel):
         logits = self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
         loss = None
         if labels is not None:
-            loss = sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
+            loss = sequence_classification_loss(
+                logits, labels, self.num_labels, self.config.problem_type, num_items_in_batch
+            )
         output = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -734,7 +739,8 @@ class TffReformerForQuestionAnswering(TffReformerPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                start_positions=None, end_positions=None, return_dict=None, **kwargs):  # fmt: skip
+                start_positions=None, end_positions=None, return_dict=None, num_items_in_batch=None,
+                **kwargs):  # fmt: skip
         r"""start_positions, end_positions: ``(B,)`` token indices of the answer span."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
@@ -742,7 +748,7 @@ class TffReformerForQuestionAnswering(TffReformerPreTrainedModel):
             return_dict=True, **kwargs,
         )  # fmt: skip
         output = question_answering_output(
-            self.qa_outputs(outputs.last_hidden_state), start_positions, end_positions, outputs
+            self.qa_outputs(outputs.last_hidden_state), start_positions, end_positions, outputs, num_items_in_batch
         )
         return output if return_dict else output.to_tuple()
 

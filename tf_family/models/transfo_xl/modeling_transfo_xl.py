@@ -34,6 +34,7 @@ from ...attention import (
 )
 from ...conversion import ForeignCheckpointMixin
 from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
+from ...losses import NumItems, sequence_classification_loss
 from ...memory import SegmentMemory
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
@@ -236,6 +237,9 @@ class TffTransfoXLLMHeadModel(SegmentRecurrentForCausalLM, TffTransfoXLPreTraine
 
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
+        # transformers infers the loss type from the class name ("...ForCausalLM"); `Trainer` reads it to count
+        # ``labels[:, 1:]`` (the shifted targets) for ``num_items_in_batch``
+        self.loss_type = "ForCausalLM"
         self.transformer = TffTransfoXLModel(config)
         self.lm_head = ProjectedAdaptiveLogSoftmax(
             config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
@@ -282,11 +286,14 @@ class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> MemorySequenceClassifierOutput | tuple:
         r"""
         Args:
             labels: ``(B,)`` class ids (or floats for regression, ``(B, num_labels)`` for multi-label).
+            num_items_in_batch: `Trainer`'s count of labels over the accumulated batch (the loss is then the sum over
+                it, `tf_family.losses.sequence_classification_loss`).
             Other arguments: see `TffTransfoXLModel.forward`. The representation of a row is the hidden state of
             its last real token (from `attention_mask`; left or right padding).
         """
@@ -313,7 +320,9 @@ class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
         logits = self.score(self.dropout(pooled))  # (B, num_labels)
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
+            loss = sequence_classification_loss(
+                logits, labels, self.num_labels, self.config.problem_type, num_items_in_batch
+            )
         output = MemorySequenceClassifierOutput(
             loss=loss,
             logits=logits,
