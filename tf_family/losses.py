@@ -6,12 +6,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .validation import check_sequence_labels, check_span_positions
+
 
 def sequence_classification_loss(
     logits: torch.Tensor, labels: torch.Tensor, num_labels: int, problem_type: str | None
 ) -> torch.Tensor:
     """Regression (MSE), single-label (cross-entropy) or multi-label (BCE) loss, inferred like transformers does
-    when ``problem_type`` is ``None``: one label -> regression, integer labels -> single-label, else multi-label."""
+    when ``problem_type`` is ``None``: one label -> regression, integer labels -> single-label, else multi-label.
+    Labels outside the classes are refused (`tf_family.validation.check_sequence_labels`)."""
+    check_sequence_labels(labels, logits.shape[0], num_labels, problem_type)
     labels = labels.to(logits.device)
     if problem_type is None:
         if num_labels == 1:
@@ -38,7 +42,8 @@ def span_loss(
     start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor, end_positions: torch.Tensor
 ) -> torch.Tensor:
     """Extractive question answering: mean of the start and end cross-entropies; positions outside the input
-    (clamped to its length) are ignored."""
+    (clamped to its length) are ignored; negative ones are refused."""
+    check_span_positions(start_positions, end_positions, start_logits.shape[0])
     length = start_logits.shape[1]
     start = start_positions.reshape(-1).clamp(0, length).to(start_logits.device)
     end = end_positions.reshape(-1).clamp(0, length).to(end_logits.device)

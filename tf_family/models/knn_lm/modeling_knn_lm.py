@@ -33,6 +33,7 @@ from transformers.utils import ModelOutput, logging
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling_utils import RemoteCodeMixin
 from ...retrieval.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
+from ...validation import InputValidationMixin, check_positive_int
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -62,7 +63,7 @@ class KNNLMCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class TffKNNLMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
+class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, PreTrainedModel):
     config_class = TffKNNLMConfig
     base_model_prefix = "knn_lm"
     carried_state = None  # nothing carried between calls
@@ -157,6 +158,12 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
             datastore: overrides the attached datastore for this call.
             lmbda / k: override ``config.lmbda`` / ``config.k`` for this call (e.g. a λ sweep).
         """
+        # the wrapped model's inputs, checked against its vocabulary and width before it reads them
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True, dims=(2, 4))
+        self._check_lm_labels(labels, batch, length)
+        if k is not None:
+            check_positive_int("k", k, fix="pass k >= 1 neighbours, or None for config.k")
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
         k = self.config.k if k is None else k

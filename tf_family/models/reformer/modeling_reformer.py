@@ -62,6 +62,7 @@ from ...layers.reversible import reversible_stack
 from ...losses import sequence_classification_loss
 from ...modeling_heads import question_answering_output
 from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token
+from ...validation import InputValidationMixin, check_positive_int, check_seed
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 from .convert_reformer import TRANSFORMERS_REFORMER
@@ -316,7 +317,7 @@ class TffReformerLayer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------ model
-class TffReformerPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffReformerConfig
     base_model_prefix = "reformer"
     supports_gradient_checkpointing = True
@@ -410,8 +411,13 @@ class TffReformerModel(TffReformerPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True)
+        self._check_index_inputs("position_ids", position_ids, batch, length, config.max_positions, "positions")
+        if num_hashes is not None:
+            check_positive_int("num_hashes", num_hashes, maximum=1024)
+        if hash_seed is not None:
+            check_seed("hash_seed", hash_seed)
         if (past_key_values is not None or use_cache) and not config.causal:
             raise ValueError("past_key_values / use_cache need a causal model (TffReformerForCausalLM).")
         if past_key_values is not None and not isinstance(past_key_values, TffReformerCache):
@@ -419,7 +425,6 @@ class TffReformerModel(TffReformerPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = TffReformerCache()
         source = input_ids if input_ids is not None else inputs_embeds
-        batch, length = source.shape[:2]
         device = source.device
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if attention_mask is not None and attention_mask.shape[1] not in (length, past + length):
@@ -608,6 +613,7 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)  # (B, T, V)
         loss = None
         if labels is not None:
+            self._check_lm_labels(labels, *logits.shape[:2])
             shifted = labels[:, 1:].reshape(-1).to(logits.device)
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), shifted)
         output = CausalLMOutputWithPast(
@@ -665,6 +671,7 @@ class TffReformerForMaskedLM(_TffReformerWithLMHead):
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
+            self._check_lm_labels(labels, *logits.shape[:2])
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device))
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
