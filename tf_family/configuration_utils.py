@@ -9,6 +9,8 @@ from typing import Any
 
 from transformers import GenerationConfig
 
+from .validation import check_common_fields
+
 # Keys that `transformers.PreTrainedConfig.__post_init__` consumes itself, or that transformers writes into every
 # saved config.json; a tf_family config accepts these and nothing else beyond its own fields.
 _BASE_CONFIG_KWARGS = frozenset(
@@ -77,21 +79,48 @@ def _matches(value: Any, annotation: Any) -> bool:
     return True
 
 
-def validate_config(config: Any) -> None:
-    """Check the type of every field a tf_family config declares, then its cross-field rules.
+def _has_float(annotation: Any) -> bool:
+    if annotation is float:
+        return True
+    return any(_has_float(arg) for arg in typing.get_args(annotation))
 
-    Raises `TypeError` naming the field, its value and the expected type, or whatever `ValueError` the config's
-    `validate_architecture()` raises. (transformers' `@strict` wraps such errors in its own exception types;
-    tf_family raises the plain ones users catch.)
+
+def _describe(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def validate_config(config: Any) -> None:
+    """Check the type of every field a tf_family config declares, the checks every config shares
+    (`tf_family.validation.check_common_fields`: finite floats, layer-norm epsilons, init stds, activations, the
+    padding token id), then its cross-field rules.
+
+    Raises `TypeError` or `ValueError` whose message starts with the config's class name and names the field, its
+    value and the fix. (transformers' `@strict` wraps such errors in its own exception types; tf_family raises the
+    plain ones users catch.)
     """
-    for cls in reversed(type(config).__mro__):
-        # tf_family's classes, also when loaded from a remote-code export (transformers' dynamic modules)
-        if not cls.__module__.startswith(("tf_family", "transformers_modules")):
-            continue
-        for name, annotation in inspect.get_annotations(cls, eval_str=True).items():
-            if typing.get_origin(annotation) is typing.ClassVar or name.startswith("_"):
+    owner = type(config).__name__
+    try:
+        float_fields = []
+        for cls in reversed(type(config).__mro__):
+            # tf_family's classes, also when loaded from a remote-code export (transformers' dynamic modules)
+            if not cls.__module__.startswith(("tf_family", "transformers_modules")):
                 continue
-            value = getattr(config, name)
-            if not _matches(value, annotation):
-                raise TypeError(f"{type(config).__name__}.{name} must be {annotation}, got {value!r}.")
-    config.validate_architecture()
+            for name, annotation in inspect.get_annotations(cls, eval_str=True).items():
+                if typing.get_origin(annotation) is typing.ClassVar or name.startswith("_"):
+                    continue
+                value = getattr(config, name)
+                if not _matches(value, annotation):
+                    raise TypeError(
+                        f"{name} must be {_describe(annotation)}, got {value!r} ({type(value).__name__}); pass a "
+                        "value of that type."
+                    )
+                if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+                    raise ValueError(f"{name}={value} does not fit in 64 bits; pass a smaller value.")
+                if _has_float(annotation) and name not in float_fields:
+                    float_fields.append(name)
+        check_common_fields(config, float_fields, getattr(config, "_infinite_fields", ()))
+        config.validate_architecture()
+    except (TypeError, ValueError) as error:
+        if type(error) not in (TypeError, ValueError) or str(error).startswith(f"{owner}"):
+            raise
+        raise type(error)(f"{owner}: {error}") from None

@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .validation import check_sequence_labels, check_span_positions
+
 IGNORE_INDEX = -100
 
 NumItems = int | float | torch.Tensor | None
@@ -120,7 +122,9 @@ def sequence_classification_loss(
     when ``problem_type`` is ``None``: one label -> regression, integer labels -> single-label, else multi-label.
 
     With ``num_items_in_batch`` (`Trainer` counts every entry of ``labels``: one per row, ``num_labels`` per row for
-    multi-label or multi-output regression) the sum over the entries is divided by it."""
+    multi-label or multi-output regression) the sum over the entries is divided by it. Labels outside the classes are
+    refused (`tf_family.validation.check_sequence_labels`)."""
+    check_sequence_labels(labels, logits.shape[0], num_labels, problem_type)
     labels = labels.to(logits.device)
     if problem_type is None:
         if num_labels == 1:
@@ -155,8 +159,10 @@ def span_loss(
     num_items_in_batch: NumItems = None,
 ) -> torch.Tensor:
     """Extractive question answering: mean of the start and end cross-entropies; positions outside the input
-    (clamped to its length) are ignored. `Trainer` gives no ``num_items_in_batch`` here (the targets are not called
-    ``labels``) and divides by the accumulation steps itself; a caller that counts the answered rows may pass it."""
+    (clamped to its length) are ignored; negative ones are refused. `Trainer` gives no ``num_items_in_batch`` here
+    (the targets are not called ``labels``) and divides by the accumulation steps itself; a caller that counts the
+    answered rows may pass it."""
+    check_span_positions(start_positions, end_positions, start_logits.shape[0])
     length = start_logits.shape[1]
     start = start_positions.reshape(-1).clamp(0, length).to(start_logits.device)
     end = end_positions.reshape(-1).clamp(0, length).to(end_logits.device)

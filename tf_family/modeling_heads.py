@@ -37,6 +37,7 @@ from transformers.utils import ModelOutput
 
 from .losses import NumItems, cross_entropy, sequence_classification_loss, span_loss
 from .modeling_utils import Dropout, build_activation, find_first_real_token
+from .validation import check_class_labels, check_tensor
 
 
 def classifier_dropout(config, field: str = "classifier_dropout") -> Dropout:
@@ -148,6 +149,7 @@ class GenericForMaskedLM(_Head):
         return self.lm_head(outputs.last_hidden_state)  # (B, T, V)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
+        check_class_labels("labels", labels, logits.shape[-1], tuple(logits.shape[:2]), "vocab_size")
         return cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), num_items_in_batch)
 
 
@@ -200,6 +202,7 @@ class GenericForTokenClassification(_Head):
         return self.classifier(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
+        check_class_labels("labels", labels, self.num_labels, tuple(logits.shape[:2]), "num_labels")
         return cross_entropy(logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch)
 
 
@@ -287,6 +290,11 @@ class GenericForMultipleChoice(_Head):
             labels: ``(B,)`` index of the right choice.
             num_items_in_batch: the labelled rows of the accumulated batch (`Trainer`).
         """
+        for name, value, dims in (("input_ids", input_ids, 3), ("inputs_embeds", inputs_embeds, 4)):
+            if value is not None:
+                check_tensor(name, value, dim=dims)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
         num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
         def flat(value):
@@ -301,6 +309,7 @@ class GenericForMultipleChoice(_Head):
         return self._finish(outputs, logits, labels, return_dict, num_items_in_batch)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
+        check_class_labels("labels", labels, logits.shape[-1], (logits.shape[0],), "num_choices")
         return cross_entropy(logits, labels.view(-1), num_items_in_batch)
 
 
@@ -352,6 +361,7 @@ class SegmentRecurrentForCausalLM:
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
+        self._check_lm_labels(labels, *outputs.last_hidden_state.shape[:2])
         logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels, num_items_in_batch)
         output = self.causal_lm_output_class(
             loss=loss,

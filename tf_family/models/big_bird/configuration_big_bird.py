@@ -7,6 +7,7 @@ from typing import Literal
 from transformers import PreTrainedConfig
 
 from ...configuration_utils import check_config_kwargs, validate_config
+from ...validation import check_nonnegative_int, check_positive_int, check_probability, check_seed
 
 
 class TffBigBirdConfig(PreTrainedConfig):
@@ -88,19 +89,16 @@ class TffBigBirdConfig(PreTrainedConfig):
         """Cross-field rules; each error names the field, the value and the rule."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                      "max_position_embeddings", "type_vocab_size", "block_size", "window_blocks"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+            check_positive_int(name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} must be a multiple of num_attention_heads={self.num_attention_heads}."
             )
-        if self.num_random_blocks < 0:
-            raise ValueError(f"num_random_blocks must be >= 0, got {self.num_random_blocks}.")
+        check_nonnegative_int("num_random_blocks", self.num_random_blocks, fix="set num_random_blocks >= 0")
+        check_seed("random_seed", self.random_seed)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1) or None, got {self.classifier_dropout}.")
+            check_probability(name, getattr(self, name))
+        check_probability("classifier_dropout", self.classifier_dropout, optional=True)
 
 
 __all__ = ["TffBigBirdConfig"]

@@ -48,6 +48,7 @@ from ...modeling_heads import (
     question_answering_output,
 )
 from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token, fused_projections
+from ...validation import InputValidationMixin, check_seed, check_tensor
 from .configuration_big_bird import TffBigBirdConfig
 from .convert_big_bird import TRANSFORMERS_BIG_BIRD
 
@@ -185,7 +186,7 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffBigBirdPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffBigBirdPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffBigBirdConfig
     config: TffBigBirdConfig
     base_model_prefix = "bert"
@@ -261,14 +262,18 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        config = self.config
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
         source = input_ids if input_ids is not None else inputs_embeds
-        batch, length = source.shape[:2]
-        if attention_mask is not None and tuple(attention_mask.shape) != (batch, length):
-            raise ValueError(
-                f"attention_mask must have shape {(batch, length)} like the input, got {tuple(attention_mask.shape)}."
-            )
+        self._check_mask("attention_mask", attention_mask, batch, length)
+        self._check_index_inputs(
+            "token_type_ids", token_type_ids, batch, length, config.type_vocab_size, "type_vocab_size"
+        )
+        self._check_index_inputs(
+            "position_ids", position_ids, batch, length, config.max_position_embeddings, "max_position_embeddings"
+        )
+        if random_seed is not None:
+            check_seed("random_seed", random_seed)
         key_valid = (
             torch.ones(batch, length, dtype=torch.bool, device=source.device)
             if attention_mask is None
@@ -372,8 +377,16 @@ class TffBigBirdForQuestionAnswering(TffBigBirdPreTrainedModel):
             start_positions, end_positions: ``(B,)`` token indices of the answer span.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        # the question rule reads the inputs: check them first (the base model checks them again, cheaply)
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+        self._check_mask("attention_mask", attention_mask, batch, length)
+        if question_lengths is not None:
+            check_tensor("question_lengths", question_lengths, integer=True)
+            if question_lengths.numel() != batch:
+                raise ValueError(
+                    f"question_lengths must have one length per row, shape ({batch},), got {tuple(question_lengths.shape)}."
+                )
         source = input_ids if input_ids is not None else inputs_embeds
-        batch, length = source.shape[:2]
         first = find_first_real_token(attention_mask, batch, source.device)
         position = torch.arange(length, device=source.device)[None, :] - first[:, None]  # from the first real token
         if question_lengths is None and input_ids is not None and self.config.sep_token_id is not None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from transformers import PreTrainedConfig
 
 from ...configuration_utils import check_config_kwargs, validate_config
 from ...early_exit import AGGREGATIONS, CONFIDENCE_MEASURES, exit_points
+from ...validation import check_choice, check_float, check_int, check_positive_int, check_probability
 
 
 class TffCalmConfig(PreTrainedConfig):
@@ -55,6 +55,8 @@ class TffCalmConfig(PreTrainedConfig):
     """
 
     model_type = "tff_calm"
+    # exit_threshold=inf is a documented setting (never exit early); every other float field must be finite
+    _infinite_fields = ("exit_threshold",)
     keys_to_ignore_at_inference = ["past_key_values"]
 
     vocab_size: int = 8192
@@ -95,7 +97,8 @@ class TffCalmConfig(PreTrainedConfig):
         check_config_kwargs(type(self).__name__, kwargs)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None and self.num_attention_heads:
+        sizes = (self.hidden_size, self.num_attention_heads)
+        if self.head_dim is None and all(type(v) is int and v > 0 for v in sizes):
             self.head_dim = self.hidden_size // self.num_attention_heads
         super().__post_init__(**kwargs)
         validate_config(self)
@@ -106,9 +109,9 @@ class TffCalmConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings"):  # fmt: skip
+            check_positive_int(name, getattr(self, name))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
@@ -116,15 +119,22 @@ class TffCalmConfig(PreTrainedConfig):
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (rotary positions rotate pairs), got {self.head_dim}.")
+        check_float("rope_base", self.rope_base, minimum=0.0, min_open=True, fix="set rope_base > 0, e.g. 10000")
+        check_probability("attention_dropout", self.attention_dropout)
         for name in ("first_exit", "exit_interval", "min_exit"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.exit_threshold is not None and (math.isnan(self.exit_threshold) or self.exit_threshold < 0):
-            raise ValueError(f"exit_threshold must be >= 0 or None (never exit early), got {self.exit_threshold}.")
-        if self.position_temperature < 0:
-            raise ValueError(f"position_temperature (τ) must be >= 0, got {self.position_temperature}.")
-        if self.decay_length is not None and self.decay_length < 1:
-            raise ValueError(f"decay_length (N) must be >= 1 or None, got {self.decay_length}.")
+            check_positive_int(name, getattr(self, name))
+        if self.first_exit > self.num_hidden_layers:
+            raise ValueError(
+                f"first_exit={self.first_exit} is past the last layer (num_hidden_layers={self.num_hidden_layers}); "
+                "set first_exit <= num_hidden_layers."
+            )
+        if self.exit_threshold is not None:
+            check_float("exit_threshold", self.exit_threshold, minimum=0.0, allow_inf=True,
+                        fix="set exit_threshold >= 0, or None (never exit early)")  # fmt: skip
+        check_float("position_temperature", self.position_temperature, minimum=0.0,
+                    fix="set position_temperature (τ) >= 0")  # fmt: skip
+        if self.decay_length is not None:
+            check_positive_int("decay_length", self.decay_length, fix="set decay_length (N) >= 1, or None")
         if self.confidence_measure == "restricted_softmax" and not self.restricted_vocab:
             raise ValueError(
                 "confidence_measure='restricted_softmax' needs restricted_vocab (the token ids it scores, >= 2); "
@@ -139,14 +149,12 @@ class TffCalmConfig(PreTrainedConfig):
             raise ValueError(
                 f"aggregation must be one of {AGGREGATIONS} or an integer step, got {self.aggregation!r}."
             )
-        if isinstance(self.aggregation, int) and self.aggregation < -1:
-            raise ValueError(f"aggregation as an integer must be -1, 0 or a step >= 1, got {self.aggregation}.")
-        if self.meta_loss_weight < 0:
-            raise ValueError(f"meta_loss_weight must be >= 0, got {self.meta_loss_weight}.")
-        if self.confidence_measure not in CONFIDENCE_MEASURES:
-            raise ValueError(
-                f"confidence_measure must be one of {CONFIDENCE_MEASURES}, got {self.confidence_measure!r}."
+        if isinstance(self.aggregation, int):
+            check_int(
+                "aggregation", self.aggregation, minimum=-1, fix="as an integer aggregation is -1, 0 or a step >= 1"
             )
+        check_float("meta_loss_weight", self.meta_loss_weight, minimum=0.0, fix="set meta_loss_weight >= 0")
+        check_choice("confidence_measure", self.confidence_measure, CONFIDENCE_MEASURES)
 
 
 __all__ = ["TffCalmConfig"]

@@ -72,6 +72,7 @@ from ...early_exit import (
 from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import RemoteCodeMixin, build_activation, decoding_step_inputs, fused_projections
+from ...validation import InputValidationMixin, check_class_labels, check_int, check_tensor
 from .configuration_calm import TffCalmConfig
 from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA, UNSUPPORTED_DECODERS, UNSUPPORTED_FIX
 
@@ -234,7 +235,29 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
 
 
 # ------------------------------------------------------------------------------------------------- pretrained model
-class TffCalmPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+def _check_cache(cache, batch: int, config: TffCalmConfig) -> None:
+    """A cache passed in is a `transformers.Cache` whose filled layers hold ``(B, kv heads, S, head_dim)`` keys of
+    this input's batch and this model's shape."""
+    if cache is None:
+        return
+    if not isinstance(cache, Cache):
+        raise TypeError(
+            f"past_key_values must be a transformers Cache (e.g. DynamicCache), got {type(cache).__name__}; pass the "
+            "cache a previous call returned, or None."
+        )
+    keys = next(
+        (layer.keys for layer in getattr(cache, "layers", ()) if getattr(layer, "keys", None) is not None), None
+    )
+    expected = (batch, config.num_key_value_heads, config.head_dim)
+    if keys is not None and keys.numel() and (keys.shape[0], keys.shape[1], keys.shape[-1]) != expected:
+        raise ValueError(
+            f"past_key_values holds keys of shape {tuple(keys.shape)} but this input and model need (B, kv heads, "
+            f"S, head_dim) = ({batch}, {config.num_key_value_heads}, S, {config.head_dim}); pass the cache returned "
+            "for this batch by this model, or None."
+        )
+
+
+class TffCalmPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffCalmConfig
     config: TffCalmConfig
     base_model_prefix = "model"
@@ -360,10 +383,14 @@ class TffCalmModel(TffCalmPreTrainedModel):
     def prepare(self, input_ids, inputs_embeds, attention_mask, position_ids, past_key_values):
         """Embeddings ``(B, T, D)``, rotary tables, the bool mask ``(B, 1, T, S)`` (``None``: nothing masked) and
         the positions ``(B, T)``. Positions count real tokens (left padding starts at 0)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+        self._check_index_inputs(
+            "position_ids", position_ids, batch, length, self.config.max_position_embeddings, "max_position_embeddings"
+        )
+        if attention_mask is not None:
+            check_tensor("attention_mask", attention_mask, dim=2)
+        _check_cache(past_key_values, batch, self.config)
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        batch, length = hidden.shape[:2]
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         total, device = past + length, hidden.device
         if attention_mask is not None and tuple(attention_mask.shape) != (batch, total):
@@ -544,12 +571,20 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
         cache = past_key_values if use_cache else None
         base = self.model
         depth = base.depth
-        if exit_layer is not None and not 1 <= exit_layer <= depth:
-            raise ValueError(f"exit_layer must be in [1, {depth}] (config.num_hidden_layers), got {exit_layer}.")
+        if exit_layer is not None:
+            check_int("exit_layer", exit_layer, minimum=1, maximum=depth,
+                      fix=f"force an exit after 1 to {depth} layers (config.num_hidden_layers), or pass None")  # fmt: skip
+        if exit_log is not None and not isinstance(exit_log, list):
+            raise TypeError(
+                f"exit_log must be a list (each call appends its exit layers), got {type(exit_log).__name__}."
+            )
         hidden, cos, sin, allowed, positions = base.prepare(
             input_ids, inputs_embeds, attention_mask, position_ids, cache
         )
         batch, length = hidden.shape[:2]
+        self._check_lm_labels(labels, batch, length)
+        if exit_labels is not None:
+            check_class_labels("exit_labels", exit_labels, self.config.vocab_size, (batch, length), "vocab_size")
         threshold = self.config.exit_threshold
         dynamic = (
             exit_layer is None

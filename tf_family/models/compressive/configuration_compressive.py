@@ -9,6 +9,14 @@ from transformers import PreTrainedConfig
 
 from ...configuration_utils import check_config_kwargs, validate_config
 from ...memory.compression import COMPRESSION_KINDS
+from ...validation import (
+    check_choice,
+    check_float,
+    check_int,
+    check_nonnegative_int,
+    check_positive_int,
+    check_probability,
+)
 
 
 class TffCompressiveConfig(PreTrainedConfig):
@@ -104,7 +112,9 @@ class TffCompressiveConfig(PreTrainedConfig):
         if self.d_embed is None:
             self.d_embed = self.d_model
         if self.d_head is None:
-            self.d_head = self.d_model // self.n_head if self.n_head > 0 else 0
+            # derived from valid values only: a wrong d_model / n_head is then reported by name (validate_config)
+            sizes = (self.d_model, self.n_head)
+            self.d_head = self.d_model // self.n_head if all(type(v) is int and v > 0 for v in sizes) else 0
         super().__post_init__(**kwargs)
         validate_config(self)
 
@@ -117,23 +127,18 @@ class TffCompressiveConfig(PreTrainedConfig):
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
         for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.mem_len < 0:
-            raise ValueError(f"mem_len must be >= 0 (0 disables the memory), got {self.mem_len}.")
-        if self.cmem_len < 0:
-            raise ValueError(f"cmem_len must be >= 0 (0 gives Transformer-XL), got {self.cmem_len}.")
+            check_positive_int(name, getattr(self, name))
+        check_nonnegative_int("mem_len", self.mem_len, fix="set mem_len >= 0 (0 disables the memory)")
+        check_nonnegative_int("cmem_len", self.cmem_len, fix="set cmem_len >= 0 (0 gives Transformer-XL)")
+        check_int("clamp_len", self.clamp_len, fix="clamp_len <= 0 disables clamping")
         if self.cmem_len > 0 and self.mem_len == 0:
             raise ValueError(
                 f"cmem_len={self.cmem_len} needs mem_len > 0: only states leaving the memory are compressed."
             )
-        if self.compression_rate < 1:
-            raise ValueError(f"compression_rate must be >= 1 (the rate c), got {self.compression_rate}.")
-        if self.compression not in COMPRESSION_KINDS:
-            raise ValueError(f"compression must be one of {COMPRESSION_KINDS}, got {self.compression!r}.")
+        check_positive_int("compression_rate", self.compression_rate, fix="set compression_rate >= 1 (the rate c)")
+        check_choice("compression", self.compression, COMPRESSION_KINDS)
         for name in ("attention_reconstruction_loss_weight", "autoencoding_loss_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+            check_float(name, getattr(self, name), minimum=0.0, fix=f"set {name} >= 0 (0 turns that loss off)")
         if self.d_model % 2:
             raise ValueError(f"d_model must be even (sinusoid position embeddings), got {self.d_model}.")
         if self.cutoffs != sorted(set(self.cutoffs)) or any(c <= 0 or c >= self.vocab_size for c in self.cutoffs):
@@ -148,8 +153,7 @@ class TffCompressiveConfig(PreTrainedConfig):
         if self.same_length and self.mem_len == 0:
             raise ValueError("same_length=True needs mem_len > 0; set same_length=False for a model without memory.")
         for name in ("dropout", "dropatt"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+            check_probability(name, getattr(self, name))
 
 
 __all__ = ["TffCompressiveConfig"]

@@ -63,6 +63,7 @@ from ...memory import (
 )
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
+from ...validation import InputValidationMixin, check_memory_states
 from .configuration_compressive import TffCompressiveConfig
 
 logger = logging.get_logger(__name__)
@@ -103,7 +104,9 @@ class TffCompressiveCompression(nn.Module):
         return conv_transpose_decompress(compressed, self.rate, self.decoder.weight, self.decoder.bias)
 
 
-class TffCompressivePreTrainedModel(AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel):
+class TffCompressivePreTrainedModel(
+    InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel
+):
     config_class = TffCompressiveConfig
     config: TffCompressiveConfig
     base_model_prefix = "transformer"
@@ -145,7 +148,7 @@ class TffCompressivePreTrainedModel(AdaptiveTokenEmbeddingsMixin, RemoteCodeMixi
         return False
 
 
-def _as_memory(mems, num_layers: int, batch_size: int) -> CompressiveMemory | None:
+def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> CompressiveMemory | None:
     if mems is None:
         return None
     if isinstance(mems, SegmentMemory):
@@ -164,6 +167,8 @@ def _as_memory(mems, num_layers: int, batch_size: int) -> CompressiveMemory | No
             f"mems holds {mems.batch_size} batch rows but the input has {batch_size}; pass the mems returned for "
             "this batch, or mems=None to start a new stream."
         )
+    check_memory_states("mems", mems.memory.states, width)
+    check_memory_states("mems (compressed)", mems.compressed.states, width)
     return mems
 
 
@@ -256,11 +261,11 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         return_dict = return_dict if return_dict is not None else config.return_dict
         compute_losses = output_compression_loss if output_compression_loss is not None else self.training
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
+        self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True, dims=(2, 4))
+        self._check_mask("reset_mems", reset_mems, batch, 1, at_least=True, dims=(1,))
         embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
-        batch, query_length = embeddings.shape[:2]
-        memory = _as_memory(mems, config.n_layer, batch)
+        memory = _as_memory(mems, config.n_layer, batch, config.d_model)
         if reset_mems is not None and memory is not None:
             memory = memory.reset(reset_mems)
         compressed_length = 0 if memory is None else memory.compressed.length
@@ -448,6 +453,7 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
             output_compression_loss=output_compression_loss,
             return_dict=True,
         )
+        self._check_lm_labels(labels, *outputs.last_hidden_state.shape[:2])
         logits, losses, lm_loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels, num_items_in_batch)
         loss = lm_loss
         if lm_loss is not None and outputs.aux_loss is not None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal
 
 from transformers import PreTrainedConfig
-from transformers.activations import ACT2FN
 
 from ...configuration_utils import check_config_kwargs, validate_config
+from ...validation import MAX_SIZE, check_float, check_list_of, check_positive_int, check_probability
 
 
 class TffDecisionTransformerConfig(PreTrainedConfig):
@@ -99,14 +100,20 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         check_config_kwargs(type(self).__name__, kwargs)
-        if self.n_inner is None:
+        # defaults derived from valid values only: a wrong hidden_size / state_dim is then reported by name
+        if self.n_inner is None and type(self.hidden_size) is int:
             self.n_inner = 4 * self.hidden_size
+        state_dim = self.state_dim if type(self.state_dim) is int and 0 < self.state_dim <= MAX_SIZE else 0
         if self.state_mean is None:
-            self.state_mean = [0.0] * self.state_dim
+            self.state_mean = [0.0] * min(state_dim, 2**20)
         if self.state_std is None:
-            self.state_std = [1.0] * self.state_dim
-        self.state_mean = [float(x) for x in self.state_mean]
-        self.state_std = [float(x) for x in self.state_std]
+            self.state_std = [1.0] * min(state_dim, 2**20)
+        for name in ("state_mean", "state_std"):  # ints (and numpy floats) become floats; other kinds stay to be named
+            values = getattr(self, name)
+            if isinstance(values, (list, tuple)) and all(
+                isinstance(x, numbers.Real) and not isinstance(x, bool) for x in values
+            ):
+                setattr(self, name, [float(x) for x in values])
         super().__post_init__(**kwargs)
         validate_config(self)
 
@@ -116,27 +123,21 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("state_dim", "act_dim", "context_length", "max_ep_len", "hidden_size", "n_layer", "n_head"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.n_inner < 1:
-            raise ValueError(f"n_inner must be >= 1 (or None for 4 * hidden_size), got {self.n_inner}.")
+        for name in ("state_dim", "act_dim"):  # the statistics and one-hot actions are lists / rows of this size
+            check_positive_int(name, getattr(self, name), maximum=2**20)
+        for name in ("context_length", "max_ep_len", "hidden_size", "n_layer", "n_head"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_int("n_inner", self.n_inner, fix="set n_inner >= 1 (or None for 4 * hidden_size)")
         if self.hidden_size % self.n_head:
             raise ValueError(f"hidden_size={self.hidden_size} must be divisible by n_head={self.n_head}.")
         if self.discrete and self.act_dim < 2:
             raise ValueError(f"a discrete action space needs act_dim >= 2 actions, got {self.act_dim}.")
         if self.discrete and self.action_tanh:
             raise ValueError("action_tanh=True squashes continuous actions; set action_tanh=False for discrete ones.")
-        if self.activation_function not in ACT2FN:
-            raise ValueError(
-                f"activation_function={self.activation_function!r} is unknown; choose one of {sorted(ACT2FN)}."
-            )
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+            check_probability(name, getattr(self, name))
         for name, head in (("state_loss_weight", "predict_state"), ("return_loss_weight", "predict_return")):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+            check_float(name, getattr(self, name), minimum=0.0, fix=f"set {name} >= 0 (0 turns that loss off)")
             if getattr(self, name) > 0 and not getattr(self, head):
                 raise ValueError(f"{name}={getattr(self, name)} needs the head it trains: set {head}=True.")
         for name in ("state_mean", "state_std"):
@@ -144,10 +145,13 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
                 raise ValueError(
                     f"{name} must have state_dim={self.state_dim} entries, got {len(getattr(self, name))}."
                 )
+            check_list_of(name, getattr(self, name), check_float)
         if min(self.state_std) <= 0:
             raise ValueError(f"state_std must be > 0 everywhere (it divides the states), got {self.state_std}.")
-        if self.return_scale <= 0:
-            raise ValueError(f"return_scale must be > 0 (it divides the returns-to-go), got {self.return_scale}.")
+        check_float("return_scale", self.return_scale, minimum=0.0, min_open=True,
+                    fix="set return_scale > 0 (it divides the returns-to-go)")  # fmt: skip
+        if self.target_return is not None:
+            check_float("target_return", self.target_return, fix="set target_return to a finite return, or None")
 
 
 __all__ = ["TffDecisionTransformerConfig"]

@@ -42,6 +42,7 @@ from transformers.utils import ModelOutput, logging
 from ...attention import attend
 from ...conversion import ForeignCheckpointMixin
 from ...modeling_utils import RemoteCodeMixin
+from ...validation import InputValidationMixin, check_class_labels, check_finite, check_ids_in_range, check_tensor
 from .configuration_decision_transformer import TffDecisionTransformerConfig
 from .convert_decision_transformer import TRANSFORMERS_DECISION_TRANSFORMER
 
@@ -167,7 +168,9 @@ class TffDecisionTransformerBlock(GradientCheckpointingLayer):
         return hidden + self.mlp(self.mlp_norm(hidden)), probs
 
 
-class TffDecisionTransformerPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffDecisionTransformerPreTrainedModel(
+    InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel
+):
     config_class = TffDecisionTransformerConfig
     config: TffDecisionTransformerConfig
     base_model_prefix = "decision_transformer"
@@ -265,11 +268,18 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
                 if value is None
             ]
             raise ValueError(f"TffDecisionTransformerModel.forward needs {missing} (every one of the (R, s, a, t)).")
+        for name, value in (("states", states), ("actions", actions), ("returns_to_go", returns_to_go)):
+            check_tensor(name, value)
+        check_tensor("timesteps", timesteps, integer=True)
         if states.dim() != 3 or states.shape[-1] != self.config.state_dim:
             raise ValueError(
                 f"states must have shape (B, T, state_dim={self.config.state_dim}), got {tuple(states.shape)}."
             )
         batch, steps = states.shape[:2]
+        if batch == 0 or steps == 0:
+            raise ValueError(
+                f"states is empty (shape {tuple(states.shape)}): pass at least one step of one trajectory."
+            )
         if returns_to_go.shape not in ((batch, steps, 1), (batch, steps)):
             raise ValueError(f"returns_to_go must have shape {(batch, steps, 1)}, got {tuple(returns_to_go.shape)}.")
         if timesteps.shape != (batch, steps):
@@ -280,6 +290,13 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
             )
         if attention_mask is not None and attention_mask.shape != (batch, steps):
             raise ValueError(f"attention_mask must have shape {(batch, steps)}, got {tuple(attention_mask.shape)}.")
+        # a NaN in one step would reach every step of its row through attention (0 * NaN): refuse it here
+        for name, value in (("states", states), ("returns_to_go", returns_to_go), ("actions", actions)):
+            check_finite(name, value)
+        if self.config.discrete and actions.dim() == 2:
+            if actions.is_floating_point():
+                raise TypeError(f"discrete actions given as ids must be integers, got dtype {actions.dtype}.")
+            check_ids_in_range("actions", actions[actions >= 0], self.config.act_dim, what="act_dim")
         if not torch.compiler.is_compiling():
             low, high = int(timesteps.min()), int(timesteps.max())
             if low < 0 or high >= self.config.max_ep_len:
@@ -390,18 +407,21 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
 
     def _action_loss(self, action_preds: torch.Tensor, labels: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
         batch, steps = step_mask.shape
+        check_tensor("labels", labels)
         if self.config.discrete:
             if labels.shape != (batch, steps) or labels.is_floating_point():
                 raise ValueError(
                     f"discrete labels must be action ids of shape {(batch, steps)} (-100 ignored), got "
                     f"{tuple(labels.shape)} {labels.dtype}."
                 )
+            check_class_labels("labels", labels, self.config.act_dim, (batch, steps), "act_dim")
             targets = labels.masked_fill(~step_mask, IGNORE_INDEX).reshape(-1)  # (B*T,)
             return F.cross_entropy(
                 action_preds.float().reshape(-1, self.config.act_dim), targets, ignore_index=IGNORE_INDEX
             )
         if labels.shape != action_preds.shape:
             raise ValueError(f"labels must have shape {tuple(action_preds.shape)}, got {tuple(labels.shape)}.")
+        check_finite("labels", labels)
         return _masked_mse(action_preds, labels, step_mask)
 
     # ------------------------------------------------------------------------------------------------ acting
@@ -435,6 +455,17 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
             ``(B, act_dim)`` continuous actions or ``(B,)`` discrete action ids (no batch dimension for unbatched
             input).
         """
+        for name, value in (
+            ("states", states),
+            ("actions", actions),
+            ("returns_to_go", returns_to_go),
+            ("timesteps", timesteps),
+        ):
+            check_tensor(name, value)
+        if states.dim() not in (2, 3) or states.shape[-2] == 0:
+            raise ValueError(
+                f"states must be a non-empty history (t, state_dim) or (B, t, state_dim), got shape {tuple(states.shape)}."
+            )
         unbatched = states.dim() == 2
         if unbatched:
             states, actions = states[None], actions[None]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from transformers import AutoConfig, PreTrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ...configuration_utils import check_config_kwargs, validate_config
+from ...validation import check_float, check_positive_int
 
 INDEX_TYPES = ("exact", "flat", "ivf_flat", "ivf_pq", "hnsw")
 
@@ -62,6 +64,7 @@ class TffKNNLMConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         check_config_kwargs(type(self).__name__, kwargs)
+        _check_base_config(self.base_config)
         super().__post_init__(**kwargs)
         # generation and token ids come from the wrapped model
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
@@ -83,14 +86,44 @@ class TffKNNLMConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
+        if type(self.base_config) not in AutoModelForCausalLM._model_mapping:
+            raise ValueError(
+                f"base_config is a {getattr(self.base_config, 'model_type', None)!r} config, which no "
+                f"AutoModelForCausalLM builds; wrap a causal language model, e.g. one of {_EXAMPLE_BASES}."
+            )
         if getattr(self.base_config, "vocab_size", None) is None:
             raise ValueError("base_config must be a causal LM config with a vocab_size.")
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1, got {self.k}.")
-        if not 0.0 <= self.lmbda <= 1.0:
-            raise ValueError(f"lmbda must be in [0, 1], got {self.lmbda}.")
-        if not self.knn_temperature > 0:
-            raise ValueError(f"knn_temperature must be > 0, got {self.knn_temperature}.")
+        check_positive_int("k", self.k, fix="set k >= 1 (neighbours per position)")
+        check_float("lmbda", self.lmbda, minimum=0.0, maximum=1.0, fix="set lmbda in [0, 1] (0 is the base LM)")
+        check_float("knn_temperature", self.knn_temperature, minimum=0.0, min_open=True, fix="set knn_temperature > 0")
+
+
+_EXAMPLE_BASES = ["llama", "gpt2", "mistral", "qwen2", "tff_transfo_xl", "tff_calm"]
+
+
+def _check_base_config(base_config) -> None:
+    """``base_config`` is ``None`` (a Llama default), a config object or a dict naming a known ``model_type``:
+    anything else is refused here, before transformers reads it."""
+    if base_config is None or isinstance(base_config, PreTrainedConfig):
+        return
+    if not isinstance(base_config, dict):
+        hint = (
+            f" ({base_config!r} is a model type name: pass {{'model_type': {base_config!r}, ...}} with the base "
+            "model's fields, or its AutoConfig)"
+            if isinstance(base_config, str)
+            else ""
+        )
+        raise TypeError(
+            f"TffKNNLMConfig: base_config must be a dict with a 'model_type' or a PreTrainedConfig, got "
+            f"{base_config!r} ({type(base_config).__name__}){hint}; supported model types are those of "
+            f"AutoModelForCausalLM, e.g. {_EXAMPLE_BASES}."
+        )
+    model_type = base_config.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"TffKNNLMConfig: base_config needs a 'model_type' that transformers knows, got {model_type!r}; "
+            f"supported model types are those of AutoModelForCausalLM, e.g. {_EXAMPLE_BASES}."
+        )
 
 
 __all__ = ["INDEX_TYPES", "TffKNNLMConfig"]

@@ -44,6 +44,7 @@ from ...retrieval.datastore import (
     model_fingerprints,
     resolve_key_module,
 )
+from ...validation import InputValidationMixin, check_positive_int
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -73,7 +74,7 @@ class KNNLMCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class TffKNNLMPreTrainedModel(RemoteCodeMixin, PreTrainedModel):
+class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, PreTrainedModel):
     config_class = TffKNNLMConfig
     base_model_prefix = "knn_lm"
     carried_state = None  # nothing carried between calls
@@ -226,6 +227,12 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         if datastore is not None and datastore is not self.datastore:
             self._check_datastore(datastore)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        # the wrapped model's inputs, checked against its vocabulary and width before it reads them
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True, dims=(2, 4))
+        self._check_lm_labels(labels, batch, length)
+        if k is not None:
+            check_positive_int("k", k, fix="pass k >= 1 neighbours, or None for config.k")
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
         if isinstance(lmbda, torch.Tensor) and lmbda.numel() == 1:

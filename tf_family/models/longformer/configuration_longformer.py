@@ -7,6 +7,7 @@ from typing import Literal
 from transformers import PreTrainedConfig
 
 from ...configuration_utils import check_config_kwargs, validate_config
+from ...validation import MAX_SIZE, check_list_of, check_positive_int, check_probability
 
 
 class TffLongformerConfig(PreTrainedConfig):
@@ -91,8 +92,7 @@ class TffLongformerConfig(PreTrainedConfig):
         """Cross-field rules; each error names the field, the value and the rule."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                      "max_position_embeddings", "type_vocab_size"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+            check_positive_int(name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} must be a multiple of num_attention_heads={self.num_attention_heads}."
@@ -106,11 +106,10 @@ class TffLongformerConfig(PreTrainedConfig):
                     f"{name} has {len(values)} entries but num_hidden_layers={self.num_hidden_layers}; give one value "
                     "per layer or a single int."
                 )
-        bad = [w for w in self.layer_windows() if w <= 0 or w % 2]
+        bad = [w for w in self.layer_windows() if w <= 0 or w % 2 or w > MAX_SIZE]
         if bad:
             raise ValueError(f"attention_window values must be even and > 0 (w / 2 keys per side), got {bad}.")
-        if any(d < 1 for d in self.layer_dilations()):
-            raise ValueError(f"attention_dilation values must be >= 1, got {self.attention_dilation}.")
+        check_list_of("attention_dilation", self.layer_dilations(), check_positive_int)
         if self.pad_token_id is None or self.pad_token_id < 0:
             raise ValueError(f"pad_token_id must be an int >= 0 (positions start after it), got {self.pad_token_id}.")
         if self.pad_token_id + 2 > self.max_position_embeddings:
@@ -119,10 +118,8 @@ class TffLongformerConfig(PreTrainedConfig):
                 f"pad_token_id={self.pad_token_id}; positions start at pad_token_id + 1."
             )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1) or None, got {self.classifier_dropout}.")
+            check_probability(name, getattr(self, name))
+        check_probability("classifier_dropout", self.classifier_dropout, optional=True)
 
 
 __all__ = ["TffLongformerConfig"]

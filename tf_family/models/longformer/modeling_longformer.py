@@ -65,6 +65,7 @@ from ...modeling_utils import (
     find_first_real_token,
     fused_projections,
 )
+from ...validation import InputValidationMixin, check_tensor
 from .configuration_longformer import TffLongformerConfig
 from .convert_longformer import TRANSFORMERS_LONGFORMER
 
@@ -292,7 +293,7 @@ class TffLongformerLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffLongformerPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffLongformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffLongformerConfig
     config: TffLongformerConfig
     base_model_prefix = "longformer"
@@ -379,8 +380,17 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+        config = self.config
+        self._check_index_inputs(
+            "token_type_ids", token_type_ids, batch, length, config.type_vocab_size, "type_vocab_size"
+        )
+        self._check_index_inputs(
+            "position_ids", position_ids, batch, length, config.max_position_embeddings, "max_position_embeddings"
+        )
+        for name, mask in (("attention_mask", attention_mask), ("global_attention_mask", global_attention_mask)):
+            if mask is not None:
+                check_tensor(name, mask, dim=2)
         if (past_key_values is not None or use_cache) and not self.config.causal:
             raise ValueError(
                 "past_key_values / use_cache need a causal model (config.causal=True, e.g. TffLongformerForCausalLM): "
@@ -394,7 +404,6 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = (input_ids if input_ids is not None else inputs_embeds).device
         total = past_length + length
         for name, mask in (("attention_mask", attention_mask), ("global_attention_mask", global_attention_mask)):
@@ -474,6 +483,9 @@ class _TffLongformerHead:
 
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict):
         if kwargs.get("global_attention_mask") is None:
+            # the rule reads the inputs: check them first (the base model checks them again, cheaply)
+            batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+            self._check_mask("attention_mask", attention_mask, batch, length)
             rule = self.default_global_attention_mask(input_ids, attention_mask, inputs_embeds)
             kwargs = {**kwargs, "global_attention_mask": rule}
         return super()._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
@@ -548,7 +560,10 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-        loss = None if labels is None else causal_lm_loss(logits, labels, num_items_in_batch)
+        loss = None
+        if labels is not None:
+            self._check_lm_labels(labels, *logits.shape[:2])
+            loss = causal_lm_loss(logits, labels, num_items_in_batch)
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

@@ -10,6 +10,14 @@ from transformers import PreTrainedConfig
 from ...configuration_utils import check_config_kwargs, validate_config
 from ...memory.knn_faiss import FAISS_MEMORY_INDEXES
 from ...memory.knn_memory import SEARCH_KINDS
+from ...validation import (
+    check_choice,
+    check_float,
+    check_int,
+    check_nonnegative_int,
+    check_positive_int,
+    check_probability,
+)
 
 # the fields a Transformer-XL config shares with this one (same meaning, same weights): fine-tuning a Transformer-XL
 # checkpoint into a Memorizing Transformer (paper section 4.5) copies them
@@ -134,10 +142,13 @@ class TffMemorizingConfig(PreTrainedConfig):
         if self.d_embed is None:
             self.d_embed = self.d_model
         if self.d_head is None:
-            self.d_head = self.d_model // self.n_head if self.n_head > 0 else 0
+            # derived from valid values only: a wrong d_model / n_head is then reported by name (validate_config)
+            sizes = (self.d_model, self.n_head)
+            self.d_head = self.d_model // self.n_head if all(type(v) is int and v > 0 for v in sizes) else 0
         if self.knn_layers is None:
-            self.knn_layers = [max(self.n_layer * 3 // 4 - 1, 0)]
-        self.knn_layers = list(self.knn_layers)
+            self.knn_layers = [max(self.n_layer * 3 // 4 - 1, 0) if type(self.n_layer) is int else 0]
+        if isinstance(self.knn_layers, tuple):
+            self.knn_layers = list(self.knn_layers)
         super().__post_init__(**kwargs)
         validate_config(self)
 
@@ -160,16 +171,13 @@ class TffMemorizingConfig(PreTrainedConfig):
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
         for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+            check_positive_int(name, getattr(self, name))
         for name in ("mem_len", "knn_memory_size"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0 disables that memory), got {getattr(self, name)}.")
+            check_nonnegative_int(name, getattr(self, name), fix=f"set {name} >= 0 (0 disables that memory)")
+        check_int("clamp_len", self.clamp_len, fix="clamp_len <= 0 disables clamping")
         for name in ("knn_faiss_nlist", "knn_faiss_nprobe"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.knn_top_k < 1:
-            raise ValueError(f"knn_top_k must be >= 1 (neighbours per query), got {self.knn_top_k}.")
+            check_positive_int(name, getattr(self, name))
+        check_positive_int("knn_top_k", self.knn_top_k, fix="set knn_top_k >= 1 (neighbours per query)")
         if self.knn_layers != sorted(set(self.knn_layers)) or any(not 0 <= i < self.n_layer for i in self.knn_layers):
             raise ValueError(
                 f"knn_layers must be increasing layer indices in [0, n_layer={self.n_layer}), got {self.knn_layers}."
@@ -181,10 +189,8 @@ class TffMemorizingConfig(PreTrainedConfig):
             ("knn_write", KNN_WRITES),
             ("knn_faiss_index", FAISS_MEMORY_INDEXES),
         ):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}.")
-        if self.knn_scale_init <= 0:
-            raise ValueError(f"knn_scale_init must be > 0, got {self.knn_scale_init}.")
+            check_choice(name, getattr(self, name), choices)
+        check_float("knn_scale_init", self.knn_scale_init, minimum=0.0, min_open=True, fix="set knn_scale_init > 0")
         if self.d_model % 2:
             raise ValueError(f"d_model must be even (sinusoid position embeddings), got {self.d_model}.")
         if self.cutoffs != sorted(set(self.cutoffs)) or any(c <= 0 or c >= self.vocab_size for c in self.cutoffs):
@@ -199,8 +205,7 @@ class TffMemorizingConfig(PreTrainedConfig):
         if self.same_length and self.mem_len == 0:
             raise ValueError("same_length=True needs mem_len > 0; set same_length=False for a model without memory.")
         for name in ("dropout", "dropatt"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+            check_probability(name, getattr(self, name))
 
 
 __all__ = ["TffMemorizingConfig"]

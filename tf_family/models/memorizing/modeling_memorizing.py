@@ -62,6 +62,7 @@ from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, knn_attention,
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
+from ...validation import InputValidationMixin, check_memory_states
 from .configuration_memorizing import TffMemorizingConfig
 
 logger = logging.get_logger(__name__)
@@ -169,7 +170,9 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         return attended, probs[..., :key_length]
 
 
-class TffMemorizingPreTrainedModel(AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel):
+class TffMemorizingPreTrainedModel(
+    InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel
+):
     config_class = TffMemorizingConfig
     config: TffMemorizingConfig
     base_model_prefix = "transformer"
@@ -279,6 +282,9 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
             raise ValueError(f"mems has {len(mems.knn)} kNN layers, the model {len(self.config.knn_layers)}.")
         if mems.segment is not None and len(mems.segment) != self.config.n_layer:
             raise ValueError(f"mems has {len(mems.segment)} layers but the model has n_layer={self.config.n_layer}.")
+        if mems.segment is not None:
+            check_memory_states("mems", mems.segment.states, self.config.d_model)
+        check_memory_states("mems (kNN keys)", mems.knn.keys, self.config.d_head, heads=self.config.n_head)
         return mems
 
     def _faiss_indexes(self, knn: KNNMemory, layer: int) -> list | None:
@@ -342,12 +348,12 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         )
         use_cache = use_cache if use_cache is not None else config.use_cache
         return_dict = return_dict if return_dict is not None else config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(f"attention_mask must be (B, T) or (B, M + T), got shape {tuple(attention_mask.shape)}.")
+        self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True)
+        self._check_mask("reset_mems", reset_mems, batch, 1, at_least=True, dims=(1,))
         embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
-        batch, query_length = embeddings.shape[:2]
         device = embeddings.device
         state = self._as_memory(mems, batch, device, embeddings.dtype)
         if reset_mems is not None:

@@ -8,6 +8,14 @@ from typing import Literal
 from transformers import PreTrainedConfig
 
 from ...configuration_utils import check_config_kwargs, validate_config
+from ...validation import (
+    MAX_SIZE,
+    check_float,
+    check_nonnegative_int,
+    check_positive_int,
+    check_probability,
+    check_seed,
+)
 
 
 class TffReformerConfig(PreTrainedConfig):
@@ -119,14 +127,19 @@ class TffReformerConfig(PreTrainedConfig):
         check_config_kwargs(type(self).__name__, kwargs)
         if self.attn_layers is None:
             self.attn_layers = ["local", "lsh"] * 3
-        self.attn_layers = list(self.attn_layers)
-        if self.num_hidden_layers is None:
+        # tuples become lists; anything else is left for validate_config to name
+        if isinstance(self.attn_layers, tuple):
+            self.attn_layers = list(self.attn_layers)
+        if self.num_hidden_layers is None and isinstance(self.attn_layers, list):
             self.num_hidden_layers = len(self.attn_layers)
         if self.axial_pos_shape is None:
             self.axial_pos_shape = [64, 64]
         if self.axial_pos_embds_dim is None:
             self.axial_pos_embds_dim = [64, 192]
-        self.axial_pos_shape, self.axial_pos_embds_dim = list(self.axial_pos_shape), list(self.axial_pos_embds_dim)
+        if isinstance(self.axial_pos_shape, tuple):
+            self.axial_pos_shape = list(self.axial_pos_shape)
+        if isinstance(self.axial_pos_embds_dim, tuple):
+            self.axial_pos_embds_dim = list(self.axial_pos_embds_dim)
         if isinstance(self.num_buckets, tuple):
             self.num_buckets = list(self.num_buckets)
         super().__post_init__(**kwargs)
@@ -152,13 +165,13 @@ class TffReformerConfig(PreTrainedConfig):
         """Cross-field rules; each error names the field, the value and the rule."""
         for name in ("vocab_size", "hidden_size", "num_attention_heads", "attention_head_size", "feed_forward_size",
                      "lsh_attn_chunk_length", "local_attn_chunk_length", "num_hashes", "max_position_embeddings"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+            check_positive_int(name, getattr(self, name))
         for name in ("lsh_num_chunks_before", "lsh_num_chunks_after", "local_num_chunks_before",
                      "local_num_chunks_after", "chunk_size_feed_forward", "chunk_size_lm_head",
                      "reversible_threshold"):  # fmt: skip
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+            check_nonnegative_int(name, getattr(self, name))
+        check_seed("hash_seed", self.hash_seed)
+        check_float("rotary_base", self.rotary_base, minimum=0.0, min_open=True, fix="set rotary_base > 0, e.g. 10000")
         if not self.attn_layers or any(kind not in ("lsh", "local") for kind in self.attn_layers):
             raise ValueError(f"attn_layers must be a non-empty list of 'lsh' / 'local', got {self.attn_layers}.")
         if self.num_hidden_layers != len(self.attn_layers):
@@ -168,14 +181,21 @@ class TffReformerConfig(PreTrainedConfig):
             )
         if self.num_buckets is not None:
             factors = [self.num_buckets] if isinstance(self.num_buckets, int) else self.num_buckets
-            if not factors or any(f < 2 or f % 2 for f in factors):
+            if not factors or any(f < 2 or f % 2 or f > MAX_SIZE for f in factors):
                 raise ValueError(
                     f"num_buckets must be an even int >= 2, a list of such factors, or None, got {self.num_buckets}."
                 )
         if self.position_embedding_type == "axial":
-            if len(self.axial_pos_shape) != 2 or any(n < 1 for n in self.axial_pos_shape):
+            if len(self.axial_pos_shape) != 2 or any(not 1 <= n <= MAX_SIZE for n in self.axial_pos_shape):
                 raise ValueError(f"axial_pos_shape must be two positive ints, got {self.axial_pos_shape}.")
-            if len(self.axial_pos_embds_dim) != 2 or sum(self.axial_pos_embds_dim) != self.hidden_size:
+            if math.prod(self.axial_pos_shape) > MAX_SIZE:
+                raise ValueError(
+                    f"axial_pos_shape={self.axial_pos_shape} allows {math.prod(self.axial_pos_shape)} positions, more "
+                    f"than {MAX_SIZE}; use smaller factors."
+                )
+            if len(self.axial_pos_embds_dim) != 2 or any(d < 1 for d in self.axial_pos_embds_dim):
+                raise ValueError(f"axial_pos_embds_dim must be two positive widths, got {self.axial_pos_embds_dim}.")
+            if sum(self.axial_pos_embds_dim) != self.hidden_size:
                 raise ValueError(
                     f"axial_pos_embds_dim={self.axial_pos_embds_dim} must be two widths summing to hidden_size="
                     f"{self.hidden_size}."
@@ -190,10 +210,8 @@ class TffReformerConfig(PreTrainedConfig):
         if self.correct_duplicates and self.chunk_wrap_around:
             raise ValueError("correct_duplicates needs chunk_wrap_around=False (rounds kept apart).")
         for name in ("hidden_dropout_prob", "lsh_attention_probs_dropout_prob", "local_attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1) or None, got {self.classifier_dropout}.")
+            check_probability(name, getattr(self, name))
+        check_probability("classifier_dropout", self.classifier_dropout, optional=True)
 
 
 __all__ = ["TffReformerConfig"]

@@ -74,6 +74,7 @@ from ...modeling_utils import (
     decoding_step_inputs,
     find_first_real_token,
 )
+from ...validation import InputValidationMixin, check_positive_int, check_seed
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 from .convert_reformer import TRANSFORMERS_REFORMER
@@ -333,7 +334,7 @@ class TffReformerLayer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------ model
-class TffReformerPreTrainedModel(RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffReformerConfig
     base_model_prefix = "reformer"
     supports_gradient_checkpointing = True
@@ -427,8 +428,13 @@ class TffReformerModel(TffReformerPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True)
+        self._check_index_inputs("position_ids", position_ids, batch, length, config.max_positions, "positions")
+        if num_hashes is not None:
+            check_positive_int("num_hashes", num_hashes, maximum=1024)
+        if hash_seed is not None:
+            check_seed("hash_seed", hash_seed)
         if (past_key_values is not None or use_cache) and not config.causal:
             raise ValueError("past_key_values / use_cache need a causal model (TffReformerForCausalLM).")
         if past_key_values is not None and not isinstance(past_key_values, TffReformerCache):
@@ -436,7 +442,6 @@ class TffReformerModel(TffReformerPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = TffReformerCache()
         source = input_ids if input_ids is not None else inputs_embeds
-        batch, length = source.shape[:2]
         device = source.device
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if attention_mask is not None and attention_mask.shape[1] not in (length, past + length):
@@ -626,7 +631,10 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
         )  # fmt: skip
         hidden = outputs.last_hidden_state
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)  # (B, T, V)
-        loss = None if labels is None else causal_lm_loss(logits, labels, num_items_in_batch)
+        loss = None
+        if labels is not None:
+            self._check_lm_labels(labels, *logits.shape[:2])
+            loss = causal_lm_loss(logits, labels, num_items_in_batch)
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -683,6 +691,7 @@ class TffReformerForMaskedLM(_TffReformerWithLMHead):
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
+            self._check_lm_labels(labels, *logits.shape[:2])
             loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), num_items_in_batch)
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions

@@ -7,6 +7,7 @@ from dataclasses import field
 from transformers import PreTrainedConfig
 
 from ...configuration_utils import check_config_kwargs, validate_config
+from ...validation import check_int, check_nonnegative_int, check_positive_int, check_probability
 
 
 class TffTransfoXLConfig(PreTrainedConfig):
@@ -87,7 +88,9 @@ class TffTransfoXLConfig(PreTrainedConfig):
         if self.d_embed is None:
             self.d_embed = self.d_model
         if self.d_head is None:
-            self.d_head = self.d_model // self.n_head if self.n_head > 0 else 0
+            # derived from valid values only: a wrong d_model / n_head is then reported by name (validate_config)
+            sizes = (self.d_model, self.n_head)
+            self.d_head = self.d_model // self.n_head if all(type(v) is int and v > 0 for v in sizes) else 0
         super().__post_init__(**kwargs)
         validate_config(self)
 
@@ -99,10 +102,9 @@ class TffTransfoXLConfig(PreTrainedConfig):
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
         for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.mem_len < 0:
-            raise ValueError(f"mem_len must be >= 0 (0 disables the memory), got {self.mem_len}.")
+            check_positive_int(name, getattr(self, name))
+        check_nonnegative_int("mem_len", self.mem_len, fix="set mem_len >= 0 (0 disables the memory)")
+        check_int("clamp_len", self.clamp_len, fix="clamp_len <= 0 disables clamping")
         if self.d_model % 2:
             raise ValueError(f"d_model must be even (sinusoid position embeddings), got {self.d_model}.")
         if self.cutoffs != sorted(set(self.cutoffs)) or any(c <= 0 or c >= self.vocab_size for c in self.cutoffs):
@@ -120,8 +122,7 @@ class TffTransfoXLConfig(PreTrainedConfig):
                 "mem_len > 0; set same_length=False for a model without memory."
             )
         for name in ("dropout", "dropatt", "classifier_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+            check_probability(name, getattr(self, name))
 
 
 __all__ = ["TffTransfoXLConfig"]

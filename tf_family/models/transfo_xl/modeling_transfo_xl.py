@@ -39,6 +39,7 @@ from ...memory import SegmentMemory
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
+from ...validation import InputValidationMixin, check_memory_states
 from .configuration_transfo_xl import TffTransfoXLConfig
 from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
@@ -46,7 +47,7 @@ logger = logging.get_logger(__name__)
 
 
 class TffTransfoXLPreTrainedModel(
-    AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel
+    InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel
 ):
     config_class = TffTransfoXLConfig
     config: TffTransfoXLConfig
@@ -91,7 +92,7 @@ class TffTransfoXLPreTrainedModel(
         return False
 
 
-def _as_memory(mems, num_layers: int, batch_size: int) -> SegmentMemory | None:
+def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> SegmentMemory | None:
     if mems is None:
         return None
     if not isinstance(mems, SegmentMemory):
@@ -105,6 +106,7 @@ def _as_memory(mems, num_layers: int, batch_size: int) -> SegmentMemory | None:
             f"mems holds {mems.batch_size} batch rows but the input has {batch_size}; pass the mems returned for "
             "this batch, or mems=None to start a new stream."
         )
+    check_memory_states("mems", mems.states, width)
     return mems
 
 
@@ -160,11 +162,11 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
         )
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=self.config.d_model)
+        self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True, dims=(2, 4))
+        self._check_mask("reset_mems", reset_mems, batch, 1, at_least=True, dims=(1,))
         embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
-        batch, query_length = embeddings.shape[:2]
-        memory = _as_memory(mems, self.config.n_layer, batch)
+        memory = _as_memory(mems, self.config.n_layer, batch, self.config.d_model)
         if reset_mems is not None and memory is not None:
             memory = memory.reset(reset_mems)
         memory_length = 0 if memory is None else memory.length

@@ -1,0 +1,411 @@
+"""Validation at the edges: the checks every config and every forward / generate entry runs once, cheaply.
+
+Two halves, one vocabulary of errors (a `TypeError` for a value of the wrong kind, a `ValueError` for a value out of
+range; each names the field or argument, the value and the fix):
+
+* **config fields**: small typed checks (`check_int`, `check_positive_int`, `check_float`, `check_probability`,
+  `check_choice`, `check_activation`, `check_list_of`, `check_token_id`) that the configs' ``validate_architecture``
+  call, and `check_common_fields`, run by `tf_family.configuration_utils.validate_config` for every config: the fields
+  several architectures share by name (layer-norm epsilons, init stds, activations, the padding token id) and the
+  finiteness of every float field.
+* **model inputs**: `InputValidationMixin`, listed among the bases of every tf_family ``PreTrainedModel``; its
+  ``_check_*`` methods run at the top of each ``forward`` (``input_ids`` integer, 2-D, non-empty and inside the
+  vocabulary; masks shaped like the input; labels inside their classes or ``-100``; float inputs finite). Reading the
+  extreme ids costs one ``min`` / ``max`` per call; nothing is checked inside the layers.
+
+This module imports only torch and transformers (a remote-code export carries it beside the models).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from transformers.activations import ACT2FN
+
+# The largest size a dimension-like config field may take: every realistic width, vocabulary, length or memory is
+# far below it, and values past it overflow the index types of kernels (and the memory of any machine).
+MAX_SIZE = 2**31 - 1
+# Seeds go to `torch.Generator.manual_seed`, which takes a 64-bit value.
+MAX_SEED = 2**63 - 1
+# Layer counts: far above any trained model, low enough that a typo does not build a model for hours.
+MAX_LAYERS = 4096
+IGNORE_INDEX = -100
+
+# fields shared by several configs, checked wherever a config has them (`check_common_fields`)
+_EPSILON_FIELDS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")
+_STD_FIELDS = ("init_std", "initializer_range", "proj_init_std", "axial_norm_std")
+_ACTIVATION_FIELDS = ("hidden_act", "activation_function")
+_LAYER_FIELDS = ("n_layer", "num_hidden_layers")
+# pad_token_id must be a token: it indexes the embedding (padding_idx) and fills generated rows. transformers itself
+# warns about bos / eos / sep ids outside the vocabulary (checkpoints exist that have them); a zoo model never feeds
+# them unless the caller does, and then the input check names them.
+_TOKEN_ID_FIELDS = ("pad_token_id",)
+
+
+# ------------------------------------------------------------------------------------------------- config fields
+def _is_int(value: Any) -> bool:
+    # bool is an int in Python; a field typed int never means True / False
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def check_int(
+    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = MAX_SIZE, fix: str | None = None
+) -> None:
+    """``value`` is an int (not a bool) in ``[minimum, maximum]``."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {value!r} ({_kind(value)}); pass a whole number.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}; {fix or f'set {name} >= {minimum}'}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}; {fix or f'set {name} <= {maximum}'}.")
+
+
+def check_positive_int(name: str, value: Any, *, maximum: int | None = MAX_SIZE, fix: str | None = None) -> None:
+    """``value`` is an int >= 1."""
+    check_int(name, value, minimum=1, maximum=maximum, fix=fix)
+
+
+def check_nonnegative_int(name: str, value: Any, *, maximum: int | None = MAX_SIZE, fix: str | None = None) -> None:
+    """``value`` is an int >= 0."""
+    check_int(name, value, minimum=0, maximum=maximum, fix=fix)
+
+
+def check_seed(name: str, value: Any) -> None:
+    """``value`` is an int seed for a `torch.Generator`: in ``[0, 2**63)``."""
+    check_int(name, value, minimum=0, maximum=MAX_SEED, fix=f"pass a non-negative int seed as {name}")
+
+
+def check_float(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    min_open: bool = False,
+    max_open: bool = False,
+    allow_inf: bool = False,
+    fix: str | None = None,
+) -> None:
+    """``value`` is a real number (an int is fine, a bool is not), not NaN, finite unless ``allow_inf``, inside the
+    interval ``[minimum, maximum]`` (``min_open`` / ``max_open`` exclude an end)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {value!r} ({_kind(value)}); pass a float.")
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a finite number, got {value}; {fix or f'set {name} to a finite float'}.")
+    low_bad = minimum is not None and (value <= minimum if min_open else value < minimum)
+    high_bad = maximum is not None and (value >= maximum if max_open else value > maximum)
+    if low_bad or high_bad:
+        if maximum is None:
+            rule = f"{'>' if min_open else '>='} {minimum}"
+        elif minimum is None:
+            rule = f"{'<' if max_open else '<='} {maximum}"
+        else:
+            rule = f"in {'(' if min_open else '['}{minimum}, {maximum}{')' if max_open else ']'}"
+        raise ValueError(f"{name} must be {rule}, got {value}; {fix or f'set {name} inside that range'}.")
+
+
+def check_probability(name: str, value: Any, *, optional: bool = False) -> None:
+    """A dropout probability: a float in ``[0, 1)`` (or ``None`` when ``optional``)."""
+    if optional and value is None:
+        return
+    check_float(name, value, minimum=0.0, maximum=1.0, max_open=True, fix=f"set {name} to a dropout rate in [0, 1)")
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
+    """``value`` is one of ``choices``."""
+    choices = list(choices)
+    if isinstance(value, bool) or not any(value == choice and type(value) is type(choice) for choice in choices):
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}; pick one of those.")
+
+
+def check_activation(name: str, value: Any) -> None:
+    """``value`` names an activation of `transformers.activations.ACT2FN`."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be an activation name (str), got {value!r} ({_kind(value)}).")
+    if value not in ACT2FN:
+        raise ValueError(f"{name}={value!r} is not a known activation; choose one of {sorted(ACT2FN)}.")
+
+
+def check_list_of(
+    name: str,
+    value: Any,
+    check_item: Callable[[str, Any], None],
+    *,
+    min_length: int = 0,
+    length: int | None = None,
+) -> None:
+    """``value`` is a list (or tuple) whose items each pass ``check_item(f"{name}[i]", item)``."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list, got {value!r} ({_kind(value)}).")
+    if length is not None and len(value) != length:
+        raise ValueError(f"{name} must have {length} entries, got {len(value)}: {list(value)}.")
+    if len(value) < min_length:
+        raise ValueError(f"{name} must have at least {min_length} entries, got {list(value)}.")
+    for index, item in enumerate(value):
+        check_item(f"{name}[{index}]", item)
+
+
+def check_token_id(name: str, value: Any, vocab_size: int) -> None:
+    """A special token id: ``None``, or an int (a list of ints for ``eos_token_id``) in ``[0, vocab_size)``."""
+    if value is None:
+        return
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for item in values:
+        if not _is_int(item):
+            raise TypeError(f"{name} must be an int token id (or None), got {value!r}.")
+        if not 0 <= item < vocab_size:
+            raise ValueError(
+                f"{name}={value!r} is not a token of the vocabulary [0, vocab_size={vocab_size}); set {name} to an "
+                "id below vocab_size (or None)."
+            )
+
+
+def check_common_fields(config: Any, float_fields: Sequence[str] = (), infinite_ok: Sequence[str] = ()) -> None:
+    """The checks every config shares: each field in ``float_fields`` finite (``infinite_ok`` may be ``inf``), every
+    layer count in ``[1, MAX_LAYERS]``, every layer-norm epsilon > 0, every init std >= 0, every activation known,
+    ``pad_token_id`` inside the vocabulary (when the config has a ``vocab_size``)."""
+    for name in _LAYER_FIELDS:
+        if name in type(config).__annotations__ or name in getattr(type(config), "__dataclass_fields__", {}):
+            check_positive_int(name, getattr(config, name), maximum=MAX_LAYERS)
+    for name in float_fields:
+        value = getattr(config, name)
+        if isinstance(value, (list, tuple)):
+            check_list_of(name, value, check_float)
+        elif value is not None:
+            check_float(name, value, allow_inf=name in infinite_ok)
+    for name in _EPSILON_FIELDS:
+        if hasattr(config, name):
+            check_float(name, getattr(config, name), minimum=0.0, min_open=True, fix=f"set {name} > 0, e.g. 1e-5")
+    for name in _STD_FIELDS:
+        if hasattr(config, name):
+            check_float(name, getattr(config, name), minimum=0.0, fix=f"set {name} >= 0, e.g. 0.02")
+    for name in _ACTIVATION_FIELDS:
+        if hasattr(config, name):
+            check_activation(name, getattr(config, name))
+    vocab_size = getattr(config, "vocab_size", None)
+    if _is_int(vocab_size):
+        for name in _TOKEN_ID_FIELDS:
+            check_token_id(name, getattr(config, name, None), vocab_size)
+
+
+# -------------------------------------------------------------------------------------------------- model inputs
+def _tracing() -> bool:
+    # under torch.compile / export, data-dependent checks would break the graph: shapes are still checked
+    return torch.compiler.is_compiling()
+
+
+def check_tensor(name: str, value: Any, *, integer: bool | None = None, dim: int | tuple[int, ...] | None = None):
+    """``value`` is a tensor of the right kind (``integer=True``: an integer dtype, not bool; ``False``: floating) and
+    number of dimensions."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {_kind(value)}.")
+    if integer is True and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+        raise TypeError(
+            f"{name} must hold integer ids (torch.long), got dtype {value.dtype}; convert with {name}.long() if the "
+            "values are whole numbers."
+        )
+    if integer is False and not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}; convert with .float().")
+    dims = (dim,) if isinstance(dim, int) else dim
+    if dims is not None and value.dim() not in dims:
+        expected = " or ".join(f"{d}-D" for d in dims)
+        raise ValueError(f"{name} must be {expected}, got shape {tuple(value.shape)}.")
+
+
+def check_ids_in_range(name: str, ids: torch.Tensor, high: int, *, what: str = "vocab_size", ignore_index=None):
+    """Every entry of the integer tensor ``ids`` lies in ``[0, high)`` (or equals ``ignore_index``): one min / max."""
+    if ids.numel() == 0 or _tracing():
+        return
+    values = ids if ignore_index is None else ids[ids != ignore_index]
+    if values.numel() == 0:
+        return
+    low, top = int(values.min()), int(values.max())
+    if low < 0 or top >= high:
+        ignored = f" or {ignore_index} (ignored)" if ignore_index is not None else ""
+        raise ValueError(
+            f"{name} must lie in [0, {what}={high}){ignored}, got values in [{low}, {top}]; ids outside the "
+            f"{'vocabulary' if what == 'vocab_size' else 'range'} have no meaning here: fix the tokenizer or {name}."
+        )
+
+
+def check_finite(name: str, value: torch.Tensor) -> None:
+    """A float input holds no NaN or infinity (one pass; such a value would spread through attention)."""
+    if value.is_floating_point() and not _tracing() and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} holds NaN or infinite values; clean them (e.g. torch.nan_to_num) before the call.")
+
+
+def check_class_labels(name: str, labels: Any, num_classes: int, shape: tuple[int, ...], what: str) -> None:
+    """Class-id labels of exactly ``shape``, each in ``[0, num_classes)`` or ``-100`` (ignored)."""
+    check_tensor(name, labels, integer=True)
+    if tuple(labels.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(labels.shape)}.")
+    check_ids_in_range(name, labels, num_classes, what=what, ignore_index=IGNORE_INDEX)
+
+
+def check_memory_states(name: str, states: Sequence[torch.Tensor], width: int, *, heads: int | None = None) -> None:
+    """Carried per-layer states (a memory passed back in) have the model's width: ``(B, M, width)``, or
+    ``(B, heads, N, width)`` with ``heads``; a memory from another model would otherwise fail deep in a layer."""
+    for layer, state in enumerate(states):
+        if heads is None:
+            wrong = state.dim() != 3 or state.shape[-1] != width
+        else:
+            wrong = state.dim() != 4 or (state.shape[1], state.shape[-1]) != (heads, width)
+        if wrong:
+            shape = f"(B, {heads}, N, {width})" if heads is not None else f"(B, M, {width})"
+            raise ValueError(
+                f"{name} layer {layer} has shape {tuple(state.shape)} but this model carries {shape}: it was made by "
+                f"a model of another width; pass the {name} this model returned, or None to start a new stream."
+            )
+
+
+def check_sequence_labels(labels: Any, batch: int, num_labels: int, problem_type: str | None) -> None:
+    """Sequence-classification labels: ``(B,)`` class ids in ``[0, num_labels)``, or finite floats (regression
+    ``(B,)`` / ``(B, 1)``, multi-label ``(B, num_labels)``)."""
+    check_tensor("labels", labels)
+    if labels.is_floating_point():
+        if tuple(labels.shape) not in ((batch,), (batch, num_labels)):
+            raise ValueError(
+                f"labels must have shape ({batch},) or ({batch}, {num_labels}), got {tuple(labels.shape)}."
+            )
+        check_finite("labels", labels)
+        return
+    check_tensor("labels", labels, integer=True)
+    if num_labels == 1 or problem_type == "regression":
+        if tuple(labels.shape) not in ((batch,), (batch, 1)):
+            raise ValueError(f"regression labels must have shape ({batch},), got {tuple(labels.shape)}.")
+        return
+    if problem_type == "multi_label_classification":
+        if tuple(labels.shape) != (batch, num_labels):
+            raise ValueError(f"multi-label labels must have shape ({batch}, {num_labels}), got {tuple(labels.shape)}.")
+        return
+    if tuple(labels.shape) == (batch, 1):
+        labels = labels.view(-1)
+    check_class_labels("labels", labels, num_labels, (batch,), "num_labels")
+
+
+def check_span_positions(start_positions: Any, end_positions: Any, batch: int) -> None:
+    """Question-answering targets: integer token indices ``(B,)``, >= 0 (indices past the input are ignored)."""
+    for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+        check_tensor(name, positions, integer=True)
+        if positions.numel() != batch:
+            raise ValueError(f"{name} must have one index per row, shape ({batch},), got {tuple(positions.shape)}.")
+        if positions.numel() and not _tracing() and int(positions.min()) < 0:
+            raise ValueError(
+                f"{name} must be token indices >= 0, got {positions.tolist()}; an index past the input marks a row "
+                "without an answer."
+            )
+
+
+class InputValidationMixin:
+    """The checks at the top of every tf_family ``forward`` (and so of `generate`, which calls it), each run once per
+    call. Listed among the bases of every tf_family ``PreTrainedModel``; the model's ``config`` gives the sizes."""
+
+    def _check_token_inputs(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        *,
+        vocab_size: int | None = None,
+        embedding_width: int | None = None,
+    ) -> tuple[int, int]:
+        """Exactly one of ``input_ids`` ``(B, T)`` (integer ids in ``[0, vocab_size)``) and ``inputs_embeds``
+        ``(B, T, D)`` (finite floats), with ``B, T >= 1``. Returns ``(B, T)``."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        if input_ids is not None:
+            check_tensor("input_ids", input_ids, integer=True, dim=2)
+            name, source = "input_ids", input_ids
+        else:
+            check_tensor("inputs_embeds", inputs_embeds, integer=False, dim=3)
+            name, source = "inputs_embeds", inputs_embeds
+        batch, length = source.shape[:2]
+        if batch == 0 or length == 0:
+            raise ValueError(
+                f"{name} is empty (shape {tuple(source.shape)}): pass at least one row of at least one token."
+            )
+        if input_ids is not None:
+            vocab_size = vocab_size if vocab_size is not None else self.config.vocab_size
+            check_ids_in_range("input_ids", input_ids, vocab_size)
+        else:
+            width = embedding_width if embedding_width is not None else self.config.hidden_size
+            if inputs_embeds.shape[-1] != width:
+                raise ValueError(
+                    f"inputs_embeds must have width {width} (the embedding width), got shape "
+                    f"{tuple(inputs_embeds.shape)}."
+                )
+            check_finite("inputs_embeds", inputs_embeds)
+        return batch, length
+
+    @staticmethod
+    def _check_mask(
+        name: str,
+        mask: torch.Tensor | None,
+        batch: int,
+        length: int,
+        *,
+        at_least: bool = False,
+        dims: tuple[int, ...] = (2,),
+    ) -> None:
+        """A 0/1 (or bool) mask ``(B, length)`` (``at_least``: ``(B, >= length)``); masks of ``dims`` other than 2
+        are left to the model, batch excepted."""
+        if mask is None:
+            return
+        check_tensor(name, mask, dim=dims)
+        if mask.shape[0] != batch:
+            raise ValueError(f"{name} has {mask.shape[0]} rows but the input has {batch}; give one row per input row.")
+        if mask.dim() == 2:
+            columns = mask.shape[1]
+            if columns < length if at_least else columns != length:
+                expected = f"(B, >= {length})" if at_least else f"{(batch, length)}"
+                raise ValueError(f"{name} must have shape {expected} like the input, got {tuple(mask.shape)}.")
+
+    @staticmethod
+    def _check_index_inputs(name: str, value: torch.Tensor | None, batch: int, length: int, high: int, what: str):
+        """``token_type_ids`` / ``position_ids``: integers ``(B, T)`` (or ``(1, T)``) in ``[0, high)``."""
+        if value is None:
+            return
+        check_tensor(name, value, integer=True, dim=2)
+        if value.shape[1] != length or value.shape[0] not in (1, batch):
+            raise ValueError(f"{name} must have shape {(batch, length)}, got {tuple(value.shape)}.")
+        check_ids_in_range(name, value, high, what=what)
+
+    def _check_lm_labels(self, labels: torch.Tensor | None, batch: int, length: int, vocab_size: int | None = None):
+        """Language-modelling labels: token ids ``(B, T)`` in ``[0, vocab_size)`` or ``-100``."""
+        if labels is not None:
+            vocab_size = vocab_size if vocab_size is not None else self.config.vocab_size
+            check_class_labels("labels", labels, vocab_size, (batch, length), "vocab_size")
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "MAX_LAYERS",
+    "MAX_SEED",
+    "MAX_SIZE",
+    "InputValidationMixin",
+    "check_activation",
+    "check_choice",
+    "check_class_labels",
+    "check_common_fields",
+    "check_finite",
+    "check_float",
+    "check_ids_in_range",
+    "check_int",
+    "check_list_of",
+    "check_memory_states",
+    "check_nonnegative_int",
+    "check_positive_int",
+    "check_probability",
+    "check_seed",
+    "check_span_positions",
+    "check_sequence_labels",
+    "check_tensor",
+    "check_token_id",
+]
