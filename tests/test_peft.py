@@ -146,3 +146,17 @@ def test_knn_lm_with_a_merged_lora_refuses_to_save_its_old_datastore(tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "rebuilt")
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, merged(ids).logits)
+
+
+def test_lora_target_registration_is_idempotent_and_keeps_the_users_entries(monkeypatch):
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as lora_targets
+
+    from tf_family.auto import register_lora_targets
+
+    for spec in ARCHITECTURES.values():
+        for model_type in spec.model_types:  # legacy types too (transfo-xl)
+            assert list(lora_targets[model_type]) == list(spec.lora_target_modules)
+    monkeypatch.setitem(lora_targets, "tff_longformer", ["query"])
+    register_lora_targets()
+    register_lora_targets()
+    assert lora_targets["tff_longformer"] == ["query"]
