@@ -118,7 +118,7 @@ def test_head_layers_have_transformers_names():
         ToyForMultipleChoice,
     )}  # fmt: skip
     assert names[ToyForMaskedLM] == {"bert", "lm_head"}
-    assert names[ToyForSequenceClassification] == {"bert", "dense", "out_proj"}
+    assert names[ToyForSequenceClassification] == {"bert", "classifier"}
     assert names[ToyForTokenClassification] == {"bert", "classifier"}
     assert names[ToyForQuestionAnswering] == {"bert", "qa_outputs"}
     assert names[ToyForMultipleChoice] == {"bert", "classifier"}
@@ -153,7 +153,7 @@ def test_sequence_classification_pools_the_first_real_token_under_either_padding
     left = model(torch.cat([pad, real], 1), torch.cat([zeros, ones], 1)).logits
     torch.testing.assert_close(left, right, rtol=0, atol=0)
     hidden = model.base_model.embeddings(real[:, 0])
-    torch.testing.assert_close(right, model.out_proj(torch.tanh(model.dense(hidden))))
+    torch.testing.assert_close(right, model.classifier.out_proj(torch.tanh(model.classifier.dense(hidden))))
 
 
 def test_token_classification_and_question_answering_losses():

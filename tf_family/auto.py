@@ -1,7 +1,8 @@
-"""Register every architecture of the registry with the transformers Auto classes.
+"""Register every architecture of the registry with the transformers Auto classes, and its default LoRA targets
+with PEFT.
 
-Runs on ``import tf_family``. Idempotent: a second call, or a call after the user registered the same classes,
-changes nothing and raises nothing.
+Runs on ``import tf_family``. Idempotent: a second call, or a call after the user registered the same classes (or
+their own LoRA targets for our model types), changes nothing and raises nothing.
 """
 
 from __future__ import annotations
@@ -83,9 +84,22 @@ def _register_model(auto_class: type, config_class: type, model_class: type) -> 
     auto_class.register(config_class, model_class, exist_ok=True)
 
 
+def register_lora_targets() -> None:
+    """Each spec's ``lora_target_modules`` as PEFT's default LoRA targets for its model types, so that
+    ``LoraConfig(task_type=...)`` without ``target_modules`` adapts the attention projections as it does for
+    transformers' own models. PEFT looks the default up by ``config.model_type`` in
+    ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`` (the dict `LoraModel.target_module_mapping` is); an entry
+    already there (the user's) is kept."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as lora_targets
+
+    for spec in ARCHITECTURES.values():
+        for model_type in spec.model_types:
+            lora_targets.setdefault(model_type, list(spec.lora_target_modules))
+
+
 def register_all() -> None:
     """Register every registry entry (and its legacy model types, e.g. ``transfo-xl``) with AutoConfig and
-    AutoModel*."""
+    AutoModel*, and its default LoRA targets with PEFT (`register_lora_targets`)."""
     for spec in ARCHITECTURES.values():
         _register_config(spec.config_class)
         for task, model_class in spec.model_classes.items():
@@ -95,6 +109,7 @@ def register_all() -> None:
         _register_config(legacy_config)
         for task, model_class in models.items():
             _register_model(AUTO_CLASS_BY_TASK[task], legacy_config, model_class)
+    register_lora_targets()
 
 
-__all__ = ["AUTO_CLASS_BY_TASK", "register_all"]
+__all__ = ["AUTO_CLASS_BY_TASK", "register_all", "register_lora_targets"]

@@ -6,7 +6,8 @@ by ``class LlamaForSequenceClassification(GenericForSequenceClassification, Llam
 is a mixin listed before the model's ``PreTrainedModel`` class. It builds the base model from the class attribute
 ``base_model_class`` (stored under the model's ``base_model_prefix``, so checkpoints keep ``longformer.*`` /
 ``bert.*``), puts its own layers on the model itself under the names transformers uses (``classifier``,
-``qa_outputs``, ``dense`` / ``out_proj``, ``lm_head``; PEFT's ``modules_to_save`` defaults find them), and passes
+``qa_outputs``, ``lm_head``; PEFT's ``modules_to_save`` defaults — ``classifier`` / ``score`` for
+``task_type="SEQ_CLS"``, ``qa_outputs`` for ``"QUESTION_ANS"`` — find them), and passes
 every keyword argument it does not use itself on to the base model: a model's own inputs (Longformer's
 ``global_attention_mask``, BigBird's ``random_seed``) need no head of their own. A model subclasses a head to add a
 rule (Longformer's default global tokens) and sets the few choices below where transformers' heads differ:
@@ -58,6 +59,28 @@ class LMPredictionHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.layer_norm(self.activation(self.dense(hidden))))  # (B, T, V)
+
+
+# Checkpoints saved before the sequence-classification head was a ``classifier`` module (its ``dense`` and
+# ``out_proj`` sat on the model itself) load through the renaming of ``ForeignCheckpointMixin.from_pretrained``,
+# which reads a class's ``_checkpoint_key_mapping``; saving writes the new names.
+CLASSIFIER_KEY_MAPPING = {r"^dense\.": "classifier.dense.", r"^out_proj\.": "classifier.out_proj."}
+
+
+class ClassificationHead(nn.Module):
+    """Dropout, dense, activation, dropout, linear ``out_proj`` on pooled rows ``(B, in_features)``: the
+    sequence-classification head of RoBERTa, Longformer, BigBird and Reformer, which transformers (and PEFT's
+    ``modules_to_save`` default) call ``classifier``."""
+
+    def __init__(self, in_features: int, hidden_size: int, num_labels: int, activation: str, dropout: float):
+        super().__init__()
+        self.dropout = Dropout(dropout)
+        self.dense = nn.Linear(in_features, hidden_size)
+        self.activation = build_activation(activation)
+        self.out_proj = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(self.activation(self.dense(self.dropout(pooled)))))  # (B, num_labels)
 
 
 class _Head:
@@ -154,29 +177,32 @@ class GenericForMaskedLM(_Head):
 
 
 class GenericForSequenceClassification(_Head):
-    """Dropout, dense, activation, dropout, linear (``dense`` / ``out_proj``, RoBERTa's and BigBird's classification
-    head) on each row's first real token. ``labels``: ``(B,)`` class ids (floats for regression, ``(B, num_labels)``
-    for multi-label); the loss follows ``problem_type``, or is inferred from them
-    (`tf_family.losses.sequence_classification_loss`)."""
+    """A `ClassificationHead` ``classifier`` (RoBERTa's and BigBird's) on each row's first real token. ``labels``:
+    ``(B,)`` class ids (floats for regression, ``(B, num_labels)`` for multi-label); the loss follows
+    ``problem_type``, or is inferred from them (`tf_family.losses.sequence_classification_loss`)."""
 
     classifier_activation: str | None = "tanh"
     dropout_field = "classifier_dropout"
     output_class = SequenceClassifierOutput
+    _checkpoint_key_mapping = CLASSIFIER_KEY_MAPPING
 
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.dropout = classifier_dropout(config, self.dropout_field)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.activation = build_activation(self.classifier_activation or config.hidden_act)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = ClassificationHead(
+            config.hidden_size,
+            config.hidden_size,
+            config.num_labels,
+            self.classifier_activation or config.hidden_act,
+            classifier_dropout(config, self.dropout_field).p,
+        )
         self.post_init()
 
     def _logits(self, outputs: ModelOutput, attention_mask) -> torch.Tensor:
         hidden = outputs.last_hidden_state  # (B, T, D)
         first = find_first_real_token(attention_mask, hidden.shape[0], hidden.device)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, D)
-        return self.out_proj(self.dropout(self.activation(self.dense(self.dropout(pooled)))))  # (B, num_labels)
+        return self.classifier(pooled)  # (B, num_labels)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
         return sequence_classification_loss(
@@ -399,6 +425,8 @@ class SegmentRecurrentForCausalLM:
 
 
 __all__ = [
+    "CLASSIFIER_KEY_MAPPING",
+    "ClassificationHead",
     "GenericForMaskedLM",
     "GenericForMultipleChoice",
     "GenericForQuestionAnswering",

@@ -45,7 +45,9 @@ class ArchSpec:
         config_class: the `PreTrainedConfig` subclass; its ``model_type`` is registered with `AutoConfig`.
         model_classes: task -> model class; ``"base"`` is the headless model.
         variants: named config overrides; ``"tiny"`` (< 1M parameters) is what the tests build.
-        lora_target_modules: default PEFT LoRA targets (PEFT knows no defaults for our model types).
+        lora_target_modules: default PEFT LoRA targets (the attention projections; the Decision Transformer adds its
+            MLP): the recipes' ``--lora_r`` default, and PEFT's own default for the model types
+            (`tf_family.auto.register_lora_targets`).
         reference: the implementation parity is checked against.
         parity: what the parity tests establish, in a few words.
         card: model card template, relative to the repository's ``model_cards/``.

@@ -236,22 +236,47 @@ def convert_folder(
 
 
 class ForeignCheckpointMixin:
-    """The ``from_pretrained`` of every tf_family class that also reads another implementation's folders.
+    """The ``from_pretrained`` of every tf_family class that also reads another implementation's folders, or its own
+    folders saved before a module was renamed.
 
     List it before `PreTrainedModel` and name the records in ``_foreign_formats``: a folder (or ``config``) of one
-    of those formats is translated by `load_foreign`; anything else goes to `PreTrainedModel.from_pretrained`.
+    of those formats is translated by `load_foreign`; anything else goes to `PreTrainedModel.from_pretrained`, with
+    the class's ``_checkpoint_key_mapping`` (``{old key pattern: new name}``, e.g. a head that became a
+    ``classifier`` module) as transformers' ``key_mapping``, so that tf_family's older folders load; the model saves
+    under the new names (transformers would otherwise write a renamed checkpoint back in its old layout).
     """
 
     _foreign_formats: tuple[ForeignFormat, ...] = ()
+    _checkpoint_key_mapping: Mapping[str, str] = {}
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a tf_family checkpoint, or a folder saved by another implementation in one of the class's
-        ``_foreign_formats`` (config translated, weights renamed and checked; see `load_foreign`)."""
+        """Load a tf_family checkpoint (older key names renamed by ``_checkpoint_key_mapping``), or a folder saved by
+        another implementation in one of the class's ``_foreign_formats`` (config translated, weights renamed and
+        checked; see `load_foreign`)."""
         fmt = find_format(cls._foreign_formats, pretrained_model_name_or_path, kwargs)
         if fmt is not None:
             return load_foreign(cls, pretrained_model_name_or_path, fmt, *model_args, **kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        renames = dict(cls._checkpoint_key_mapping)
+        if renames:
+            kwargs["key_mapping"] = {**renames, **(kwargs.get("key_mapping") or {})}
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        if renames:
+            _forget_renames(loaded[0] if isinstance(loaded, tuple) else loaded, renames)
+        return loaded
+
+
+def _forget_renames(model: PreTrainedModel, renames: Mapping[str, str]) -> None:
+    """Drop ``renames`` from the weight conversions transformers keeps on a loaded model to undo them on save (it
+    writes a renamed checkpoint back in its original layout): tf_family's older names are read, never written."""
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions:
+        ours = [[pattern] for pattern in renames]
+        model._weight_conversions = [
+            conversion
+            for conversion in conversions
+            if list(getattr(conversion, "_original_source_patterns", ())) not in ours
+        ]
 
 
 __all__ = [

@@ -41,7 +41,6 @@ _KEY_RULES = (
     (r"^cls\.predictions\.transform\.LayerNorm\.", "lm_head.layer_norm."),
     (r"^cls\.predictions\.decoder\.weight$", "lm_head.decoder.weight"),
     (r"^cls\.predictions\.(decoder\.)?bias$", "lm_head.decoder.bias"),
-    (r"^classifier\.(dense|out_proj)\.", r"\1."),
     (r"^qa_classifier\.intermediate\.dense\.", "qa_head.fc_in."),
     (r"^qa_classifier\.output\.dense\.", "qa_head.fc_out."),
     (r"^qa_classifier\.output\.LayerNorm\.", "qa_head.layer_norm."),

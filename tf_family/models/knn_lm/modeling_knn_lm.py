@@ -38,6 +38,7 @@ from ...losses import NumItems, nll
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling_utils import RemoteCodeMixin
 from ...retrieval.datastore import (
+    DatastoreMismatchError,
     KNNDatastore,
     capture_module_inputs,
     check_fingerprints,
@@ -326,10 +327,19 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
     # --------------------------------------------------------------------------------------------- save / load
     def save_pretrained(self, save_directory: str | os.PathLike, *args, save_datastore: bool | None = None, **kwargs):
         """Save the base weights (safetensors) and config; the attached datastore goes to ``datastore/`` unless
-        ``config.datastore_path`` points at it elsewhere (``save_datastore=True`` copies it anyway)."""
-        super().save_pretrained(save_directory, *args, **kwargs)
+        ``config.datastore_path`` points at it elsewhere (``save_datastore=True`` copies it anyway).
+
+        Refused (`ValueError`, nothing written) when the base weights changed since the attached datastore was built
+        — fine-tuned, or a LoRA adapter merged with ``merge_and_unload()`` —, the folder would carry or point at it,
+        and ``config.check_datastore`` is on: the folder's own `from_pretrained` would refuse it, the keys being
+        another model's representations. Rebuild the datastore with the new weights
+        (`tf_family.retrieval.build_datastore`, or ``recipes/knn_lm.py build``) and `set_datastore` it, or save
+        without it (``save_datastore=False`` with ``config.datastore_path = None``)."""
         if save_datastore is None:
             save_datastore = self.datastore is not None and self.config.datastore_path is None
+        if save_datastore or self.config.datastore_path is not None:
+            self._check_saved_datastore()
+        super().save_pretrained(save_directory, *args, **kwargs)
         if save_datastore and self.datastore is not None:
             target = Path(save_directory) / DATASTORE_FOLDER
             if self.datastore.folder is None or Path(self.datastore.folder).resolve() != target.resolve():
@@ -338,6 +348,23 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
                 copy.save(target)
                 if index is not None and folder is not None:
                     index.save(target / f"index-{self.config.index_type}", metadata=copy.index_metadata())
+
+    def _check_saved_datastore(self) -> None:
+        """The `ValueError` of `save_pretrained` when the attached datastore no longer fits the base weights."""
+        if self.datastore is None or not self.config.check_datastore:
+            return
+        try:
+            check_fingerprints(self.datastore.description, self.lm, None, force=False)
+        except DatastoreMismatchError as error:
+            raise ValueError(
+                "save_pretrained refused: the base model's weights changed after its kNN datastore was built (a "
+                "fine-tuning step, or a LoRA adapter merged with merge_and_unload()), so the saved folder's own "
+                "from_pretrained would refuse the datastore, whose keys are the old weights' representations. "
+                "Rebuild the datastore with this model (tf_family.retrieval.build_datastore, or `recipes/knn_lm.py "
+                "build --model_name_or_path <the merged model>`) and attach it with set_datastore(), or save the "
+                "model without it: save_pretrained(..., save_datastore=False) with model.config.datastore_path = None. "
+                f"({error})"
+            ) from error
 
     @classmethod
     def from_pretrained(

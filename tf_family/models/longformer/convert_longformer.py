@@ -43,7 +43,6 @@ _KEY_RULES = (
     (r"^(longformer\.)?encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"\1layers.\2.feed_forward.layer_norm."),
     (r"^(longformer\.)?pooler\.dense\.", r"\1pooler."),
     (r"^lm_head\.bias$", "lm_head.decoder.bias"),
-    (r"^classifier\.(dense|out_proj)\.", r"\1."),
 )  # fmt: skip
 _DROPPED_KEYS = (r"embeddings\.position_ids$",)
 

@@ -46,7 +46,6 @@ _KEY_RULES = (
     (_LAYER + r"feed_forward\.output\.dense\.", r"\1layers.\2.feed_forward.fc_out."),
     (r"^(reformer\.)?encoder\.layer_norm\.", r"\1layer_norm."),
     (r"^lm_head\.bias$", "lm_head.decoder.bias"),
-    (r"^classifier\.(dense|out_proj)\.", r"\1."),
 )  # fmt: skip
 
 

@@ -66,7 +66,7 @@ from ...attention import (
 from ...conversion import ForeignCheckpointMixin
 from ...layers.reversible import reversible_stack
 from ...losses import causal_lm_loss, cross_entropy, sequence_classification_loss
-from ...modeling_heads import question_answering_output
+from ...modeling_heads import CLASSIFIER_KEY_MAPPING, ClassificationHead, question_answering_output
 from ...modeling_utils import (
     Dropout,
     RemoteCodeMixin,
@@ -700,18 +700,19 @@ class TffReformerForMaskedLM(_TffReformerWithLMHead):
 
 
 class TffReformerForSequenceClassification(TffReformerPreTrainedModel):
-    """transformers' Reformer classifier: dropout, dense ``2 * D -> D``, tanh, dropout, ``out_proj`` on each row's
-    first real token."""
+    """transformers' Reformer ``classifier``: dropout, dense ``2 * D -> D``, tanh, dropout, ``out_proj`` on each
+    row's first real token."""
+
+    _checkpoint_key_mapping = CLASSIFIER_KEY_MAPPING
 
     def __init__(self, config: TffReformerConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.reformer = TffReformerModel(config)
-        self.dropout = Dropout(
-            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.classifier = ClassificationHead(
+            2 * config.hidden_size, config.hidden_size, config.num_labels, "tanh", dropout
         )
-        self.dense = nn.Linear(2 * config.hidden_size, config.hidden_size)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
@@ -726,7 +727,7 @@ class TffReformerForSequenceClassification(TffReformerPreTrainedModel):
         hidden = outputs.last_hidden_state
         first = find_first_real_token(attention_mask, hidden.shape[0], hidden.device)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, 2D)
-        logits = self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
+        logits = self.classifier(pooled)  # (B, num_labels)
         loss = None
         if labels is not None:
             loss = sequence_classification_loss(
