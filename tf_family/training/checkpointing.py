@@ -63,10 +63,18 @@ def find_checkpoint(output_dir: str, which: str) -> Path:
     return steps[-1][1]
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: str, state: dict, carried: Any, limit: int | None) -> Path:
+def save_checkpoint(
+    accelerator: Accelerator,
+    output_dir: str,
+    state: dict,
+    carried: Any,
+    limit: int | None,
+    data_state: dict | None = None,
+) -> Path:
     """Write ``checkpoints/step_N`` atomically: everything goes to ``step_N.partial`` first and is renamed once every
     process has written its part, so an interrupted save never replaces the last good checkpoint. ``carried`` is
-    this process's carried state (an object with ``state_dict()``, e.g. a `SegmentMemory`), or None / False."""
+    this process's carried state (an object with ``state_dict()``, e.g. a `SegmentMemory`), or None / False;
+    ``data_state`` how far this process read its data stream (`StreamingBlocks.state_dict`, JSON), or None."""
     root = Path(output_dir) / "checkpoints"
     final = root / f"step_{state['completed_steps']}"
     partial = root / f"step_{state['completed_steps']}.partial"
@@ -81,6 +89,8 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str, state: dict, carr
             str(partial / f"memory_rank{accelerator.process_index}.safetensors"),
             metadata={"class": type(carried).__name__},
         )
+    if data_state is not None:
+        (partial / f"data_rank{accelerator.process_index}.json").write_text(json.dumps(data_state))
     if accelerator.is_main_process:
         (partial / TRAINER_STATE_FILE).write_text(json.dumps({**state, "world_size": accelerator.num_processes}))
     accelerator.wait_for_everyone()
@@ -127,3 +137,10 @@ def load_carried_state(checkpoint: Path, accelerator: Accelerator) -> Any:
         class_name = handle.metadata()["class"]
     memory_class = getattr(memory_lib, class_name)
     return memory_class.from_state_dict(load_file(str(path), device=str(accelerator.device)))
+
+
+def load_data_state(checkpoint: Path, accelerator: Accelerator) -> dict | None:
+    """How far this process had read its data stream when ``checkpoint`` was written (`save_checkpoint`'s
+    ``data_state``), or None when the run did not stream."""
+    path = checkpoint / f"data_rank{accelerator.process_index}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
