@@ -82,6 +82,8 @@ def save_checkpoint(
         shutil.rmtree(partial)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(partial))
+    if data_state is not None:
+        (partial / f"data_rank{accelerator.process_index}.json").write_text(json.dumps(data_state))
     if carried not in (None, False):
         tensors = {k: v.detach().cpu().contiguous() for k, v in carried.state_dict().items()}
         save_file(
@@ -89,8 +91,6 @@ def save_checkpoint(
             str(partial / f"memory_rank{accelerator.process_index}.safetensors"),
             metadata={"class": type(carried).__name__},
         )
-    if data_state is not None:
-        (partial / f"data_rank{accelerator.process_index}.json").write_text(json.dumps(data_state))
     if accelerator.is_main_process:
         (partial / TRAINER_STATE_FILE).write_text(json.dumps({**state, "world_size": accelerator.num_processes}))
     accelerator.wait_for_everyone()
