@@ -63,6 +63,13 @@ def find_checkpoint(output_dir: str, which: str) -> Path:
     return steps[-1][1]
 
 
+def load_data_state(checkpoint: Path, accelerator: Accelerator) -> dict | None:
+    """How far this process had read its data stream when ``checkpoint`` was written (`save_checkpoint`'s
+    ``data_state``), or None when the run did not stream."""
+    path = checkpoint / f"data_rank{accelerator.process_index}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def save_checkpoint(
     accelerator: Accelerator,
     output_dir: str,
@@ -137,10 +144,3 @@ def load_carried_state(checkpoint: Path, accelerator: Accelerator) -> Any:
         class_name = handle.metadata()["class"]
     memory_class = getattr(memory_lib, class_name)
     return memory_class.from_state_dict(load_file(str(path), device=str(accelerator.device)))
-
-
-def load_data_state(checkpoint: Path, accelerator: Accelerator) -> dict | None:
-    """How far this process had read its data stream when ``checkpoint`` was written (`save_checkpoint`'s
-    ``data_state``), or None when the run did not stream."""
-    path = checkpoint / f"data_rank{accelerator.process_index}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
