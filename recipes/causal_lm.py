@@ -34,13 +34,16 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from datasets import DatasetDict
+from datasets.distributed import split_dataset_by_node
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from tf_family.data import (
     SOTU_TOKENIZER_DIR,
+    StreamingBlocks,
     build_document_streams,
     load_text_datasets,
+    load_text_streams,
     pack_into_blocks,
     schedule_shuffled_batches,
     schedule_streams,
@@ -61,6 +64,7 @@ from tf_family.training import (
     configure_ddp,
     ending_run,
     load_carried_state,
+    load_data_state,
     make_accelerator,
     make_optimizer,
     parse_config_overrides,
@@ -140,6 +144,12 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
         help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
     )
     data.add_argument("--validation_split_percentage", type=int, default=5)
+    data.add_argument(
+        "--streaming",
+        action="store_true",
+        help="read the training data as a stream (datasets IterableDataset), packed into blocks on the fly: a corpus "
+        "larger than memory trains; needs --max_train_steps; resumable (checkpoints record the stream's position)",
+    )
     data.add_argument("--block_size", type=int, help="tokens per training block / memory segment")
     data.add_argument("--max_train_samples", type=int, help="use only the first N training documents")
     data.add_argument(
@@ -202,6 +212,14 @@ def validate_args(args: argparse.Namespace) -> None:
             f"--memory_size, --eval_memory_size and --knn_top_k set a kNN memory; --arch {args.arch} has none "
             "(use --arch memorizing)."
         )
+    if args.streaming:
+        if args.max_train_steps is None:
+            raise ValueError("--streaming needs --max_train_steps: a stream's length is not known in advance.")
+        if args.arch and (get_arch(args.arch).carried_state or args.arch == "knn_lm"):
+            raise ValueError(
+                f"--streaming trains on blocks packed in stream order, for models without memory; --arch {args.arch} reads ordered "
+                "document streams (a memory) or builds a datastore over the whole training set: drop --streaming."
+            )
     if args.transfo_xl_checkpoint and args.arch != "memorizing":
         raise ValueError(
             "--transfo_xl_checkpoint adds kNN memory layers to a Transformer-XL: use it with --arch memorizing."
@@ -287,6 +305,13 @@ def evaluate(
     }
 
 
+def streamed_counts(stream: StreamingBlocks, accelerator: Accelerator) -> dict[str, Any]:
+    """What the processes read from their training streams, summed (every process calls it)."""
+    counts = torch.tensor([stream.documents_read, stream.tokens_read], device=accelerator.device)
+    documents, tokens = accelerator.reduce(counts, reduction="sum").tolist()
+    return {"streaming": True, "train_documents_read": int(documents), "train_tokens_read": int(tokens)}
+
+
 def main(
     argv: list[str] | None = None, prog: str | None = None, defaults: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -300,17 +325,29 @@ def main(
     accelerator = make_accelerator(args, output_dir)
 
     # ---- data -------------------------------------------------------------------------------------------------
-    raw, text_column = load_text_datasets(
-        args.dataset_name,
-        args.dataset_config_name,
-        args.train_file,
-        args.validation_file,
-        args.text_column,
-        args.validation_split_percentage,
-        args.sample_by,
-    )
-    raw = DatasetDict({split: raw[split] for split in ("train", "validation")})  # a test split is not read here
-    if args.max_train_samples:
+    train_stream = None
+    if args.streaming:  # the training split is read as it is consumed; the validation split is loaded whole
+        train_stream, validation, text_column = load_text_streams(
+            args.dataset_name, args.dataset_config_name, args.train_file, args.validation_file, args.text_column,
+            args.sample_by,
+        )  # fmt: skip
+        if args.max_train_samples:
+            train_stream = train_stream.take(args.max_train_samples)
+        if accelerator.num_processes > 1:  # each process reads its own part of the stream
+            train_stream = split_dataset_by_node(train_stream, accelerator.process_index, accelerator.num_processes)
+        raw = DatasetDict({"validation": validation})
+    else:
+        raw, text_column = load_text_datasets(
+            args.dataset_name,
+            args.dataset_config_name,
+            args.train_file,
+            args.validation_file,
+            args.text_column,
+            args.validation_split_percentage,
+            args.sample_by,
+        )
+        raw = DatasetDict({split: raw[split] for split in ("train", "validation")})  # a test split is not read here
+    if args.max_train_samples and not args.streaming:
         raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
     if args.max_eval_samples:
         raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
@@ -341,6 +378,11 @@ def main(
     # an early-exit model (CALM) trains every exit: the anytime loss (and its meta classifier) comes back as aux_loss
     trains_exits = bool(getattr(model, "exit_training", False))
     block_size = choose_block_size(args.block_size, model)
+    if args.streaming and (has_memory or wraps_base_model(model.config)):
+        raise ValueError(
+            f"--streaming packs independent blocks; {type(model).__name__} reads ordered document streams (a memory) "
+            "or builds a datastore over the whole training set: drop --streaming."
+        )
 
     with accelerator.main_process_first():
         tokenized = raw.map(
@@ -349,13 +391,30 @@ def main(
                 "num_characters": [len(text) for text in rows[text_column]],
             },
             batched=True,
-            remove_columns=raw["train"].column_names,
+            remove_columns=raw["validation"].column_names,
             desc="tokenizing",
         )
-    train_docs, eval_docs = list(tokenized["train"]["input_ids"]), list(tokenized["validation"]["input_ids"])
+    train_docs = None if args.streaming else list(tokenized["train"]["input_ids"])
+    eval_docs = list(tokenized["validation"]["input_ids"])
     eval_characters = int(sum(tokenized["validation"]["num_characters"]))
     world, per_device = accelerator.num_processes, args.per_device_train_batch_size
-    if has_memory:
+    if args.streaming:
+        train_blocks = StreamingBlocks(
+            train_stream,
+            lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+            text_column,
+            block_size,
+            separator_id,
+        )
+        eval_blocks = pack_into_blocks(eval_docs, block_size, separator_id)
+
+        def train_schedule(epoch: int) -> list[None]:  # one pass of max_train_steps updates, blocks in stream order
+            return [None] * (args.max_train_steps * args.gradient_accumulation_steps)
+
+        eval_schedule = schedule_shuffled_batches(
+            len(eval_blocks), world * args.per_device_eval_batch_size, 0, shuffle=False, drop_last=False
+        )
+    elif has_memory:
         train_blocks, train_doc_blocks = build_document_streams(train_docs, block_size, separator_id)
         eval_blocks, eval_doc_blocks = build_document_streams(eval_docs, block_size, separator_id)
 
@@ -419,11 +478,17 @@ def main(
         )
         if has_memory:
             memory = load_carried_state(checkpoint, accelerator)
+        if args.streaming:
+            data_state = load_data_state(checkpoint, accelerator)
+            if data_state is None:
+                raise ValueError(f"{checkpoint} was written by a run without --streaming; resume it without.")
+            train_blocks.load_state_dict(data_state)
 
     # ---- train ------------------------------------------------------------------------------------------------
     num_parameters = sum(p.numel() for p in model.parameters())
+    blocks_text = "streamed training blocks" if args.streaming else f"{len(train_blocks)} training blocks"
     logger.info(
-        f"{num_parameters:,} parameters, {len(train_blocks)} training blocks of {block_size} tokens, "
+        f"{num_parameters:,} parameters, {blocks_text} of {block_size} tokens, "
         f"{max_train_steps} steps on {world} process(es)",
         main_process_only=True,
     )
@@ -443,7 +508,10 @@ def main(
         if first_update == 0:  # streams start again at the top of every epoch: so does the memory
             memory = None if has_memory else False
         for micro_index in range(first_update * accumulation, len(schedule)):
-            batch = train_blocks.batch(rows_of(schedule[micro_index], accelerator, per_device))
+            if args.streaming:
+                batch = train_blocks.batch(per_device)  # this process's stream, packed on the fly
+            else:
+                batch = train_blocks.batch(rows_of(schedule[micro_index], accelerator, per_device))
             labels = batch["labels"].to(accelerator.device)
             # accumulate(): gradients are all-reduced and the optimizer steps on every `accumulation`-th micro-batch
             with accelerator.accumulate(model):
@@ -491,7 +559,10 @@ def main(
                 state = {"completed_steps": completed_steps, "epoch": epoch, "update_in_epoch": update_index}
                 if update_index == len(schedule) // accumulation:
                     state.update(epoch=epoch + 1, update_in_epoch=0)
-                save_checkpoint(accelerator, args.output_dir, state, memory, args.checkpoints_total_limit)
+                data_state = train_blocks.state_dict() if args.streaming else None
+                save_checkpoint(
+                    accelerator, args.output_dir, state, memory, args.checkpoints_total_limit, data_state=data_state
+                )
             if completed_steps >= max_train_steps:
                 break
     progress.close()
@@ -522,7 +593,8 @@ def main(
     if base_metrics is not None:
         metrics.update(base_perplexity=base_metrics["perplexity"], datastore_keys=unwrapped.datastore.size)
     vocab_size = max(getattr(unwrapped.config, "vocab_size", 0) or 0, len(tokenizer))
-    metrics["unigram_perplexity"] = unigram_perplexity(train_blocks, eval_blocks, vocab_size)
+    if not args.streaming:  # a stream's token counts are not kept
+        metrics["unigram_perplexity"] = unigram_perplexity(train_blocks, eval_blocks, vocab_size)
     accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
     logger.info(f"validation: {metrics}", main_process_only=True)
 
@@ -537,8 +609,8 @@ def main(
         "train_file": args.train_file,
         "validation_file": args.validation_file,
         "text_column": text_column,
-        "train_documents": len(train_docs),
-        "train_tokens": int(sum(map(len, train_docs))),
+        **(streamed_counts(train_blocks, accelerator) if args.streaming else {}),
+        **({} if args.streaming else {"train_documents": len(train_docs), "train_tokens": sum(map(len, train_docs))}),
         "eval_documents": len(eval_docs),
         "eval_tokens": int(sum(map(len, eval_docs))),
         "eval_split": "validation",

@@ -395,6 +395,7 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
                 if args.dataset_name == "sotu" and not args.train_file
                 else None,
                 "eval_split": split,
+                "on_hub": bool(args.dataset_name != "sotu" and not args.train_file),
                 "description": f"The datastore ({datastore.size} keys, in `{DATASTORE_FOLDER}/`) was built by "
                 f"`recipes/knn_lm.py build` from `{args.datastore}`.",
             },

@@ -86,3 +86,47 @@ def test_push_is_checked_before_the_work_starts(monkeypatch):
     args = causal_lm.parse_args(["--arch", "transfo_xl", "--push_to_hub", "--hub_model_id", "org/name"])
     with pytest.raises(hub.HubPushError, match="not logged in"):
         causal_lm.validate_args(args)
+
+
+def _folder_digest(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {
+        path.relative_to(folder).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_x"}],
+    ids=["offline", "unreachable"],
+)
+def test_a_failed_push_leaves_the_folder_byte_identical(tmp_path, env):
+    """The Hub is checked (the repository created) before the card is re-rendered for the repository or the code
+    is exported into the folder: a push that cannot happen changes nothing, and says why in one line."""
+    import json
+    import os
+
+    from tf_family import create_model
+    from tf_family.cards import write_model_card
+
+    folder = tmp_path / "run"
+    create_model("transfo_xl", "causal_lm", "tiny").save_pretrained(folder)
+    run = {"recipe": "recipes/causal_lm.py", "task": "causal_lm", "metrics": {"perplexity": 9.5}, "dataset": {}}
+    (folder / "training_run.json").write_text(json.dumps(run))
+    write_model_card(folder)
+    before = _folder_digest(folder)
+    result = subprocess.run(
+        [sys.executable, "-m", "tf_family.cli", "push", str(folder), "org/name", "--remote_code"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    assert _folder_digest(folder) == before
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    reason = "HF_HUB_OFFLINE is set" if env["HF_HUB_OFFLINE"] == "1" else "the Hub is unreachable"
+    assert reason in result.stderr and "the folder was left unchanged" in result.stderr

@@ -2,7 +2,9 @@
 
 Recipes write ``training_run.json`` next to the weights; `write_model_card` turns it into ``README.md`` with the
 evaluation results in the YAML front matter (``model-index``, through `huggingface_hub.ModelCardData` /
-`EvalResult`) so the Hub shows them. ``tf-family card DIR`` calls the same function.
+`EvalResult`) so the Hub shows them, and, as the Hub expects, the training data's Hub id (``datasets``) and the model
+fine-tuned from (``base_model`` and ``base_model_relation``: ``finetune`` or ``adapter``) when those are Hub
+repositories (local paths and bundled corpora are named in the card's text only). ``tf-family card DIR`` calls the same function.
 
 What goes into the ``model-index`` follows the run's ``task``: a causal LM (``"causal_lm"``, the default) reports its
 perplexity and losses on the evaluation split of its dataset; a reinforcement-learning run (``"reinforcement_learning"``,
@@ -206,6 +208,21 @@ def _base_on_hub(run: dict[str, Any]) -> bool:
     return not Path(base).exists() and HUB_ID_PATTERN.fullmatch(base) is not None
 
 
+def _hub_datasets(data: dict[str, Any]) -> list[str] | None:
+    """The run's training data as the Hub's ``datasets`` field: a Hub dataset id only. A local file or folder (even
+    one passed as ``--dataset_name``) and a bundled corpus are described in the card's text instead."""
+    name = data.get("name")
+    if not name or not data.get("on_hub") or Path(name).exists() or not HUB_ID_PATTERN.fullmatch(str(name)):
+        return None
+    return [str(name)]
+
+
+def _base_model_relation(folder: Path, run: dict[str, Any]) -> str:
+    """How the folder relates to its ``base_model`` in the Hub's terms: ``"adapter"`` (a LoRA adapter) or
+    ``"finetune"`` (whole weights trained further, LoRA merged in included)."""
+    return "adapter" if (folder / "adapter_config.json").is_file() or run.get("adapter") else "finetune"
+
+
 def remote_code_note(auto_map: dict[str, str]) -> str:
     """What a card says about loading the folder without tf_family."""
     auto_class = next((name for name in auto_map if name.startswith("AutoModelFor")), "AutoModel")
@@ -316,11 +333,13 @@ def render_model_card(folder: str | Path, repo_id: str | None = None) -> ModelCa
         tags=tags,
         license=template_front.get("license", "apache-2.0"),
         base_model=run.get("base_model") if _base_on_hub(run) else None,  # the Hub takes repository ids only
-        datasets=[dataset_id] if data.get("on_hub") else None,
+        datasets=_hub_datasets(data),
         eval_results=eval_results or None,
         hyperparameters=run.get("hyperparameters"),
         training_data={key: data[key] for key in sorted(data) if key not in ("title",)} or None,
     )
+    if card_data.base_model:
+        card_data.base_model_relation = _base_model_relation(folder, run)
 
     training_data = data.get("description") or f"`{dataset_id}`"
     counts = {key: data[key] for key in _DATA_COUNTS.get(task, _DATA_COUNTS["causal_lm"]) if key in data}

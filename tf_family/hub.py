@@ -115,6 +115,28 @@ def _record_hub_id(folder: Path, repo_id: str) -> None:
     atomic_write_text(path, json.dumps(run, indent=2) + "\n")
 
 
+def _push_error(error: BaseException, folder: Path, repo_id: str, outcome: str) -> HubPushError | None:
+    """The one-line `HubPushError` for a failed Hub call (offline, refused token, unreachable, an HTTP error),
+    ending with ``outcome`` (what was left as it was), or None for an error that is no Hub failure (raised as it
+    is)."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    if isinstance(error, OfflineModeIsEnabled) or _offline():
+        reason = "HF_HUB_OFFLINE is set; unset it to push"
+    elif isinstance(error, HfHubHTTPError):
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        reason = (
+            f"the Hub refused the token (HTTP {status}); log in with `hf auth login` or pass --token"
+            if status in (401, 403)
+            else f"the Hub answered {_one_line(error)}"
+        )
+    elif isinstance(error, (OSError, ConnectionError)) or "httpx" in type(error).__module__:
+        reason = f"the Hub is unreachable ({_one_line(error)}); check the network"
+    else:
+        return None
+    return HubPushError(f"could not push {folder} to {repo_id}: {reason}; {outcome}.")
+
+
 def push_folder(
     folder: str | Path,
     repo_id: str,
@@ -127,44 +149,41 @@ def push_folder(
 ) -> list[str]:
     """Create ``repo_id`` if needed and upload `files_to_push` in one commit; returns the uploaded paths.
 
-    With ``refresh_card`` the card is rendered again for ``repo_id`` (so its usage snippet names the repository)
-    when the folder holds a recipe's ``training_run.json``. With ``remote_code`` the folder is first exported for
-    loading without tf_family (`tf_family.remote_code.export_remote_code`: code files and ``auto_map``).
+    The repository is created (which checks that the Hub is reachable and the token may write there) before
+    anything in the folder changes: offline, unreachable or refused, a `HubPushError` says so in one line and the
+    folder is left byte for byte as it was. Then, with ``refresh_card``, the card is rendered again for ``repo_id``
+    (so its usage snippet names the repository) when the folder holds a recipe's ``training_run.json``, and with
+    ``remote_code`` the folder is exported for loading without tf_family (`tf_family.remote_code.export_remote_code`:
+    code files and ``auto_map``).
     """
     folder = Path(folder)
-    if remote_code:
-        from .remote_code import export_remote_code
-
-        export_remote_code(folder)
     if "/" not in repo_id and not repo_id.strip():
         raise ValueError(f"repo_id={repo_id!r} is empty; pass 'user/name' or 'org/name'.")
     if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
         raise ValueError(f"{folder} has no config.json or adapter_config.json; it is not a saved model folder.")
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    except Exception as error:  # network, auth, offline mode: one line that says which, not a long traceback
+        failure = _push_error(error, folder, repo_id, "the folder was left unchanged")
+        if failure is None:
+            raise
+        raise failure from None
+    if remote_code:
+        from .remote_code import export_remote_code
+
+        export_remote_code(folder)
     if refresh_card and (folder / "training_run.json").is_file():
         write_model_card(folder, repo_id)
     paths = files_to_push(folder)
-    api = HfApi(token=token)
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in paths]
     try:
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         api.create_commit(repo_id, operations, commit_message=commit_message, repo_type="model")
-    except Exception as error:  # network, auth, offline mode: one line that says which, not a long traceback
-        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-        if isinstance(error, OfflineModeIsEnabled) or _offline():
-            reason = "HF_HUB_OFFLINE is set; unset it to push"
-        elif isinstance(error, HfHubHTTPError):
-            status = getattr(getattr(error, "response", None), "status_code", None)
-            reason = (
-                f"the Hub refused the token (HTTP {status}); log in with `hf auth login` or pass --token"
-                if status in (401, 403)
-                else f"the Hub answered {_one_line(error)}"
-            )
-        elif isinstance(error, (OSError, ConnectionError)) or "httpx" in type(error).__module__:
-            reason = f"the Hub is unreachable ({_one_line(error)}); check the network"
-        else:
+    except Exception as error:
+        failure = _push_error(error, folder, repo_id, "nothing was uploaded")
+        if failure is None:
             raise
-        raise HubPushError(f"could not push {folder} to {repo_id}: {reason}.") from None
+        raise failure from None
     _record_hub_id(folder, repo_id)
     return paths
 

@@ -1,5 +1,7 @@
 """Blocks and schedules: every token scored once, streams contiguous, resets exactly at document starts."""
 
+import json
+
 import pytest
 import torch
 
@@ -75,3 +77,40 @@ def test_bad_arguments_are_named(kwargs):
         pack_into_blocks([[1, 2]], **kwargs)
     with pytest.raises(ValueError, match="no tokens"):
         build_document_streams([[]], block_size=2, separator_id=0)
+
+
+def _stream_of(documents):
+    from datasets import Dataset
+
+    return Dataset.from_list([{"text": " ".join(map(str, doc))} for doc in documents]).to_iterable_dataset()
+
+
+def _tokenize(text):
+    return [int(word) for word in text.split()]
+
+
+def test_streaming_blocks_are_the_packed_blocks_and_resume_exactly():
+    """Packed on the fly, the blocks are `pack_into_blocks`'s, in order (the same stream); a state taken anywhere
+    (also after the stream has started again: the next epoch) continues with exactly the blocks that followed."""
+    from tf_family.data import StreamingBlocks
+
+    generator = torch.Generator().manual_seed(0)
+    documents = [torch.randint(1, 50, (int(n),), generator=generator).tolist() for n in (5, 17, 1, 9, 30, 4)]
+    packed = pack_into_blocks(documents, 8, separator_id=0)
+    full_blocks = len(packed) - 1  # the last packed block is padded; a stream never pads
+    stream = StreamingBlocks(_stream_of(documents), _tokenize, "text", 8, separator_id=0)
+    batch = stream.batch(full_blocks)
+    assert torch.equal(batch["input_ids"], packed.input_ids[:full_blocks])
+    assert torch.equal(batch["labels"], packed.labels[:full_blocks])
+    expected = [stream.batch(3) for _ in range(4)]  # runs on into the next epochs
+    assert stream.epoch >= 1
+    for taken_after in range(4):
+        replay = StreamingBlocks(_stream_of(documents), _tokenize, "text", 8, separator_id=0)
+        replay.batch(full_blocks)
+        for _ in range(taken_after):
+            replay.batch(3)
+        state = json.loads(json.dumps(replay.state_dict()))  # what a checkpoint stores
+        resumed = StreamingBlocks(_stream_of(documents), _tokenize, "text", 8, separator_id=0)
+        resumed.load_state_dict(state)
+        for step in range(taken_after, 4):
+            assert torch.equal(resumed.batch(3)["input_ids"], expected[step]["input_ids"]), (taken_after, step)

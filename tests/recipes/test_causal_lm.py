@@ -146,6 +146,66 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, corpus, tiny_gpt2, mon
     assert any(not torch.equal(untrained[k], straight[k]) for k in untrained)  # the comparison can fail
 
 
+def test_streaming_trains_and_a_killed_run_resumes_to_the_same_weights(tmp_path, corpus, tiny_gpt2, monkeypatch):
+    """--streaming: the training file is read as a datasets IterableDataset and packed on the fly; a checkpoint
+    records how far the stream was read, so a run killed after it and resumed ends with the weights of a run that
+    never stopped, having read the same data."""
+    args = ["--model_name_or_path", tiny_gpt2, "--block_size", "16", "--streaming", *data_args(corpus), *STEPS,
+            "--max_train_steps", "6", "--gradient_accumulation_steps", "2", "--checkpointing_steps", "3"]  # fmt: skip
+    import datasets
+
+    streamed = []
+    real_load = datasets.load_dataset
+
+    def recording_load(*a, **k):
+        streamed.append(k.get("streaming", False))
+        return real_load(*a, **k)
+
+    monkeypatch.setattr("tf_family.data.text.load_dataset", recording_load)
+    causal_lm.main([*args, "--output_dir", str(tmp_path / "straight")])
+    assert streamed == [True, False]  # the training split streamed, the validation split loaded
+    calls = {"n": 0}
+    real_loss = causal_lm.next_token_loss
+
+    def dies_in_step_5(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 9:  # step 5 = micro-batches 9 and 10
+            raise RuntimeError("killed")
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(causal_lm, "next_token_loss", dies_in_step_5)
+    interrupted = tmp_path / "interrupted"
+    with pytest.raises(RuntimeError, match="killed"):
+        causal_lm.main([*args, "--output_dir", str(interrupted)])
+    monkeypatch.setattr(causal_lm, "next_token_loss", real_loss)
+    assert (interrupted / "checkpoints" / "step_3" / "data_rank0.json").is_file()
+    causal_lm.main([*args, "--output_dir", str(interrupted), "--resume_from_checkpoint", "latest"])
+    straight, resumed = (
+        load_file(tmp_path / "straight" / "model.safetensors"),
+        load_file(interrupted / "model.safetensors"),
+    )
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=1e-5, atol=1e-6)
+    untrained = load_file(tmp_path / "straight" / "checkpoints" / "step_3" / "model.safetensors")
+    assert any(not torch.equal(untrained[k], straight[k]) for k in untrained)  # the comparison can fail
+    records = [
+        json.loads((folder / "training_run.json").read_text()) for folder in (tmp_path / "straight", interrupted)
+    ]
+    assert records[0]["dataset"]["streaming"] and records[0]["dataset"]["train_tokens_read"] > 0
+    assert records[0]["dataset"]["train_tokens_read"] == records[1]["dataset"]["train_tokens_read"]
+
+
+def test_streaming_is_refused_where_it_cannot_work(tmp_path, corpus):
+    with pytest.raises(ValueError, match="--streaming needs --max_train_steps"):
+        causal_lm.main(["--arch", "calm", "--streaming", *data_args(corpus), "--output_dir", str(tmp_path / "a")])
+    with pytest.raises(ValueError, match="--arch transfo_xl reads ordered"):
+        causal_lm.main([*TINY_TXL, "--streaming", *data_args(corpus), *STEPS, "--output_dir", str(tmp_path / "b")])
+    with pytest.raises(ValueError, match="needs --validation_file"):
+        causal_lm.main(["--arch", "calm", "--variant", "tiny", "--streaming", "--train_file", corpus["train"], *STEPS,
+                        "--output_dir", str(tmp_path / "c")])  # fmt: skip
+
+
 def test_interrupted_checkpoint_save_keeps_the_last_checkpoint(tmp_path, corpus, monkeypatch):
     from accelerate import Accelerator
 

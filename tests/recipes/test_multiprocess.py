@@ -32,3 +32,20 @@ def test_two_processes_train_the_same_weights(tmp_path, corpus):
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
     with torch.no_grad():
         assert torch.isfinite(model(torch.arange(1, 9)[None]).logits).all()
+
+
+def test_two_processes_stream_their_own_parts_of_the_data(tmp_path, corpus, tiny_gpt2):
+    """--streaming on two processes: each reads its own part of the stream (split_dataset_by_node) and checkpoints
+    how far it read; the weights stay identical across ranks."""
+    launch_two_processes(
+        "tf_family.recipes.causal_lm",
+        ["--model_name_or_path", tiny_gpt2, "--block_size", "16", "--streaming", *data_args(corpus),
+         "--max_train_steps", "3", "--per_device_train_batch_size", "2", "--checkpointing_steps", "3",
+         "--output_dir", str(tmp_path)],
+    )  # fmt: skip
+    run = json.loads((tmp_path / "training_run.json").read_text())
+    first, second = run["rank_weight_sha256"]
+    assert run["world_size"] == 2 and first == second
+    states = [json.loads((tmp_path / "checkpoints" / "step_3" / f"data_rank{r}.json").read_text()) for r in (0, 1)]
+    assert states[0]["buffer"] != states[1]["buffer"]  # different documents, different leftovers
+    assert run["dataset"]["train_documents_read"] == sum(state["documents_read"] for state in states)

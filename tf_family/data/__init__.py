@@ -3,7 +3,8 @@
 from .brown import BROWN_CORPUS_FILE, BROWN_GENRES, load_brown
 from .packing import LMBlocks, build_document_streams, pack_into_blocks, schedule_shuffled_batches, schedule_streams
 from .sotu import SOTU_CORPUS_FILE, SOTU_TOKENIZER_DIR, load_sotu, read_sotu_records, sotu_split
-from .text import BUNDLED_DATASETS, load_text_datasets
+from .streaming import StreamingBlocks
+from .text import BUNDLED_DATASETS, load_text_datasets, load_text_streams
 
 __all__ = [
     "BROWN_CORPUS_FILE",
@@ -12,10 +13,12 @@ __all__ = [
     "LMBlocks",
     "SOTU_CORPUS_FILE",
     "SOTU_TOKENIZER_DIR",
+    "StreamingBlocks",
     "build_document_streams",
     "load_brown",
     "load_sotu",
     "load_text_datasets",
+    "load_text_streams",
     "pack_into_blocks",
     "read_sotu_records",
     "schedule_shuffled_batches",

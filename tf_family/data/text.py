@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from datasets import DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict, IterableDataset, load_dataset
 
 from .brown import load_brown
 from .sotu import load_sotu
@@ -107,4 +107,64 @@ def load_text_datasets(
     return raw, text_column
 
 
-__all__ = ["BUNDLED_DATASETS", "load_text_datasets"]
+def load_text_streams(
+    dataset_name: str | None = "sotu",
+    dataset_config_name: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    text_column: str | None = None,
+    sample_by: str | None = None,
+) -> tuple[IterableDataset, Dataset, str]:
+    """The training split as a stream (`datasets.IterableDataset`, read as it is consumed: a corpus larger than
+    memory trains), the validation split loaded whole, and the text column.
+
+    A local ``train_file`` is read with ``load_dataset(..., streaming=True)`` and needs a ``validation_file`` (a stream
+    cannot hold out its last rows); a Hub dataset streams its ``train`` split and loads its ``validation`` split;
+    a bundled corpus (``"sotu"``, ``"brown"``) is small and held in memory, streamed all the same
+    (`Dataset.to_iterable_dataset`) so that every source resumes the same way. Plain-text files are read
+    ``sample_by`` ``"document"`` (the default here), ``"paragraph"`` or ``"line"``.
+    """
+    if train_file is not None:
+        if validation_file is None:
+            raise ValueError(
+                "--streaming with --train_file needs --validation_file: a streamed file cannot hold out its last rows."
+            )
+        builder = _builder_for(train_file, "--train_file")
+        if _builder_for(validation_file, "--validation_file") != builder:
+            raise ValueError(
+                f"--train_file={train_file!r} and --validation_file={validation_file!r} have different formats; "
+                "give both as the same kind of file."
+            )
+        kwargs = {"sample_by": sample_by or "document"} if builder == "text" else {}
+        train = load_dataset(builder, data_files={"train": train_file}, split="train", streaming=True, **kwargs)
+        validation = load_dataset(builder, data_files={"validation": validation_file}, split="validation", **kwargs)
+    elif dataset_name in BUNDLED_DATASETS:
+        raw, text_column = load_text_datasets(dataset_name, text_column=text_column)
+        return raw["train"].to_iterable_dataset(), raw["validation"], text_column
+    elif dataset_name:
+        train = load_dataset(dataset_name, dataset_config_name, split="train", streaming=True)
+        try:
+            validation = load_dataset(dataset_name, dataset_config_name, split="validation")
+        except ValueError as error:
+            raise ValueError(
+                f"--streaming: {dataset_name} has no 'validation' split to evaluate on ({error}); pass "
+                "--validation_file."
+            ) from None
+    else:
+        raise ValueError("No data: pass --dataset_name (a Hub id, or 'sotu' for the bundled corpus) or --train_file.")
+    columns = validation.column_names
+    if text_column is None:
+        text_column = "text" if "text" in columns else None
+        if text_column is None:
+            strings = [
+                n for n, f in validation.features.items() if getattr(f, "dtype", None) in ("string", "large_string")
+            ]
+            if not strings:
+                raise ValueError(f"no text column among {columns}; pass --text_column.")
+            text_column = strings[0]
+    elif text_column not in columns:
+        raise ValueError(f"--text_column={text_column!r} is not a column of the data; its columns are {columns}.")
+    return train, validation, text_column
+
+
+__all__ = ["BUNDLED_DATASETS", "load_text_datasets", "load_text_streams"]

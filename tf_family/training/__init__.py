@@ -38,6 +38,7 @@ from .checkpointing import (
     check_output_dir,
     find_checkpoint,
     load_carried_state,
+    load_data_state,
     resume,
     save_checkpoint,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "final_barrier",
     "find_checkpoint",
     "load_carried_state",
+    "load_data_state",
     "make_accelerator",
     "make_optimizer",
     "may_leave_parameters_unused",

@@ -75,10 +75,25 @@ def find_checkpoint(output_dir: str, which: str) -> Path:
     return steps[-1][1]
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: str, state: dict, carried: Any, limit: int | None) -> Path:
+def load_data_state(checkpoint: Path, accelerator: Accelerator) -> dict | None:
+    """How far this process had read its data stream when ``checkpoint`` was written (`save_checkpoint`'s
+    ``data_state``), or None when the run did not stream."""
+    path = checkpoint / f"data_rank{accelerator.process_index}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save_checkpoint(
+    accelerator: Accelerator,
+    output_dir: str,
+    state: dict,
+    carried: Any,
+    limit: int | None,
+    data_state: dict | None = None,
+) -> Path:
     """Write ``checkpoints/step_N`` atomically: everything goes to ``step_N.partial`` first and is renamed once every
     process has written its part, so an interrupted save never replaces the last good checkpoint. ``carried`` is
-    this process's carried state (an object with ``state_dict()``, e.g. a `SegmentMemory`), or None / False."""
+    this process's carried state (an object with ``state_dict()``, e.g. a `SegmentMemory`), or None / False;
+    ``data_state`` how far this process read its data stream (`StreamingBlocks.state_dict`, JSON), or None."""
     root = Path(output_dir) / "checkpoints"
     final = root / f"step_{state['completed_steps']}"
     partial = root / f"step_{state['completed_steps']}.partial"
@@ -86,6 +101,8 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str, state: dict, carr
         shutil.rmtree(partial)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(partial))
+    if data_state is not None:
+        (partial / f"data_rank{accelerator.process_index}.json").write_text(json.dumps(data_state))
     if carried not in (None, False):
         tensors = {k: v.detach().cpu().contiguous() for k, v in carried.state_dict().items()}
         save_file(
