@@ -101,7 +101,7 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         check_config_kwargs(type(self).__name__, kwargs)
         # defaults derived from valid values only: a wrong hidden_size / state_dim is then reported by name
-        if self.n_inner is None and type(self.hidden_size) is int:
+        if self.n_inner is None and type(self.hidden_size) is int and 0 < self.hidden_size <= MAX_SIZE:
             self.n_inner = 4 * self.hidden_size
         state_dim = self.state_dim if type(self.state_dim) is int and 0 < self.state_dim <= MAX_SIZE else 0
         if self.state_mean is None:

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling_utils import RemoteCodeMixin
 from ...retrieval.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
-from ...validation import InputValidationMixin, check_positive_int
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_positive_int
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -77,7 +77,7 @@ class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, PreTrainedM
         return
 
 
-class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
+class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
     """A causal LM whose next-token distribution is interpolated with a kNN distribution over a datastore.
 
     Build one around a model you have with `from_base`, or from a config (the base is built from

@@ -34,7 +34,7 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -62,7 +62,7 @@ from ...layers.reversible import reversible_stack
 from ...losses import sequence_classification_loss
 from ...modeling_heads import question_answering_output
 from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token
-from ...validation import InputValidationMixin, check_positive_int, check_seed
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_positive_int, check_seed
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 from .convert_reformer import TRANSFORMERS_REFORMER
@@ -578,7 +578,7 @@ class _TffReformerWithLMHead(TffReformerPreTrainedModel):
         self.lm_head.decoder = new_embeddings
 
 
-class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
+class TffReformerForCausalLM(_TffReformerWithLMHead, ValidatedGenerationMixin):
     """A causal Reformer language model (the paper's enwik8 / imagenet64 setting). Builds its stack with
     ``causal=True`` whatever the given config says. Generates with a `TffReformerCache`."""
 
