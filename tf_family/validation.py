@@ -297,10 +297,13 @@ def check_sequence_labels(labels: Any, batch: int, num_labels: int, problem_type
     ``(B,)`` / ``(B, 1)``, multi-label ``(B, num_labels)``)."""
     check_tensor("labels", labels)
     if labels.is_floating_point():
-        if tuple(labels.shape) not in ((batch,), (batch, num_labels)):
-            raise ValueError(
-                f"labels must have shape ({batch},) or ({batch}, {num_labels}), got {tuple(labels.shape)}."
-            )
+        regression = num_labels == 1 or problem_type == "regression"
+        shapes = ((batch,), (batch, 1)) if regression and num_labels == 1 else ((batch, num_labels),)
+        if problem_type == "single_label_classification":
+            raise TypeError(f"single-label classification takes integer class ids as labels, got {labels.dtype}.")
+        if tuple(labels.shape) not in shapes:
+            what = "regression targets" if regression else f"multi-label targets (one column per label, {num_labels})"
+            raise ValueError(f"labels as {what} must have shape {shapes[0]}, got {tuple(labels.shape)}.")
         check_finite("labels", labels)
         return
     check_tensor("labels", labels, integer=True)
@@ -331,9 +334,11 @@ def check_span_positions(start_positions: Any, end_positions: Any, batch: int) -
             )
 
 
-def check_cache(cache: Any, batch: int, heads: int, head_dim: int, cache_type: type | None = None) -> None:
+def check_cache(
+    cache: Any, batch: int, heads: int | None = None, head_dim: int | None = None, cache_type: type | None = None
+) -> None:
     """A key/value cache passed in: a ``cache_type`` (default `transformers.Cache`) whose filled layers hold
-    ``(B, heads, S, head_dim)`` keys of this input's batch and this model's shape."""
+    ``(B, heads, S, head_dim)`` keys of this input's batch and this model's shape (``None``: not checked)."""
     if cache is None:
         return
     if cache_type is None:
@@ -345,11 +350,11 @@ def check_cache(cache: Any, batch: int, heads: int, head_dim: int, cache_type: t
         )
     layers = getattr(cache, "layers", ())
     keys = next((layer.keys for layer in layers if isinstance(getattr(layer, "keys", None), torch.Tensor)), None)
-    if (
-        keys is not None
-        and keys.numel()
-        and (keys.shape[0], keys.shape[1], keys.shape[-1]) != (batch, heads, head_dim)
-    ):
+    if keys is None or keys.dim() != 4 or not keys.numel():
+        return
+    heads = keys.shape[1] if heads is None else heads
+    head_dim = keys.shape[-1] if head_dim is None else head_dim
+    if (keys.shape[0], keys.shape[1], keys.shape[-1]) != (batch, heads, head_dim):
         raise ValueError(
             f"past_key_values holds keys of shape {tuple(keys.shape)} but this input and model need (B, heads, S, "
             f"head_dim) = ({batch}, {heads}, S, {head_dim}); pass the cache returned for this batch by this model, "
@@ -420,6 +425,12 @@ class InputValidationMixin:
         check_tensor(name, mask, dim=dims)
         if mask.shape[0] != batch:
             raise ValueError(f"{name} has {mask.shape[0]} rows but the input has {batch}; give one row per input row.")
+        binary = mask.dim() != 2 or mask.dtype == torch.bool or not mask.numel() or _tracing()
+        if not binary and bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError(
+                f"{name} must hold 0 / 1 (or bool) values, got values in [{mask.min().item()}, "
+                f"{mask.max().item()}]; pass 1 for the tokens to use, 0 for padding."
+            )
         if mask.dim() == 2:
             columns = mask.shape[1]
             if columns < length if at_least else columns != length:

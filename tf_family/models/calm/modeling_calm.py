@@ -374,7 +374,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
         total, device = past + length, hidden.device
         if attention_mask is not None and tuple(attention_mask.shape) != (batch, total):
             raise ValueError(
-                f"attention_mask must have shape {(batch, total)} (the cached {past} positions plus the {length} new "
+                f"attention_mask must have shape {(batch, total)} (the {past} positions cached in past_key_values plus the {length} new "
                 f"ones), got {tuple(attention_mask.shape)}."
             )
         if position_ids is None:

@@ -282,6 +282,8 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
             raise ValueError(
                 f"actions must cover the same (B, T)={(batch, steps)} as states, got {tuple(actions.shape)}."
             )
+        if attention_mask is not None:
+            check_tensor("attention_mask", attention_mask)
         if attention_mask is not None and attention_mask.shape != (batch, steps):
             raise ValueError(f"attention_mask must have shape {(batch, steps)}, got {tuple(attention_mask.shape)}.")
         # a NaN in one step would reach every step of its row through attention (0 * NaN): refuse it here

@@ -33,7 +33,7 @@ from transformers.utils import ModelOutput, logging
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling_utils import RemoteCodeMixin
 from ...retrieval.datastore import KNNDatastore, capture_module_inputs, check_fingerprints, resolve_key_module
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_positive_int
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_positive_int
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -164,6 +164,8 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
         self._check_lm_labels(labels, batch, length)
         if k is not None:
             check_positive_int("k", k, fix="pass k >= 1 neighbours, or None for config.k")
+        if past_key_values is not None and self.lm._supports_default_dynamic_cache():
+            check_cache(past_key_values, batch)  # a key/value cache of this batch (a memory model checks its own)
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
         k = self.config.k if k is None else k

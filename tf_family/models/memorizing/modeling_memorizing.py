@@ -347,8 +347,6 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         return_dict = return_dict if return_dict is not None else config.return_dict
         batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
-        if attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(f"attention_mask must be (B, T) or (B, M + T), got shape {tuple(attention_mask.shape)}.")
         self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True)
         self._check_reset_mems(reset_mems, batch)
         embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)

@@ -422,6 +422,12 @@ class TffReformerModel(TffReformerPreTrainedModel):
             raise ValueError("past_key_values / use_cache need a causal model (TffReformerForCausalLM).")
         if past_key_values is not None and not isinstance(past_key_values, TffReformerCache):
             raise TypeError(f"past_key_values must be a TffReformerCache, got {type(past_key_values).__name__}.")
+        cached_rows = getattr(past_key_values, "key_valid", None)
+        if cached_rows is not None and cached_rows.shape[0] != batch:
+            raise ValueError(
+                f"past_key_values holds {cached_rows.shape[0]} rows but the input has {batch}; pass the cache returned "
+                "for this batch, or None."
+            )
         if use_cache and past_key_values is None:
             past_key_values = TffReformerCache()
         source = input_ids if input_ids is not None else inputs_embeds

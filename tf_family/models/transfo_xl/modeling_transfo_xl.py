@@ -34,11 +34,12 @@ from ...attention import (
 )
 from ...conversion import ForeignCheckpointMixin
 from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
+from ...losses import sequence_classification_loss
 from ...memory import SegmentMemory
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from ...modeling_utils import RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, check_sequence_labels
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
 from .configuration_transfo_xl import TffTransfoXLConfig
 from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
@@ -313,8 +314,8 @@ class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
         logits = self.score(self.dropout(pooled))  # (B, num_labels)
         loss = None
         if labels is not None:
-            check_sequence_labels(labels, batch, self.num_labels, self.config.problem_type)
-            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
+            # the shared loss checks the labels and never writes problem_type into the config (transformers' does)
+            loss = sequence_classification_loss(logits, labels, self.num_labels, self.config.problem_type)
         output = MemorySequenceClassifierOutput(
             loss=loss,
             logits=logits,
