@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from tests.fuzz.outcomes import expect_clear_error_or_ok
 from tests.fuzz.tasks import GENERATING, TASK_CLASSES, check_outputs, valid_inputs
+from tf_family.models.knn_lm import _TINY_LLAMA
 from tf_family.registry import ARCHITECTURES
 
 BATCH, LENGTH = 2, 12
@@ -61,6 +62,7 @@ def other_width_model(arch: str, task: str):
         "calm": {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 2},
         "longformer": {"hidden_size": 16},
         "reformer": {"hidden_size": 16, "axial_pos_embds_dim": [8, 8], "attention_head_size": 8},
+        "knn_lm": {"base_config": {**_TINY_LLAMA, "hidden_size": 16}},
     }[arch]
     torch.manual_seed(0)
     return spec.model_classes[task](spec.tiny_config(**overrides)).eval()

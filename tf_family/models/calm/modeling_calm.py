@@ -67,6 +67,7 @@ from ...early_exit import (
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import RemoteCodeMixin, build_activation, fused_projections
 from ...validation import (
+    MAX_SIZE,
     InputValidationMixin,
     ValidatedGenerationMixin,
     check_cache,
@@ -363,9 +364,10 @@ class TffCalmModel(TffCalmPreTrainedModel):
         """Embeddings ``(B, T, D)``, rotary tables, the bool mask ``(B, 1, T, S)`` (``None``: nothing masked) and
         the positions ``(B, T)``. Positions count real tokens (left padding starts at 0)."""
         batch, length = self._check_token_inputs(input_ids, inputs_embeds)
-        self._check_index_inputs(
-            "position_ids", position_ids, batch, length, self.config.max_position_embeddings, "max_position_embeddings"
-        )
+        # learned positions (GPT-2 style) end at max_position_embeddings; rotary ones only need to be >= 0
+        learned = self.embed_positions is not None
+        limit = self.config.max_position_embeddings if learned else MAX_SIZE
+        self._check_index_inputs("position_ids", position_ids, batch, length, limit, "max_position_embeddings")
         if attention_mask is not None:
             check_tensor("attention_mask", attention_mask, dim=2)
         check_cache(past_key_values, batch, self.config.num_key_value_heads, self.config.head_dim)

@@ -165,7 +165,11 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
         if k is not None:
             check_positive_int("k", k, fix="pass k >= 1 neighbours, or None for config.k")
         if past_key_values is not None and self.lm._supports_default_dynamic_cache():
-            check_cache(past_key_values, batch)  # a key/value cache of this batch (a memory model checks its own)
+            # a key/value cache of this batch and of the base model's heads (a memory model checks its own memory)
+            base = self.config.base_config
+            heads = getattr(base, "num_key_value_heads", None) or getattr(base, "num_attention_heads", None)
+            head_dim = getattr(base, "head_dim", None) or (base.hidden_size // heads if heads else None)
+            check_cache(past_key_values, batch, heads, head_dim)
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
         k = self.config.k if k is None else k

@@ -62,7 +62,13 @@ from ...layers.reversible import reversible_stack
 from ...losses import sequence_classification_loss
 from ...modeling_heads import question_answering_output
 from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_positive_int, check_seed
+from ...validation import (
+    InputValidationMixin,
+    ValidatedGenerationMixin,
+    check_memory_states,
+    check_positive_int,
+    check_seed,
+)
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 from .convert_reformer import TRANSFORMERS_REFORMER
@@ -428,6 +434,8 @@ class TffReformerModel(TffReformerPreTrainedModel):
                 f"past_key_values holds {cached_rows.shape[0]} rows but the input has {batch}; pass the cache returned "
                 "for this batch, or None."
             )
+        if past_key_values is not None:
+            check_memory_states("past_key_values", past_key_values.states, config.hidden_size)
         if use_cache and past_key_values is None:
             past_key_values = TffReformerCache()
         source = input_ids if input_ids is not None else inputs_embeds
