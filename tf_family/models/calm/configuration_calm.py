@@ -133,10 +133,14 @@ class TffCalmConfig(PreTrainedConfig):
                 "set first_exit <= num_hidden_layers."
             )
         if self.exit_threshold is not None:
-            check_float("exit_threshold", self.exit_threshold, minimum=0.0, allow_inf=True,
-                        fix="set exit_threshold >= 0, or None (never exit early)")  # fmt: skip
-        check_float("position_temperature", self.position_temperature, minimum=0.0,
-                    fix="set position_temperature (τ) >= 0")  # fmt: skip
+            check_float(
+                "exit_threshold",
+                self.exit_threshold,
+                minimum=0.0,
+                allow_inf=True,
+                fix="set exit_threshold >= 0, or None",
+            )
+        check_float("position_temperature", self.position_temperature, minimum=0.0, fix="set τ >= 0")
         if self.decay_length is not None:
             check_positive_int("decay_length", self.decay_length, fix="set decay_length (N) >= 1, or None")
         if self.confidence_measure == "restricted_softmax" and not self.restricted_vocab:

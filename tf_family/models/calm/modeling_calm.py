@@ -550,8 +550,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         base = self.model
         depth = base.depth
         if exit_layer is not None:
-            check_int("exit_layer", exit_layer, minimum=1, maximum=depth,
-                      fix=f"force an exit after 1 to {depth} layers (config.num_hidden_layers), or pass None")  # fmt: skip
+            fix = f"force an exit after 1 to {depth} layers (config.num_hidden_layers), or pass None"
+            check_int("exit_layer", exit_layer, minimum=1, maximum=depth, fix=fix)
         if exit_log is not None and not isinstance(exit_log, list):
             raise TypeError(
                 f"exit_log must be a list (each call appends its exit layers), got {type(exit_log).__name__}."

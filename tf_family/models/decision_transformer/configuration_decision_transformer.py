@@ -148,8 +148,7 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
             check_list_of(name, getattr(self, name), check_float)
         if min(self.state_std) <= 0:
             raise ValueError(f"state_std must be > 0 everywhere (it divides the states), got {self.state_std}.")
-        check_float("return_scale", self.return_scale, minimum=0.0, min_open=True,
-                    fix="set return_scale > 0 (it divides the returns-to-go)")  # fmt: skip
+        check_float("return_scale", self.return_scale, minimum=0.0, min_open=True, fix="set return_scale > 0")
         if self.target_return is not None:
             check_float("target_return", self.target_return, fix="set target_return to a finite return, or None")
 
