@@ -85,6 +85,12 @@ def _has_float(annotation: Any) -> bool:
     return any(_has_float(arg) for arg in typing.get_args(annotation))
 
 
+def _allows_int(annotation: Any) -> bool:
+    if annotation is int:
+        return True
+    return any(_allows_int(arg) for arg in typing.get_args(annotation))
+
+
 def _describe(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
@@ -118,6 +124,8 @@ def validate_config(config: Any) -> None:
                     raise ValueError(f"{name}={value} does not fit in 64 bits; pass a smaller value.")
                 if _has_float(annotation) and name not in float_fields:
                     float_fields.append(name)
+                    if isinstance(value, int) and not isinstance(value, bool) and not _allows_int(annotation):
+                        setattr(config, name, float(value))  # 1 for a float field is 1.0 (a float tensor, not long)
         check_common_fields(config, float_fields, getattr(config, "_infinite_fields", ()))
         config.validate_architecture()
     except (TypeError, ValueError) as error:

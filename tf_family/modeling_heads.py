@@ -321,7 +321,17 @@ class GenericForMultipleChoice(_Head):
                 check_tensor(name, value, dim=dims)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
-        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        source = input_ids if input_ids is not None else inputs_embeds
+        num_choices = source.shape[1]
+        for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
+                            ("position_ids", position_ids)):  # fmt: skip
+            if value is None:
+                continue
+            check_tensor(name, value)
+            if tuple(value.shape[:2]) != tuple(source.shape[:2]):
+                raise ValueError(
+                    f"{name} must be (B, C, T) like the input, {tuple(source.shape[:3])}, got {tuple(value.shape)}."
+                )
 
         def flat(value):
             return value.flatten(0, 1) if isinstance(value, torch.Tensor) else value  # (B*C, T, ...)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from transformers import GenerationMixin
 from transformers.activations import ACT2FN
 
 # The largest size a dimension-like config field may take: every realistic width, vocabulary, length or memory is
@@ -34,6 +35,10 @@ MAX_SEED = 2**63 - 1
 # Layer counts: far above any trained model, low enough that a typo does not build a model for hours.
 MAX_LAYERS = 4096
 IGNORE_INDEX = -100
+# Inputs larger than this overflow float32 once squared and summed (a layer norm's variance): refused at the entry.
+MAX_INPUT_MAGNITUDE = 1e12
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+_FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
 # fields shared by several configs, checked wherever a config has them (`check_common_fields`)
 _EPSILON_FIELDS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")
@@ -100,6 +105,12 @@ def check_float(
         raise TypeError(f"{name} must be a number, got {value!r} ({_kind(value)}); pass a float.")
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be a finite number, got {value}; {fix or f'set {name} to a finite float'}.")
+    # models compute in float32 (or lower): a value it rounds to inf or to 0 would turn into inf / NaN downstream
+    if math.isfinite(value) and (abs(value) > _FLOAT32_MAX or 0 < abs(value) < _FLOAT32_TINY):
+        raise ValueError(
+            f"{name}={value} is outside float32's range (|x| in [{_FLOAT32_TINY:.3g}, {_FLOAT32_MAX:.3g}] or 0), "
+            f"where the model computes; {fix or f'set {name} to a representable value'}."
+        )
     low_bad = minimum is not None and (value <= minimum if min_open else value < minimum)
     high_bad = maximum is not None and (value >= maximum if max_open else value > maximum)
     if low_bad or high_bad:
@@ -236,15 +247,30 @@ def check_ids_in_range(name: str, ids: torch.Tensor, high: int, *, what: str = "
         )
 
 
-def check_finite(name: str, value: torch.Tensor) -> None:
-    """A float input holds no NaN or infinity (one pass; such a value would spread through attention)."""
-    if value.is_floating_point() and not _tracing() and not bool(torch.isfinite(value).all()):
+def check_finite(name: str, value: torch.Tensor, max_abs: float | None = MAX_INPUT_MAGNITUDE) -> None:
+    """A float input holds no NaN or infinity, and no value beyond ``max_abs`` (one pass; a NaN spreads through
+    attention, and a value past ~1e19 overflows float32 inside a layer norm's variance)."""
+    if not value.is_floating_point() or _tracing() or value.numel() == 0:
+        return
+    if not bool(torch.isfinite(value).all()):
         raise ValueError(f"{name} holds NaN or infinite values; clean them (e.g. torch.nan_to_num) before the call.")
+    if max_abs is not None and float(value.abs().max()) > max_abs:
+        raise ValueError(
+            f"{name} holds values up to {float(value.abs().max()):.3g}, beyond {max_abs:.0e} where float32 arithmetic "
+            "in the layers overflows; rescale them (normalise the features)."
+        )
+
+
+def _check_long(name: str, value: torch.Tensor) -> None:
+    # what torch's cross-entropy takes as targets
+    if value.dtype != torch.long:
+        raise TypeError(f"{name} must be torch.long (int64) ids, got dtype {value.dtype}; convert with {name}.long().")
 
 
 def check_class_labels(name: str, labels: Any, num_classes: int, shape: tuple[int, ...], what: str) -> None:
-    """Class-id labels of exactly ``shape``, each in ``[0, num_classes)`` or ``-100`` (ignored)."""
+    """Class-id labels (``torch.long``) of exactly ``shape``, each in ``[0, num_classes)`` or ``-100`` (ignored)."""
     check_tensor(name, labels, integer=True)
+    _check_long(name, labels)
     if tuple(labels.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(labels.shape)}.")
     check_ids_in_range(name, labels, num_classes, what=what, ignore_index=IGNORE_INDEX)
@@ -271,10 +297,13 @@ def check_sequence_labels(labels: Any, batch: int, num_labels: int, problem_type
     ``(B,)`` / ``(B, 1)``, multi-label ``(B, num_labels)``)."""
     check_tensor("labels", labels)
     if labels.is_floating_point():
-        if tuple(labels.shape) not in ((batch,), (batch, num_labels)):
-            raise ValueError(
-                f"labels must have shape ({batch},) or ({batch}, {num_labels}), got {tuple(labels.shape)}."
-            )
+        regression = num_labels == 1 or problem_type == "regression"
+        shapes = ((batch,), (batch, 1)) if regression and num_labels == 1 else ((batch, num_labels),)
+        if problem_type == "single_label_classification":
+            raise TypeError(f"single-label classification takes integer class ids as labels, got {labels.dtype}.")
+        if tuple(labels.shape) not in shapes:
+            what = "regression targets" if regression else f"multi-label targets (one column per label, {num_labels})"
+            raise ValueError(f"labels as {what} must have shape {shapes[0]}, got {tuple(labels.shape)}.")
         check_finite("labels", labels)
         return
     check_tensor("labels", labels, integer=True)
@@ -295,6 +324,7 @@ def check_span_positions(start_positions: Any, end_positions: Any, batch: int) -
     """Question-answering targets: integer token indices ``(B,)``, >= 0 (indices past the input are ignored)."""
     for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
         check_tensor(name, positions, integer=True)
+        _check_long(name, positions)
         if positions.numel() != batch:
             raise ValueError(f"{name} must have one index per row, shape ({batch},), got {tuple(positions.shape)}.")
         if positions.numel() and not _tracing() and int(positions.min()) < 0:
@@ -302,6 +332,34 @@ def check_span_positions(start_positions: Any, end_positions: Any, batch: int) -
                 f"{name} must be token indices >= 0, got {positions.tolist()}; an index past the input marks a row "
                 "without an answer."
             )
+
+
+def check_cache(
+    cache: Any, batch: int, heads: int | None = None, head_dim: int | None = None, cache_type: type | None = None
+) -> None:
+    """A key/value cache passed in: a ``cache_type`` (default `transformers.Cache`) whose filled layers hold
+    ``(B, heads, S, head_dim)`` keys of this input's batch and this model's shape (``None``: not checked)."""
+    if cache is None:
+        return
+    if cache_type is None:
+        from transformers import Cache as cache_type
+    if not isinstance(cache, cache_type):
+        raise TypeError(
+            f"past_key_values must be a {cache_type.__name__}, got {type(cache).__name__}; pass the cache a previous "
+            "call returned, or None."
+        )
+    layers = getattr(cache, "layers", ())
+    keys = next((layer.keys for layer in layers if isinstance(getattr(layer, "keys", None), torch.Tensor)), None)
+    if keys is None or keys.dim() != 4 or not keys.numel():
+        return
+    heads = keys.shape[1] if heads is None else heads
+    head_dim = keys.shape[-1] if head_dim is None else head_dim
+    if (keys.shape[0], keys.shape[1], keys.shape[-1]) != (batch, heads, head_dim):
+        raise ValueError(
+            f"past_key_values holds keys of shape {tuple(keys.shape)} but this input and model need (B, heads, S, "
+            f"head_dim) = ({batch}, {heads}, S, {head_dim}); pass the cache returned for this batch by this model, "
+            "or None."
+        )
 
 
 class InputValidationMixin:
@@ -341,6 +399,12 @@ class InputValidationMixin:
                     f"inputs_embeds must have width {width} (the embedding width), got shape "
                     f"{tuple(inputs_embeds.shape)}."
                 )
+            dtype = getattr(self, "dtype", inputs_embeds.dtype)
+            if inputs_embeds.dtype != dtype and not torch.is_autocast_enabled(inputs_embeds.device.type):
+                raise TypeError(
+                    f"inputs_embeds has dtype {inputs_embeds.dtype} but the model computes in {dtype}; convert with "
+                    f"inputs_embeds.to({dtype})."
+                )
             check_finite("inputs_embeds", inputs_embeds)
         return batch, length
 
@@ -361,11 +425,29 @@ class InputValidationMixin:
         check_tensor(name, mask, dim=dims)
         if mask.shape[0] != batch:
             raise ValueError(f"{name} has {mask.shape[0]} rows but the input has {batch}; give one row per input row.")
+        binary = mask.dim() != 2 or mask.dtype == torch.bool or not mask.numel() or _tracing()
+        if not binary and bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError(
+                f"{name} must hold 0 / 1 (or bool) values, got values in [{mask.min().item()}, "
+                f"{mask.max().item()}]; pass 1 for the tokens to use, 0 for padding."
+            )
         if mask.dim() == 2:
             columns = mask.shape[1]
             if columns < length if at_least else columns != length:
                 expected = f"(B, >= {length})" if at_least else f"{(batch, length)}"
                 raise ValueError(f"{name} must have shape {expected} like the input, got {tuple(mask.shape)}.")
+
+    @staticmethod
+    def _check_reset_mems(reset_mems: torch.Tensor | None, batch: int) -> None:
+        """``reset_mems``: ``(B,)`` bool, the rows that start a new document."""
+        if reset_mems is None:
+            return
+        check_tensor("reset_mems", reset_mems)
+        if reset_mems.dtype != torch.bool or tuple(reset_mems.shape) != (batch,):
+            raise ValueError(
+                f"reset_mems must be a bool tensor of shape ({batch},) (True: the row starts a new document), got "
+                f"{reset_mems.dtype} {tuple(reset_mems.shape)}."
+            )
 
     @staticmethod
     def _check_index_inputs(name: str, value: torch.Tensor | None, batch: int, length: int, high: int, what: str):
@@ -384,13 +466,32 @@ class InputValidationMixin:
             check_class_labels("labels", labels, vocab_size, (batch, length), "vocab_size")
 
 
+class ValidatedGenerationMixin(GenerationMixin):
+    """transformers' `GenerationMixin` whose `generate` first checks the prompt as `forward` would (integer, 2-D,
+    non-empty, inside the vocabulary, with a mask of the same shape): some malformed prompts otherwise fail inside
+    transformers before the first forward, with an error that does not name them. Listed by every tf_family model
+    that generates, in place of `GenerationMixin`; the model's own arguments (CALM's ``exit_layer``, Reformer's
+    ``num_hashes``, kNN-LM's ``k`` …) reach its ``forward``, which checks them."""
+
+    def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
+        prompt = inputs if inputs is not None else kwargs.get("input_ids")
+        if prompt is not None:  # (the model lists InputValidationMixin too)
+            vocab_size = self.config.vocab_size
+            batch, length = self._check_token_inputs(prompt, None, vocab_size=vocab_size)
+            self._check_mask("attention_mask", kwargs.get("attention_mask"), batch, length)
+        return super().generate(inputs, *args, **kwargs)
+
+
 __all__ = [
     "IGNORE_INDEX",
+    "MAX_INPUT_MAGNITUDE",
     "MAX_LAYERS",
     "MAX_SEED",
     "MAX_SIZE",
     "InputValidationMixin",
+    "ValidatedGenerationMixin",
     "check_activation",
+    "check_cache",
     "check_choice",
     "check_class_labels",
     "check_common_fields",

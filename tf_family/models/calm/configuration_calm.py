@@ -110,15 +110,19 @@ class TffCalmConfig(PreTrainedConfig):
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "max_position_embeddings"):  # fmt: skip
+                     "num_key_value_heads", "max_position_embeddings"):  # fmt: skip
             check_positive_int(name, getattr(self, name))
+        derived = (
+            f" (unset, it is hidden_size // num_attention_heads = {self.hidden_size} // {self.num_attention_heads})"
+        )
+        check_positive_int("head_dim", self.head_dim, fix=f"set head_dim >= 1{derived}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_key_value_heads})."
             )
         if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even (rotary positions rotate pairs), got {self.head_dim}.")
+            raise ValueError(f"head_dim must be even (rotary positions rotate pairs), got {self.head_dim}{derived}.")
         check_float("rope_base", self.rope_base, minimum=0.0, min_open=True, fix="set rope_base > 0, e.g. 10000")
         check_probability("attention_dropout", self.attention_dropout)
         for name in ("first_exit", "exit_interval", "min_exit"):
@@ -129,10 +133,14 @@ class TffCalmConfig(PreTrainedConfig):
                 "set first_exit <= num_hidden_layers."
             )
         if self.exit_threshold is not None:
-            check_float("exit_threshold", self.exit_threshold, minimum=0.0, allow_inf=True,
-                        fix="set exit_threshold >= 0, or None (never exit early)")  # fmt: skip
-        check_float("position_temperature", self.position_temperature, minimum=0.0,
-                    fix="set position_temperature (τ) >= 0")  # fmt: skip
+            check_float(
+                "exit_threshold",
+                self.exit_threshold,
+                minimum=0.0,
+                allow_inf=True,
+                fix="set exit_threshold >= 0, or None",
+            )
+        check_float("position_temperature", self.position_temperature, minimum=0.0, fix="set τ >= 0")
         if self.decay_length is not None:
             check_positive_int("decay_length", self.decay_length, fix="set decay_length (N) >= 1, or None")
         if self.confidence_measure == "restricted_softmax" and not self.restricted_vocab:

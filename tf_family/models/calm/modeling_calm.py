@@ -51,7 +51,7 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, Cache, DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, Cache, DynamicCache, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -72,7 +72,15 @@ from ...early_exit import (
 from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import RemoteCodeMixin, build_activation, decoding_step_inputs, fused_projections
-from ...validation import InputValidationMixin, check_class_labels, check_int, check_tensor
+from ...validation import (
+    MAX_SIZE,
+    InputValidationMixin,
+    ValidatedGenerationMixin,
+    check_cache,
+    check_class_labels,
+    check_int,
+    check_tensor,
+)
 from .configuration_calm import TffCalmConfig
 from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA, UNSUPPORTED_DECODERS, UNSUPPORTED_FIX
 
@@ -235,28 +243,6 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
 
 
 # ------------------------------------------------------------------------------------------------- pretrained model
-def _check_cache(cache, batch: int, config: TffCalmConfig) -> None:
-    """A cache passed in is a `transformers.Cache` whose filled layers hold ``(B, kv heads, S, head_dim)`` keys of
-    this input's batch and this model's shape."""
-    if cache is None:
-        return
-    if not isinstance(cache, Cache):
-        raise TypeError(
-            f"past_key_values must be a transformers Cache (e.g. DynamicCache), got {type(cache).__name__}; pass the "
-            "cache a previous call returned, or None."
-        )
-    keys = next(
-        (layer.keys for layer in getattr(cache, "layers", ()) if getattr(layer, "keys", None) is not None), None
-    )
-    expected = (batch, config.num_key_value_heads, config.head_dim)
-    if keys is not None and keys.numel() and (keys.shape[0], keys.shape[1], keys.shape[-1]) != expected:
-        raise ValueError(
-            f"past_key_values holds keys of shape {tuple(keys.shape)} but this input and model need (B, kv heads, "
-            f"S, head_dim) = ({batch}, {config.num_key_value_heads}, S, {config.head_dim}); pass the cache returned "
-            "for this batch by this model, or None."
-        )
-
-
 class TffCalmPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
     config_class = TffCalmConfig
     config: TffCalmConfig
@@ -384,18 +370,19 @@ class TffCalmModel(TffCalmPreTrainedModel):
         """Embeddings ``(B, T, D)``, rotary tables, the bool mask ``(B, 1, T, S)`` (``None``: nothing masked) and
         the positions ``(B, T)``. Positions count real tokens (left padding starts at 0)."""
         batch, length = self._check_token_inputs(input_ids, inputs_embeds)
-        self._check_index_inputs(
-            "position_ids", position_ids, batch, length, self.config.max_position_embeddings, "max_position_embeddings"
-        )
+        # learned positions (GPT-2 style) end at max_position_embeddings; rotary ones only need to be >= 0
+        learned = self.embed_positions is not None
+        limit = self.config.max_position_embeddings if learned else MAX_SIZE
+        self._check_index_inputs("position_ids", position_ids, batch, length, limit, "max_position_embeddings")
         if attention_mask is not None:
             check_tensor("attention_mask", attention_mask, dim=2)
-        _check_cache(past_key_values, batch, self.config)
+        check_cache(past_key_values, batch, self.config.num_key_value_heads, self.config.head_dim)
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         total, device = past + length, hidden.device
         if attention_mask is not None and tuple(attention_mask.shape) != (batch, total):
             raise ValueError(
-                f"attention_mask must have shape {(batch, total)} (the cached {past} positions plus the {length} new "
+                f"attention_mask must have shape {(batch, total)} (the {past} positions cached in past_key_values plus the {length} new "
                 f"ones), got {tuple(attention_mask.shape)}."
             )
         if position_ids is None:
@@ -459,7 +446,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
-class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
+class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
     """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
 
     ``exit_training = True`` tells the causal-LM recipe to pass its aligned targets as ``exit_labels`` (the anytime
@@ -572,8 +559,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, GenerationMixin):
         base = self.model
         depth = base.depth
         if exit_layer is not None:
-            check_int("exit_layer", exit_layer, minimum=1, maximum=depth,
-                      fix=f"force an exit after 1 to {depth} layers (config.num_hidden_layers), or pass None")  # fmt: skip
+            fix = f"force an exit after 1 to {depth} layers (config.num_hidden_layers), or pass None"
+            check_int("exit_layer", exit_layer, minimum=1, maximum=depth, fix=fix)
         if exit_log is not None and not isinstance(exit_log, list):
             raise TypeError(
                 f"exit_log must be a list (each call appends its exit layers), got {type(exit_log).__name__}."

@@ -40,7 +40,7 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import logging
 
@@ -63,7 +63,7 @@ from ...memory import (
 )
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
-from ...validation import InputValidationMixin, check_memory_states
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
 from .configuration_compressive import TffCompressiveConfig
 
 logger = logging.get_logger(__name__)
@@ -263,7 +263,7 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         compute_losses = output_compression_loss if output_compression_loss is not None else self.training
         batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
         self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True, dims=(2, 4))
-        self._check_mask("reset_mems", reset_mems, batch, 1, at_least=True, dims=(1,))
+        self._check_reset_mems(reset_mems, batch)
         embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
         memory = _as_memory(mems, config.n_layer, batch, config.d_model)
         if reset_mems is not None and memory is not None:
@@ -374,7 +374,7 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, GenerationMixin):
+class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, ValidatedGenerationMixin):
     """Compressive Transformer with an adaptive (or, with no `cutoffs`, plain) softmax head. `logits` are
     log-probabilities; `loss` is the language-model loss plus the weighted auxiliary losses."""
 

@@ -101,7 +101,7 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         check_config_kwargs(type(self).__name__, kwargs)
         # defaults derived from valid values only: a wrong hidden_size / state_dim is then reported by name
-        if self.n_inner is None and type(self.hidden_size) is int:
+        if self.n_inner is None and type(self.hidden_size) is int and 0 < self.hidden_size <= MAX_SIZE:
             self.n_inner = 4 * self.hidden_size
         state_dim = self.state_dim if type(self.state_dim) is int and 0 < self.state_dim <= MAX_SIZE else 0
         if self.state_mean is None:
@@ -148,8 +148,7 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
             check_list_of(name, getattr(self, name), check_float)
         if min(self.state_std) <= 0:
             raise ValueError(f"state_std must be > 0 everywhere (it divides the states), got {self.state_std}.")
-        check_float("return_scale", self.return_scale, minimum=0.0, min_open=True,
-                    fix="set return_scale > 0 (it divides the returns-to-go)")  # fmt: skip
+        check_float("return_scale", self.return_scale, minimum=0.0, min_open=True, fix="set return_scale > 0")
         if self.target_return is not None:
             check_float("target_return", self.target_return, fix="set target_return to a finite return, or None")
 

@@ -288,11 +288,13 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
             raise ValueError(
                 f"actions must cover the same (B, T)={(batch, steps)} as states, got {tuple(actions.shape)}."
             )
+        if attention_mask is not None:
+            check_tensor("attention_mask", attention_mask)
         if attention_mask is not None and attention_mask.shape != (batch, steps):
             raise ValueError(f"attention_mask must have shape {(batch, steps)}, got {tuple(attention_mask.shape)}.")
         # a NaN in one step would reach every step of its row through attention (0 * NaN): refuse it here
         for name, value in (("states", states), ("returns_to_go", returns_to_go), ("actions", actions)):
-            check_finite(name, value)
+            check_finite(name, value, max_abs=None)  # the magnitude is checked where the embeddings read them
         if self.config.discrete and actions.dim() == 2:
             if actions.is_floating_point():
                 raise TypeError(f"discrete actions given as ids must be integers, got dtype {actions.dtype}.")
@@ -354,9 +356,15 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
 
         dtype = self.embed_state.weight.dtype
         time = self.embed_timestep(timesteps)  # (B, T, D)
-        state_tokens = self.embed_state(self.normalize_states(states.to(dtype))) + time
+        normalized_states = self.normalize_states(states.to(dtype))
+        scaled_returns = returns_to_go.to(dtype) / self.config.return_scale
+        # what the embeddings read must stay in float32's working range (checked once, here)
+        check_finite("states (after config.state_mean / state_std)", normalized_states)
+        check_finite("returns_to_go (after config.return_scale)", scaled_returns)
+        check_finite("actions", actions)
+        state_tokens = self.embed_state(normalized_states) + time
         action_tokens = self.embed_action(self.action_features(actions)) + time
-        return_tokens = self.embed_return(returns_to_go.to(dtype) / self.config.return_scale) + time
+        return_tokens = self.embed_return(scaled_returns) + time
         # (R_1, s_1, a_1, R_2, ...): stack on a new axis after T, then merge the two
         tokens = torch.stack([return_tokens, state_tokens, action_tokens], dim=2).reshape(batch, 3 * steps, width)
         hidden = self.dropout(self.embed_ln(tokens))  # (B, 3T, D)
@@ -455,13 +463,9 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
             ``(B, act_dim)`` continuous actions or ``(B,)`` discrete action ids (no batch dimension for unbatched
             input).
         """
-        for name, value in (
-            ("states", states),
-            ("actions", actions),
-            ("returns_to_go", returns_to_go),
-            ("timesteps", timesteps),
-        ):
+        for name, value in (("states", states), ("actions", actions), ("returns_to_go", returns_to_go)):
             check_tensor(name, value)
+        check_tensor("timesteps", timesteps, integer=True)
         if states.dim() not in (2, 3) or states.shape[-2] == 0:
             raise ValueError(
                 f"states must be a non-empty history (t, state_dim) or (B, t, state_dim), got shape {tuple(states.shape)}."
@@ -473,6 +477,14 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
             attention_mask = None if attention_mask is None else attention_mask[None]
         device = states.device
         batch, length = states.shape[:2]
+        if returns_to_go.dim() not in (2, 3) or tuple(returns_to_go.shape[:2]) != (batch, length):
+            raise ValueError(
+                f"returns_to_go must cover the states' {length} steps, got shape {tuple(returns_to_go.shape)}."
+            )
+        if tuple(timesteps.shape) != (batch, length):
+            raise ValueError(f"timesteps must cover the states' {length} steps, got shape {tuple(timesteps.shape)}.")
+        if actions.dim() not in (2, 3) or actions.shape[0] != batch:
+            raise ValueError(f"actions must have one row per trajectory ({batch}), got shape {tuple(actions.shape)}.")
         if returns_to_go.dim() == 3:
             returns_to_go = returns_to_go[..., 0]
         if actions.shape[1] == length - 1:  # append the placeholder of the action to predict

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
 from ...losses import NumItems, nll
@@ -45,7 +45,7 @@ from ...retrieval.datastore import (
     model_fingerprints,
     resolve_key_module,
 )
-from ...validation import InputValidationMixin, check_positive_int
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_positive_int
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -89,7 +89,7 @@ class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, PreTrainedM
         return
 
 
-class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
+class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
     """A causal LM whose next-token distribution is interpolated with a kNN distribution over a datastore.
 
     Build one around a model you have with `from_base`, or from a config (the base is built from
@@ -234,6 +234,12 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, GenerationMixin):
         self._check_lm_labels(labels, batch, length)
         if k is not None:
             check_positive_int("k", k, fix="pass k >= 1 neighbours, or None for config.k")
+        if past_key_values is not None and self.lm._supports_default_dynamic_cache():
+            # a key/value cache of this batch and of the base model's heads (a memory model checks its own memory)
+            base = self.config.base_config
+            heads = getattr(base, "num_key_value_heads", None) or getattr(base, "num_attention_heads", None)
+            head_dim = getattr(base, "head_dim", None) or (base.hidden_size // heads if heads else None)
+            check_cache(past_key_values, batch, heads, head_dim)
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
         if isinstance(lmbda, torch.Tensor) and lmbda.numel() == 1:

@@ -31,7 +31,7 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import Cache, DynamicCache, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions, CausalLMOutputWithPast
@@ -65,7 +65,7 @@ from ...modeling_utils import (
     find_first_real_token,
     fused_projections,
 )
-from ...validation import InputValidationMixin, check_tensor
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_longformer import TffLongformerConfig
 from .convert_longformer import TRANSFORMERS_LONGFORMER
 
@@ -391,6 +391,8 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         for name, mask in (("attention_mask", attention_mask), ("global_attention_mask", global_attention_mask)):
             if mask is not None:
                 check_tensor(name, mask, dim=2)
+        heads = config.num_attention_heads
+        check_cache(past_key_values, batch, heads, config.hidden_size // heads)
         if (past_key_values is not None or use_cache) and not self.config.causal:
             raise ValueError(
                 "past_key_values / use_cache need a causal model (config.causal=True, e.g. TffLongformerForCausalLM): "
@@ -409,7 +411,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         for name, mask in (("attention_mask", attention_mask), ("global_attention_mask", global_attention_mask)):
             if mask is not None and tuple(mask.shape) != (batch, total):
                 expected = f"{(batch, total)} like the input" + (
-                    f" plus the {past_length} cached positions" if past_length else ""
+                    f" plus the {past_length} cached positions of past_key_values" if past_length else ""
                 )
                 raise ValueError(f"{name} must have shape {expected}, got {tuple(mask.shape)}.")
         if past_length and global_attention_mask is not None and bool(global_attention_mask[:, past_length:].any()):
@@ -503,7 +505,7 @@ class TffLongformerForMaskedLM(_TffLongformerHead, GenericForMaskedLM, TffLongfo
     _tied_weights_keys = {"lm_head.decoder.weight": "longformer.embeddings.word_embeddings.weight"}
 
 
-class TffLongformerForCausalLM(TffLongformerPreTrainedModel, GenerationMixin):
+class TffLongformerForCausalLM(TffLongformerPreTrainedModel, ValidatedGenerationMixin):
     """A causal Longformer language model (causal, optionally dilated windows; the paper's character-level LM
     setting, section 4). Builds its stack with ``causal=True`` whatever the given config says."""
 

@@ -170,8 +170,9 @@ class TffMemorizingConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
+        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_inner", "n_layer", "div_val"):
             check_positive_int(name, getattr(self, name))
+        check_positive_int("d_head", self.d_head, fix="set d_head >= 1 (unset, it is d_model // n_head)")
         for name in ("mem_len", "knn_memory_size"):
             check_nonnegative_int(name, getattr(self, name), fix=f"set {name} >= 0 (0 disables that memory)")
         check_int("clamp_len", self.clamp_len, fix="clamp_len <= 0 disables clamping")

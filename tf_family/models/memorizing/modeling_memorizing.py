@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
@@ -62,7 +62,7 @@ from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, knn_attention,
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
-from ...validation import InputValidationMixin, check_memory_states
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
 from .configuration_memorizing import TffMemorizingConfig
 
 logger = logging.get_logger(__name__)
@@ -349,10 +349,8 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         return_dict = return_dict if return_dict is not None else config.return_dict
         batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
-        if attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(f"attention_mask must be (B, T) or (B, M + T), got shape {tuple(attention_mask.shape)}.")
         self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True)
-        self._check_mask("reset_mems", reset_mems, batch, 1, at_least=True, dims=(1,))
+        self._check_reset_mems(reset_mems, batch)
         embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
         device = embeddings.device
         state = self._as_memory(mems, batch, device, embeddings.dtype)
@@ -427,7 +425,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffMemorizingForCausalLM(SegmentRecurrentForCausalLM, TffMemorizingPreTrainedModel, GenerationMixin):
+class TffMemorizingForCausalLM(SegmentRecurrentForCausalLM, TffMemorizingPreTrainedModel, ValidatedGenerationMixin):
     """The Memorizing Transformer with an adaptive softmax language-model head. `logits` are log-probabilities."""
 
     causal_lm_output_class = MemorizingCausalLMOutput

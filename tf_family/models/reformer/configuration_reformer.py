@@ -170,6 +170,7 @@ class TffReformerConfig(PreTrainedConfig):
                      "local_num_chunks_after", "chunk_size_feed_forward", "chunk_size_lm_head",
                      "reversible_threshold"):  # fmt: skip
             check_nonnegative_int(name, getattr(self, name))
+        check_positive_int("num_hashes", self.num_hashes, maximum=1024)  # rounds of hashing: each one a pass
         check_seed("hash_seed", self.hash_seed)
         check_float("rotary_base", self.rotary_base, minimum=0.0, min_open=True, fix="set rotary_base > 0, e.g. 10000")
         if not self.attn_layers or any(kind not in ("lsh", "local") for kind in self.attn_layers):

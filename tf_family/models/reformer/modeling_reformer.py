@@ -40,7 +40,7 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -74,7 +74,13 @@ from ...modeling_utils import (
     decoding_step_inputs,
     find_first_real_token,
 )
-from ...validation import InputValidationMixin, check_positive_int, check_seed
+from ...validation import (
+    InputValidationMixin,
+    ValidatedGenerationMixin,
+    check_memory_states,
+    check_positive_int,
+    check_seed,
+)
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 from .convert_reformer import TRANSFORMERS_REFORMER
@@ -439,6 +445,14 @@ class TffReformerModel(TffReformerPreTrainedModel):
             raise ValueError("past_key_values / use_cache need a causal model (TffReformerForCausalLM).")
         if past_key_values is not None and not isinstance(past_key_values, TffReformerCache):
             raise TypeError(f"past_key_values must be a TffReformerCache, got {type(past_key_values).__name__}.")
+        cached_rows = getattr(past_key_values, "key_valid", None)
+        if cached_rows is not None and cached_rows.shape[0] != batch:
+            raise ValueError(
+                f"past_key_values holds {cached_rows.shape[0]} rows but the input has {batch}; pass the cache returned "
+                "for this batch, or None."
+            )
+        if past_key_values is not None:
+            check_memory_states("past_key_values", past_key_values.states, config.hidden_size)
         if use_cache and past_key_values is None:
             past_key_values = TffReformerCache()
         source = input_ids if input_ids is not None else inputs_embeds
@@ -595,7 +609,7 @@ class _TffReformerWithLMHead(TffReformerPreTrainedModel):
         self.lm_head.decoder = new_embeddings
 
 
-class TffReformerForCausalLM(_TffReformerWithLMHead, GenerationMixin):
+class TffReformerForCausalLM(_TffReformerWithLMHead, ValidatedGenerationMixin):
     """A causal Reformer language model (the paper's enwik8 / imagenet64 setting). Builds its stack with
     ``causal=True`` whatever the given config says. Generates with a `TffReformerCache`."""
 

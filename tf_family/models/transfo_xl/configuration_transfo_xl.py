@@ -101,8 +101,9 @@ class TffTransfoXLConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_head", "d_inner", "n_layer", "div_val"):
+        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_inner", "n_layer", "div_val"):
             check_positive_int(name, getattr(self, name))
+        check_positive_int("d_head", self.d_head, fix="set d_head >= 1 (unset, it is d_model // n_head)")
         check_nonnegative_int("mem_len", self.mem_len, fix="set mem_len >= 0 (0 disables the memory)")
         check_int("clamp_len", self.clamp_len, fix="clamp_len <= 0 disables clamping")
         if self.d_model % 2:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import logging
 
@@ -39,7 +39,7 @@ from ...memory import SegmentMemory
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
-from ...validation import InputValidationMixin, check_memory_states
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
 from .configuration_transfo_xl import TffTransfoXLConfig
 from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
@@ -164,7 +164,7 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=self.config.d_model)
         self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True, dims=(2, 4))
-        self._check_mask("reset_mems", reset_mems, batch, 1, at_least=True, dims=(1,))
+        self._check_reset_mems(reset_mems, batch)
         embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
         memory = _as_memory(mems, self.config.n_layer, batch, self.config.d_model)
         if reset_mems is not None and memory is not None:
@@ -232,7 +232,7 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffTransfoXLLMHeadModel(SegmentRecurrentForCausalLM, TffTransfoXLPreTrainedModel, GenerationMixin):
+class TffTransfoXLLMHeadModel(SegmentRecurrentForCausalLM, TffTransfoXLPreTrainedModel, ValidatedGenerationMixin):
     """Transformer-XL with an adaptive softmax language-model head. `logits` are log-probabilities."""
 
     causal_lm_output_class = MemoryCausalLMOutput
@@ -322,6 +322,7 @@ class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
         logits = self.score(self.dropout(pooled))  # (B, num_labels)
         loss = None
         if labels is not None:
+            # the shared loss checks the labels and never writes problem_type into the config (transformers' does)
             loss = sequence_classification_loss(
                 logits, labels, self.num_labels, self.config.problem_type, num_items_in_batch
             )
