@@ -343,11 +343,11 @@ def vocab_pickles(draw):
     if kind == "huge":
         size = draw(st.integers(10**8, 10**15))
         return f"bytes({size})", b"\x80\x02c__builtin__\nbytes\n\x8a\x08" + size.to_bytes(8, "little") + b"\x85R."
-    levels = draw(st.integers(20, 200))
-    body = b"\x80\x02X\x01\x00\x00\x00aq\x00"
-    for level in range(min(levels, 250)):
-        body += b"h" + bytes([level]) + b"h" + bytes([level]) + b"\x86q" + bytes([level + 1])
-    return f"doubling {levels}", b"\x80\x02}" + body[2:] + b"K\x01s."
+    levels = draw(st.integers(30, 250))  # a key of 2**levels elements when unfolded: hashing it would never end
+    body = b"\x80\x02X\x01\x00\x00\x00aq\x000"
+    for level in range(levels):
+        body += b"h" + bytes([level]) + b"h" + bytes([level]) + b"\x86q" + bytes([level + 1]) + b"0"
+    return f"doubling {levels}", body + b"}h" + bytes([levels]) + b"K\x01s."
 
 
 def sound_vocab(vocab) -> bool:
