@@ -425,6 +425,39 @@ def test_verify_finds_a_changed_key(datastore_folder):
         datastore.verify()
 
 
+@pytest.mark.parametrize("name", ["random_states_0.pkl", "optimizer.bin"])
+def test_a_recipe_checkpoint_file_changed_after_saving_is_refused(tmp_path, name):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from tf_family.training import resume, save_checkpoint
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        accelerator = Accelerator(cpu=True)
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        checkpoint = save_checkpoint(accelerator, str(tmp_path), {"completed_steps": 1}, None, None)
+        path = checkpoint / name
+        data = bytearray(path.read_bytes())
+        record = data.index(b"PK\x03\x04", data.index(b"/data/0") - 60)  # the first tensor's local header
+        name_length, extra_length = (int.from_bytes(data[record + i : record + i + 2], "little") for i in (26, 28))
+        data[record + 30 + name_length + extra_length] ^= 0x10  # one bit of its bytes
+        path.write_bytes(bytes(data))
+        accelerate_load = __import__("accelerate.utils", fromlist=["load"]).load
+        accelerate_load(path)  # the file still loads: only the recorded digest shows the change
+        args = argparse.Namespace(output_dir=str(tmp_path), resume_from_checkpoint="latest")
+        with pytest.raises(ValueError, match=rf"{name}.*(changed or damaged since the checkpoint was written)"):
+            resume(accelerator, args)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
 def test_a_recipe_checkpoint_without_its_optimizer_state_names_the_file(tmp_path):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import math
 import os
@@ -181,6 +182,15 @@ def check_checkpoint_folder(folder: str | os.PathLike) -> None:
         read_safetensors_header(folder / "model.safetensors")
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 # ------------------------------------------------------------------------------------------------- atomic writes
 
 
@@ -333,6 +343,7 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_with",
     "check_checkpoint_folder",
+    "file_sha256",
     "fsync_tree",
     "read_safetensors_header",
     "replace_dir",

@@ -395,6 +395,7 @@ def recipe_checkpoint(tmp_path_factory):
     save_checkpoint(accelerator, str(output), {"completed_steps": 1}, None, None)
     checkpoint = output / "checkpoints" / "step_1"
     saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved["torch random state"] = torch.get_rng_state()  # what the checkpoint's random_states_0.pkl holds
     yield accelerator, model, checkpoint, saved
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
@@ -425,8 +426,9 @@ def test_fuzz_recipe_checkpoint(recipe_checkpoint, data):
             with torch.no_grad():  # start from other weights: an accepted resume must restore the saved ones
                 for parameter in model.parameters():
                     parameter.add_(1.0)
+            torch.manual_seed(12345)  # an accepted resume must restore the saved random state too
             resume(accelerator, args)
-            return model.state_dict()
+            return {**model.state_dict(), "torch random state": torch.get_rng_state()}
 
         expect_clear_error_or_ok(
             resumed_weights,
