@@ -2,8 +2,10 @@
 unpickler's bounds, files named by manifests staying inside their folder, datastore integrity, atomic rebuilds (with a
 kill test) and exact resume. Each example is one the issue names; each test fails on the code before the fix."""
 
+import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +30,14 @@ VOCAB = 128
 def nested_tuple_key_pickle(depth: int) -> bytes:
     """A protocol-2 pickle of ``{((...('a',)...),): 1}`` with the key nested ``depth`` deep (TUPLE1 opcodes)."""
     return b"\x80\x02}X\x01\x00\x00\x00a" + b"\x85" * depth + b"K\x01s."
+
+
+def doubling_key_pickle(levels: int) -> bytes:
+    """``{t: 1}`` with t0 = 'a', t(i+1) = (t(i), t(i)) memoized: 2**levels elements when unfolded, a few bytes each."""
+    body = b"\x80\x02X\x01\x00\x00\x00aq\x000"  # 'a', BINPUT 0, POP
+    for level in range(levels):  # BINGET i, BINGET i, TUPLE2, BINPUT i+1, POP
+        body += b"h" + bytes([level]) + b"h" + bytes([level]) + b"\x86q" + bytes([level + 1]) + b"0"
+    return body + b"}h" + bytes([levels]) + b"K\x01s."  # EMPTY_DICT, BINGET levels, 1, SETITEM
 
 
 def tiny_base(seed: int = 0):
@@ -104,10 +114,7 @@ def test_a_vocab_pickle_nested_1000_deep_gives_the_documented_value_error(tmp_pa
 
 
 def test_a_vocab_pickle_of_shared_references_doubling_at_each_level_is_refused(tmp_path):
-    body = b"\x80\x02X\x01\x00\x00\x00aq\x00"  # t0 = 'a'; t(i+1) = (t(i), t(i)): 2**60 elements when unfolded
-    for level in range(60):
-        body += b"h" + bytes([level]) + b"h" + bytes([level]) + b"\x86q" + bytes([level + 1])
-    (tmp_path / "vocab.pkl").write_bytes(b"\x80\x02}" + body[2:] + b"K\x01s.")  # {t60: 1}: hashing it never ends
+    (tmp_path / "vocab.pkl").write_bytes(doubling_key_pickle(60))  # {t60: 1}: hashing the key never ends
     with pytest.raises(ValueError, match="unfold to more than"):
         load_transfo_xl_vocab(tmp_path / "vocab.pkl")
 
@@ -290,7 +297,6 @@ def test_building_into_a_folder_that_is_not_a_datastore_is_refused(base, tmp_pat
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-
 def test_an_interrupted_conversion_leaves_the_output_folder_as_it_was(tmp_path, monkeypatch):
     from tests.test_conversion import reference
     from tf_family.cli import convert_kinds
@@ -365,3 +371,111 @@ def test_a_missing_random_state_file_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"random_states_0\.pkl cannot be restored \(FileNotFoundError"):
         check_random_states(tmp_path, 0, allow_inexact=False)
     check_random_states(tmp_path, 0, allow_inexact=True)  # warns, goes on
+
+
+# ------------------------------------------------------------------------------- 7. damaged checkpoint folders
+@pytest.fixture(scope="module")
+def saved_txl(tmp_path_factory):
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("txl") / "checkpoint"
+    create_model("transfo_xl", "causal_lm", "tiny").save_pretrained(folder)
+    return folder
+
+
+def test_a_truncated_model_safetensors_names_the_file(saved_txl, tmp_path):
+    from tf_family.models.transfo_xl.modeling_transfo_xl import TffTransfoXLLMHeadModel
+
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(saved_txl, folder)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor .* \(truncated\?\)"):
+        TffTransfoXLLMHeadModel.from_pretrained(folder)
+
+
+def test_a_config_json_that_is_not_json_names_the_file(saved_txl, tmp_path):
+    from tf_family.models.transfo_xl.modeling_transfo_xl import TffTransfoXLLMHeadModel
+
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(saved_txl, folder)
+    (folder / "config.json").write_text('{"model_type": "tff_transfo_xl", ')
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        TffTransfoXLLMHeadModel.from_pretrained(folder)
+
+
+@pytest.mark.faiss
+def test_a_changed_faiss_index_file_is_refused(datastore_folder):
+    pytest.importorskip("faiss")
+    KNNDatastore.load(datastore_folder).build_index("flat", show_progress=False)
+    path = datastore_folder / "index-flat" / "index.faiss"
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x40  # one bit of one stored key: faiss reads it without complaint
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"index\.faiss does not match the file_sha256"):
+        KNNDatastore.load(datastore_folder, index_type="flat")
+
+
+def test_verify_finds_a_changed_key(datastore_folder):
+    shard = datastore_folder / "shard-00000.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-50] ^= 0x01  # inside the tensors: the header check cannot see it
+    shard.write_bytes(bytes(data))
+    datastore = KNNDatastore.load(datastore_folder)
+    with pytest.raises(ValueError, match="do not match the content_sha256"):
+        datastore.verify()
+
+
+@pytest.mark.parametrize("name", ["random_states_0.pkl", "optimizer.bin"])
+def test_a_recipe_checkpoint_file_changed_after_saving_is_refused(tmp_path, name):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from tf_family.training import resume, save_checkpoint
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        accelerator = Accelerator(cpu=True)
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        checkpoint = save_checkpoint(accelerator, str(tmp_path), {"completed_steps": 1}, None, None)
+        path = checkpoint / name
+        data = bytearray(path.read_bytes())
+        record = data.index(b"PK\x03\x04", data.index(b"/data/0") - 60)  # the first tensor's local header
+        name_length, extra_length = (int.from_bytes(data[record + i : record + i + 2], "little") for i in (26, 28))
+        data[record + 30 + name_length + extra_length] ^= 0x10  # one bit of its bytes
+        path.write_bytes(bytes(data))
+        accelerate_load = __import__("accelerate.utils", fromlist=["load"]).load
+        accelerate_load(path)  # the file still loads: only the recorded digest shows the change
+        args = argparse.Namespace(output_dir=str(tmp_path), resume_from_checkpoint="latest")
+        with pytest.raises(ValueError, match=rf"{name}.*(changed or damaged since the checkpoint was written)"):
+            resume(accelerator, args)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def test_a_recipe_checkpoint_without_its_optimizer_state_names_the_file(tmp_path):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from tf_family.training import resume, save_checkpoint
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        accelerator = Accelerator(cpu=True)
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        checkpoint = save_checkpoint(accelerator, str(tmp_path), {"completed_steps": 1}, None, None)
+        (checkpoint / "optimizer.bin").unlink()
+        args = argparse.Namespace(output_dir=str(tmp_path), resume_from_checkpoint="latest")
+        with pytest.raises(ValueError, match=r"step_1 lacks optimizer\.bin"):
+            resume(accelerator, args)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()

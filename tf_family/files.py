@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import math
 import os
@@ -181,6 +182,15 @@ def check_checkpoint_folder(folder: str | os.PathLike) -> None:
         read_safetensors_header(folder / "model.safetensors")
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 # ------------------------------------------------------------------------------------------------- atomic writes
 
 
@@ -266,13 +276,20 @@ def replace_dir(staging: str | os.PathLike, target: str | os.PathLike) -> None:
     if not target.exists():
         os.rename(staging, target)
     elif _exchange(staging, target):
-        shutil.rmtree(staging)  # it now holds the old folder
+        _remove(staging)  # it now holds the old folder
     else:
         aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
         os.rename(target, aside / target.name)
         os.rename(staging, target)
-        shutil.rmtree(aside)
+        _remove(aside)
     _fsync_path(target.parent)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+    else:
+        shutil.rmtree(path)
 
 
 @contextlib.contextmanager
@@ -282,7 +299,7 @@ def atomic_replace_dir(target: str | os.PathLike) -> Iterator[Path]:
     with ``target`` (one atomic exchange on Linux; elsewhere ``target`` is moved aside for the instant of a rename),
     then the old folder is removed. When the block fails or the process is killed, ``target`` is untouched (a
     killed build leaves a hidden ``.<name>.*.partial`` folder beside it, safe to delete)."""
-    target = Path(target)
+    target = Path(os.path.realpath(target))  # a link to a folder: the folder it points at is replaced
     staging = _staging_folder(target)
     try:
         yield staging
@@ -326,6 +343,7 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_with",
     "check_checkpoint_folder",
+    "file_sha256",
     "fsync_tree",
     "read_safetensors_header",
     "replace_dir",

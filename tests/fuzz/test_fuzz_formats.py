@@ -343,11 +343,11 @@ def vocab_pickles(draw):
     if kind == "huge":
         size = draw(st.integers(10**8, 10**15))
         return f"bytes({size})", b"\x80\x02c__builtin__\nbytes\n\x8a\x08" + size.to_bytes(8, "little") + b"\x85R."
-    levels = draw(st.integers(20, 200))
-    body = b"\x80\x02X\x01\x00\x00\x00aq\x00"
-    for level in range(min(levels, 250)):
-        body += b"h" + bytes([level]) + b"h" + bytes([level]) + b"\x86q" + bytes([level + 1])
-    return f"doubling {levels}", b"\x80\x02}" + body[2:] + b"K\x01s."
+    levels = draw(st.integers(30, 250))  # a key of 2**levels elements when unfolded: hashing it would never end
+    body = b"\x80\x02X\x01\x00\x00\x00aq\x000"
+    for level in range(levels):
+        body += b"h" + bytes([level]) + b"h" + bytes([level]) + b"\x86q" + bytes([level + 1]) + b"0"
+    return f"doubling {levels}", body + b"}h" + bytes([levels]) + b"K\x01s."
 
 
 def sound_vocab(vocab) -> bool:
@@ -395,6 +395,7 @@ def recipe_checkpoint(tmp_path_factory):
     save_checkpoint(accelerator, str(output), {"completed_steps": 1}, None, None)
     checkpoint = output / "checkpoints" / "step_1"
     saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved["torch random state"] = torch.get_rng_state()  # what the checkpoint's random_states_0.pkl holds
     yield accelerator, model, checkpoint, saved
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
@@ -425,8 +426,9 @@ def test_fuzz_recipe_checkpoint(recipe_checkpoint, data):
             with torch.no_grad():  # start from other weights: an accepted resume must restore the saved ones
                 for parameter in model.parameters():
                     parameter.add_(1.0)
+            torch.manual_seed(12345)  # an accepted resume must restore the saved random state too
             resume(accelerator, args)
-            return model.state_dict()
+            return {**model.state_dict(), "torch random state": torch.get_rng_state()}
 
         expect_clear_error_or_ok(
             resumed_weights,

@@ -16,7 +16,6 @@ results ``(N, K)``. `dense_knn_search` is the one-matrix-product twin the chunke
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
@@ -28,6 +27,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..files import atomic_write_text, atomic_write_with, read_safetensors_header
+from ..files import file_sha256 as _file_sha256
 
 logger = logging.get_logger(__name__)
 
@@ -412,14 +412,6 @@ class FaissKNNStore(KNNStore):
             ) from error
         store.metadata = description.get("metadata") or {}
         return store
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _as_faiss_array(tensor: torch.Tensor):

@@ -244,11 +244,13 @@ def read_description(folder: str | os.PathLike) -> dict[str, Any]:
         for name in ("model_fingerprint", "tokenizer_fingerprint", "content_sha256", "module_path"):
             if description.get(name) is not None and not isinstance(description[name], str):
                 problem = f"{name!r} is {description[name]!r}, not a string"
-        rounded = description.get("model_fingerprint_rounded")
-        if rounded is not None and not (
-            isinstance(rounded, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in rounded.items())
-        ):
-            problem = f"'model_fingerprint_rounded' is {rounded!r}, not an object of dtype name -> fingerprint"
+        for name, value in description.items():  # fingerprints by name (e.g. per dtype the weights were rounded to)
+            if (
+                name.startswith("model_fingerprint_")
+                and value is not None
+                and not (isinstance(value, dict) and all(isinstance(v, str) for v in value.values()))
+            ):
+                problem = f"{name!r} is {value!r}, not an object of fingerprint strings"
     if problem:
         raise ValueError(f"{path}: {problem}; the description is damaged: rebuild the datastore.")
     return description

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import memory as memory_lib
 from ..cards import RUN_INFO_FILE
-from ..files import atomic_write_text, read_safetensors_header, replace_dir
+from ..files import atomic_write_text, file_sha256, read_safetensors_header, replace_dir, resolve_inside
 
 logger = get_logger(__name__)
 
@@ -110,8 +110,11 @@ def save_checkpoint(
             str(partial / f"memory_rank{accelerator.process_index}.safetensors"),
             metadata={"class": type(carried).__name__},
         )
+    accelerator.wait_for_everyone()  # every process's files are written: record their digests
     if accelerator.is_main_process:
-        atomic_write_text(partial / TRAINER_STATE_FILE, json.dumps({**state, "world_size": accelerator.num_processes}))
+        digests = {path.name: file_sha256(path) for path in sorted(partial.iterdir()) if path.is_file()}
+        record = {**state, "world_size": accelerator.num_processes, "file_sha256": digests}
+        atomic_write_text(partial / TRAINER_STATE_FILE, json.dumps(record))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         replace_dir(partial, final)  # flushed to disk, then swapped in
@@ -140,7 +143,9 @@ def resume(accelerator: Accelerator, args: argparse.Namespace) -> tuple[Path, di
             f"(this run has {world})."
         )
     check_state_files(checkpoint, accelerator)
-    check_random_states(checkpoint, accelerator.process_index, getattr(args, "allow_inexact_resume", False))
+    allow_inexact = getattr(args, "allow_inexact_resume", False)
+    check_file_digests(checkpoint, state, accelerator.process_index, allow_inexact)
+    check_random_states(checkpoint, accelerator.process_index, allow_inexact)
     try:
         accelerator.load_state(str(checkpoint))
     except Exception as error:  # noqa: BLE001 - damaged files raise many kinds; name the file instead
@@ -190,6 +195,40 @@ def check_state_files(checkpoint: Path, accelerator: Accelerator) -> None:
         )
 
 
+_PER_PROCESS_FILE = re.compile(r"^(?:random_states_|memory_rank)(\d+)\.(?:pkl|safetensors)$")
+
+
+def check_file_digests(
+    checkpoint: Path, state: dict[str, Any], process_index: int, allow_inexact: bool = False
+) -> None:
+    """Compare the files this process will read with the digests ``trainer_state.json`` recorded when the checkpoint
+    was written (a file changed or damaged since: a `ValueError` naming it; for the random states, what
+    `check_random_states` does with an unreadable file). Checkpoints written before digests were recorded are not
+    checked."""
+    digests = state.get("file_sha256")
+    if digests is None:
+        return
+    manifest = checkpoint / TRAINER_STATE_FILE
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise ValueError(
+            f"--resume_from_checkpoint: {manifest} has a damaged 'file_sha256'; resume from an earlier one."
+        )
+    for name, recorded in sorted(digests.items()):
+        per_process = _PER_PROCESS_FILE.match(name)
+        if per_process is not None and int(per_process.group(1)) != process_index:
+            continue  # another process's random states or carried state: that process checks them
+        path = resolve_inside(checkpoint, name, manifest)
+        if not path.is_file() or file_sha256(path) != recorded:
+            state_of = "missing" if not path.is_file() else "changed or damaged since the checkpoint was written"
+            if name.startswith(RNG_STATE_NAME):
+                _inexact(f"{path} cannot be restored (it is {state_of})", allow_inexact)
+                continue
+            raise ValueError(
+                f"--resume_from_checkpoint: {path} is {state_of} (its digest is recorded in {manifest}); resume from "
+                "an earlier checkpoint."
+            )
+
+
 def _restore_random_states(states: Any) -> None:
     """What accelerate's ``load_state`` does with ``random_states_<i>.pkl`` (it runs again right after)."""
     random.setstate(states["random_state"])
@@ -206,9 +245,12 @@ def check_random_states(checkpoint: Path, process_index: int, allow_inexact: boo
     path = checkpoint / f"{RNG_STATE_NAME}_{process_index}.pkl"
     try:
         _restore_random_states(accelerate_load(path))
-        return
     except Exception as error:  # noqa: BLE001 - a missing, truncated or foreign file: all mean "not exact"
-        problem = f"{path} cannot be restored ({type(error).__name__}: {error})"
+        _inexact(f"{path} cannot be restored ({type(error).__name__}: {error})", allow_inexact)
+
+
+def _inexact(problem: str, allow_inexact: bool) -> None:
+    """Refuse a resume that would not be exact, or with ``--allow_inexact_resume`` warn that it is not."""
     if not allow_inexact:
         raise ValueError(
             f"--resume_from_checkpoint: {problem}, so the resumed run would not continue exactly as the interrupted "
