@@ -1,35 +1,41 @@
 """CALM on the bundled State of the Union corpus: calibrated thresholds, held-out consistency, exit layers, and the
-measured wall-clock speed-up of early exit against full depth, per confidence measure.
+measured wall-clock speed-up of early exit against full depth, per confidence measure, with where the time goes.
 
 1. **Model**: a CALM decoder (``small`` variant: 8 layers, width 256, the bundled 8k tokenizer; exits after layers 2,
-   4, 6, 8) trained from scratch with the anytime loss by ``recipes/causal_lm.py --arch calm`` (``--model`` points
-   at the trained folder; the command that made it is in the results).
+   4, 6, 8) trained from scratch with the anytime loss and its meta classifier by ``recipes/causal_lm.py --arch
+   calm`` (``--model`` points at the trained folder; ``--training`` records the command that made it).
 2. **Prompts**: windows of ``--prompt-length`` tokens plus a ``--new-tokens`` continuation cut from the validation
    addresses (1995-2009: calibration) and the test addresses (2010 on: held out).
-3. **Learn-then-Test** per confidence measure (``softmax_diff`` over the full 8k vocabulary, ``restricted_softmax``
-   over the 256 most frequent training tokens, ``state``, ``meta``): greedy generations at full depth and at every
-   threshold of a descending grid, token-level consistency with the full model's output, Hoeffding–Bentkus
-   p-values and fixed-sequence testing at δ ∈ {0.05, 0.1, 0.2}, ε = 0.05 (`tf_family.training.early_exit`). On the
-   held-out prompts: the consistency (1 − token disagreement; the guarantee asks ≥ 1 − δ) and the mean exit layer.
-   Also the violation rate over ``--splits`` random 80/20 calibration/test splits of all prompts (the paper's
-   protocol), which must stay ≤ ε up to sampling noise.
-4. **Speed**: greedy generation of ``--timed-prompts`` held-out prompts at batch 1 (one after another) and at batch
-   8, full depth against each calibrated threshold, interleaved rounds (`common.time_interleaved`), medians;
-   speed-up = full / early.
+3. **Learn-then-Test** per confidence measure (``softmax_diff`` and ``softmax_max`` over the full 8k vocabulary,
+   ``restricted_softmax`` over the 256 most frequent training tokens, ``state``, ``meta``): greedy generations at
+   full depth and at every threshold of a descending grid, token-level consistency with the full model's output,
+   Hoeffding–Bentkus p-values and fixed-sequence testing at δ ∈ {0.05, 0.1, 0.2}, ε = 0.05
+   (`tf_family.training.early_exit`). On the held-out prompts: the consistency (1 − token disagreement; the
+   guarantee asks ≥ 1 − δ) and the mean exit layer. Also the violation rate over ``--splits`` random 80/20
+   calibration/test splits of all prompts (the paper's protocol), which must stay ≤ ε up to sampling noise.
+4. **Speed**: greedy ``generate`` of ``--timed-prompts`` held-out prompts at batch 1 (one after another) and at
+   batch 8, full depth against each calibrated threshold, all in interleaved rounds (`common.time_interleaved`),
+   medians; speed-up = full / early. In the same rounds, to see where the time goes: the model truncated to each
+   exit depth (its slope over depth is the cost of one layer per decode step, its intercept the fixed cost), every
+   token forced out at the first exit with no confidence computed (``exit_layer``: the *floor*, the best this exit
+   layout allows), and per measure a threshold no confidence reaches (every check runs, no token leaves: the cost
+   of one check) and λ = 0 (every generated token leaves at its first check).
 5. A histogram of the held-out exit layers at δ = 0.1 per measure (PNG).
 
-Run (the model first: about 22 minutes on 2 shared cores; then about 16 minutes for the benchmark)::
+Run (the model first: about 25 minutes on 2 shared cores; then about 30 minutes for the benchmark)::
 
-    python recipes/causal_lm.py --arch calm --variant small --config_overrides first_exit=2 exit_interval=2 \
-        decay_length=64 --block_size 128 --per_device_train_batch_size 8 --max_train_steps 260 \
-        --learning_rate 2e-3 --num_warmup_steps 20 --max_eval_samples 2 --output_dir runs/calm-sotu
-    cd bench && python bench_calm.py --model ../runs/calm-sotu
+    OMP_WAIT_POLICY=PASSIVE python recipes/causal_lm.py --arch calm --variant small \
+        --config_overrides first_exit=2 exit_interval=2 decay_length=64 --block_size 64 \
+        --per_device_train_batch_size 8 --max_train_steps 700 --learning_rate 2e-3 --num_warmup_steps 30 \
+        --checkpointing_steps 100 --output_dir runs/calm-sotu-700
+    cd bench && OMP_WAIT_POLICY=PASSIVE python bench_calm.py --model ../runs/calm-sotu-700
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import Counter
 
 from common import RESULTS_DIR, loadavg, markdown_table, setup_threads, time_interleaved, write_results
@@ -37,7 +43,7 @@ from common import RESULTS_DIR, loadavg, markdown_table, setup_threads, time_int
 setup_threads(2)
 
 import torch  # noqa: E402  (after setup_threads: OpenMP reads OMP_WAIT_POLICY when torch loads)
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 from transformers.utils import logging as transformers_logging  # noqa: E402
 
 from tf_family.data import load_sotu  # noqa: E402
@@ -47,7 +53,9 @@ from tf_family.training.early_exit import DEFAULT_GRIDS, cut_prompts, generate_w
 
 DELTAS = (0.05, 0.1, 0.2)
 EPSILON = 0.05
-GRIDS = {measure: DEFAULT_GRIDS[measure] for measure in ("softmax_diff", "restricted_softmax", "state", "meta")}
+MEASURES = ("softmax_diff", "softmax_max", "restricted_softmax", "state", "meta")
+GRIDS = {measure: DEFAULT_GRIDS[measure] for measure in MEASURES}
+NEVER = 2.0  # above every measure's range (probabilities, cosines): every check runs and no token leaves
 # the calibration sweep goes this many thresholds past the first failed test at the largest δ, so the random
 # splits (which calibrate on subsets) see where their own tests fail; a split whose tests pass past the evaluated
 # thresholds stops there (conservative: fewer rejections)
@@ -70,13 +78,15 @@ def sweep_stopper():
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="runs/calm-sotu", help="a tff_calm folder trained with the anytime loss")
+    parser.add_argument(
+        "--model", default="../runs/calm-sotu-700", help="a tff_calm folder trained with the anytime loss"
+    )
     parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--calibration-prompts", type=int, default=64)
     parser.add_argument("--test-prompts", type=int, default=64)
     parser.add_argument("--timed-prompts", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--splits", type=int, default=50)
     parser.add_argument("--measures", nargs="+", default=list(GRIDS), choices=list(GRIDS))
     parser.add_argument("--restricted-vocab", type=int, default=256)
@@ -157,18 +167,45 @@ def main() -> None:
 
     # ---- wall clock ---------------------------------------------------------------------------------------------
     timed = test_prompts[: args.timed_prompts]
+    first_exit = config.exit_points()[0]
+    checks_per_token = {  # exit checks a token that never leaves makes (state has no check at its first exit)
+        measure: sum(1 for point in config.exit_points()[:-1] if point >= config.min_exit) - (measure == "state")
+        for measure in args.measures
+    }
+
+    def use(measure: str | None) -> None:
+        if measure is not None:
+            config.confidence_measure = measure
+            config.restricted_vocab = restricted if measure == "restricted_softmax" else None
 
     def generation(measure: str | None, threshold: float | None, batch: int):
         def run():
-            if measure is not None:
-                config.confidence_measure = measure
-                config.restricted_vocab = restricted if measure == "restricted_softmax" else None
+            use(measure)
             generate_with_exits(model, timed, args.new_tokens, batch, threshold)
 
         return run
 
+    def forced(layers: int, batch: int):
+        """The prompt at full depth (as with a threshold), then every generated token forced out after ``layers``
+        layers with the layers above propagated and no confidence computed (``exit_layer``): the best case of this
+        exit layout. Same ``generate`` calls as the others: the prompt's forward fills the cache first."""
+        pad = config.pad_token_id if config.pad_token_id is not None else 0
+
+        @torch.no_grad()
+        def run():
+            for start in range(0, timed.shape[0], batch):
+                rows = timed[start : start + batch]
+                cache = DynamicCache(config=config)
+                first = model(rows, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                rows = torch.cat([rows, first], dim=1)
+                model.generate(rows, attention_mask=torch.ones_like(rows), past_key_values=cache,
+                               max_new_tokens=args.new_tokens - 1, min_new_tokens=args.new_tokens - 1,
+                               do_sample=False, exit_layer=layers, pad_token_id=pad)  # fmt: skip
+
+        return run
+
     def truncated(layers: int, batch: int):
-        """The model cut to its first ``layers`` layers (no exits): what a perfect exit policy could reach."""
+        """The model cut to its first ``layers`` layers (no exits, no propagation)."""
 
         def run():
             config.num_hidden_layers = layers
@@ -179,38 +216,68 @@ def main() -> None:
 
         return run
 
-    cut_depths = [
-        layers for layer_count in range(1, depth) for layers in [layer_count] if layers % 2 == 0 or layers == 1
-    ]
+    cut_depths = config.exit_points()[:-1]
     timed_thresholds = sorted({(measure, threshold) for (measure, _), threshold in thresholds_to_time.items()})
     speed = {}
     for batch in (1, 8):
-        steps = {"full": generation(None, None, batch)}
+        steps = {"full": generation(None, None, batch), f"forced@{first_exit}": forced(first_exit, batch)}
         steps.update({f"truncated@{layers}": truncated(layers, batch) for layers in cut_depths})
-        steps.update({f"{m}@{t:g}": generation(m, t, batch) for m, t in timed_thresholds})
+        # NEVER: confidences above every measure's range, so every check runs and no token leaves (the checks'
+        # cost); 0: every generated token leaves at its first check (the best case with the measure's cost)
+        steps.update({f"{m}@never": generation(m, NEVER, batch) for m in args.measures})
+        steps.update({f"{m}@0": generation(m, 0.0, batch) for m in args.measures})
+        steps.update({f"{m}@{t:g}": generation(m, t, batch) for m, t in timed_thresholds})  # "@0": same step
         load_before = loadavg()
         times = time_interleaved(steps, rounds=args.rounds, warmups=1)
-        medians = {name: sorted(values)[len(values) // 2] for name, values in times.items()}
-        speed[batch] = {"times_s": times, "median_s": medians, "loadavg": [load_before, loadavg()]}
-        print(batch, medians, flush=True)
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        decode_steps = -(-timed.shape[0] // batch) * args.new_tokens  # forward calls with one new token per row
+        # per-layer cost: least-squares slope of the truncated models' times over their depths (full = depth)
+        depths = [*cut_depths, depth]
+        seconds = [medians[f"truncated@{layers}"] for layers in cut_depths] + [medians["full"]]
+        mean_depth, mean_seconds = sum(depths) / len(depths), sum(seconds) / len(seconds)
+        slope = sum((d - mean_depth) * (s - mean_seconds) for d, s in zip(depths, seconds, strict=True)) / sum(
+            (d - mean_depth) ** 2 for d in depths
+        )
+        layer_ms = 1000 * slope / decode_steps
+        costs = {
+            "decode_steps": decode_steps,
+            "full_step_ms": 1000 * medians["full"] / decode_steps,
+            "layer_ms": layer_ms,
+            # what does not scale with depth: generate's bookkeeping, embeddings, final norm and LM head
+            "fixed_step_ms": 1000 * (mean_seconds - slope * mean_depth) / decode_steps,
+            "floor_speedup": medians["full"] / medians[f"forced@{first_exit}"],
+            "check_ms": {},
+            "check_layers": {},
+            "best_speedup": {},
+        }
+        for m in args.measures:
+            extra_ms = 1000 * (medians[f"{m}@never"] - medians["full"]) / decode_steps / max(checks_per_token[m], 1)
+            costs["check_ms"][m] = extra_ms
+            costs["check_layers"][m] = extra_ms / layer_ms if layer_ms > 0 else float("nan")
+            costs["best_speedup"][m] = medians["full"] / medians[f"{m}@0"]
+        speed[batch] = {"times_s": times, "median_s": medians, "loadavg": [load_before, loadavg()], "costs": costs}
+        print(batch, medians, costs, flush=True)
 
-    def floor_time(batch: int, mean_exit: float) -> float:
+    def truncated_time(batch: int, mean_exit: float) -> float:
         """The truncated model's time at ``mean_exit`` layers, interpolated linearly between the depths timed."""
         points = [(layers, speed[batch]["median_s"][f"truncated@{layers}"]) for layers in cut_depths]
         points.append((depth, speed[batch]["median_s"]["full"]))
+        if mean_exit <= points[0][0]:
+            return points[0][1]
         for (low, low_time), (high, high_time) in zip(points, points[1:], strict=False):
             if mean_exit <= high:
-                weight = max(0.0, (mean_exit - low) / (high - low))
+                weight = (mean_exit - low) / (high - low)
                 return low_time + weight * (high_time - low_time)
         return points[-1][1]
 
     for row in rows:
-        name = None if row["threshold"] is None else f"{row['measure']}@{row['threshold']:g}"
+        threshold = row["threshold"]
+        name = None if threshold is None else f"{row['measure']}@{threshold:g}"
         for batch in (1, 8):
             full_time = speed[batch]["median_s"]["full"]
             median = speed[batch]["median_s"].get(name)
             row[f"speedup_batch{batch}"] = full_time / median if median else 1.0
-            row[f"floor_speedup_batch{batch}"] = full_time / floor_time(batch, row["heldout_mean_exit_layer"])
+            row[f"truncated_speedup_batch{batch}"] = full_time / truncated_time(batch, row["heldout_mean_exit_layer"])
 
     # ---- histogram ----------------------------------------------------------------------------------------------
     import matplotlib
@@ -239,28 +306,53 @@ def main() -> None:
     figure.savefig(png, dpi=120)
 
     headers = ["measure", "δ", "λ (calibrated)", "held-out consistency", "mean exit layer", "violations (splits)",
-               "speed-up b=1", "floor b=1", "speed-up b=8", "floor b=8"]  # fmt: skip
+               "speed-up b=1", "speed-up b=8", "truncated at mean exit b=1", "b=8"]  # fmt: skip
     table = [
         [r["measure"], r["delta"], "none" if r["threshold"] is None else f"{r['threshold']:g}",
          f"{r['heldout_consistency']:.3f}", f"{r['heldout_mean_exit_layer']:.2f} / {depth}",
-         f"{r['split_violation_rate']:.2f}", f"{r['speedup_batch1']:.2f}x", f"{r['floor_speedup_batch1']:.2f}x",
-         f"{r['speedup_batch8']:.2f}x", f"{r['floor_speedup_batch8']:.2f}x"]
+         f"{r['split_violation_rate']:.2f}", f"**{r['speedup_batch1']:.2f}x**", f"**{r['speedup_batch8']:.2f}x**",
+         f"{r['truncated_speedup_batch1']:.2f}x", f"{r['truncated_speedup_batch8']:.2f}x"]
         for r in rows
     ]  # fmt: skip
+    cost_headers = ["", "batch 1", "batch 8"]
+    c1, c8 = speed[1]["costs"], speed[8]["costs"]
+    cost_rows = [
+        ["full-depth decode step (ms)", f"{c1['full_step_ms']:.2f}", f"{c8['full_step_ms']:.2f}"],
+        ["one layer per step (ms)", f"{c1['layer_ms']:.3f}", f"{c8['layer_ms']:.3f}"],
+        ["fixed per step: generate, embeddings, head (ms)", f"{c1['fixed_step_ms']:.2f}", f"{c8['fixed_step_ms']:.2f}"],
+        [f"**floor**: every token forced out at layer {first_exit}, no confidence (speed-up)",
+         f"**{c1['floor_speedup']:.2f}x**", f"**{c8['floor_speedup']:.2f}x**"],
+    ]  # fmt: skip
+    for m in args.measures:
+        cost_rows.append(
+            [f"{m}: one check, ms (layers)", f"{c1['check_ms'][m]:.3f} ({c1['check_layers'][m]:.2f})",
+             f"{c8['check_ms'][m]:.3f} ({c8['check_layers'][m]:.2f})"]
+        )  # fmt: skip
+    for m in args.measures:
+        cost_rows.append(
+            [f"{m}: λ = 0, every token out at its first check (speed-up)", f"{c1['best_speedup'][m]:.2f}x",
+             f"{c8['best_speedup'][m]:.2f}x"]
+        )  # fmt: skip
     full1, full8 = speed[1]["median_s"]["full"], speed[8]["median_s"]["full"]
     markdown = (
         f"# CALM early exit on the State of the Union corpus\n\nModel `{args.model}` ({depth} layers, exits after "
-        f"{config.exit_points()}), {cal_prompts.shape[0]} calibration prompts (validation) and {test_prompts.shape[0]} "
-        f"held-out prompts (test) of {args.prompt_length} tokens, {args.new_tokens} greedy new tokens; token "
-        f"consistency with the full model; Learn-then-Test with Hoeffding–Bentkus p-values, ε = {EPSILON}. "
-        f"Full depth: {full1:.3f} s for {args.timed_prompts} prompts at batch 1, {full8:.3f} s at batch 8 "
-        f"(medians of {args.rounds} interleaved rounds, loadavg {speed[1]['loadavg']} and {speed[8]['loadavg']} "
-        f"before/after the batch-1 and batch-8 timings: the machine is shared with other jobs). *floor*: the "
-        f"speed-up of the model truncated to the mean exit layer (no exit checks, no propagation, the prompt "
-        f"truncated too; interpolated between the truncated depths {cut_depths} timed in the same rounds): what a "
-        f"perfect exit policy could reach. Model trained by: `{args.training or 'see --model'}`.\n\n"
+        f"{config.exit_points()}), {cal_prompts.shape[0]} calibration prompts (validation addresses) and "
+        f"{test_prompts.shape[0]} held-out prompts (test addresses) of {args.prompt_length} tokens, {args.new_tokens} "
+        f"greedy new tokens; token consistency with the full model's generation; Learn-then-Test with "
+        f"Hoeffding–Bentkus p-values, ε = {EPSILON}; *violations*: the rate over {args.splits} random 80/20 splits "
+        f"of all prompts at which the held-out risk exceeded δ. Model trained by: "
+        f"`{args.training or 'see --model'}`.\n\nWall clock: greedy `generate` of {timed.shape[0]} held-out "
+        f"prompts, full depth {full1:.3f} s at batch 1 and {full8:.3f} s at batch 8; medians of {args.rounds} "
+        f"interleaved rounds, every step below in the same rounds (loadavg {speed[1]['loadavg']} before/after the "
+        f"batch-1 timings, {speed[8]['loadavg']} for batch 8: the 2 cores are shared with other jobs, so only the "
+        f"ratios mean anything). *truncated at mean exit*: the model cut to the held-out mean exit layer (no "
+        f"checks, no propagation, the prompt cut too; interpolated between the depths {cut_depths} and {depth}).\n\n"
         + markdown_table(headers, table)
-        + f"\n\nExit-layer histogram: `{png.name}`.\n"
+        + "\n\nWhere the time goes (same rounds). *one layer*: the slope of the truncated models' times over their "
+        f"depth, per decode step; *fixed*: its intercept; *one check*: (every check run, no token leaving − full "
+        f"depth) per check (a token makes {checks_per_token} checks when it never leaves).\n\n"
+        + markdown_table(cost_headers, cost_rows)
+        + f"\n\nExit-layer histogram (held-out prompts, δ = 0.1): `{png.name}`.\n"
     )
     payload = {"args": vars(args), "model_config": config.to_dict(), "rows": rows, "per_measure": per_measure,
                "speed": {str(k): v for k, v in speed.items()}, "histograms": histograms}  # fmt: skip

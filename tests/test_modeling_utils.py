@@ -1,11 +1,13 @@
 """`fused_projections` equals calling the projections one by one, and steps aside for wrapped modules;
 `build_activation` and `find_first_real_token` do what their docstrings say."""
 
+from unittest import mock
+
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from tf_family.modeling_utils import build_activation, find_first_real_token, fused_projections
+from tf_family.modeling_utils import FUSE_MIN_ROWS, build_activation, find_first_real_token, fused_projections
 
 
 def _linears(bias=True):
@@ -14,9 +16,9 @@ def _linears(bias=True):
 
 
 def test_fused_equals_separate_values_and_gradients():
-    for bias in (True, False):
+    for bias, rows in ((True, 2), (False, 2), (True, FUSE_MIN_ROWS), (False, FUSE_MIN_ROWS + 1)):
         linears = _linears(bias)
-        hidden = torch.randn(2, 3, 6, requires_grad=True)
+        hidden = torch.randn(rows, 3, 6, requires_grad=True)
         fused = fused_projections(hidden, *linears)
         separate = [linear(hidden) for linear in linears]
         for got, want in zip(fused, separate, strict=True):
@@ -27,6 +29,18 @@ def test_fused_equals_separate_values_and_gradients():
         expected = torch.autograd.grad(sum((t * w).sum() for t, w in zip(separate, weights, strict=True)), params)
         for got, want in zip(grads, expected, strict=True):
             torch.testing.assert_close(got, want)
+
+
+def test_few_rows_do_not_copy_the_weights():
+    # a decoding step (a few rows) must not concatenate the weights: the copy costs more than the product
+    linears = _linears()
+    with mock.patch("torch.cat", wraps=torch.cat) as cat:
+        few = fused_projections(torch.randn(FUSE_MIN_ROWS - 1, 6), *linears)
+        assert cat.call_count == 0
+        many = fused_projections(torch.randn(FUSE_MIN_ROWS, 6), *linears)
+        assert cat.call_count == 2  # weights and biases, once each
+    assert [t.shape for t in few] == [(FUSE_MIN_ROWS - 1, 6), (FUSE_MIN_ROWS - 1, 6), (FUSE_MIN_ROWS - 1, 4)]
+    assert [t.shape for t in many] == [(FUSE_MIN_ROWS, 6), (FUSE_MIN_ROWS, 6), (FUSE_MIN_ROWS, 4)]
 
 
 def test_wrapped_or_hooked_modules_are_called():
