@@ -45,11 +45,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     parser.add_argument("--overhead_models", nargs="*", default=["small", "larger"], choices=list(OVERHEAD_MODELS))
     parser.add_argument("--train_steps", type=int, default=300)
-    parser.add_argument("--passkey_steps", type=int, default=600)
+    parser.add_argument("--passkey_steps", type=int, default=1400)
     parser.add_argument("--passkey_lr", type=float, default=4e-3)
-    parser.add_argument("--passkey_near", type=int, nargs=2, default=[4, 48], help="training distances in the window")
-    parser.add_argument("--passkey_far", type=int, nargs=2, default=[160, 400], help="training distances beyond it")
-    parser.add_argument("--passkey_far_from", type=float, default=0.5, help="share of the steps before far batches")
+    parser.add_argument("--passkey_near", type=int, nargs=2, default=[4, 40], help="training distances in the window")
+    parser.add_argument("--passkey_far", type=int, nargs=2, default=[136, 256], help="training distances beyond it")
+    parser.add_argument("--passkey_far_from", type=float, default=0.3, help="share of the steps before far batches")
+    parser.add_argument("--passkey_far_batch", type=int, default=8, help="samples in a far batch")
     parser.add_argument("--passkey_repeat_share", type=float, default=0.25, help="share of repeated-span samples")
     parser.add_argument("--passkey_probe_every", type=int, default=50, help="print probe accuracies (0: never)")
     parser.add_argument("--passkey_save", help="save the trained passkey model into this folder")
@@ -59,8 +60,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-# the passkey model: the small model at half the width (the copy is learned within the CPU budget)
-PASSKEY_MODEL = {"d_model": 64, "n_head": 4, "d_head": 16, "d_inner": 256}
+# the passkey model: two layers (the fewest that can copy: a previous-token head below the kNN layer, which then
+# matches it) at half the small model's width, so the copy is learned within the CPU budget; the gate starts open
+# (sigmoid(3) = 0.95): with it at 0.5 the local attention learned a copy tied to the trained distances, which the
+# position-free retrieval could not take over beyond the window
+PASSKEY_MODEL = {"d_model": 64, "n_head": 4, "d_head": 16, "d_inner": 256, "n_layer": 2, "knn_layers": [1],
+                 "knn_gate_init": 3.0}  # fmt: skip
 
 
 def model_config(quick: bool, **overrides) -> TffMemorizingConfig:
@@ -430,18 +435,21 @@ def run_passkey(model, samples, segment: int, memory_size: int | None, train: bo
 
 
 def passkey_batches(tokenizer, filler, steps: int, batch: int, near: tuple[int, int], far: tuple[int, int],
-                    generator: torch.Generator, far_from: float, repeat_share: float):  # fmt: skip
+                    generator: torch.Generator, far_from: float, repeat_share: float, far_batch: int):  # fmt: skip
     """The training curriculum: until ``far_from`` of the steps, every batch plants the key within the local window
     (distances ``near``), where the layers learn to find and copy it (with local attention and with the kNN
     retrieval, which in ``knn_retrieval="token"`` also reaches the segment); then every other batch plants it
-    beyond the window (``far``), where only the kNN memory reaches it. A ``repeat_share`` of each batch are
+    beyond the window (``far``), where only the kNN memory reaches it, with ``far_batch`` samples (a far sample is
+    several times as long as a near one). A ``repeat_share`` of each batch are
     `repeat_sample` (the same copy with more scored tokens), the rest passkey samples. All samples of a batch share
     one distance."""
     for step in range(steps):
-        low, high = far if step >= far_from * steps and step % 2 else near
+        is_far = step >= far_from * steps and step % 2
+        low, high = far if is_far else near
         distance = int(torch.randint(low, high + 1, (1,), generator=generator))
-        repeats = round(batch * repeat_share)
-        samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(batch - repeats)]
+        size = far_batch if is_far else batch
+        repeats = round(size * repeat_share)
+        samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(size - repeats)]
         yield distance, samples + [repeat_sample(filler, distance, generator) for _ in range(repeats)]
 
 
@@ -456,7 +464,7 @@ def train_passkey(args, tokenizer, filler, config, steps, batch, segment, near, 
     generator, probe_generator = torch.Generator().manual_seed(0), torch.Generator().manual_seed(321)
     probes = {d: [passkey_sample(tokenizer, filler, d, probe_generator) for _ in range(16)] for d in (32, 256)}
     batches = passkey_batches(tokenizer, filler, steps, batch, near, far, generator, args.passkey_far_from,
-                              args.passkey_repeat_share)  # fmt: skip
+                              args.passkey_repeat_share, args.passkey_far_batch)  # fmt: skip
     start = time.perf_counter()
     history = []
     for step, (distance, samples) in enumerate(batches):
@@ -531,12 +539,12 @@ def passkey(args) -> dict:
         f"window: segment {segment} + XL cache {segment} tokens, so beyond {2 * segment} tokens the key is out of "
         f"reach except through the kNN memory ({memory_size} entries at evaluation, k = {config.knn_top_k}). Model: "
         f"{config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads x {config.d_head}, d_inner "
-        f'{config.d_inner}, pre-LN, kNN layer {config.knn_layers}, `knn_retrieval="{config.knn_retrieval}"`. '
+        f'{config.d_inner}, pre-LN, kNN layer {config.knn_layers} (gate bias initialised to {config.knn_gate_init}), `knn_retrieval="{config.knn_retrieval}"`. '
         f"Trained {steps} steps of {batch} samples (AdamW {args.passkey_lr}, warm-up {max(1, steps // 20)} steps; "
         f"the answer tokens scored, the output layer run on them only; {round(batch * args.passkey_repeat_share)} "
         f"samples of each batch are a 24-token span of text repeated after the same filler, its second copy scored; "
         f"during training the kNN memory holds the whole sample), curriculum: distances {near} for the first "
-        f"{args.passkey_far_from:.0%} of the steps, then {near} and {far} alternating (training: {trained}; {late}); "
+        f"{args.passkey_far_from:.0%} of the steps, then {near} and {far} alternating, far batches of {args.passkey_far_batch} samples (training: {trained}; {late}); "
         f"evaluated on {count} fresh samples per distance, with the kNN memory and with memory size 0 (the same "
         f"weights).\n\n" + markdown_table(["distance (tokens)", "with kNN memory", "without (memory size 0)"], rows)
     )
