@@ -45,14 +45,27 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     parser.add_argument("--overhead_models", nargs="*", default=["small", "larger"], choices=list(OVERHEAD_MODELS))
     parser.add_argument("--train_steps", type=int, default=300)
-    parser.add_argument("--passkey_steps", type=int, default=600)
-    parser.add_argument("--passkey_lr", type=float, default=2e-3)
+    parser.add_argument("--passkey_steps", type=int, default=1400)
+    parser.add_argument("--passkey_lr", type=float, default=4e-3)
+    parser.add_argument("--passkey_near", type=int, nargs=2, default=[4, 40], help="training distances in the window")
+    parser.add_argument("--passkey_far", type=int, nargs=2, default=[136, 256], help="training distances beyond it")
+    parser.add_argument("--passkey_far_from", type=float, default=0.3, help="share of the steps before far batches")
+    parser.add_argument("--passkey_far_batch", type=int, default=8, help="samples in a far batch")
+    parser.add_argument("--passkey_repeat_share", type=float, default=0.25, help="share of repeated-span samples")
     parser.add_argument("--passkey_probe_every", type=int, default=50, help="print probe accuracies (0: never)")
     parser.add_argument("--passkey_save", help="save the trained passkey model into this folder")
     parser.add_argument("--passkey_weights", help="evaluate these passkey weights instead of training")
     parser.add_argument("--eval_documents", type=int, default=4)
     parser.add_argument("--passkey_eval_samples", type=int, default=64)
     return parser.parse_args()
+
+
+# the passkey model: two layers (the fewest that can copy: a previous-token head below the kNN layer, which then
+# matches it) at half the small model's width, so the copy is learned within the CPU budget; the gate starts open
+# (sigmoid(3) = 0.95): with it at 0.5 the local attention learned a copy tied to the trained distances, which the
+# position-free retrieval could not take over beyond the window
+PASSKEY_MODEL = {"d_model": 64, "n_head": 4, "d_head": 16, "d_inner": 256, "n_layer": 2, "knn_layers": [1],
+                 "knn_gate_init": 3.0}  # fmt: skip
 
 
 def model_config(quick: bool, **overrides) -> TffMemorizingConfig:
@@ -363,15 +376,20 @@ def perplexity(args) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------- passkey
 QUESTION = " What is the pass key? The pass key is"
+KEY_LENGTH = 5
 
 
 def passkey_sample(tokenizer, filler: list[int], distance: int, generator: torch.Generator):
-    digits = torch.randint(0, 10, (5,), generator=generator).tolist()
+    """A key of five distinct digits 1-9 (each a single token of the SOTU tokenizer, `` 3``; `` 0`` is two) in an
+    introduction, then ``distance`` tokens of real text, then the question; the labels score the answer digits only."""
+    digits = (torch.randperm(9, generator=generator)[:KEY_LENGTH] + 1).tolist()
     key = " ".join(str(d) for d in digits)
     intro = tokenizer(f" The pass key is {key}. Remember it. ", add_special_tokens=False)["input_ids"]
     start = int(torch.randint(0, len(filler) - distance, (1,), generator=generator))
     question = tokenizer(QUESTION, add_special_tokens=False)["input_ids"]
-    answer = tokenizer(f" {key}.", add_special_tokens=False)["input_ids"]
+    answer = tokenizer(f" {key}", add_special_tokens=False)["input_ids"]
+    if len(answer) != KEY_LENGTH:
+        raise ValueError(f"the tokenizer splits the key {key!r} into {len(answer)} tokens, not one per digit.")
     ids = intro + filler[start : start + distance] + question + answer
     targets = [IGNORE_INDEX] * (len(ids) - len(answer)) + answer  # the answer tokens are scored
     return torch.tensor(ids), torch.tensor(targets[1:] + [IGNORE_INDEX])  # labels: the next token
@@ -388,56 +406,68 @@ def repeat_sample(filler: list[int], distance: int, generator: torch.Generator, 
 
 
 def run_passkey(model, samples, segment: int, memory_size: int | None, train: bool, optimizer=None):
-    """Feed a batch of equal-length samples segment by segment (memory carried); returns loss and digit accuracy."""
+    """Feed a batch of samples segment by segment (both memories carried) and return the loss and the accuracy on
+    the scored tokens. The output layer runs on the scored positions only (the 8192-way softmax at every position
+    would be most of the step). ``memory_size``: kNN entries per row and head; None: the whole sample fits (training;
+    nothing is evicted, so any larger memory gives the same result); 0: no kNN memory."""
     length = max(len(s[0]) for s in samples)  # tokenisations differ by a token or two: pad in front
     ids = torch.stack([F.pad(s[0], (length - len(s[0]), 0)) for s in samples])
     labels = torch.stack([F.pad(s[1], (length - len(s[1]), 0), value=IGNORE_INDEX) for s in samples])
-    memory = None if memory_size is None else model.empty_memory(len(samples), memory_size)
+    size = -(-length // segment) * segment if memory_size is None else memory_size
+    memory = model.empty_memory(len(samples), size)
     total, correct, scored = 0.0, 0, 0
-    for start in range(0, ids.shape[1], segment):
-        part = slice(start, start + segment)
-        out = model(ids[:, part], mems=memory)
-        memory = out.mems
-        target = labels[:, part]
-        if (target != IGNORE_INDEX).any():
-            loss = lm_loss(out.logits, target)
+    for start in range(0, length, segment):
+        out = model.transformer(ids[:, start : start + segment], mems=memory)
+        memory, target = out.mems, labels[:, start : start + segment]
+        counted = target != IGNORE_INDEX
+        if counted.any():
+            logprobs = model.lm_head(out.last_hidden_state[counted])  # (N, V), N scored positions
+            loss = F.nll_loss(logprobs, target[counted])
             if train:
                 loss.backward()
             total += loss.item()
-            hit = (out.logits.argmax(-1) == target) & (target != IGNORE_INDEX)
-            correct, scored = correct + int(hit.sum()), scored + int((target != IGNORE_INDEX).sum())
+            correct += int((logprobs.argmax(-1) == target[counted]).sum())
+            scored += int(counted.sum())
     if train:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step(), optimizer.zero_grad()
     return total, correct / max(scored, 1)
 
 
-def passkey_batches(
-    tokenizer, filler, steps: int, batch: int, near: tuple[int, int], far: tuple[int, int], generator: torch.Generator
-):
-    """The training curriculum: the first 40 % of the steps plant the key within the local window (distances
-    ``near``), where the layers can learn to find and copy it with local attention, whose queries and keys the kNN
-    retrieval shares; then half the batches plant it beyond the window (``far``), where only the memory reaches it.
-    Half of each batch are passkey samples, half `repeat_sample` (the same copy, four times the scored tokens)."""
+def passkey_batches(tokenizer, filler, steps: int, batch: int, near: tuple[int, int], far: tuple[int, int],
+                    generator: torch.Generator, far_from: float, repeat_share: float, far_batch: int):  # fmt: skip
+    """The training curriculum: until ``far_from`` of the steps, every batch plants the key within the local window
+    (distances ``near``), where the layers learn to find and copy it (with local attention and with the kNN
+    retrieval, which in ``knn_retrieval="token"`` also reaches the segment); then every other batch plants it
+    beyond the window (``far``), where only the kNN memory reaches it, with ``far_batch`` samples (a far sample is
+    several times as long as a near one). A ``repeat_share`` of each batch are
+    `repeat_sample` (the same copy with more scored tokens), the rest passkey samples. All samples of a batch share
+    one distance."""
     for step in range(steps):
-        low, high = far if step >= 0.4 * steps and step % 2 else near
+        is_far = step >= far_from * steps and step % 2
+        low, high = far if is_far else near
         distance = int(torch.randint(low, high + 1, (1,), generator=generator))
-        samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(batch // 2)]
-        yield distance, samples + [repeat_sample(filler, distance, generator) for _ in range(batch - len(samples))]
+        size = far_batch if is_far else batch
+        repeats = round(size * repeat_share)
+        samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(size - repeats)]
+        yield distance, samples + [repeat_sample(filler, distance, generator) for _ in range(repeats)]
 
 
 def train_passkey(args, tokenizer, filler, config, steps, batch, segment, near, far):
     """Train a fresh model on the curriculum; every ``--passkey_probe_every`` steps print the digit accuracy at
-    distances 48 (inside the local window) and 256 (beyond it) with and without the kNN memory."""
+    distances 32 (inside the local window) and 256 (beyond it) with the kNN memory and without (memory size 0)."""
     torch.manual_seed(0)
     model = TffMemorizingForCausalLM(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.passkey_lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
-    generator, probe_generator = torch.Generator().manual_seed(0), torch.Generator().manual_seed(123)
-    probes = {d: [passkey_sample(tokenizer, filler, d, probe_generator) for _ in range(16)] for d in (48, 256)}
+    warmup = max(1, steps // 20)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    generator, probe_generator = torch.Generator().manual_seed(0), torch.Generator().manual_seed(321)
+    probes = {d: [passkey_sample(tokenizer, filler, d, probe_generator) for _ in range(16)] for d in (32, 256)}
+    batches = passkey_batches(tokenizer, filler, steps, batch, near, far, generator, args.passkey_far_from,
+                              args.passkey_repeat_share, args.passkey_far_batch)  # fmt: skip
     start = time.perf_counter()
     history = []
-    for step, (distance, samples) in enumerate(passkey_batches(tokenizer, filler, steps, batch, near, far, generator)):
+    for step, (distance, samples) in enumerate(batches):
         history.append((distance, run_passkey(model, samples, segment, None, True, optimizer)[1]))
         scheduler.step()
         if args.passkey_probe_every and (step + 1) % args.passkey_probe_every == 0:
@@ -447,8 +477,10 @@ def train_passkey(args, tokenizer, filler, config, steps, batch, segment, near, 
                          for d, s in probes.items()}  # fmt: skip
             model.train()
             recent = statistics.mean(a for _, a in history[-args.passkey_probe_every :])
+            gates = [round(torch.sigmoid(layer.knn_gate).mean().item(), 3) for layer in model.transformer.layers
+                     if hasattr(layer, "knn_gate")]  # fmt: skip
             print(f"step {step + 1} ({time.perf_counter() - start:.0f} s): train accuracy {recent:.3f}, probe "
-                  f"accuracy [with memory, without] {probe}", flush=True)  # fmt: skip
+                  f"accuracy [with memory, without] {probe}, mean gate {gates}", flush=True)  # fmt: skip
     return model, history, (time.perf_counter() - start) / 60
 
 
@@ -456,12 +488,14 @@ def passkey(args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR)
     texts = load_sotu()["train"]["text"][:40]
     filler = [t for text in texts for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    segment, batch = (16, 4) if args.quick else (64, 16)
-    near, far = ((4, 24), (40, 64)) if args.quick else ((4, 96), (160, 480))
-    distances = [8, 32, 64] if args.quick else [32, 128, 256, 512, 1024]
+    segment, batch = (16, 4) if args.quick else (64, 32)
+    near, far = ((4, 12), (40, 64)) if args.quick else (tuple(args.passkey_near), tuple(args.passkey_far))
+    distances = [8, 32, 64] if args.quick else [32, 128, 256, 512, 1024, 2048]
     steps = 6 if args.quick else args.passkey_steps
     memory_size = 4096
-    config = model_config(args.quick, vocab_size=len(tokenizer), mem_len=segment, knn_memory_size=memory_size)
+    overrides = {} if args.quick else PASSKEY_MODEL
+    config = model_config(args.quick, vocab_size=len(tokenizer), mem_len=segment, knn_memory_size=memory_size,
+                          **overrides)  # fmt: skip
     if args.passkey_weights:  # weights trained by this loop in another process (its log says how)
         model = TffMemorizingForCausalLM.from_pretrained(args.passkey_weights)
         loaded = model.config.to_dict()
@@ -478,12 +512,12 @@ def passkey(args) -> dict:
     model.eval()
     rows, results = [], {}
     test_generator = torch.Generator().manual_seed(123)
+    count = 16 if args.quick else args.passkey_eval_samples
     for distance in distances:
-        count = 16 if args.quick else args.passkey_eval_samples
         samples = [passkey_sample(tokenizer, filler, distance, test_generator) for _ in range(count)]
         accuracy = {}
         with torch.no_grad():
-            for label, size in (("with kNN memory", None), ("without (memory size 0)", 0)):
+            for label, size in (("with kNN memory", memory_size), ("without (memory size 0)", 0)):
                 accuracy[label] = statistics.mean(
                     run_passkey(model, samples[i : i + batch], segment, size, False)[1]
                     for i in range(0, len(samples), batch)
@@ -499,19 +533,20 @@ def passkey(args) -> dict:
         else "its training log is bench/results/memorizing_passkey_training.log"
     )
     markdown = (
-        f"### Passkey retrieval\n\nA five-digit key in real text (SOTU), then `distance` tokens of SOTU filler, then "
-        f"the question; digit accuracy on the answer tokens (teacher-forced: the five digits and the final period; "
-        f"chance for a digit is 0.1). Local window: segment {segment} + XL cache {segment} tokens, so beyond "
-        f"{2 * segment} tokens the key is out of reach except through the kNN memory ({memory_size} entries, "
-        f"k = {config.knn_top_k}). Model: {config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads x "
-        f"{config.d_head}, pre-LN, kNN layer {config.knn_layers}. Trained {steps} steps of {batch} samples (AdamW "
-        f"{args.passkey_lr}, answer tokens scored; half of each batch are passkey samples, half a 24-token span of "
-        f"text repeated after the same filler, its second copy scored), curriculum: distances {near} for the first "
-        f"40 % of the steps, then {near} and "
-        f"{far} alternating (training: {trained}; {late}); evaluated on "
-        f"{args.passkey_eval_samples if not args.quick else 16} fresh samples per distance, with the kNN memory and "
-        f"with memory size 0 (the same weights).\n\n"
-        + markdown_table(["distance (tokens)", "with kNN memory", "without (memory size 0)"], rows)
+        f"### Passkey retrieval\n\nA key of {KEY_LENGTH} distinct digits 1-9 (one token each) in real text (SOTU), then "
+        f"`distance` tokens of SOTU filler, then the question; accuracy on the {KEY_LENGTH} answer digits "
+        f"(teacher-forced; chance 1/9 for the first digit, at most 1/5 for the last one given the others). Local "
+        f"window: segment {segment} + XL cache {segment} tokens, so beyond {2 * segment} tokens the key is out of "
+        f"reach except through the kNN memory ({memory_size} entries at evaluation, k = {config.knn_top_k}). Model: "
+        f"{config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads x {config.d_head}, d_inner "
+        f'{config.d_inner}, pre-LN, kNN layer {config.knn_layers} (gate bias initialised to {config.knn_gate_init}), `knn_retrieval="{config.knn_retrieval}"`. '
+        f"Trained {steps} steps of {batch} samples (AdamW {args.passkey_lr}, warm-up {max(1, steps // 20)} steps; "
+        f"the answer tokens scored, the output layer run on them only; {round(batch * args.passkey_repeat_share)} "
+        f"samples of each batch are a 24-token span of text repeated after the same filler, its second copy scored; "
+        f"during training the kNN memory holds the whole sample), curriculum: distances {near} for the first "
+        f"{args.passkey_far_from:.0%} of the steps, then {near} and {far} alternating, far batches of {args.passkey_far_batch} samples (training: {trained}; {late}); "
+        f"evaluated on {count} fresh samples per distance, with the kNN memory and with memory size 0 (the same "
+        f"weights).\n\n" + markdown_table(["distance (tokens)", "with kNN memory", "without (memory size 0)"], rows)
     )
     return {"passkey": {str(k): v for k, v in results.items()}, "train_accuracy": history, "markdown": markdown}
 
