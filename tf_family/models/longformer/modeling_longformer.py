@@ -125,9 +125,9 @@ class TffLongformerEmbeddings(nn.Module):
         # a data-dependent check: skipped while torch.compile / torch.export trace the model
         if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.position_embeddings.num_embeddings:
             raise ValueError(
-                f"The input needs position {int(position_ids.max())} but max_position_embeddings="
-                f"{self.position_embeddings.num_embeddings}; shorten the input to at most "
-                f"{self.position_embeddings.num_embeddings - self.padding_idx - 1} tokens."
+                f"The input needs position {int(position_ids.max())} (positions start at pad_token_id + 1 = "
+                f"{self.padding_idx + 1}) but max_position_embeddings={self.position_embeddings.num_embeddings}; "
+                f"shorten the input to at most {self.position_embeddings.num_embeddings - self.padding_idx - 1} tokens."
             )
         if token_type_ids is None:
             token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=inputs_embeds.device)

@@ -130,6 +130,10 @@ class TffReformerConfig(PreTrainedConfig):
         # tuples become lists; anything else is left for validate_config to name
         if isinstance(self.attn_layers, tuple):
             self.attn_layers = list(self.attn_layers)
+        if self.attn_layers == []:  # refused before a layer count of 0 is derived from it
+            raise ValueError(
+                "TffReformerConfig: attn_layers must be a non-empty list of 'lsh' / 'local' (one per layer), got []."
+            )
         if self.num_hidden_layers is None and isinstance(self.attn_layers, list):
             self.num_hidden_layers = len(self.attn_layers)
         if self.axial_pos_shape is None:
