@@ -46,6 +46,7 @@ import torch  # noqa: E402  (after setup_threads: OpenMP reads OMP_WAIT_POLICY w
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 from transformers.utils import logging as transformers_logging  # noqa: E402
 
+from tf_family import modeling_utils  # noqa: E402
 from tf_family.data import load_sotu  # noqa: E402
 from tf_family.early_exit import calibrate_threshold  # noqa: E402
 from tf_family.early_exit.calibration import hoeffding_bentkus_p_value  # noqa: E402
@@ -216,11 +217,27 @@ def main() -> None:
 
         return run
 
+    def copying_weights(step):
+        """``step`` with the projections' weights concatenated at every call, as before decoding called them one by
+        one (`modeling_utils.FUSE_MIN_ROWS` = 0)."""
+
+        def run():
+            saved = modeling_utils.FUSE_MIN_ROWS
+            modeling_utils.FUSE_MIN_ROWS = 0
+            try:
+                step()
+            finally:
+                modeling_utils.FUSE_MIN_ROWS = saved
+
+        return run
+
     cut_depths = config.exit_points()[:-1]
     timed_thresholds = sorted({(measure, threshold) for (measure, _), threshold in thresholds_to_time.items()})
     speed = {}
     for batch in (1, 8):
         steps = {"full": generation(None, None, batch), f"forced@{first_exit}": forced(first_exit, batch)}
+        steps["full, weights copied"] = copying_weights(steps["full"])
+        steps[f"forced@{first_exit}, weights copied"] = copying_weights(steps[f"forced@{first_exit}"])
         steps.update({f"truncated@{layers}": truncated(layers, batch) for layers in cut_depths})
         # NEVER: confidences above every measure's range, so every check runs and no token leaves (the checks'
         # cost); 0: every generated token leaves at its first check (the best case with the measure's cost)
@@ -246,6 +263,9 @@ def main() -> None:
             # what does not scale with depth: generate's bookkeeping, embeddings, final norm and LM head
             "fixed_step_ms": 1000 * (mean_seconds - slope * mean_depth) / decode_steps,
             "floor_speedup": medians["full"] / medians[f"forced@{first_exit}"],
+            # the same two with the weights concatenated at every step (the decode path before FUSE_MIN_ROWS)
+            "copying_full_slowdown": medians["full, weights copied"] / medians["full"],
+            "copying_floor_speedup": medians["full, weights copied"] / medians[f"forced@{first_exit}, weights copied"],
             "check_ms": {},
             "check_layers": {},
             "best_speedup": {},
@@ -322,6 +342,10 @@ def main() -> None:
         ["fixed per step: generate, embeddings, head (ms)", f"{c1['fixed_step_ms']:.2f}", f"{c8['fixed_step_ms']:.2f}"],
         [f"**floor**: every token forced out at layer {first_exit}, no confidence (speed-up)",
          f"**{c1['floor_speedup']:.2f}x**", f"**{c8['floor_speedup']:.2f}x**"],
+        ["full depth with the weights concatenated at every step (time / now)",
+         f"{c1['copying_full_slowdown']:.2f}x", f"{c8['copying_full_slowdown']:.2f}x"],
+        ["floor with the weights concatenated at every step (speed-up)", f"{c1['copying_floor_speedup']:.2f}x",
+         f"{c8['copying_floor_speedup']:.2f}x"],
     ]  # fmt: skip
     for m in args.measures:
         cost_rows.append(
