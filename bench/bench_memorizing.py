@@ -45,7 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     parser.add_argument("--overhead_models", nargs="*", default=["small", "larger"], choices=list(OVERHEAD_MODELS))
     parser.add_argument("--train_steps", type=int, default=300)
-    parser.add_argument("--passkey_steps", type=int, default=1400)
+    parser.add_argument("--passkey_steps", type=int, default=2400)
     parser.add_argument("--passkey_lr", type=float, default=4e-3)
     parser.add_argument("--passkey_near", type=int, nargs=2, default=[4, 40], help="training distances in the window")
     parser.add_argument("--passkey_far", type=int, nargs=2, default=[136, 256], help="training distances beyond it")
