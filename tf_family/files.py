@@ -154,6 +154,19 @@ def _tensor_entry_problem(info: Any, data_size: int) -> str | None:
     return None
 
 
+def read_json_object(path: str | os.PathLike, fix: str) -> dict[str, Any]:
+    """The JSON object in the file ``path``; a `ValueError` naming the file and ending with ``fix`` when it is not
+    valid UTF-8 JSON or holds something other than an object."""
+    path = Path(path)
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); {fix}.") from error
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} holds a {type(values).__name__}, not a JSON object; {fix}.")
+    return values
+
+
 def check_checkpoint_folder(folder: str | os.PathLike) -> None:
     """Check a local checkpoint folder's files before transformers reads them: ``config.json`` must be a JSON object,
     ``model.safetensors`` (and every shard a ``model.safetensors.index.json`` names, which must lie inside the folder)
@@ -164,12 +177,7 @@ def check_checkpoint_folder(folder: str | os.PathLike) -> None:
         path = folder / name
         if not path.is_file():
             continue
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path} is not valid JSON ({error}); re-save the checkpoint.") from error
-        if not isinstance(values, dict):
-            raise ValueError(f"{path} holds a {type(values).__name__}, not a JSON object; re-save the checkpoint.")
+        values = read_json_object(path, fix="re-save the checkpoint")
         if name == "model.safetensors.index.json":
             weight_map = values.get("weight_map")
             if not isinstance(weight_map, dict):

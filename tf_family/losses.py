@@ -65,6 +65,13 @@ def item_mean(losses: torch.Tensor, counted: torch.Tensor, num_items_in_batch: N
     return _divide(total, num_items_in_batch)
 
 
+def _token_mean(loss_fn, scores, targets, num_items_in_batch: NumItems, ignore_index: int) -> torch.Tensor:
+    targets = targets.to(scores.device)
+    if num_items_in_batch is None:
+        return loss_fn(scores, targets, ignore_index=ignore_index)
+    return _divide(loss_fn(scores, targets, ignore_index=ignore_index, reduction="sum"), num_items_in_batch)
+
+
 def cross_entropy(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -73,11 +80,7 @@ def cross_entropy(
 ) -> torch.Tensor:
     """Cross entropy of ``logits`` ``(N, C)`` (computed in float32) against ``targets`` ``(N,)``, ``ignore_index``
     skipped: the mean over the other targets, or their sum over ``num_items_in_batch`` when given."""
-    targets = targets.to(logits.device)
-    if num_items_in_batch is None:
-        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
-    total = F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum")
-    return _divide(total, num_items_in_batch)
+    return _token_mean(F.cross_entropy, logits.float(), targets, num_items_in_batch, ignore_index)
 
 
 def nll(
@@ -87,11 +90,7 @@ def nll(
     ignore_index: int = IGNORE_INDEX,
 ) -> torch.Tensor:
     """`cross_entropy` for log-probabilities ``(N, C)`` that are already normalised (kNN-LM's interpolation)."""
-    targets = targets.to(log_probs.device)
-    if num_items_in_batch is None:
-        return F.nll_loss(log_probs, targets, ignore_index=ignore_index)
-    total = F.nll_loss(log_probs, targets, ignore_index=ignore_index, reduction="sum")
-    return _divide(total, num_items_in_batch)
+    return _token_mean(F.nll_loss, log_probs, targets, num_items_in_batch, ignore_index)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems = None) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from ..files import atomic_write_text, atomic_write_with, read_safetensors_header
+from ..files import atomic_write_text, atomic_write_with, read_json_object, read_safetensors_header
 from ..files import file_sha256 as _file_sha256
 
 logger = logging.get_logger(__name__)
@@ -429,12 +429,7 @@ def _read_description(folder: str | os.PathLike, backend: str | None = None) -> 
     path = Path(folder) / STORE_DESCRIPTION
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no kNN store ({STORE_DESCRIPTION} is missing).")
-    try:
-        description = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); save the store again.") from error
-    if not isinstance(description, dict):
-        raise ValueError(f"{path} holds a {type(description).__name__}, not a JSON object; save the store again.")
+    description = read_json_object(path, fix="save the store again")
     if backend is not None and description.get("backend") != backend:
         raise ValueError(f"{folder} holds a {description.get('backend')!r} store, not a {backend!r} one.")
     if not (type(description.get("dim")) is int and description["dim"] >= 1):

@@ -43,7 +43,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from ..files import atomic_replace_dir, atomic_write_text, read_safetensors_header, resolve_inside
+from ..files import atomic_replace_dir, atomic_write_text, read_json_object, read_safetensors_header, resolve_inside
 from ..memory.knn import ExactKNNStore, FaissKNNStore, KNNStore, Metric, load_knn_store, neighbour_scores
 
 logger = logging.get_logger(__name__)
@@ -212,13 +212,9 @@ def read_description(folder: str | os.PathLike) -> dict[str, Any]:
     path = Path(folder) / DESCRIPTION_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a kNN datastore ({DESCRIPTION_FILE} is missing).")
-    try:
-        description = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); rebuild the datastore.") from error
-    if not isinstance(description, dict) or description.get("format") != FORMAT:
-        found = description.get("format") if isinstance(description, dict) else type(description).__name__
-        raise ValueError(f"{path} is not a {FORMAT} description (format={found!r}).")
+    description = read_json_object(path, fix="rebuild the datastore")
+    if description.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} description (format={description.get('format')!r}).")
 
     def count(value: Any) -> bool:
         return type(value) is int and value >= 0
