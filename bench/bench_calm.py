@@ -197,9 +197,9 @@ def main() -> None:
             for start in range(0, timed.shape[0], batch):
                 rows = timed[start : start + batch]
                 cache = DynamicCache(config=config)
-                first = model(rows, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                first = model(rows, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
                 rows = torch.cat([rows, first], dim=1)
-                model.generate(rows, attention_mask=torch.ones_like(rows), past_key_values=cache,
+                model.generate(rows, attention_mask=torch.ones_like(rows), cache=cache,
                                max_new_tokens=args.new_tokens - 1, min_new_tokens=args.new_tokens - 1,
                                do_sample=False, exit_layer=layers, pad_token_id=pad)  # fmt: skip
 

@@ -37,7 +37,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import ModelOutput
 
 from .losses import NumItems, cross_entropy, sequence_classification_loss, span_loss
-from .modeling_utils import Dropout, build_activation, find_first_real_token
+from .modeling_utils import Dropout, accepts_past_key_values, build_activation, find_first_real_token
 from .validation import check_class_labels, check_tensor
 
 
@@ -349,7 +349,46 @@ class GenericForMultipleChoice(_Head):
         return cross_entropy(logits, labels.view(-1), num_items_in_batch)
 
 
-class SegmentRecurrentForCausalLM:
+class MemoryGenerationMixin:
+    """`generate()` support for the language models that carry a memory object as ``mems`` (the Transformer-XL
+    family and the Compressive Transformer): the memory is the generation cache (``cache``, ``past_key_values``
+    before transformers 5.24), with only the newest token fed once it exists, and reordered for beam search with
+    its ``index_select``."""
+
+    @accepts_past_key_values
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.LongTensor,
+        cache=None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> dict:
+        """With a memory only the newest token is fed (the rest is in the memory, which the model reads and
+        updates); without one (first step, or no memory kept) the whole prefix is read."""
+        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
+        if cache is not None:
+            model_inputs["input_ids"] = input_ids[:, -1:]
+            model_inputs["mems"] = cache
+        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
+            model_inputs["inputs_embeds"] = inputs_embeds
+        else:
+            model_inputs["input_ids"] = input_ids
+        return model_inputs
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
+        """transformers carries the cache from ``outputs.cache``; these models return their memory as ``mems``."""
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+        if getattr(outputs, "mems", None) is not None:
+            model_kwargs["cache"] = outputs.mems
+        return model_kwargs
+
+    def _reorder_cache(self, mems, beam_idx: torch.Tensor):
+        return mems.index_select(beam_idx)
+
+
+class SegmentRecurrentForCausalLM(MemoryGenerationMixin):
     """The causal-LM head of the Transformer-XL family (Transformer-XL, the Memorizing Transformer): the base model
     under ``transformer`` carries its memory as ``mems`` (an object with ``index_select``), and ``lm_head`` is a
     `ProjectedAdaptiveLogSoftmax`. Gives `forward`, `prepare_inputs_for_generation` and `_reorder_cache`; the model
@@ -357,6 +396,7 @@ class SegmentRecurrentForCausalLM:
 
     causal_lm_output_class: type[ModelOutput]
 
+    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -365,7 +405,7 @@ class SegmentRecurrentForCausalLM:
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         reset_mems: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -379,13 +419,13 @@ class SegmentRecurrentForCausalLM:
                 (the shift happens inside), ``-100`` is ignored. With ``num_items_in_batch`` (`Trainer`: the counted
                 ``labels[:, 1:]`` of the accumulated batch) the loss is the sum over it. With an adaptive softmax (non-empty `cutoffs`) the
                 full `logits` are not computed when labels are given, only the losses.
-            past_key_values: alias of `mems`, used by `generate()`.
+            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
             Other arguments: see the base model's `forward` (``mems``: the memory returned for the previous
                 segment; ``reset_mems``: ``(B,)`` bool, rows that start a new document).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if mems is None:
-            mems = past_key_values
+            mems = cache
         outputs = self.transformer(
             input_ids,
             mems=mems,
@@ -409,30 +449,6 @@ class SegmentRecurrentForCausalLM:
         )
         return output if return_dict else output.to_tuple()
 
-    def prepare_inputs_for_generation(
-        self,
-        input_ids: torch.LongTensor,
-        past_key_values=None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> dict:
-        """With a memory only the newest token is fed (the rest is in the memory, which the model reads and
-        updates); without one (first step, or no memory kept) the whole prefix is read."""
-        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
-        if past_key_values is not None:
-            model_inputs["input_ids"] = input_ids[:, -1:]
-            model_inputs["mems"] = past_key_values
-        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids
-        return model_inputs
-
-    def _reorder_cache(self, mems, beam_idx: torch.Tensor):
-        return mems.index_select(beam_idx)
-
 
 __all__ = [
     "CLASSIFIER_KEY_MAPPING",
@@ -443,6 +459,7 @@ __all__ = [
     "GenericForSequenceClassification",
     "GenericForTokenClassification",
     "LMPredictionHead",
+    "MemoryGenerationMixin",
     "SegmentRecurrentForCausalLM",
     "classifier_dropout",
     "question_answering_output",

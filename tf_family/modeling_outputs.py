@@ -117,7 +117,7 @@ class EarlyExitCausalLMOutput(ModelOutput):
         loss: with ``labels``: the anytime loss (the exits' weighted cross entropies) plus the weighted meta
             classifier loss.
         logits: ``(B, T, V)``, each token's from the exit it left at.
-        past_key_values: the `transformers.Cache`, every layer filled (skipped layers by state propagation).
+        cache: the `transformers.Cache`, every layer filled (skipped layers by state propagation).
         hidden_states: embeddings and every layer's output (full-depth calls with ``output_hidden_states``).
         attentions: per layer ``(B, H, T, S)`` (full-depth calls, eager attention, ``output_attentions``).
         exit_layers: ``(B, T)`` how many layers each token ran before it exited.
@@ -128,7 +128,7 @@ class EarlyExitCausalLMOutput(ModelOutput):
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
-    past_key_values: object | None = None
+    cache: object | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     exit_layers: torch.LongTensor | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 
@@ -97,6 +98,27 @@ def find_first_real_token(attention_mask: torch.Tensor | None, batch: int, devic
     if attention_mask is None:
         return torch.zeros(batch, dtype=torch.long, device=device)
     return attention_mask.to(torch.int).argmax(dim=1)  # (B,)
+
+
+def accepts_past_key_values(function):
+    """Let a ``forward`` or ``prepare_inputs_for_generation`` that takes the cache as ``cache`` (its name since
+    transformers 5.24) also take it under its older name ``past_key_values``, as callers written for earlier
+    transformers releases pass it. Passing both is a ValueError."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if "past_key_values" in kwargs:
+            old = kwargs.pop("past_key_values")
+            if kwargs.get("cache") is not None and old is not None and kwargs["cache"] is not old:
+                raise ValueError(
+                    "Got both `cache` and `past_key_values`: they are the same argument (`past_key_values` is the "
+                    "name transformers used before 5.24). Pass the cache once, as `cache`."
+                )
+            if kwargs.get("cache") is None:
+                kwargs["cache"] = old
+        return function(*args, **kwargs)
+
+    return wrapper
 
 
 def decoding_step_inputs(

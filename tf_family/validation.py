@@ -345,7 +345,7 @@ def check_cache(
         from transformers import Cache as cache_type
     if not isinstance(cache, cache_type):
         raise TypeError(
-            f"past_key_values must be a {cache_type.__name__}, got {type(cache).__name__}; pass the cache a previous "
+            f"cache (past_key_values) must be a {cache_type.__name__}, got {type(cache).__name__}; pass the cache a previous "
             "call returned, or None."
         )
     layers = getattr(cache, "layers", ())
@@ -356,7 +356,7 @@ def check_cache(
     head_dim = keys.shape[-1] if head_dim is None else head_dim
     if (keys.shape[0], keys.shape[1], keys.shape[-1]) != (batch, heads, head_dim):
         raise ValueError(
-            f"past_key_values holds keys of shape {tuple(keys.shape)} but this input and model need (B, heads, S, "
+            f"cache (past_key_values) holds keys of shape {tuple(keys.shape)} but this input and model need (B, heads, S, "
             f"head_dim) = ({batch}, {heads}, S, {head_dim}); pass the cache returned for this batch by this model, "
             "or None."
         )

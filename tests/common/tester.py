@@ -365,7 +365,8 @@ def _check_acting_context(spec: ArchSpec) -> None:
 
 
 def check_generation_cache(spec: ArchSpec) -> None:
-    """Incremental decoding (state carried) equals recomputing the full prefix at every step."""
+    """Incremental decoding (state carried, one new token read per step) equals recomputing the full prefix at every
+    step."""
     if "action" in spec.model_classes:
         _check_acting_context(spec)
     if "causal_lm" not in spec.model_classes:
@@ -374,10 +375,23 @@ def check_generation_cache(spec: ArchSpec) -> None:
     # prompt + new tokens stay within the tiny configs' memory / context (8 positions)
     prompt = make_inputs(spec, model.config, "causal_lm", batch=2, length=4)["input_ids"]
     kwargs = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    fed = []  # the number of positions each forward call of the cached generation reads
+
+    def record(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        fed.append(ids.shape[1] if ids is not None else kwargs["inputs_embeds"].shape[1])
+
     with torch.no_grad():
-        cached = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=True, **kwargs)
+        hook = model.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            cached = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=True, **kwargs)
+        finally:
+            hook.remove()
         full = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, full.sequences), "cached and uncached greedy generation differ"
+    # the carried state is used: after the prompt every step reads the new token only
+    expected = [prompt.shape[1]] + [1] * (kwargs["max_new_tokens"] - 1)
+    assert fed == expected, f"generation does not carry its cache: the forward calls read {fed} positions"
     for a, b in zip(cached.scores, full.scores, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 

@@ -3,7 +3,7 @@
 Each example starts from sound inputs (`tests.fuzz.tasks.valid_inputs`) and breaks one argument: its dtype (float
 ids, bool, int32, float64), its shape (a dimension dropped or added, an empty batch or sequence, another batch or
 length), its values (ids past the vocabulary, negative, NaN / inf, huge) or its kind (a list, a string), or replaces
-a carried state (``mems``, ``past_key_values``) with one of another batch or width, or garbage. An input ends in a
+a carried state (``mems``, ``cache``) with one of another batch or width, or garbage. An input ends in a
 clear ``ValueError`` / ``TypeError`` naming the argument (or, for a shape mismatch, the argument it must match), or is
 accepted with finite outputs of the right shape (`tests.fuzz.tasks.check_outputs`). `generate` (every model that
 generates) and the Decision Transformer's `get_action` are fuzzed the same way. Models are built once per module.
@@ -159,16 +159,16 @@ def _extra_tensors(arch: str, task: str, inputs: dict) -> dict:
 
 def _carried_state(arch: str, task: str, kind: str, inputs: dict):
     """A memory / cache for ``inputs``: ``kind`` = "other_batch", "other_width" or "garbage"."""
-    name = "mems" if ARCHITECTURES[arch].memory_model else "past_key_values"
+    name = "mems" if ARCHITECTURES[arch].memory_model else "cache"
     if kind == "garbage":
         return name, [torch.zeros(2, 3)] if name == "mems" else ("x", 1)
     source = model(arch, task) if kind == "other_batch" else other_width_model(arch, task)
     ids = inputs["input_ids"]
     ids = torch.cat([ids, ids[:1]]) if kind == "other_batch" else ids
-    use_cache = {"use_cache": True} if name == "past_key_values" else {}
+    use_cache = {"use_cache": True} if name == "cache" else {}
     with torch.no_grad():
         output = source(input_ids=ids % source.config.vocab_size, **use_cache)
-    state = output.get("mems") if name == "mems" else output.get("past_key_values")
+    state = output.get("mems") if name == "mems" else output.get("cache")
     return name, state
 
 
@@ -219,8 +219,8 @@ def test_forward_inputs(arch, task, data):
         kind = data.draw(st.sampled_from(["other_batch", "other_width", "garbage"]), label="state")
         name, state = _carried_state(arch, task, kind, inputs)
         inputs[name] = state
-        names = [name, "mems", "past_key_values"]
-        if name == "past_key_values":
+        names = [name, "mems", "cache", "past_key_values"]
+        if name == "cache":
             inputs["use_cache"] = True
     else:
         kind = data.draw(st.sampled_from(TENSOR_MUTATIONS), label="mutation")

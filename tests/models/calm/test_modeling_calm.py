@@ -76,14 +76,14 @@ def test_forced_exit_is_k_layers_plus_propagated_cache():
         model.config.num_hidden_layers = depth
         torch.testing.assert_close(forced.logits, truncated.logits, rtol=0, atol=0)
         assert bool((forced.exit_layers == k).all())
-        cache = forced.past_key_values
+        cache = forced.cache
         assert [cache.get_seq_length(i) for i in range(depth)] == [7] * depth
         exit_state = truncated.hidden_states[k]  # (B, T, D) after k layers
         cos, sin = model.model.prepare(ids, None, None, None, None)[1:3]
         for index in range(depth):
             key, value = cache.layers[index].keys, cache.layers[index].values
             if index < k:
-                torch.testing.assert_close(key, truncated.past_key_values.layers[index].keys, rtol=0, atol=0)
+                torch.testing.assert_close(key, truncated.cache.layers[index].keys, rtol=0, atol=0)
                 continue
             layer = model.model.layers[index]
             expected_key, expected_value = layer.self_attn.key_value(layer.input_layernorm(exit_state), cos, sin)
@@ -102,20 +102,20 @@ def test_dynamic_exits_follow_the_rule_and_equal_forced_exits_step_by_step():
     model.config.exit_threshold = None
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        model(ids, past_key_values=cache, use_cache=True)
+        model(ids, cache=cache, use_cache=True)
         for step in range(1, 8):
             token = out.sequences[:, 5 + step - 1 : 5 + step]
             position = 5 + step - 1
             decayed = 0.9 * threshold + 0.1 * threshold * math.exp(-4.0 * position / 16)
             expected = 4
             for k in (1, 2, 3):
-                probe = model(token, past_key_values=copy.deepcopy(cache), use_cache=True, exit_layer=k)
+                probe = model(token, cache=copy.deepcopy(cache), use_cache=True, exit_layer=k)
                 top = probe.logits[0, -1].softmax(-1).topk(2).values
                 if float(top[0] - top[1]) >= decayed:
                     expected = k
                     break
             assert int(exits[0, step]) == expected, f"step {step}"
-            replay = model(token, past_key_values=cache, use_cache=True, exit_layer=expected)
+            replay = model(token, cache=cache, use_cache=True, exit_layer=expected)
             torch.testing.assert_close(replay.logits[:, -1].float(), out.scores[step], rtol=0, atol=0)
     assert len(set(exits[0, 1:].tolist())) >= 2  # the replay covered different exit layers
 
@@ -127,7 +127,7 @@ def test_all_cache_layers_stay_aligned_under_exits():
     log = []
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=6, do_sample=False, exit_log=log, return_dict_in_generate=True)
-    cache = out.past_key_values
+    cache = out.cache
     lengths = {cache.get_seq_length(i) for i in range(model.config.num_hidden_layers)}
     assert lengths == {5 + 6 - 1}, lengths
     exits = torch.cat(log[1:], dim=1)
@@ -325,10 +325,10 @@ def test_prompt_step_runs_at_full_depth_and_decoding_steps_exit():
         torch.testing.assert_close(early.logits, full.logits, rtol=0, atol=0)
         for index in range(depth):
             torch.testing.assert_close(
-                early.past_key_values.layers[index].keys, full.past_key_values.layers[index].keys, rtol=0, atol=0
+                early.cache.layers[index].keys, full.cache.layers[index].keys, rtol=0, atol=0
             )
         assert bool((log[0] == depth).all())
-        step = model(early.logits[:, -1:].argmax(-1), past_key_values=early.past_key_values, use_cache=True)
+        step = model(early.logits[:, -1:].argmax(-1), cache=early.cache, use_cache=True)
     assert bool((step.exit_layers == 1).all())
 
 

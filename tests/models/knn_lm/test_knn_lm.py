@@ -235,7 +235,7 @@ def test_generation_reuses_the_kv_cache(built):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         # each step's scores are the interpolated log-probabilities of a full forward at that position
         torch.testing.assert_close(a, whole[:, 4 + step], rtol=1e-4, atol=1e-4)
-    assert cached.past_key_values is not None and cached.past_key_values.get_seq_length() > 0
+    assert cached.cache is not None and cached.cache.get_seq_length() > 0
 
 
 def test_save_and_from_pretrained_keep_the_datastore(built, tmp_path):

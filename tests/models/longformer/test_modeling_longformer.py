@@ -150,15 +150,15 @@ def test_key_value_cache_gives_the_full_forward_logits():
     with torch.no_grad():
         expected = model(full_ids, attention_mask=full_mask, global_attention_mask=full_global).logits
         out = model(ids, attention_mask=mask, global_attention_mask=global_mask, use_cache=True)
-        assert isinstance(out.past_key_values, DynamicCache) and out.past_key_values.get_seq_length() == 14
-        pieces, cache = [out.logits], out.past_key_values
+        assert isinstance(out.cache, DynamicCache) and out.cache.get_seq_length() == 14
+        pieces, cache = [out.logits], out.cache
         for start, stop in ((14, 15), (15, 18), (18, 23)):  # one token, then several at a time
             step = model(
                 full_ids[:, start:stop], attention_mask=full_mask[:, :stop], global_attention_mask=full_global[:, :stop],
-                past_key_values=cache, use_cache=True, output_attentions=stop == 23,  # the last through the dense path
+                cache=cache, use_cache=True, output_attentions=stop == 23,  # the last through the dense path
             )  # fmt: skip
             pieces.append(step.logits)
-            cache = step.past_key_values
+            cache = step.cache
     got = torch.cat(pieces, 1)
     select = full_mask.bool()
     torch.testing.assert_close(got[select], expected[select], rtol=1e-5, atol=1e-5)
@@ -181,13 +181,13 @@ def test_generate_with_the_cache_equals_generate_without():
 def test_cache_errors_name_the_argument():
     model, ids, mask, global_mask = _causal_lm_and_prompt()
     with torch.no_grad():
-        cache = model(ids, attention_mask=mask, use_cache=True).past_key_values
+        cache = model(ids, attention_mask=mask, use_cache=True).cache
         with pytest.raises(ValueError, match="attention_mask must have shape .* plus the 14 cached positions"):
-            model(ids[:, :1], attention_mask=mask[:, :1], past_key_values=cache)
+            model(ids[:, :1], attention_mask=mask[:, :1], cache=cache)
         late_global = torch.cat([global_mask, torch.ones(2, 1, dtype=torch.long)], 1)
         with pytest.raises(ValueError, match="global_attention_mask marks a new token as global"):
             model(
-                ids[:, :1], attention_mask=torch.ones(2, 15), global_attention_mask=late_global, past_key_values=cache
+                ids[:, :1], attention_mask=torch.ones(2, 15), global_attention_mask=late_global, cache=cache
             )
     encoder = TffLongformerModel(_config(attention_window=4))
     with pytest.raises(ValueError, match="need a causal model"):
@@ -199,10 +199,10 @@ def test_gradient_checkpointing_turns_the_cache_off_in_training():
     model.gradient_checkpointing_enable()
     model.train()
     out = model(ids, attention_mask=mask, labels=ids, use_cache=True)
-    assert out.past_key_values is None
+    assert out.cache is None
     out.loss.backward()
-    with pytest.raises(ValueError, match="past_key_values cannot be used with gradient checkpointing"):
-        model(ids, attention_mask=mask, past_key_values=DynamicCache())
+    with pytest.raises(ValueError, match="cache cannot be used with gradient checkpointing"):
+        model(ids, attention_mask=mask, cache=DynamicCache())
 
 
 def test_question_rule_marks_tokens_before_the_first_separator():

@@ -271,9 +271,9 @@ def test_generate_reads_and_writes_the_memory(do_sample):
     steps, mems = manual_decode(model, out.sequences, 6)
     for logits, expected in zip(out.logits, steps, strict=True):
         torch.testing.assert_close(logits.log_softmax(-1), expected, rtol=1e-5, atol=1e-5)
-    assert isinstance(out.past_key_values, MemorizingMemory)
-    assert out.past_key_values.knn.size.tolist() == [11, 11]  # prompt + 5 fed tokens, all written
-    for a, b in zip(out.past_key_values.knn.keys, mems.knn.keys, strict=True):
+    assert isinstance(out.cache, MemorizingMemory)
+    assert out.cache.knn.size.tolist() == [11, 11]  # prompt + 5 fed tokens, all written
+    for a, b in zip(out.cache.knn.keys, mems.knn.keys, strict=True):
         torch.testing.assert_close(a, b)
 
 

@@ -1,4 +1,4 @@
-"""Cached generation on random tiny transformers 5.23 Reformer checkpoints (read with ``chunk_wrap_around=True``):
+"""Cached generation on random tiny transformers 5.24 Reformer checkpoints (read with ``chunk_wrap_around=True``):
 per-step logits of our cached steps against transformers' cached steps and its full recomputation of the prefix.
 
 - Local layers at any length, and LSH layers while the sequence fits in one LSH chunk: transformers' cached steps
@@ -43,7 +43,7 @@ def _step_logits(model, ids, prompt, cached):
     """``(B, steps, V)`` next-token logits after ``ids[:, :k]`` for k = prompt .. LENGTH: from the prompt's call and
     then one token per cached call, or from a full forward of each prefix."""
     hf = isinstance(model, transformers.ReformerModelWithLMHead)
-    cache_name = "past_buckets_states" if hf else "past_key_values"
+    cache_name = "past_buckets_states" if hf else "cache"
     steps = []
     with torch.no_grad():
         if not cached:

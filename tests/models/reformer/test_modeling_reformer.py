@@ -171,9 +171,9 @@ def test_cache_is_a_transformers_cache_with_its_length():
     ids = _ids(length=7)
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
-        cache = out.past_key_values
+        cache = out.cache
         assert isinstance(cache, tf_family.TffReformerCache) and cache.get_seq_length() == 7
-        step = model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True)
-    assert step.past_key_values.get_seq_length() == 8
+        step = model(input_ids=ids[:, :1], cache=cache, use_cache=True)
+    assert step.cache.get_seq_length() == 8
     with pytest.raises(ValueError, match="causal"):
         _model("base")(input_ids=ids, use_cache=True)

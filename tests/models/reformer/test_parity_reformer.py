@@ -1,6 +1,7 @@
-"""Random tiny transformers 5.23 Reformer checkpoints loaded into tf_family: same eval logits, same training loss
-and gradients (dropout 0, ``hash_seed`` set; tf_family reads them with ``chunk_wrap_around=True``, transformers'
-chunking). transformers never adds its ``lm_head.bias``: its logits are compared with that bias added."""
+"""Random tiny transformers Reformer checkpoints (5.24 layout) loaded into tf_family: same eval logits, same training
+loss and gradients (dropout 0, ``hash_seed`` set; tf_family reads them with ``chunk_wrap_around=True``, transformers'
+chunking). The output bias: transformers 5.24 applies ``lm_head.decoder.bias`` (and keeps an unused ``lm_head.bias``);
+4.x tied the two; 5.23 saved only ``lm_head.bias`` and never added it. Each layout is loaded with its bias applied."""
 
 import pytest
 import torch
@@ -52,10 +53,7 @@ def _inputs(length, batch=2, padded=True, seed=0):
 def _logits(model, output):
     if hasattr(output, "start_logits"):
         return torch.stack([output.start_logits, output.end_logits], -1)
-    logits = output.logits
-    if isinstance(model, (transformers.ReformerModelWithLMHead, transformers.ReformerForMaskedLM)):
-        logits = logits + model.lm_head.bias  # transformers 5.23 leaves its LM bias out
-    return logits
+    return output.logits
 
 
 # (name, model overrides, lengths): below one chunk, exact chunk multiples, ragged (padded inside)
@@ -104,12 +102,9 @@ def test_heads_match_transformers(tmp_path, head):
 
 @pytest.mark.parametrize("overrides", [{}, {"attn_layers": ["lsh", "lsh"], "num_hashes": 4, "num_buckets": [2, 4]}])
 def test_training_loss_and_gradients_match_transformers(tmp_path, overrides):
-    """Reversible training (dropout 0): the loss and the gradient of every weight transformers uses (all but the
-    LM bias it never adds) agree within 1e-5. transformers trains only at prod(axial_pos_shape) tokens."""
+    """Reversible training (dropout 0): the loss and the gradient of every weight transformers uses (all but its
+    unused ``lm_head.bias``) agree within 1e-5. transformers trains only at prod(axial_pos_shape) tokens."""
     hf_model = _build(transformers.ReformerModelWithLMHead, tmp_path, **overrides).train()
-    with torch.no_grad():  # a zero bias: then transformers' loss (which leaves it out) is ours
-        hf_model.lm_head.bias.zero_()
-    hf_model.save_pretrained(tmp_path)
     ours = tf_family.TffReformerForCausalLM.from_pretrained(tmp_path).train()
     ids, _ = _inputs(32, padded=False)
     hf_loss = hf_model(input_ids=ids, labels=ids).loss
@@ -122,27 +117,43 @@ def test_training_loss_and_gradients_match_transformers(tmp_path, overrides):
     hf_grads = {name: p.grad for name, p in hf_model.named_parameters() if name != "lm_head.bias"}
     mapped = convert_state_dict(hf_grads)
     ours_grads = dict(ours.named_parameters())
-    assert set(mapped) == set(ours_grads) - {"lm_head.decoder.bias"}
+    assert set(mapped) == set(ours_grads)
     for name, grad in mapped.items():
         torch.testing.assert_close(ours_grads[name].grad, grad, rtol=0, atol=1e-5, msg=name)
 
 
-def test_lm_bias_is_applied_and_4x_layout_loads(tmp_path):
-    """A transformers 4.x folder stores the tied bias twice (lm_head.bias and lm_head.decoder.bias); it loads, and
-    the bias is in the logits."""
+@pytest.mark.parametrize("layout", ["4.x", "5.23"])
+def test_lm_bias_of_older_layouts_is_applied(tmp_path, layout):
+    """A transformers 4.x folder stores the tied bias twice (lm_head.bias and lm_head.decoder.bias); a 5.23 folder
+    only as lm_head.bias (its decoder had no bias, so 5.23 never added it). Both load, with that bias in the
+    logits."""
     hf_model = _build(transformers.ReformerModelWithLMHead, tmp_path / "hf")
     weights = load_file(tmp_path / "hf" / "model.safetensors")
-    weights["lm_head.decoder.bias"] = weights["lm_head.bias"].clone()
+    bias = weights["lm_head.bias"].clone()
+    assert not torch.equal(bias, weights["lm_head.decoder.bias"])  # the 5.24 layout's two biases differ here
+    if layout == "4.x":
+        weights["lm_head.decoder.bias"] = bias.clone()
+    else:
+        del weights["lm_head.decoder.bias"]
     save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
     ours = tf_family.TffReformerForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    torch.testing.assert_close(ours.lm_head.decoder.bias, hf_model.lm_head.bias)
+    torch.testing.assert_close(ours.lm_head.decoder.bias, bias, rtol=0, atol=0)
     ids, mask = _inputs(12)
     with torch.no_grad():
-        without_bias = hf_model(input_ids=ids, attention_mask=mask).logits
+        without_bias = hf_model(input_ids=ids, attention_mask=mask).logits - hf_model.lm_head.decoder.bias
         got = ours(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
-    torch.testing.assert_close(got[real], (without_bias + hf_model.lm_head.bias)[real], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got[real], (without_bias + bias)[real], rtol=0, atol=1e-5)
     assert (got - without_bias)[real].abs().max() > 1e-2
+
+
+def test_the_bias_transformers_applies_is_kept(tmp_path):
+    """transformers 5.24 saves both biases with different values and applies ``lm_head.decoder.bias``: that one is
+    loaded (the unused ``lm_head.bias`` is dropped)."""
+    hf_model = _build(transformers.ReformerModelWithLMHead, tmp_path)
+    ours = tf_family.TffReformerForCausalLM.from_pretrained(tmp_path).eval()
+    assert not torch.equal(hf_model.lm_head.bias, hf_model.lm_head.decoder.bias)
+    torch.testing.assert_close(ours.lm_head.decoder.bias, hf_model.lm_head.decoder.bias, rtol=0, atol=0)
 
 
 def test_convert_command_and_auto_loading(tmp_path):

@@ -63,7 +63,7 @@ SPEC = ArchSpec(
         }
     ),
     lora_target_modules=("query", "key", "value", "out_proj"),
-    reference="transformers 5.23 BigBirdModel and heads (random tiny checkpoints, eval)",
+    reference="transformers 5.24 BigBirdModel and heads (random tiny checkpoints, eval)",
     parity="outputs within 1e-4 in eval, block-sparse and full paths (random blocks as transformers draws them in eval)",
     card="big_bird.md",
     paper="2007.14062",

@@ -57,7 +57,7 @@ class TffCalmConfig(PreTrainedConfig):
     model_type = "tff_calm"
     # exit_threshold=inf is a documented setting (never exit early); every other float field must be finite
     _infinite_fields = ("exit_threshold",)
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache"]
 
     vocab_size: int = 8192
     hidden_size: int = 256

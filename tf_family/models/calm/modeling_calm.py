@@ -71,7 +71,13 @@ from ...early_exit import (
 )
 from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy
 from ...modeling_outputs import EarlyExitCausalLMOutput
-from ...modeling_utils import RemoteCodeMixin, build_activation, decoding_step_inputs, fused_projections
+from ...modeling_utils import (
+    RemoteCodeMixin,
+    accepts_past_key_values,
+    build_activation,
+    decoding_step_inputs,
+    fused_projections,
+)
 from ...validation import (
     MAX_SIZE,
     InputValidationMixin,
@@ -382,7 +388,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
         total, device = past + length, hidden.device
         if attention_mask is not None and tuple(attention_mask.shape) != (batch, total):
             raise ValueError(
-                f"attention_mask must have shape {(batch, total)} (the {past} positions cached in past_key_values plus the {length} new "
+                f"attention_mask must have shape {(batch, total)} (the {past} cached positions plus the {length} new "
                 f"ones), got {tuple(attention_mask.shape)}."
             )
         if position_ids is None:
@@ -409,12 +415,13 @@ class TffCalmModel(TffCalmPreTrainedModel):
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, hidden.dtype)
         return hidden, cos, sin, allowed, position_ids
 
+    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -426,19 +433,17 @@ class TffCalmModel(TffCalmPreTrainedModel):
         ``hidden_states`` (with ``output_hidden_states``) are the embeddings and every layer's output, un-normed."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        hidden, cos, sin, allowed, _ = self.prepare(
-            input_ids, inputs_embeds, attention_mask, position_ids, past_key_values
-        )
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        hidden, cos, sin, allowed, _ = self.prepare(input_ids, inputs_embeds, attention_mask, position_ids, cache)
         all_hidden, all_attentions = (hidden,), ()
         for layer in self.layers[: self.depth]:
-            hidden, probs = layer(hidden, cos, sin, allowed, past_key_values if use_cache else None)
+            hidden, probs = layer(hidden, cos, sin, allowed, cache if use_cache else None)
             all_hidden += (hidden,)
             all_attentions += (probs,)
         output = BaseModelOutputWithPast(
             last_hidden_state=self.norm(hidden),
-            past_key_values=past_key_values if use_cache else None,
+            cache=cache if use_cache else None,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
         )
@@ -515,12 +520,13 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         return model[0] if isinstance(model, tuple) else model
 
     # --------------------------------------------------------------------------------------------------- forward
+    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -541,7 +547,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
                 plus ``meta_loss_weight`` times the meta classifier's loss.
             exit_labels: ``(B, T)`` targets already aligned with the positions (the recipes' packed blocks):
                 ``aux_loss`` is what turns the last layer's cross entropy into that same total.
-            past_key_values / use_cache: a `transformers.Cache` (a new `DynamicCache` when ``use_cache`` and none).
+            cache / use_cache: a `transformers.Cache` (a new `DynamicCache` when ``use_cache`` and none); the cache is
+                also accepted under its name before transformers 5.24, ``past_key_values``.
             exit_layer: force every token of this call to exit after this many layers (keys and values of the
                 layers above propagated from the exit state).
             exit_log: a list; each call appends its ``(B, T)`` exit layers (so a `generate` call reports the exit
@@ -553,9 +560,10 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        cache = past_key_values if use_cache else None
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if not use_cache:
+            cache = None
         base = self.model
         depth = base.depth
         if exit_layer is not None:
@@ -619,7 +627,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         output = EarlyExitCausalLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=cache,
+            cache=cache,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
             exit_layers=exit_layers,
@@ -744,14 +752,15 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         return self.lm_head(base.norm(hidden)), exit_layers[:, None]
 
     # ---------------------------------------------------------------------------------------------- generation
+    @accepts_past_key_values
     def prepare_inputs_for_generation(
-        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
+        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
     ) -> dict:
         """With a cache, only the tokens it has not seen; the mask always covers the whole sequence."""
-        past = past_key_values.get_seq_length() if past_key_values is not None and use_cache else 0
+        past = cache.get_seq_length() if cache is not None and use_cache else 0
         model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
         if use_cache:
-            model_inputs["past_key_values"] = past_key_values
+            model_inputs["cache"] = cache
         model_inputs.update(
             decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
         )

@@ -61,8 +61,9 @@ from ...memory import (
     conv_transpose_decompress,
     dilated_conv_layers,
 )
+from ...modeling_heads import MemoryGenerationMixin
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
-from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
+from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, accepts_past_key_values
 from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
 from .configuration_compressive import TffCompressiveConfig
 
@@ -374,7 +375,7 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, ValidatedGenerationMixin):
+class TffCompressiveLMHeadModel(MemoryGenerationMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin):
     """Compressive Transformer with an adaptive (or, with no `cutoffs`, plain) softmax head. `logits` are
     log-probabilities; `loss` is the language-model loss plus the weighted auxiliary losses."""
 
@@ -405,6 +406,7 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, ValidatedGenerati
     def get_output_embeddings(self):
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
+    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -413,7 +415,7 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, ValidatedGenerati
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         reset_mems: torch.Tensor | None = None,
-        past_key_values: CompressiveMemory | None = None,
+        cache: CompressiveMemory | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -432,13 +434,13 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, ValidatedGenerati
                 tokens) enter weighted by this call's share of the counted tokens (`tf_family.losses.batch_share`),
                 so that accumulated they are the token-weighted average of the micro-batches' auxiliary losses.
                 `aux_loss` and its parts are reported unweighted.
-            past_key_values: alias of `mems`, used by `generate()`.
+            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
             output_compression_loss: compute the auxiliary losses (defaults to training mode or labels given).
             Other arguments: see `TffCompressiveModel.forward`.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if mems is None:
-            mems = past_key_values
+            mems = cache
         if output_compression_loss is None:
             output_compression_loss = self.training or labels is not None
         outputs = self.transformer(
@@ -472,30 +474,6 @@ class TffCompressiveLMHeadModel(TffCompressivePreTrainedModel, ValidatedGenerati
             attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
-
-    def prepare_inputs_for_generation(
-        self,
-        input_ids: torch.LongTensor,
-        past_key_values: CompressiveMemory | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> dict:
-        """With memories only the newest token is fed (the rest is in the memories); without (first step, or
-        ``mem_len=0``) the whole prefix is re-read."""
-        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
-        if past_key_values is not None:
-            model_inputs["input_ids"] = input_ids[:, -1:]
-            model_inputs["mems"] = past_key_values
-        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids
-        return model_inputs
-
-    def _reorder_cache(self, mems: CompressiveMemory, beam_idx: torch.Tensor) -> CompressiveMemory:
-        return mems.index_select(beam_idx)
 
 
 __all__ = [

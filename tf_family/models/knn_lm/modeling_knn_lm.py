@@ -36,7 +36,7 @@ from transformers.utils import ModelOutput, logging
 
 from ...losses import NumItems, nll
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
-from ...modeling_utils import RemoteCodeMixin
+from ...modeling_utils import RemoteCodeMixin, accepts_past_key_values
 from ...retrieval.datastore import (
     DatastoreMismatchError,
     KNNDatastore,
@@ -62,7 +62,7 @@ class KNNLMCausalLMOutput(ModelOutput):
         logits: ``(B, T, V)`` interpolated log-probabilities.
         lm_log_probs: ``(B, T, V)`` the base model's log-probabilities (before interpolation).
         knn_scores / knn_tokens: ``(B, T, K)`` the neighbours' scores and next tokens (None without retrieval).
-        past_key_values, hidden_states, attentions: the base model's.
+        cache, hidden_states, attentions: the base model's.
     """
 
     loss: torch.FloatTensor | None = None
@@ -70,7 +70,7 @@ class KNNLMCausalLMOutput(ModelOutput):
     lm_log_probs: torch.FloatTensor | None = None
     knn_scores: torch.FloatTensor | None = None
     knn_tokens: torch.LongTensor | None = None
-    past_key_values: object | None = None
+    cache: object | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
@@ -196,12 +196,13 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
         return embeddings
 
     # -------------------------------------------------------------------------------------------------- forward
+    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -234,12 +235,12 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
         self._check_lm_labels(labels, batch, length)
         if k is not None:
             check_positive_int("k", k, fix="pass k >= 1 neighbours, or None for config.k")
-        if past_key_values is not None and self.lm._supports_default_dynamic_cache():
+        if cache is not None and self.lm._supports_default_dynamic_cache():
             # a key/value cache of this batch and of the base model's heads (a memory model checks its own memory)
             base = self.config.base_config
             heads = getattr(base, "num_key_value_heads", None) or getattr(base, "num_attention_heads", None)
             head_dim = getattr(base, "head_dim", None) or (base.hidden_size // heads if heads else None)
-            check_cache(past_key_values, batch, heads, head_dim)
+            check_cache(cache, batch, heads, head_dim)
         datastore = self.datastore if datastore is None else datastore
         lmbda = self.config.lmbda if lmbda is None else lmbda
         if isinstance(lmbda, torch.Tensor) and lmbda.numel() == 1:
@@ -269,8 +270,8 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
         }
         if position_ids is not None:
             base_kwargs["position_ids"] = position_ids
-        if past_key_values is not None:
-            base_kwargs["past_key_values"] = past_key_values
+        if cache is not None:
+            base_kwargs["cache"] = cache
         if use_cache is not None:
             base_kwargs["use_cache"] = use_cache
         if retrieve:
@@ -302,21 +303,22 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
             knn_scores=scores,
             knn_tokens=tokens,
             # a KV cache, or a segment memory (Transformer-XL's `mems`), carried to the next decoding step
-            past_key_values=getattr(outputs, "past_key_values", None) or getattr(outputs, "mems", None),
+            cache=getattr(outputs, "cache", None) or getattr(outputs, "mems", None),
             hidden_states=getattr(outputs, "hidden_states", None),
             attentions=getattr(outputs, "attentions", None),
         )
         return output if return_dict else output.to_tuple()
 
     # ------------------------------------------------------------------------------------------------ generation
+    @accepts_past_key_values
     def prepare_inputs_for_generation(
-        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, **kwargs
+        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, **kwargs
     ) -> dict:
         """The base model's inputs for one decoding step (``inputs_embeds`` named here, so that
         ``generate(inputs_embeds=...)`` is accepted), plus this call's ``datastore`` / ``lmbda`` / ``k``."""
         inputs = self.lm.prepare_inputs_for_generation(
             input_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             **kwargs,

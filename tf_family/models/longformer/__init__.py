@@ -65,7 +65,7 @@ SPEC = ArchSpec(
         }
     ),
     lora_target_modules=("query", "key", "value", "out_proj"),
-    reference="transformers 5.23 LongformerModel and heads (random tiny checkpoints)",
+    reference="transformers 5.24 LongformerModel and heads (random tiny checkpoints)",
     parity="outputs within 1e-4 in eval (windows, global tokens, odd lengths, padding)",
     card="longformer.md",
     paper="2004.05150",

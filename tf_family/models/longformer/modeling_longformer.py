@@ -61,6 +61,7 @@ from ...modeling_heads import (
 from ...modeling_utils import (
     Dropout,
     RemoteCodeMixin,
+    accepts_past_key_values,
     decoding_step_inputs,
     find_first_real_token,
     fused_projections,
@@ -223,11 +224,11 @@ class TffLongformerAttention(nn.Module):
         key_valid: torch.Tensor,
         global_tokens: GlobalTokens | None,
         output_attentions: bool = False,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         past_length: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``key_valid`` and ``global_tokens`` cover the cached positions too (``past_length`` of them) when a
-        ``past_key_values`` cache is given; ``hidden`` holds the new tokens only."""
+        cache is given; ``hidden`` holds the new tokens only."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
         # attention maps come from the dense twin, whatever the configured implementation
@@ -235,12 +236,12 @@ class TffLongformerAttention(nn.Module):
         query, key, value = (self._heads(x) for x in fused_projections(hidden, self.query, self.key, self.value))
         if past_length > 0:
             attended, probs = self._attend_with_cache(
-                query, key, value, key_valid, global_tokens, output_attentions, past_key_values, past_length
+                query, key, value, key_valid, global_tokens, output_attentions, cache, past_length
             )
             attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, t, D)
             return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
-        if past_key_values is not None:
-            past_key_values.update(key, value, self.layer_idx)
+        if cache is not None:
+            cache.update(key, value, self.layer_idx)
         probs = None
         if self.use_dense(length, output_attentions):
             allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens)[:, None]  # (B, 1, T, T)
@@ -284,12 +285,8 @@ class TffLongformerLayer(GradientCheckpointingLayer):
             config.hidden_dropout_prob,
         )
 
-    def forward(
-        self, hidden, key_valid, global_tokens=None, output_attentions=False, past_key_values=None, past_length=0
-    ):
-        hidden, probs = self.attention(
-            hidden, key_valid, global_tokens, output_attentions, past_key_values, past_length
-        )
+    def forward(self, hidden, key_valid, global_tokens=None, output_attentions=False, cache=None, past_length=0):
+        hidden, probs = self.attention(hidden, key_valid, global_tokens, output_attentions, cache, past_length)
         return self.feed_forward(hidden), probs
 
 
@@ -344,6 +341,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
     def set_input_embeddings(self, value: nn.Module):
         self.embeddings.word_embeddings = value
 
+    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -355,14 +353,14 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPoolingAndCrossAttentions | tuple:
         r"""
         Args:
             input_ids: ``(B, T)`` token ids (or pass ``inputs_embeds`` ``(B, T, D)``); with a filled
-                ``past_key_values``, the new tokens only.
+                ``cache``, the new tokens only.
             attention_mask: ``(B, P + T)`` 1 for real tokens, 0 for padding (left or right); ``P`` is the number of
                 cached positions (0 without a cache).
             global_attention_mask: ``(B, P + T)`` 1 for tokens with global attention (see every token and are seen by
@@ -370,7 +368,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
                 cached positions (the prompt) can be global.
             token_type_ids, position_ids: ``(B, T)``; positions default to RoBERTa's, counted over real tokens.
             output_attentions: return ``(B, H, T, P + T)`` attention probabilities per layer (runs the dense path).
-            past_key_values: a `transformers.Cache` (e.g. `DynamicCache`) of the keys and values of earlier calls;
+            cache: a `transformers.Cache` (e.g. `DynamicCache`) of the keys and values of earlier calls;
                 causal models only. The new tokens attend to the last ``window * dilation`` cached positions and the
                 global ones, so a generation step costs the same at any length.
             use_cache: return the cache (a new `DynamicCache` when none is given); causal models only.
@@ -392,32 +390,32 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
             if mask is not None:
                 check_tensor(name, mask, dim=2)
         heads = config.num_attention_heads
-        check_cache(past_key_values, batch, heads, config.hidden_size // heads)
-        if (past_key_values is not None or use_cache) and not self.config.causal:
+        check_cache(cache, batch, heads, config.hidden_size // heads)
+        if (cache is not None or use_cache) and not self.config.causal:
             raise ValueError(
-                "past_key_values / use_cache need a causal model (config.causal=True, e.g. TffLongformerForCausalLM): "
+                "cache (past_key_values) / use_cache need a causal model (config.causal=True, e.g. TffLongformerForCausalLM): "
                 "a bidirectional window also reads tokens that come later."
             )
-        if self.gradient_checkpointing and self.training and (use_cache or past_key_values is not None):
-            if past_key_values is not None:  # recomputed layers would append their keys twice
-                raise ValueError("past_key_values cannot be used with gradient checkpointing in training mode.")
+        if self.gradient_checkpointing and self.training and (use_cache or cache is not None):
+            if cache is not None:  # recomputed layers would append their keys twice
+                raise ValueError("cache cannot be used with gradient checkpointing in training mode.")
             logger.warning_once("use_cache=True is incompatible with gradient checkpointing in training; not caching.")
             use_cache = False
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past_length = cache.get_seq_length() if cache is not None else 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
         total = past_length + length
         for name, mask in (("attention_mask", attention_mask), ("global_attention_mask", global_attention_mask)):
             if mask is not None and tuple(mask.shape) != (batch, total):
                 expected = f"{(batch, total)} like the input" + (
-                    f" plus the {past_length} cached positions of past_key_values" if past_length else ""
+                    f" plus the {past_length} cached positions of the cache" if past_length else ""
                 )
                 raise ValueError(f"{name} must have shape {expected}, got {tuple(mask.shape)}.")
         if past_length and global_attention_mask is not None and bool(global_attention_mask[:, past_length:].any()):
             raise ValueError(
                 "global_attention_mask marks a new token as global while a key/value cache is in use; global tokens "
-                "must be in the prompt (the first call). Run without past_key_values to make later tokens global."
+                "must be in the prompt (the first call). Run without a cache to make later tokens global."
             )
         key_valid = (
             torch.ones(batch, total, dtype=torch.bool, device=device)
@@ -435,7 +433,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden += (hidden,)
-            hidden, probs = layer(hidden, key_valid, global_tokens, output_attentions, past_key_values, past_length)
+            hidden, probs = layer(hidden, key_valid, global_tokens, output_attentions, cache, past_length)
             if output_attentions:
                 all_attentions += (probs,)
         if output_hidden_states:
@@ -448,7 +446,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         output = BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=hidden,
             pooler_output=pooled,
-            past_key_values=past_key_values,
+            cache=cache,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
         )
@@ -526,6 +524,7 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, ValidatedGeneration
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    @accepts_past_key_values
     def forward(
         self,
         input_ids=None,
@@ -537,7 +536,7 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, ValidatedGeneration
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
-        past_key_values=None,
+        cache=None,
         use_cache=None,
         position_ids=None,
         num_items_in_batch=None,
@@ -545,7 +544,7 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, ValidatedGeneration
     ) -> CausalLMOutputWithPast | tuple:
         r"""labels: ``(B, T)``, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1`` (the
         shift happens inside), -100 is ignored; with ``num_items_in_batch`` (`Trainer`'s count of ``labels[:, 1:]``
-        over the accumulated batch) the loss is the sum over it. ``past_key_values`` / ``use_cache``: a key/value cache, as in
+        over the accumulated batch) the loss is the sum over it. ``cache`` / ``use_cache``: a key/value cache, as in
         `TffLongformerModel` (`generate` uses one unless ``use_cache=False``)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.longformer(
@@ -558,7 +557,7 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, ValidatedGeneration
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
@@ -569,22 +568,23 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, ValidatedGeneration
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
 
+    @accepts_past_key_values
     def prepare_inputs_for_generation(
-        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
+        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
     ) -> dict:
         """With a cache (the default), only the tokens it has not seen; without, the whole prefix every step.
         ``attention_mask`` and ``global_attention_mask`` always cover the whole sequence."""
-        past_length = past_key_values.get_seq_length() if past_key_values is not None and use_cache else 0
+        past_length = cache.get_seq_length() if cache is not None and use_cache else 0
         total = attention_mask.shape[1] if attention_mask is not None else None
         model_inputs = {"attention_mask": attention_mask}
         if use_cache:
-            model_inputs.update(past_key_values=past_key_values, use_cache=True)
+            model_inputs.update(cache=cache, use_cache=True)
         model_inputs.update(
             decoding_step_inputs(input_ids, past_length, attention_mask, inputs_embeds, self.get_input_embeddings())
         )

@@ -106,7 +106,7 @@ SPEC = ArchSpec(
         }
     ),
     lora_target_modules=("query_key", "query", "key", "value", "output"),
-    reference="transformers 5.23 ReformerModel and heads (random tiny checkpoints)",
+    reference="transformers 5.24 ReformerModel and heads (random tiny checkpoints)",
     parity="eval logits, training loss and gradients within 1e-5 (chunk_wrap_around)",
     card="reformer.md",
     paper="2001.04451",

@@ -4,8 +4,9 @@
 `TffReformer*.from_pretrained(folder)` reads such a folder through `tf_family.conversion` with the record
 `TRANSFORMERS_REFORMER`: the config is translated to `TffReformerConfig` (with ``chunk_wrap_around=True``, so outputs
 reproduce transformers'; pass ``chunk_wrap_around=False`` to `from_pretrained` for the clean chunking) and every
-tensor renamed and shape-checked. The output head's bias (``lm_head.bias``, or 4.x's tied ``lm_head.decoder.bias``)
-is loaded and applied, as in transformers 4.x and Trax (transformers 5.23 loads it but never adds it).
+tensor renamed and shape-checked. The output head's bias is loaded and applied: ``lm_head.decoder.bias`` where the folder has it (what
+transformers 4.x (tied to ``lm_head.bias``) and 5.24+ apply), else ``lm_head.bias`` (a 5.23 folder: 5.23 saved that
+bias but never added it, so it holds its initial value unless the folder came from elsewhere).
 ``tf-family convert reformer IN OUT`` saves the result in the tf_family format. This module is data: it never
 imports the modeling file.
 """
@@ -72,8 +73,8 @@ TRANSFORMERS_REFORMER = ForeignFormat(
     description="a transformers reformer checkpoint (4.x or 5.x) -> tf_family format",
     translate_config=translate_config,
     rename_rules=_KEY_RULES,
-    # transformers 4.x ties lm_head.decoder.bias to lm_head.bias and saves both; keep one
-    aliases=(("lm_head.bias", "lm_head.decoder.bias"),),
+    # 4.x ties lm_head.decoder.bias to lm_head.bias and saves both; 5.24+ saves both and applies only the decoder's
+    aliases=(("lm_head.decoder.bias", "lm_head.bias"),),
     default_task="causal_lm",
 )
 # Rename transformers ``reformer`` tensors to ours.

@@ -7,7 +7,7 @@ attended chunk by chunk, `tf_family.attention.lsh_attention`) or local chunked a
 (`tf_family.attention.chunked_local_attention`); an input within one chunk takes the dense path (the same attention,
 chosen per call). Feed-forward and output head can run over position chunks (section 4, "chunking").
 
-Parity reference: transformers 5.23 `ReformerModel`, `ReformerModelWithLMHead`, `ReformerForMaskedLM`,
+Parity reference: transformers 5.24 `ReformerModel`, `ReformerModelWithLMHead`, `ReformerForMaskedLM`,
 `ReformerForSequenceClassification`, `ReformerForQuestionAnswering`
 (`tests/models/reformer/test_parity_reformer.py`; `convert_reformer.py` maps their checkpoints and turns on
 ``chunk_wrap_around``, transformers' chunking). Cached generation (`test_generation_parity_reformer.py`): per-step
@@ -17,7 +17,8 @@ gathers its chunk from that round, unpadded), and ours match that full recomputa
 is the last (below other layers, LSH outputs at earlier positions depend on later tokens: no cache is exact).
 
 Deviations from transformers' Reformer:
-- the output head's bias is applied (transformers 5.23 creates ``lm_head.bias`` and never adds it);
+- the output head has one bias, always applied (transformers 5.23 created ``lm_head.bias`` and never added it;
+  5.24 adds ``lm_head.decoder.bias`` and keeps ``lm_head.bias`` unused; the converter loads the applied one);
 - hashing rotations come from a `torch.Generator` seeded with ``hash_seed`` (config or call), never the global RNG;
   dropout in the reversible backward is replayed from saved RNG states inside `torch.random.fork_rng`;
 - any length trains (no ``prod(axial_pos_shape) == length`` or chunk-multiple rule; the kernels pad inside),
@@ -70,6 +71,7 @@ from ...modeling_heads import CLASSIFIER_KEY_MAPPING, ClassificationHead, questi
 from ...modeling_utils import (
     Dropout,
     RemoteCodeMixin,
+    accepts_past_key_values,
     build_activation,
     decoding_step_inputs,
     find_first_real_token,
@@ -403,6 +405,7 @@ class TffReformerModel(TffReformerPreTrainedModel):
             return 0
         return -length % config.chunk_multiple()
 
+    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -411,7 +414,7 @@ class TffReformerModel(TffReformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         num_hashes: int | None = None,
         hash_seed: int | None = None,
-        past_key_values: TffReformerCache | None = None,
+        cache: TffReformerCache | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
@@ -425,7 +428,7 @@ class TffReformerModel(TffReformerPreTrainedModel):
             position_ids: ``(B, T)``; default: real tokens counted from 0.
             num_hashes: hashing rounds of this call (default ``config.num_hashes``).
             hash_seed: seed of this call's rotations (default ``config.hash_seed``).
-            past_key_values: a `TffReformerCache` of earlier calls (generation); causal models only.
+            cache: a `TffReformerCache` of earlier calls (generation); causal models only.
             use_cache: return the cache (a new one when none is given).
         """
         config = self.config
@@ -441,23 +444,23 @@ class TffReformerModel(TffReformerPreTrainedModel):
             check_positive_int("num_hashes", num_hashes, maximum=1024)
         if hash_seed is not None:
             check_seed("hash_seed", hash_seed)
-        if (past_key_values is not None or use_cache) and not config.causal:
-            raise ValueError("past_key_values / use_cache need a causal model (TffReformerForCausalLM).")
-        if past_key_values is not None and not isinstance(past_key_values, TffReformerCache):
-            raise TypeError(f"past_key_values must be a TffReformerCache, got {type(past_key_values).__name__}.")
-        cached_rows = getattr(past_key_values, "key_valid", None)
+        if (cache is not None or use_cache) and not config.causal:
+            raise ValueError("cache / use_cache need a causal model (TffReformerForCausalLM).")
+        if cache is not None and not isinstance(cache, TffReformerCache):
+            raise TypeError(f"cache must be a TffReformerCache, got {type(cache).__name__}.")
+        cached_rows = getattr(cache, "key_valid", None)
         if cached_rows is not None and cached_rows.shape[0] != batch:
             raise ValueError(
-                f"past_key_values holds {cached_rows.shape[0]} rows but the input has {batch}; pass the cache returned "
+                f"cache holds {cached_rows.shape[0]} rows but the input has {batch}; pass the cache returned "
                 "for this batch, or None."
             )
-        if past_key_values is not None:
-            check_memory_states("past_key_values", past_key_values.states, config.hidden_size)
-        if use_cache and past_key_values is None:
-            past_key_values = TffReformerCache()
+        if cache is not None:
+            check_memory_states("cache", cache.states, config.hidden_size)
+        if use_cache and cache is None:
+            cache = TffReformerCache()
         source = input_ids if input_ids is not None else inputs_embeds
         device = source.device
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past = cache.get_seq_length() if cache is not None else 0
         if attention_mask is not None and attention_mask.shape[1] not in (length, past + length):
             raise ValueError(
                 f"attention_mask has {attention_mask.shape[1]} columns; expected {length} (the input) or "
@@ -476,7 +479,7 @@ class TffReformerModel(TffReformerPreTrainedModel):
             input_ids, inputs_embeds, valid = (_roll_rows(t, shift) for t in (input_ids, inputs_embeds, valid))
             position_ids = _roll_rows(position_ids, shift)
         if position_ids is None:
-            start = past_key_values.next_position() if past else torch.zeros(batch, 1, dtype=torch.long, device=device)
+            start = cache.next_position() if past else torch.zeros(batch, 1, dtype=torch.long, device=device)
             position_ids = (start + valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
 
         padding = self._compat_padding(length, bool(use_cache))
@@ -493,13 +496,13 @@ class TffReformerModel(TffReformerPreTrainedModel):
 
         hidden = self.embeddings(input_ids, inputs_embeds, position_ids)  # (B, T, D)
         key_valid, key_positions = valid, position_ids
-        if past_key_values is not None:
-            key_valid, key_positions = past_key_values.extend(valid, position_ids)
+        if cache is not None:
+            key_valid, key_positions = cache.extend(valid, position_ids)
         num_hashes = num_hashes if num_hashes is not None else config.num_hashes
         seed = hash_seed if hash_seed is not None else config.hash_seed
         first, second, all_hidden, all_attentions = self._layers(
             hidden, key_valid, key_positions, num_hashes, seed, output_attentions, output_hidden_states,
-            past_key_values,
+            cache,
         )  # fmt: skip
         sequence = self.dropout(self.layer_norm(torch.cat([first, second], dim=-1)))  # (B, T, 2D)
 
@@ -509,7 +512,7 @@ class TffReformerModel(TffReformerPreTrainedModel):
 
         output = BaseModelOutputWithPast(
             last_hidden_state=restore(sequence),
-            past_key_values=past_key_values,
+            cache=cache,
             hidden_states=tuple(restore(h) for h in all_hidden) if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
         )
@@ -575,7 +578,7 @@ class TffReformerModel(TffReformerPreTrainedModel):
 
 # ------------------------------------------------------------------------------------------------------------ heads
 class TffReformerLMHead(nn.Module):
-    """Linear ``2 * D -> V`` with its bias (which transformers 5.23 leaves out), over chunks of ``chunk_size``."""
+    """Linear ``2 * D -> V`` with its bias, over chunks of ``chunk_size``."""
 
     def __init__(self, config: TffReformerConfig):
         super().__init__()
@@ -615,6 +618,7 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, ValidatedGenerationMixin):
 
     causal = True
 
+    @accepts_past_key_values
     def forward(
         self,
         input_ids=None,
@@ -624,7 +628,7 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, ValidatedGenerationMixin):
         labels=None,
         num_hashes=None,
         hash_seed=None,
-        past_key_values=None,
+        cache=None,
         use_cache=None,
         output_hidden_states=None,
         output_attentions=None,
@@ -640,7 +644,7 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, ValidatedGenerationMixin):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            num_hashes=num_hashes, hash_seed=hash_seed, past_key_values=past_key_values, use_cache=use_cache,
+            num_hashes=num_hashes, hash_seed=hash_seed, cache=cache, use_cache=use_cache,
             output_hidden_states=output_hidden_states, output_attentions=output_attentions, return_dict=True,
         )  # fmt: skip
         hidden = outputs.last_hidden_state
@@ -652,21 +656,22 @@ class TffReformerForCausalLM(_TffReformerWithLMHead, ValidatedGenerationMixin):
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
 
+    @accepts_past_key_values
     def prepare_inputs_for_generation(
-        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
+        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
     ) -> dict:
         """With a cache, only the tokens it has not seen; ``attention_mask`` always covers the whole sequence (left
         padding is honoured). ``num_hashes`` / ``hash_seed`` pass through."""
-        past = past_key_values.get_seq_length() if past_key_values is not None and use_cache else 0
+        past = cache.get_seq_length() if cache is not None and use_cache else 0
         model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
         if use_cache:
-            model_inputs["past_key_values"] = past_key_values
+            model_inputs["cache"] = cache
         model_inputs.update(
             decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
         )
