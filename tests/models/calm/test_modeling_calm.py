@@ -324,9 +324,7 @@ def test_prompt_step_runs_at_full_depth_and_decoding_steps_exit():
         model.config.exit_threshold = 0.0
         torch.testing.assert_close(early.logits, full.logits, rtol=0, atol=0)
         for index in range(depth):
-            torch.testing.assert_close(
-                early.cache.layers[index].keys, full.cache.layers[index].keys, rtol=0, atol=0
-            )
+            torch.testing.assert_close(early.cache.layers[index].keys, full.cache.layers[index].keys, rtol=0, atol=0)
         assert bool((log[0] == depth).all())
         step = model(early.logits[:, -1:].argmax(-1), cache=early.cache, use_cache=True)
     assert bool((step.exit_layers == 1).all())

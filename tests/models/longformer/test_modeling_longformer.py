@@ -186,9 +186,7 @@ def test_cache_errors_name_the_argument():
             model(ids[:, :1], attention_mask=mask[:, :1], cache=cache)
         late_global = torch.cat([global_mask, torch.ones(2, 1, dtype=torch.long)], 1)
         with pytest.raises(ValueError, match="global_attention_mask marks a new token as global"):
-            model(
-                ids[:, :1], attention_mask=torch.ones(2, 15), global_attention_mask=late_global, cache=cache
-            )
+            model(ids[:, :1], attention_mask=torch.ones(2, 15), global_attention_mask=late_global, cache=cache)
     encoder = TffLongformerModel(_config(attention_window=4))
     with pytest.raises(ValueError, match="need a causal model"):
         encoder(ids, use_cache=True)
