@@ -194,7 +194,7 @@ def test_cache_errors_name_the_argument():
 
 def test_gradient_checkpointing_turns_the_cache_off_in_training():
     model, ids, mask, _ = _causal_lm_and_prompt()
-    model.gradient_checkpointing_enable()
+    model.activation_checkpointing_enable()
     model.train()
     out = model(ids, attention_mask=mask, labels=ids, use_cache=True)
     assert out.cache is None
