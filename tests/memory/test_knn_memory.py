@@ -13,6 +13,7 @@ from tf_family.memory import (
     dense_knn_attention,
     exact_top_k,
     faiss_top_k,
+    gathered_knn_attention,
     grouped_top_k,
     knn_attention,
     retrieve,
@@ -114,8 +115,8 @@ def test_knn_attention_with_k_covering_the_memory_equals_dense_attention_over_it
     query, keys, values = unit(2, 3, 4, 8), unit(2, 3, 10, 8, seed=1), unit(2, 3, 10, 8, seed=2)
     allowed = random_allowed(2, 4, 10)
     scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64)
-    found_keys, found_values, found = retrieve("exact", query, (keys, values), allowed, None, None, 64)
-    out, logits = knn_attention(query, found_keys, found_values, found, scale)
+    retrieved = retrieve("exact", query, (keys, values), allowed, None, None, 64)
+    out, logits = knn_attention(query, retrieved, scale)
     torch.testing.assert_close(out, dense_knn_attention(query, keys, values, allowed, scale))
     assert (out[0, :, 0] == 0).all() and torch.isinf(logits[0, :, 0]).all()  # found nothing: contributes nothing
 
@@ -127,7 +128,7 @@ def test_retrieve_merges_the_segment_exactly():
     segment = (unit(2, 2, 5, 8, seed=3), unit(2, 2, 5, 8, seed=4))
     memory_allowed = random_allowed(2, 5, 9)
     segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
-    keys, values, found = retrieve("exact", query, memory, memory_allowed, segment, segment_allowed, 4)
+    keys, values, found = retrieve("exact", query, memory, memory_allowed, segment, segment_allowed, 4).gathered()
     all_keys = torch.cat([memory[0], segment[0]], 2)
     all_values = torch.cat([memory[1], segment[1]], 2)
     all_allowed = torch.cat([memory_allowed, segment_allowed.expand(2, 1, 5, 5)], -1)
@@ -139,6 +140,34 @@ def test_retrieve_merges_the_segment_exactly():
                 for r in range(int(found[b, h, t].sum())):
                     torch.testing.assert_close(keys[b, h, t, r], all_keys[b, h, index[b, h, t, r]])
                     torch.testing.assert_close(values[b, h, t, r], all_values[b, h, index[b, h, t, r]])
+
+
+@pytest.mark.parametrize("with_segment", [True, False])
+def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_pairs(with_segment):
+    """`knn_attention` scores the segment's own pairs in place (a (T, T) product and a mask) instead of gathering them
+    per rank: outputs and the gradients of the query, the scale and the segment's keys and values are those of the
+    attention over the rank-ordered gathered pairs (`gathered_knn_attention`), including a query that found nothing
+    and queries that retrieved from both the memory and the segment."""
+    query = unit(2, 3, 6, 8).requires_grad_()
+    memory = (unit(2, 3, 11, 8, seed=1), unit(2, 3, 11, 8, seed=2))
+    segment = (unit(2, 3, 6, 8, seed=3).requires_grad_(), unit(2, 3, 6, 8, seed=4).requires_grad_())
+    memory_allowed = random_allowed(2, 6, 11)
+    segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
+    scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
+    retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    assert not retrieved.found[0, :, 0].any()  # the first query of row 0 may see nothing
+    if with_segment:  # some queries mix pairs of both origins
+        assert ((retrieved.segment_index >= 0) & retrieved.memory_found.any(-1, keepdim=True)).any()
+    inputs = (query, scale, *segment) if with_segment else (query, scale)
+    weights = torch.randn(2, 3, 6, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    out, _ = knn_attention(query, retrieved, scale)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    expected = gathered_knn_attention(query, *retrieved.gathered(), scale)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    torch.testing.assert_close(out, expected)
+    assert (out[0, :, 0] == 0).all()
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad)
 
 
 def test_ring_buffer_evicts_the_oldest_and_resets_rows():

@@ -288,25 +288,99 @@ def gather_neighbours(memory: torch.Tensor, index: torch.Tensor) -> torch.Tensor
     return picked.view(*index.shape, width)
 
 
-def knn_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, found: torch.Tensor, scale: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass
+class Retrieved:
+    """The ``k`` pairs each query retrieved (`retrieve`), kept apart by where they come from.
+
+    The memory's pairs are gathered per query (``(B, H, T, K, Dh)``, without gradient: the memory has none). The
+    segment's own pairs (``knn_retrieval="token"``) are this forward's keys and values and carry its gradient: they
+    stay where they are, ``(B, H, T, Dh)``, with a ``(B, H, T, T)`` mask of the ones each query retrieved, and
+    `knn_attention` scores them with one ``(T, T)`` product per row and head. Gathering ``k`` copies of them with
+    gradient (and merging them with the memory's) made ``(B, H, T, K, Dh)`` tensors in the forward and the backward
+    that cost more than the search itself. `gathered` rebuilds that single rank-ordered form (the twin the tests
+    compare against).
+
+    Attributes:
+        memory_keys, memory_values: ``(B, H, T, K, Dh)``; rank ``r`` is meaningful where ``memory_found``.
+        memory_found: ``(B, H, T, K)`` bool, True where rank ``r`` is a pair of the memory.
+        found: ``(B, H, T, K)`` bool, True where rank ``r`` holds a pair (of the memory or of the segment).
+        segment_index: ``(B, H, T, K)`` long, the segment position of rank ``r`` (``-1``: not from the segment).
+        segment: the segment's keys and values ``(B, H, T, Dh)``, or None (nothing retrievable in the segment).
+        segment_found: ``(B, H, T, T)`` bool, True where position ``s`` of the segment is among query ``t``'s ``k``.
+    """
+
+    memory_keys: torch.Tensor
+    memory_values: torch.Tensor
+    memory_found: torch.Tensor
+    found: torch.Tensor
+    segment_index: torch.Tensor
+    segment: tuple[torch.Tensor, torch.Tensor] | None = None
+    segment_found: torch.Tensor | None = None
+
+    @property
+    def any_found(self) -> torch.Tensor:
+        """``(B, H, T, 1)`` bool: the query retrieved at least one pair."""
+        return self.found.any(-1, keepdim=True)
+
+    def logits(self, query: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """Scaled cosine scores ``(B, H, T, K + T)`` (``(B, H, T, K)`` without a segment) of ``query`` against the
+        memory's pairs by rank, then the segment's positions; ``-inf`` where nothing was retrieved."""
+        scale = scale[:, None, None]
+        logits = torch.einsum("bhtd,bhtkd->bhtk", query, self.memory_keys.to(query.dtype)) * scale
+        logits = logits.masked_fill(~self.memory_found, float("-inf"))
+        if self.segment is None:
+            return logits
+        segment = (query @ self.segment[0].to(query.dtype).transpose(-1, -2)) * scale  # (B, H, T, T)
+        return torch.cat([logits, segment.masked_fill(~self.segment_found, float("-inf"))], -1)
+
+    def attend(self, probs: torch.Tensor) -> torch.Tensor:
+        """``probs`` ``(B, H, T, K [+ T])`` over the pairs in the order of `logits` -> ``(B, H, T, Dh)``."""
+        ranks = self.memory_keys.shape[3]
+        values = self.memory_values.to(probs.dtype)
+        attended = torch.einsum("bhtk,bhtkd->bhtd", probs[..., :ranks], values)
+        if self.segment is None:
+            return attended
+        return attended + probs[..., ranks:] @ self.segment[1].to(probs.dtype)
+
+    def gathered(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The retrieved pairs in one rank-ordered form: keys, values ``(B, H, T, K, Dh)`` and ``found``
+        ``(B, H, T, K)`` (what `gathered_knn_attention` reads; the segment's pairs keep their gradient)."""
+        if self.segment is None:
+            return self.memory_keys, self.memory_values, self.found
+        in_segment = (self.segment_index >= 0)[..., None]  # (B, H, T, K, 1)
+        index = self.segment_index.clamp_min(0)
+        keys, values = (
+            torch.where(in_segment, gather_neighbours(part, index), memory.to(part.dtype))
+            for part, memory in zip(self.segment, (self.memory_keys, self.memory_values), strict=True)
+        )
+        return keys, values, self.found
+
+
+def knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each query over its own retrieved pairs (no positions: a retrieved pair has none).
 
     Args:
         query: ``(B, H, T, Dh)``, L2-normalised.
-        keys, values: ``(B, H, T, K, Dh)`` the retrieved pairs (keys L2-normalised).
-        found: ``(B, H, T, K)`` bool, False for padding neighbours (fewer than ``K`` allowed slots).
+        retrieved: what `retrieve` found (keys L2-normalised).
         scale: ``(H,)`` the learned per-head scale of the cosine scores.
 
     Returns:
-        ``(B, H, T, Dh)`` attended values (0 for a query that found nothing) and the ``(B, H, T, K)`` logits
-        (``-inf`` where nothing was found), which a joint softmax with the local attention reuses.
+        ``(B, H, T, Dh)`` attended values (0 for a query that found nothing) and the logits (`Retrieved.logits`:
+        ``-inf`` where nothing was retrieved), which a joint softmax with the local attention reuses.
     """
-    logits = torch.einsum("bhtd,bhtkd->bhtk", query, keys.to(query.dtype)) * scale[:, None, None]  # (B, H, T, K)
-    logits = logits.masked_fill(~found, float("-inf"))
+    logits = retrieved.logits(query, scale)
     probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a row with nothing found attends to nothing
-    return torch.einsum("bhtk,bhtkd->bhtd", probs, values.to(query.dtype)), logits
+    return retrieved.attend(probs), logits
+
+
+def gathered_knn_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, found: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """Twin of `knn_attention` over the rank-ordered pairs (`Retrieved.gathered`): keys, values ``(B, H, T, K, Dh)``,
+    ``found`` ``(B, H, T, K)``; returns ``(B, H, T, Dh)``."""
+    logits = torch.einsum("bhtd,bhtkd->bhtk", query, keys.to(query.dtype)) * scale[:, None, None]
+    probs = torch.softmax(logits.masked_fill(~found, float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhtk,bhtkd->bhtd", probs, values.to(query.dtype))
 
 
 def dense_knn_attention(
@@ -328,7 +402,7 @@ def retrieve(
     segment_allowed: torch.Tensor | None,
     k: int,
     indexes: Sequence | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Retrieved:
     """The ``k`` best pairs per query among the memory's allowed slots (searched with backend ``kind``) and, when
     ``segment`` is given, the allowed positions of the query's own segment (scored exactly).
 
@@ -341,10 +415,11 @@ def retrieve(
         indexes: the memory's persistent faiss indexes for ``kind="faiss"`` (`KNNMemory.faiss_indexes`).
 
     Returns:
-        keys, values ``(B, H, T, K, Dh)`` and ``found`` ``(B, H, T, K)`` bool. Pairs retrieved from the memory carry
-        no gradient; pairs retrieved from ``segment`` carry its gradient (they are this forward's keys and values).
+        A `Retrieved`. Pairs retrieved from the memory carry no gradient; pairs retrieved from ``segment`` carry its
+        gradient (they are this forward's keys and values).
     """
     allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
+    batch, heads, length, width = query.shape
     with torch.no_grad():
         if kind == "exact":  # candidates only: one selection below covers them and the segment
             scores, index = exact_candidates(query.detach(), memory[0], allowed, k, expired)  # (B, H, T, M)
@@ -352,28 +427,27 @@ def retrieve(
             scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired, indexes)  # (B, H, T, K1)
         from_memory = scores.shape[-1]
         if segment is not None:
-            segment_keys, segment_values = segment[0].to(query.dtype), segment[1].to(query.dtype)
-            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys.detach())  # (B, H, T, T)
-            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
+            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment[0].detach().to(query.dtype))
+            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))  # (B, H, T, T)
             scores = torch.cat([scores, segment_scores], -1)
         scores, position = scores.topk(min(k, scores.shape[-1]), dim=-1)  # (B, H, T, K)
-        slot = position.clamp_max(from_memory - 1) if from_memory else position
-        if index is not None and from_memory:
-            slot = index.gather(-1, slot)
-        if segment is None:
-            keys, values = gather_neighbours(memory[0], slot), gather_neighbours(memory[1], slot)
-            return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
-        segment_index = (position - from_memory).clamp_min(0)  # (B, H, T, K)
-    # the segment's own pairs are this forward's: they keep their gradient (the memory's have none)
-    keys = gather_neighbours(segment_keys, segment_index)
-    values = gather_neighbours(segment_values, segment_index)
-    if from_memory:
-        in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
-        with torch.no_grad():
+        found = scores > float("-inf")
+        in_memory = position < from_memory
+        if from_memory:
+            slot = position.clamp_max(from_memory - 1)
+            if index is not None:
+                slot = index.gather(-1, slot)
             memory_keys = gather_neighbours(memory[0], slot).to(query.dtype)
             memory_values = gather_neighbours(memory[1], slot).to(query.dtype)
-        keys, values = torch.where(in_segment, keys, memory_keys), torch.where(in_segment, values, memory_values)
-    return keys, values, scores > float("-inf")
+        else:  # an empty memory: nothing to gather
+            memory_keys = memory_values = query.new_zeros(*position.shape, width)
+        segment_index = torch.where(found & ~in_memory, position - from_memory, -1)  # (B, H, T, K)
+        segment_found = None
+        if segment is not None:  # position s retrieved by query t; index `length` collects the other ranks
+            target = torch.where(segment_index >= 0, segment_index, length)
+            segment_found = torch.zeros(batch, heads, length, length + 1, dtype=torch.bool, device=query.device)
+            segment_found = segment_found.scatter_(-1, target, True)[..., :length]
+    return Retrieved(memory_keys, memory_values, found & in_memory, found, segment_index, segment, segment_found)
 
 
 # ------------------------------------------------------------------------------------------------------------ memory
@@ -640,6 +714,7 @@ __all__ = [
     "SEARCH_KINDS",
     "KNNMemory",
     "MemorizingMemory",
+    "Retrieved",
     "bucketed_top_k",
     "dense_knn_attention",
     "exact_top_k",
@@ -647,6 +722,7 @@ __all__ = [
     "faiss_top_k",
     "exact_candidates",
     "gather_neighbours",
+    "gathered_knn_attention",
     "grouped_candidates",
     "grouped_top_k",
     "knn_attention",
