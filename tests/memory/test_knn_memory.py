@@ -43,12 +43,18 @@ def test_exact_top_k_matches_brute_force_twin(slots):
     assert not finite[0, :, 0].any()  # nothing allowed, nothing found
 
 
+@pytest.mark.parametrize("block", [None, 1, 60, 250])
 @pytest.mark.parametrize("slots,groups", [(37, None), (37, 5), (100, 7), (64, 1), (9, 4)])
-def test_grouped_top_k_is_exact(slots, groups):
+def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
     """The two-stage search (group maxima, then the best groups' members) equals the brute-force twin, with masks,
-    expired pairs, a query that may see nothing, and a last chunk shorter than the others."""
+    expired pairs, a query that may see nothing, and a last chunk shorter than the others; also when the (row,
+    query) pairs are scored in blocks (``block``: a score budget forcing one query at a time, or blocks that cut
+    the queries and the rows unevenly)."""
+    from tf_family.memory import knn_memory
     from tf_family.memory.knn_memory import expand_expired
 
+    if block is not None:
+        monkeypatch.setattr(knn_memory, "SEARCH_BLOCK_SCORES", block)
     queries, keys = unit(2, 3, 5, 8), unit(2, 3, slots, 8, seed=1)
     allowed = random_allowed(2, 5, slots)
     expired = (torch.tensor([slots - 1, 0, 1]), torch.ones(5, 3, dtype=torch.bool).tril(-1))

@@ -96,10 +96,11 @@ DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores the exact
 
 def exact_candidates(
     queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, GroupedSlots | None]:
     """Scores ``(B, H, T, M)`` of candidate slots whose top ``k`` is the exact top ``k`` of the memory, and the
-    slots ``(B, H, T, M)`` they are (``None``: the candidates are every slot in order, ``M = N``): small memories are
-    scored whole, large ones go through `grouped_candidates`. A caller merging more candidates (the segment's own
+    slots they are (``None``: the candidates are every slot in order, ``M = N``; else `GroupedSlots`, whose ``gather``
+    gives the slots of selected candidates): small memories are scored whole, large ones go through
+    `grouped_candidates`. A caller merging more candidates (the segment's own
     positions, `retrieve`) selects once over all of them."""
     _check_search(queries, keys, allowed, k)
     batch, heads, length, _ = queries.shape
@@ -124,6 +125,9 @@ def grouped_top_k(
     return best, slots.gather(-1, position)
 
 
+SEARCH_BLOCK_SCORES = 1 << 22  # the grouped search scores at most this many (query, slot) pairs at a time (16 MiB)
+
+
 def grouped_candidates(
     queries: torch.Tensor,
     keys: torch.Tensor,
@@ -131,16 +135,19 @@ def grouped_candidates(
     k: int,
     expired: Expired | None = None,
     groups: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, GroupedSlots]:
     """``k * g`` candidates per query that hold the exact top ``k`` of ``N`` slots, found with one selection over
     ``G`` group maxima instead of one over every slot.
 
     The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``), and slot
-    ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time (a ``(T, G)`` product
-    per row and head, so the ``(T, N)`` score matrix is never allocated at once) while a running maximum keeps each
-    group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own, and at most
-    ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them. Returns their
-    scores and slots ``(B, H, T, k * g)`` (padding slots come with ``-inf`` and are clamped into range).
+    ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time while a running maximum
+    keeps each group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own,
+    and at most ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them.
+    Returns their scores ``(B, H, T, k * g)`` (padding slots come with ``-inf``) and their slots (`GroupedSlots`).
+
+    The (row and head, query) pairs are taken in blocks whose scores (``g`` chunks) fit in `SEARCH_BLOCK_SCORES`,
+    into one buffer reused by every block: the ``(B, H, T, N)`` score matrix is never held at once (allocating it
+    anew at every step, page by page, cost about as much as the products themselves).
     """
     batch, heads, length, width = queries.shape
     slots = keys.shape[2]
@@ -148,29 +155,81 @@ def grouped_candidates(
         groups = max(1, round((slots / k) ** 0.5))
     size = -(-slots // groups)  # G: slots per chunk = number of groups
     chunks = -(-slots // size)
-    flat_queries = queries.reshape(batch * heads, length, width)
-    keys = keys.reshape(batch * heads, slots, width)
-    check_allowed = not bool(allowed.all())
-    parts, best = [], None
-    for chunk in range(chunks):
-        start, stop = chunk * size, min((chunk + 1) * size, slots)
-        scores = torch.bmm(flat_queries, keys[:, start:stop].to(queries.dtype).transpose(1, 2))  # (B*H, T, <=G)
-        scores = scores.view(batch, heads, length, stop - start)
-        if check_allowed:
-            scores.masked_fill_(~allowed[..., start:stop], float("-inf"))
-        if expired is not None:
-            inside = (expired[0] >= start) & (expired[0] < stop)
+    top = min(k, size)
+    rows = batch * heads
+    flat_queries = queries.reshape(rows, length, width)
+    flat_keys = keys.reshape(rows, slots, width).to(queries.dtype)
+    # (B, H or 1, T or 1, N): the broadcast heads and queries are not copied; None when every slot is allowed
+    allowed = None if bool(allowed.all()) else allowed.expand(batch, allowed.shape[1], allowed.shape[2], slots)
+    chunk_expired = [None] * chunks  # per chunk: its expired columns and the (T, C') queries they are gone for
+    if expired is not None:
+        for chunk in range(chunks):
+            inside = (expired[0] >= chunk * size) & (expired[0] < (chunk + 1) * size)
             if bool(inside.any()):
-                columns = expired[0][inside] - start
-                scores[..., columns] = scores[..., columns].masked_fill(expired[1][:, inside], float("-inf"))
-        if stop - start < size:  # the last chunk: padded so that every chunk has G columns
-            scores = F.pad(scores, (0, size - (stop - start)), value=float("-inf"))
-        parts.append(scores)
-        best = scores.clone() if best is None else torch.maximum(best, scores, out=best)
-    chosen = best.topk(min(k, size), dim=-1).indices  # (B, H, T, K1): the groups
-    candidates = torch.cat([part.gather(-1, chosen) for part in parts], dim=-1)  # (B, H, T, g * K1)
-    offsets = torch.arange(chunks, device=chosen.device).repeat_interleave(chosen.shape[-1]) * size
-    return candidates, (chosen.repeat(1, 1, 1, chunks) + offsets).clamp_max_(slots - 1)
+                chunk_expired[chunk] = (expired[0][inside] - chunk * size, expired[1][:, inside])
+    # a block: `row_block` rows x `query_block` queries; every chunk of it scored into the buffer before selecting
+    query_block = max(1, min(length, SEARCH_BLOCK_SCORES // (chunks * size)))
+    row_block = max(1, min(rows, SEARCH_BLOCK_SCORES // (chunks * size * query_block)))
+    buffer = queries.new_empty(chunks * row_block * query_block * size)
+    best_buffer = queries.new_empty(row_block * query_block * size)
+    candidates = queries.new_empty(rows, length, chunks, top)
+    chosen_groups = torch.empty(rows, length, top, dtype=torch.long, device=queries.device)
+    for row in range(0, rows, row_block):
+        row_end = min(row + row_block, rows)
+        block_allowed = None
+        if allowed is not None:
+            row_index = torch.arange(row, row_end, device=queries.device)
+            block_allowed = allowed[row_index // heads, row_index % heads if allowed.shape[1] > 1 else 0]
+        for query in range(0, length, query_block):
+            query_end = min(query + query_block, length)
+            block = (row_end - row, query_end - query, size)  # contiguous views: the products are written in place
+            scores = buffer[: chunks * block[0] * block[1] * size].view(chunks, *block)
+            block_best = best_buffer[: block[0] * block[1] * size].view(block)
+            block_queries = flat_queries[row:row_end, query:query_end]
+            for chunk in range(chunks):
+                start, stop = chunk * size, min((chunk + 1) * size, slots)
+                part = scores[chunk]
+                chunk_keys = flat_keys[row:row_end, start:stop].transpose(1, 2)
+                if stop - start == size:
+                    torch.bmm(block_queries, chunk_keys, out=part)
+                else:  # the last chunk: padded so that every chunk has G columns
+                    part[..., : stop - start] = torch.bmm(block_queries, chunk_keys)
+                    part[..., stop - start :] = float("-inf")
+                if block_allowed is not None:
+                    mask = block_allowed[:, query:query_end] if block_allowed.shape[1] > 1 else block_allowed
+                    part[..., : stop - start].masked_fill_(~mask[..., start:stop], float("-inf"))
+                if chunk_expired[chunk] is not None:
+                    columns, gone = chunk_expired[chunk]
+                    part[..., columns] = part[..., columns].masked_fill(gone[query:query_end], float("-inf"))
+                if chunk == 0:
+                    block_best.copy_(part)
+                else:
+                    torch.maximum(block_best, part, out=block_best)
+            chosen = block_best.topk(top, dim=-1).indices  # (rows, queries, K1): the groups
+            chosen_groups[row:row_end, query:query_end] = chosen
+            picked = scores.gather(-1, chosen.expand(chunks, *chosen.shape))  # (g, rows, queries, K1)
+            candidates[row:row_end, query:query_end] = picked.permute(1, 2, 0, 3)
+    return candidates.view(batch, heads, length, chunks * top), GroupedSlots(
+        chosen_groups.view(batch, heads, length, top), size, slots
+    )
+
+
+@dataclass
+class GroupedSlots:
+    """The slots of `grouped_candidates`' candidates, not materialised (a ``(B, H, T, g * K1)`` long tensor per
+    search): candidate ``c * K1 + j`` of a query is slot ``c * G + groups[..., j]``, clamped into range (padding)."""
+
+    groups: torch.Tensor  # (B, H, T, K1) the chosen groups
+    size: int  # G: slots per chunk
+    slots: int  # N
+
+    def gather(self, dim: int, position: torch.Tensor) -> torch.Tensor:
+        """The slots of the candidates at ``position`` ``(B, H, T, K)`` (like `torch.Tensor.gather` on the last dim)."""
+        if dim not in (-1, 3):
+            raise ValueError(f"GroupedSlots.gather selects along the last dimension, got dim={dim}.")
+        top = self.groups.shape[-1]
+        group = self.groups.gather(-1, position % top)
+        return (group + torch.div(position, top, rounding_mode="floor") * self.size).clamp_max_(self.slots - 1)
 
 
 def bucketed_top_k(
