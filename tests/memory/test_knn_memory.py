@@ -66,6 +66,30 @@ def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
     assert (index >= 0).all() and (index < slots).all()
 
 
+@pytest.mark.parametrize("width,k", [(600, 32), (1280, 32), (1283, 7), (700, 700), (40, 64)])
+def test_select_top_k_equals_topk(monkeypatch, width, k):
+    """The selection through group maxima gives torch.topk's values, sorted, and indices that hold them, also with
+    rows of -inf (nothing allowed), a width the chunks do not divide, k equal to or above the width, and a direct
+    threshold forcing the grouped path on short rows."""
+    from tf_family.memory import knn_memory
+
+    scores = torch.randn(3, 5, width, generator=torch.Generator().manual_seed(width))
+    scores[0, 0] = float("-inf")
+    scores[0, 1, width // 3 :] = float("-inf")  # fewer allowed scores than k
+    for direct in (512, 0):
+        monkeypatch.setattr(knn_memory, "DIRECT_SELECT", direct)
+        values, index = knn_memory.select_top_k(scores, k)
+        expected = scores.topk(min(k, width), dim=-1).values
+        assert torch.equal(values, expected)
+        assert ((index >= 0) & (index < width)).all()
+        finite = expected > float("-inf")
+        assert torch.equal(scores.gather(-1, index)[finite], values[finite])
+        assert all(
+            len(set(row[keep].tolist())) == int(keep.sum())
+            for row, keep in zip(index.flatten(0, 1), finite.flatten(0, 1), strict=True)
+        )
+
+
 def test_exact_top_k_takes_the_grouped_path_for_large_memories(monkeypatch):
     import tf_family.memory.knn_memory as knn_memory
 
