@@ -91,7 +91,7 @@ def exact_top_k(
     return best, position if slots is None else slots.gather(-1, position)
 
 
-DIRECT_SELECT = 512  # rows of up to this many scores go to `torch.topk` as they are (`select_top_k`)
+DIRECT_SELECT = 256  # rows of up to this many scores go to `torch.topk` as they are (`select_top_k`)
 
 
 def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
