@@ -13,6 +13,7 @@ from tf_family.memory import (
     dense_knn_attention,
     exact_top_k,
     faiss_top_k,
+    gathered_knn_attention,
     grouped_top_k,
     knn_attention,
     retrieve,
@@ -42,12 +43,18 @@ def test_exact_top_k_matches_brute_force_twin(slots):
     assert not finite[0, :, 0].any()  # nothing allowed, nothing found
 
 
+@pytest.mark.parametrize("block", [None, 1, 60, 250])
 @pytest.mark.parametrize("slots,groups", [(37, None), (37, 5), (100, 7), (64, 1), (9, 4)])
-def test_grouped_top_k_is_exact(slots, groups):
+def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
     """The two-stage search (group maxima, then the best groups' members) equals the brute-force twin, with masks,
-    expired pairs, a query that may see nothing, and a last chunk shorter than the others."""
+    expired pairs, a query that may see nothing, and a last chunk shorter than the others; also when the (row,
+    query) pairs are scored in blocks (``block``: a score budget forcing one query at a time, or blocks that cut
+    the queries and the rows unevenly)."""
+    from tf_family.memory import knn_memory
     from tf_family.memory.knn_memory import expand_expired
 
+    if block is not None:
+        monkeypatch.setattr(knn_memory, "SEARCH_BLOCK_SCORES", block)
     queries, keys = unit(2, 3, 5, 8), unit(2, 3, slots, 8, seed=1)
     allowed = random_allowed(2, 5, slots)
     expired = (torch.tensor([slots - 1, 0, 1]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
@@ -57,6 +64,30 @@ def test_grouped_top_k_is_exact(slots, groups):
     finite = expected_scores > float("-inf")
     assert torch.equal(index[finite], expected_index[finite]) and not finite[0, :, 0].any()
     assert (index >= 0).all() and (index < slots).all()
+
+
+@pytest.mark.parametrize("width,k", [(600, 32), (1280, 32), (1283, 7), (700, 700), (40, 64)])
+def test_select_top_k_equals_topk(monkeypatch, width, k):
+    """The selection through group maxima gives torch.topk's values, sorted, and indices that hold them, also with
+    rows of -inf (nothing allowed), a width the chunks do not divide, k equal to or above the width, and a direct
+    threshold forcing the grouped path on short rows."""
+    from tf_family.memory import knn_memory
+
+    scores = torch.randn(3, 5, width, generator=torch.Generator().manual_seed(width))
+    scores[0, 0] = float("-inf")
+    scores[0, 1, width // 3 :] = float("-inf")  # fewer allowed scores than k
+    for direct in (512, 0):
+        monkeypatch.setattr(knn_memory, "DIRECT_SELECT", direct)
+        values, index = knn_memory.select_top_k(scores, k)
+        expected = scores.topk(min(k, width), dim=-1).values
+        assert torch.equal(values, expected)
+        assert ((index >= 0) & (index < width)).all()
+        finite = expected > float("-inf")
+        assert torch.equal(scores.gather(-1, index)[finite], values[finite])
+        assert all(
+            len(set(row[keep].tolist())) == int(keep.sum())
+            for row, keep in zip(index.flatten(0, 1), finite.flatten(0, 1), strict=True)
+        )
 
 
 def test_exact_top_k_takes_the_grouped_path_for_large_memories(monkeypatch):
@@ -114,8 +145,8 @@ def test_knn_attention_with_k_covering_the_memory_equals_dense_attention_over_it
     query, keys, values = unit(2, 3, 4, 8), unit(2, 3, 10, 8, seed=1), unit(2, 3, 10, 8, seed=2)
     allowed = random_allowed(2, 4, 10)
     scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64)
-    found_keys, found_values, found = retrieve("exact", query, (keys, values), allowed, None, None, 64)
-    out, logits = knn_attention(query, found_keys, found_values, found, scale)
+    retrieved = retrieve("exact", query, (keys, values), allowed, None, None, 64)
+    out, logits = knn_attention(query, retrieved, scale)
     torch.testing.assert_close(out, dense_knn_attention(query, keys, values, allowed, scale))
     assert (out[0, :, 0] == 0).all() and torch.isinf(logits[0, :, 0]).all()  # found nothing: contributes nothing
 
@@ -127,7 +158,7 @@ def test_retrieve_merges_the_segment_exactly():
     segment = (unit(2, 2, 5, 8, seed=3), unit(2, 2, 5, 8, seed=4))
     memory_allowed = random_allowed(2, 5, 9)
     segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
-    keys, values, found = retrieve("exact", query, memory, memory_allowed, segment, segment_allowed, 4)
+    keys, values, found = retrieve("exact", query, memory, memory_allowed, segment, segment_allowed, 4).gathered()
     all_keys = torch.cat([memory[0], segment[0]], 2)
     all_values = torch.cat([memory[1], segment[1]], 2)
     all_allowed = torch.cat([memory_allowed, segment_allowed.expand(2, 1, 5, 5)], -1)
@@ -139,6 +170,34 @@ def test_retrieve_merges_the_segment_exactly():
                 for r in range(int(found[b, h, t].sum())):
                     torch.testing.assert_close(keys[b, h, t, r], all_keys[b, h, index[b, h, t, r]])
                     torch.testing.assert_close(values[b, h, t, r], all_values[b, h, index[b, h, t, r]])
+
+
+@pytest.mark.parametrize("with_segment", [True, False])
+def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_pairs(with_segment):
+    """`knn_attention` scores the segment's own pairs in place (a (T, T) product and a mask) instead of gathering them
+    per rank: outputs and the gradients of the query, the scale and the segment's keys and values are those of the
+    attention over the rank-ordered gathered pairs (`gathered_knn_attention`), including a query that found nothing
+    and queries that retrieved from both the memory and the segment."""
+    query = unit(2, 3, 6, 8).requires_grad_()
+    memory = (unit(2, 3, 11, 8, seed=1), unit(2, 3, 11, 8, seed=2))
+    segment = (unit(2, 3, 6, 8, seed=3).requires_grad_(), unit(2, 3, 6, 8, seed=4).requires_grad_())
+    memory_allowed = random_allowed(2, 6, 11)
+    segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
+    scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
+    retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    assert not retrieved.found[0, :, 0].any()  # the first query of row 0 may see nothing
+    if with_segment:  # some queries mix pairs of both origins
+        assert ((retrieved.segment_index >= 0) & retrieved.memory_found.any(-1, keepdim=True)).any()
+    inputs = (query, scale, *segment) if with_segment else (query, scale)
+    weights = torch.randn(2, 3, 6, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    out, _ = knn_attention(query, retrieved, scale)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    expected = gathered_knn_attention(query, *retrieved.gathered(), scale)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    torch.testing.assert_close(out, expected)
+    assert (out[0, :, 0] == 0).all()
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad)
 
 
 def test_ring_buffer_evicts_the_oldest_and_resets_rows():

@@ -87,8 +87,40 @@ def exact_top_k(
     slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
     ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
     scores, slots = exact_candidates(queries, keys, allowed, k, expired)
-    best, position = scores.topk(min(k, keys.shape[2]), dim=-1)
+    best, position = select_top_k(scores, k)
     return best, position if slots is None else slots.gather(-1, position)
+
+
+DIRECT_SELECT = 256  # rows of up to this many scores go to `torch.topk` as they are (`select_top_k`)
+
+
+def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores.topk(min(k, n), dim=-1)`` (sorted) over rows of ``n`` scores, through group maxima for long rows.
+
+    The ``n`` columns are cut into ``g ~ sqrt(n / k)`` chunks of ``G``, column ``c * G + j`` in group ``j``; the
+    ``k`` groups with the best maxima hold the ``k`` best columns (`grouped_candidates` gives the argument), so a
+    selection over the ``G`` maxima and one over those groups' ``g * k`` members replace one over ``n`` (on this
+    CPU `torch.topk` costs about 10 ns per score and row: the selections, not the products, were most of an exact
+    search over a few thousand slots). The same values; the indices may differ only between equal scores."""
+    width = scores.shape[-1]
+    k = min(k, width)
+    groups = round((width / max(k, 1)) ** 0.5)
+    if width <= DIRECT_SELECT or groups < 2:
+        return scores.topk(k, dim=-1)
+    # a chunk count near g that divides the width saves padding (a copy of the scores)
+    divisors = [count for count in range(max(2, groups // 2), 2 * groups + 1) if width % count == 0]
+    if divisors:
+        groups = min(divisors, key=lambda count: abs(count - groups))
+    size = -(-width // groups)
+    chunks = -(-width // size)
+    if chunks * size != width:
+        scores = F.pad(scores, (0, chunks * size - width), value=float("-inf"))
+    grouped = scores.unflatten(-1, (chunks, size))  # (..., g, G)
+    chosen = grouped.amax(-2).topk(k, dim=-1, sorted=False).indices  # (..., K): the groups
+    members = grouped.gather(-1, chosen.unsqueeze(-2).expand(*grouped.shape[:-1], k))  # (..., g, K)
+    values, position = members.flatten(-2).topk(k, dim=-1)
+    index = chosen.gather(-1, position % k) + torch.div(position, k, rounding_mode="floor") * size
+    return values, index.clamp_max_(width - 1)
 
 
 DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores the exact search scores them all at once
@@ -96,10 +128,11 @@ DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores the exact
 
 def exact_candidates(
     queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, GroupedSlots | None]:
     """Scores ``(B, H, T, M)`` of candidate slots whose top ``k`` is the exact top ``k`` of the memory, and the
-    slots ``(B, H, T, M)`` they are (``None``: the candidates are every slot in order, ``M = N``): small memories are
-    scored whole, large ones go through `grouped_candidates`. A caller merging more candidates (the segment's own
+    slots they are (``None``: the candidates are every slot in order, ``M = N``; else `GroupedSlots`, whose ``gather``
+    gives the slots of selected candidates): small memories are scored whole, large ones go through
+    `grouped_candidates`. A caller merging more candidates (the segment's own
     positions, `retrieve`) selects once over all of them."""
     _check_search(queries, keys, allowed, k)
     batch, heads, length, _ = queries.shape
@@ -120,8 +153,11 @@ def grouped_top_k(
     """`exact_top_k` through `grouped_candidates` (what it runs for large memories; same arguments and outputs)."""
     _check_search(queries, keys, allowed, k)
     scores, slots = grouped_candidates(queries, keys, allowed, k, expired, groups)
-    best, position = scores.topk(min(k, keys.shape[2]), dim=-1)
+    best, position = select_top_k(scores, k)
     return best, slots.gather(-1, position)
+
+
+SEARCH_BLOCK_SCORES = 1 << 22  # the grouped search scores at most this many (query, slot) pairs at a time (16 MiB)
 
 
 def grouped_candidates(
@@ -131,16 +167,19 @@ def grouped_candidates(
     k: int,
     expired: Expired | None = None,
     groups: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, GroupedSlots]:
     """``k * g`` candidates per query that hold the exact top ``k`` of ``N`` slots, found with one selection over
     ``G`` group maxima instead of one over every slot.
 
     The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``), and slot
-    ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time (a ``(T, G)`` product
-    per row and head, so the ``(T, N)`` score matrix is never allocated at once) while a running maximum keeps each
-    group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own, and at most
-    ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them. Returns their
-    scores and slots ``(B, H, T, k * g)`` (padding slots come with ``-inf`` and are clamped into range).
+    ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time while a running maximum
+    keeps each group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own,
+    and at most ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them.
+    Returns their scores ``(B, H, T, k * g)`` (padding slots come with ``-inf``) and their slots (`GroupedSlots`).
+
+    The (row and head, query) pairs are taken in blocks whose scores (``g`` chunks) fit in `SEARCH_BLOCK_SCORES`,
+    into one buffer reused by every block: the ``(B, H, T, N)`` score matrix is never held at once (allocating it
+    anew at every step, page by page, cost about as much as the products themselves).
     """
     batch, heads, length, width = queries.shape
     slots = keys.shape[2]
@@ -148,29 +187,81 @@ def grouped_candidates(
         groups = max(1, round((slots / k) ** 0.5))
     size = -(-slots // groups)  # G: slots per chunk = number of groups
     chunks = -(-slots // size)
-    flat_queries = queries.reshape(batch * heads, length, width)
-    keys = keys.reshape(batch * heads, slots, width)
-    check_allowed = not bool(allowed.all())
-    parts, best = [], None
-    for chunk in range(chunks):
-        start, stop = chunk * size, min((chunk + 1) * size, slots)
-        scores = torch.bmm(flat_queries, keys[:, start:stop].to(queries.dtype).transpose(1, 2))  # (B*H, T, <=G)
-        scores = scores.view(batch, heads, length, stop - start)
-        if check_allowed:
-            scores.masked_fill_(~allowed[..., start:stop], float("-inf"))
-        if expired is not None:
-            inside = (expired[0] >= start) & (expired[0] < stop)
+    top = min(k, size)
+    rows = batch * heads
+    flat_queries = queries.reshape(rows, length, width)
+    flat_keys = keys.reshape(rows, slots, width).to(queries.dtype)
+    # (B, H or 1, T or 1, N): the broadcast heads and queries are not copied; None when every slot is allowed
+    allowed = None if bool(allowed.all()) else allowed.expand(batch, allowed.shape[1], allowed.shape[2], slots)
+    chunk_expired = [None] * chunks  # per chunk: its expired columns and the (T, C') queries they are gone for
+    if expired is not None:
+        for chunk in range(chunks):
+            inside = (expired[0] >= chunk * size) & (expired[0] < (chunk + 1) * size)
             if bool(inside.any()):
-                columns = expired[0][inside] - start
-                scores[..., columns] = scores[..., columns].masked_fill(expired[1][:, inside], float("-inf"))
-        if stop - start < size:  # the last chunk: padded so that every chunk has G columns
-            scores = F.pad(scores, (0, size - (stop - start)), value=float("-inf"))
-        parts.append(scores)
-        best = scores.clone() if best is None else torch.maximum(best, scores, out=best)
-    chosen = best.topk(min(k, size), dim=-1).indices  # (B, H, T, K1): the groups
-    candidates = torch.cat([part.gather(-1, chosen) for part in parts], dim=-1)  # (B, H, T, g * K1)
-    offsets = torch.arange(chunks, device=chosen.device).repeat_interleave(chosen.shape[-1]) * size
-    return candidates, (chosen.repeat(1, 1, 1, chunks) + offsets).clamp_max_(slots - 1)
+                chunk_expired[chunk] = (expired[0][inside] - chunk * size, expired[1][:, inside])
+    # a block: `row_block` rows x `query_block` queries; every chunk of it scored into the buffer before selecting
+    query_block = max(1, min(length, SEARCH_BLOCK_SCORES // (chunks * size)))
+    row_block = max(1, min(rows, SEARCH_BLOCK_SCORES // (chunks * size * query_block)))
+    buffer = queries.new_empty(chunks * row_block * query_block * size)
+    best_buffer = queries.new_empty(row_block * query_block * size)
+    candidates = queries.new_empty(rows, length, chunks, top)
+    chosen_groups = torch.empty(rows, length, top, dtype=torch.long, device=queries.device)
+    for row in range(0, rows, row_block):
+        row_end = min(row + row_block, rows)
+        block_allowed = None
+        if allowed is not None:
+            row_index = torch.arange(row, row_end, device=queries.device)
+            block_allowed = allowed[row_index // heads, row_index % heads if allowed.shape[1] > 1 else 0]
+        for query in range(0, length, query_block):
+            query_end = min(query + query_block, length)
+            block = (row_end - row, query_end - query, size)  # contiguous views: the products are written in place
+            scores = buffer[: chunks * block[0] * block[1] * size].view(chunks, *block)
+            block_best = best_buffer[: block[0] * block[1] * size].view(block)
+            block_queries = flat_queries[row:row_end, query:query_end]
+            for chunk in range(chunks):
+                start, stop = chunk * size, min((chunk + 1) * size, slots)
+                part = scores[chunk]
+                chunk_keys = flat_keys[row:row_end, start:stop].transpose(1, 2)
+                if stop - start == size:
+                    torch.bmm(block_queries, chunk_keys, out=part)
+                else:  # the last chunk: padded so that every chunk has G columns
+                    part[..., : stop - start] = torch.bmm(block_queries, chunk_keys)
+                    part[..., stop - start :] = float("-inf")
+                if block_allowed is not None:
+                    mask = block_allowed[:, query:query_end] if block_allowed.shape[1] > 1 else block_allowed
+                    part[..., : stop - start].masked_fill_(~mask[..., start:stop], float("-inf"))
+                if chunk_expired[chunk] is not None:
+                    columns, gone = chunk_expired[chunk]
+                    part[..., columns] = part[..., columns].masked_fill(gone[query:query_end], float("-inf"))
+                if chunk == 0:
+                    block_best.copy_(part)
+                else:
+                    torch.maximum(block_best, part, out=block_best)
+            chosen = select_top_k(block_best, top)[1]  # (rows, queries, K1): the groups
+            chosen_groups[row:row_end, query:query_end] = chosen
+            picked = scores.gather(-1, chosen.expand(chunks, *chosen.shape))  # (g, rows, queries, K1)
+            candidates[row:row_end, query:query_end] = picked.permute(1, 2, 0, 3)
+    return candidates.view(batch, heads, length, chunks * top), GroupedSlots(
+        chosen_groups.view(batch, heads, length, top), size, slots
+    )
+
+
+@dataclass
+class GroupedSlots:
+    """The slots of `grouped_candidates`' candidates, not materialised (a ``(B, H, T, g * K1)`` long tensor per
+    search): candidate ``c * K1 + j`` of a query is slot ``c * G + groups[..., j]``, clamped into range (padding)."""
+
+    groups: torch.Tensor  # (B, H, T, K1) the chosen groups
+    size: int  # G: slots per chunk
+    slots: int  # N
+
+    def gather(self, dim: int, position: torch.Tensor) -> torch.Tensor:
+        """The slots of the candidates at ``position`` ``(B, H, T, K)`` (like `torch.Tensor.gather` on the last dim)."""
+        if dim not in (-1, 3):
+            raise ValueError(f"GroupedSlots.gather selects along the last dimension, got dim={dim}.")
+        top = self.groups.shape[-1]
+        group = self.groups.gather(-1, position % top)
+        return (group + torch.div(position, top, rounding_mode="floor") * self.size).clamp_max_(self.slots - 1)
 
 
 def bucketed_top_k(
@@ -288,25 +379,99 @@ def gather_neighbours(memory: torch.Tensor, index: torch.Tensor) -> torch.Tensor
     return picked.view(*index.shape, width)
 
 
-def knn_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, found: torch.Tensor, scale: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass
+class Retrieved:
+    """The ``k`` pairs each query retrieved (`retrieve`), kept apart by where they come from.
+
+    The memory's pairs are gathered per query (``(B, H, T, K, Dh)``, without gradient: the memory has none). The
+    segment's own pairs (``knn_retrieval="token"``) are this forward's keys and values and carry its gradient: they
+    stay where they are, ``(B, H, T, Dh)``, with a ``(B, H, T, T)`` mask of the ones each query retrieved, and
+    `knn_attention` scores them with one ``(T, T)`` product per row and head. Gathering ``k`` copies of them with
+    gradient (and merging them with the memory's) made ``(B, H, T, K, Dh)`` tensors in the forward and the backward
+    that cost more than the search itself. `gathered` rebuilds that single rank-ordered form (the twin the tests
+    compare against).
+
+    Attributes:
+        memory_keys, memory_values: ``(B, H, T, K, Dh)``; rank ``r`` is meaningful where ``memory_found``.
+        memory_found: ``(B, H, T, K)`` bool, True where rank ``r`` is a pair of the memory.
+        found: ``(B, H, T, K)`` bool, True where rank ``r`` holds a pair (of the memory or of the segment).
+        segment_index: ``(B, H, T, K)`` long, the segment position of rank ``r`` (``-1``: not from the segment).
+        segment: the segment's keys and values ``(B, H, T, Dh)``, or None (nothing retrievable in the segment).
+        segment_found: ``(B, H, T, T)`` bool, True where position ``s`` of the segment is among query ``t``'s ``k``.
+    """
+
+    memory_keys: torch.Tensor
+    memory_values: torch.Tensor
+    memory_found: torch.Tensor
+    found: torch.Tensor
+    segment_index: torch.Tensor
+    segment: tuple[torch.Tensor, torch.Tensor] | None = None
+    segment_found: torch.Tensor | None = None
+
+    @property
+    def any_found(self) -> torch.Tensor:
+        """``(B, H, T, 1)`` bool: the query retrieved at least one pair."""
+        return self.found.any(-1, keepdim=True)
+
+    def logits(self, query: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """Scaled cosine scores ``(B, H, T, K + T)`` (``(B, H, T, K)`` without a segment) of ``query`` against the
+        memory's pairs by rank, then the segment's positions; ``-inf`` where nothing was retrieved."""
+        scale = scale[:, None, None]
+        logits = torch.einsum("bhtd,bhtkd->bhtk", query, self.memory_keys.to(query.dtype)) * scale
+        logits = logits.masked_fill(~self.memory_found, float("-inf"))
+        if self.segment is None:
+            return logits
+        segment = (query @ self.segment[0].to(query.dtype).transpose(-1, -2)) * scale  # (B, H, T, T)
+        return torch.cat([logits, segment.masked_fill(~self.segment_found, float("-inf"))], -1)
+
+    def attend(self, probs: torch.Tensor) -> torch.Tensor:
+        """``probs`` ``(B, H, T, K [+ T])`` over the pairs in the order of `logits` -> ``(B, H, T, Dh)``."""
+        ranks = self.memory_keys.shape[3]
+        values = self.memory_values.to(probs.dtype)
+        attended = torch.einsum("bhtk,bhtkd->bhtd", probs[..., :ranks], values)
+        if self.segment is None:
+            return attended
+        return attended + probs[..., ranks:] @ self.segment[1].to(probs.dtype)
+
+    def gathered(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The retrieved pairs in one rank-ordered form: keys, values ``(B, H, T, K, Dh)`` and ``found``
+        ``(B, H, T, K)`` (what `gathered_knn_attention` reads; the segment's pairs keep their gradient)."""
+        if self.segment is None:
+            return self.memory_keys, self.memory_values, self.found
+        in_segment = (self.segment_index >= 0)[..., None]  # (B, H, T, K, 1)
+        index = self.segment_index.clamp_min(0)
+        keys, values = (
+            torch.where(in_segment, gather_neighbours(part, index), memory.to(part.dtype))
+            for part, memory in zip(self.segment, (self.memory_keys, self.memory_values), strict=True)
+        )
+        return keys, values, self.found
+
+
+def knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each query over its own retrieved pairs (no positions: a retrieved pair has none).
 
     Args:
         query: ``(B, H, T, Dh)``, L2-normalised.
-        keys, values: ``(B, H, T, K, Dh)`` the retrieved pairs (keys L2-normalised).
-        found: ``(B, H, T, K)`` bool, False for padding neighbours (fewer than ``K`` allowed slots).
+        retrieved: what `retrieve` found (keys L2-normalised).
         scale: ``(H,)`` the learned per-head scale of the cosine scores.
 
     Returns:
-        ``(B, H, T, Dh)`` attended values (0 for a query that found nothing) and the ``(B, H, T, K)`` logits
-        (``-inf`` where nothing was found), which a joint softmax with the local attention reuses.
+        ``(B, H, T, Dh)`` attended values (0 for a query that found nothing) and the logits (`Retrieved.logits`:
+        ``-inf`` where nothing was retrieved), which a joint softmax with the local attention reuses.
     """
-    logits = torch.einsum("bhtd,bhtkd->bhtk", query, keys.to(query.dtype)) * scale[:, None, None]  # (B, H, T, K)
-    logits = logits.masked_fill(~found, float("-inf"))
+    logits = retrieved.logits(query, scale)
     probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a row with nothing found attends to nothing
-    return torch.einsum("bhtk,bhtkd->bhtd", probs, values.to(query.dtype)), logits
+    return retrieved.attend(probs), logits
+
+
+def gathered_knn_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, found: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """Twin of `knn_attention` over the rank-ordered pairs (`Retrieved.gathered`): keys, values ``(B, H, T, K, Dh)``,
+    ``found`` ``(B, H, T, K)``; returns ``(B, H, T, Dh)``."""
+    logits = torch.einsum("bhtd,bhtkd->bhtk", query, keys.to(query.dtype)) * scale[:, None, None]
+    probs = torch.softmax(logits.masked_fill(~found, float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhtk,bhtkd->bhtd", probs, values.to(query.dtype))
 
 
 def dense_knn_attention(
@@ -328,7 +493,7 @@ def retrieve(
     segment_allowed: torch.Tensor | None,
     k: int,
     indexes: Sequence | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Retrieved:
     """The ``k`` best pairs per query among the memory's allowed slots (searched with backend ``kind``) and, when
     ``segment`` is given, the allowed positions of the query's own segment (scored exactly).
 
@@ -341,10 +506,11 @@ def retrieve(
         indexes: the memory's persistent faiss indexes for ``kind="faiss"`` (`KNNMemory.faiss_indexes`).
 
     Returns:
-        keys, values ``(B, H, T, K, Dh)`` and ``found`` ``(B, H, T, K)`` bool. Pairs retrieved from the memory carry
-        no gradient; pairs retrieved from ``segment`` carry its gradient (they are this forward's keys and values).
+        A `Retrieved`. Pairs retrieved from the memory carry no gradient; pairs retrieved from ``segment`` carry its
+        gradient (they are this forward's keys and values).
     """
     allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
+    batch, heads, length, width = query.shape
     with torch.no_grad():
         if kind == "exact":  # candidates only: one selection below covers them and the segment
             scores, index = exact_candidates(query.detach(), memory[0], allowed, k, expired)  # (B, H, T, M)
@@ -352,28 +518,27 @@ def retrieve(
             scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired, indexes)  # (B, H, T, K1)
         from_memory = scores.shape[-1]
         if segment is not None:
-            segment_keys, segment_values = segment[0].to(query.dtype), segment[1].to(query.dtype)
-            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment_keys.detach())  # (B, H, T, T)
-            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))
+            segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment[0].detach().to(query.dtype))
+            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))  # (B, H, T, T)
             scores = torch.cat([scores, segment_scores], -1)
-        scores, position = scores.topk(min(k, scores.shape[-1]), dim=-1)  # (B, H, T, K)
-        slot = position.clamp_max(from_memory - 1) if from_memory else position
-        if index is not None and from_memory:
-            slot = index.gather(-1, slot)
-        if segment is None:
-            keys, values = gather_neighbours(memory[0], slot), gather_neighbours(memory[1], slot)
-            return keys.to(query.dtype), values.to(query.dtype), scores > float("-inf")
-        segment_index = (position - from_memory).clamp_min(0)  # (B, H, T, K)
-    # the segment's own pairs are this forward's: they keep their gradient (the memory's have none)
-    keys = gather_neighbours(segment_keys, segment_index)
-    values = gather_neighbours(segment_values, segment_index)
-    if from_memory:
-        in_segment = (position >= from_memory)[..., None]  # (B, H, T, K, 1)
-        with torch.no_grad():
+        scores, position = select_top_k(scores, k)  # (B, H, T, K)
+        found = scores > float("-inf")
+        in_memory = position < from_memory
+        if from_memory:
+            slot = position.clamp_max(from_memory - 1)
+            if index is not None:
+                slot = index.gather(-1, slot)
             memory_keys = gather_neighbours(memory[0], slot).to(query.dtype)
             memory_values = gather_neighbours(memory[1], slot).to(query.dtype)
-        keys, values = torch.where(in_segment, keys, memory_keys), torch.where(in_segment, values, memory_values)
-    return keys, values, scores > float("-inf")
+        else:  # an empty memory: nothing to gather
+            memory_keys = memory_values = query.new_zeros(*position.shape, width)
+        segment_index = torch.where(found & ~in_memory, position - from_memory, -1)  # (B, H, T, K)
+        segment_found = None
+        if segment is not None:  # position s retrieved by query t; index `length` collects the other ranks
+            target = torch.where(segment_index >= 0, segment_index, length)
+            segment_found = torch.zeros(batch, heads, length, length + 1, dtype=torch.bool, device=query.device)
+            segment_found = segment_found.scatter_(-1, target, True)[..., :length]
+    return Retrieved(memory_keys, memory_values, found & in_memory, found, segment_index, segment, segment_found)
 
 
 # ------------------------------------------------------------------------------------------------------------ memory
@@ -640,6 +805,7 @@ __all__ = [
     "SEARCH_KINDS",
     "KNNMemory",
     "MemorizingMemory",
+    "Retrieved",
     "bucketed_top_k",
     "dense_knn_attention",
     "exact_top_k",
@@ -647,6 +813,7 @@ __all__ = [
     "faiss_top_k",
     "exact_candidates",
     "gather_neighbours",
+    "gathered_knn_attention",
     "grouped_candidates",
     "grouped_top_k",
     "knn_attention",

@@ -124,7 +124,7 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         query, key, value = attention.project(hidden, memory)  # (B, H, T, Dh), 2 x (B, H, S, Dh)
         query_direction = F.normalize(query, dim=-1)  # (B, H, T, Dh)
         segment = (F.normalize(key[:, :, -length:], dim=-1), value[:, :, -length:])  # 2 x (B, H, T, Dh)
-        found_keys, found_values, found = retrieve(
+        retrieved = retrieve(
             knn.search,
             query_direction,
             (knn.keys, knn.values),
@@ -133,40 +133,37 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
             knn.segment_allowed,
             knn.top_k,
             knn.indexes,
-        )  # 2 x (B, H, T, K, Dh), (B, H, T, K)
+        )
         scale = self.knn_scale.abs()
         if self.combine == "gate":
             local, probs = attention.local_attention(
                 query, key, value, position_embedding, allowed, shared_biases, output_attentions, implementation
             )  # (B, H, T, Dh)
-            retrieved, _ = knn_attention(query_direction, found_keys, found_values, found, scale)  # (B, H, T, Dh)
+            attended_retrieved, _ = knn_attention(query_direction, retrieved, scale)  # (B, H, T, Dh)
             # a query that found nothing keeps its local result: with the gate closed this is Transformer-XL exactly
-            gate = torch.sigmoid(self.knn_gate)[:, None, None] * found.any(-1, keepdim=True)  # (B, H, T, 1)
-            attended = local * (1 - gate) + retrieved * gate
+            gate = torch.sigmoid(self.knn_gate)[:, None, None] * retrieved.any_found  # (B, H, T, 1)
+            attended = local * (1 - gate) + attended_retrieved * gate
         else:
             attended, probs = self._joint_attention(
-                query, key, value, position_embedding, allowed, shared_biases, knn_attention_inputs=(
-                    query_direction, found_keys, found_values, found, scale
-                )
-            )  # fmt: skip
+                query, key, value, position_embedding, allowed, shared_biases, query_direction, retrieved, scale
+            )
             probs = probs if output_attentions else None
         hidden = attention.finish(hidden, attended)
         return self.feed_forward(hidden), probs, (segment[0].detach(), segment[1].detach())
 
-    def _joint_attention(self, query, key, value, position_embedding, allowed, shared_biases, knn_attention_inputs):
+    def _joint_attention(
+        self, query, key, value, position_embedding, allowed, shared_biases, query_direction, retrieved, scale
+    ):
         """One softmax over the local keys (Transformer-XL scores) and the retrieved pairs (scaled cosine scores)."""
         attention = self.attention
         bias, content_bias = attention.position_scores(query, position_embedding, allowed, shared_biases)
         content = torch.einsum("bhtd,bhsd->bhts", query + content_bias[:, None, :].to(query.dtype), key)
         local_logits = content * attention.scale + bias.to(query.dtype)  # (B, H, T, S)
-        _, knn_logits = knn_attention(*knn_attention_inputs)  # (B, H, T, K)
-        probs = torch.softmax(torch.cat([local_logits, knn_logits], dim=-1), dim=-1)  # (B, H, T, S + K)
+        knn_logits = retrieved.logits(query_direction, scale)  # (B, H, T, K [+ T])
+        probs = torch.softmax(torch.cat([local_logits, knn_logits], dim=-1), dim=-1)  # (B, H, T, S + K [+ T])
         probs = attention.attention_dropout(probs)
         key_length = key.shape[2]
-        found_values = knn_attention_inputs[2]
-        attended = probs[..., :key_length] @ value + torch.einsum(
-            "bhtk,bhtkd->bhtd", probs[..., key_length:], found_values.to(query.dtype)
-        )  # (B, H, T, Dh)
+        attended = probs[..., :key_length] @ value + retrieved.attend(probs[..., key_length:])  # (B, H, T, Dh)
         return attended, probs[..., :key_length]
 
 
