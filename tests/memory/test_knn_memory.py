@@ -130,6 +130,29 @@ def test_bucketed_top_k_is_exact_when_small_and_recalls_the_true_neighbours():
     assert recall(index, expected_index, expected_scores) >= 0.55  # meliad measured 0.63 for its buckets
 
 
+@pytest.mark.parametrize("block,chunk", [(None, None), (1, 8), (70, 16)])
+def test_bucketed_top_k_is_the_best_slot_of_each_bucket(monkeypatch, block, chunk):
+    """Twin of the bucketed search: slot s in bucket s mod k, each bucket's best allowed slot, sorted; also when the
+    scores come in blocks and chunks (a last chunk past the memory, expired pairs, a query that may see nothing)."""
+    from tf_family.memory import knn_memory
+    from tf_family.memory.knn_memory import expand_expired
+
+    if block is not None:
+        monkeypatch.setattr(knn_memory, "SEARCH_BLOCK_SCORES", block)
+        monkeypatch.setattr(knn_memory, "BUCKET_CHUNK_SLOTS", chunk)
+    queries, keys = unit(2, 3, 5, 8), unit(2, 3, 37, 8, seed=1)
+    allowed = random_allowed(2, 5, 37)
+    expired = (torch.tensor([36, 0, 1]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    scores, index = bucketed_top_k(queries, keys, allowed, 4, expired)
+    full = torch.einsum("bhtd,bhnd->bhtn", queries, keys).masked_fill(~expand_expired(allowed, expired, 5), -torch.inf)
+    expected = torch.stack([full[..., bucket::4].amax(-1) for bucket in range(4)], -1).sort(-1, descending=True)[0]
+    torch.testing.assert_close(scores, expected)
+    finite = scores > float("-inf")
+    torch.testing.assert_close(full.gather(-1, index)[finite], scores[finite])
+    assert ((index >= 0) & (index < 37)).all()
+    assert not finite[0, :, 0].any()
+
+
 def test_faiss_top_k_flat_equals_exact():
     pytest.importorskip("faiss")
     queries, keys = unit(2, 2, 5, 8).float(), unit(2, 2, 40, 8, seed=1).float()

@@ -157,7 +157,8 @@ def grouped_top_k(
     return best, slots.gather(-1, position)
 
 
-SEARCH_BLOCK_SCORES = 1 << 22  # the grouped search scores at most this many (query, slot) pairs at a time (16 MiB)
+BUCKET_CHUNK_SLOTS = 1024  # the bucketed search's chunk of slots (rounded to a multiple of k)
+SEARCH_BLOCK_SCORES = 1 << 22  # `scored_blocks` holds at most this many (query, slot) scores at a time (16 MiB)
 
 
 def grouped_candidates(
@@ -177,17 +178,48 @@ def grouped_candidates(
     and at most ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them.
     Returns their scores ``(B, H, T, k * g)`` (padding slots come with ``-inf``) and their slots (`GroupedSlots`).
 
-    The (row and head, query) pairs are taken in blocks whose scores (``g`` chunks) fit in `SEARCH_BLOCK_SCORES`,
-    into one buffer reused by every block: the ``(B, H, T, N)`` score matrix is never held at once (allocating it
-    anew at every step, page by page, cost about as much as the products themselves).
+    The (row and head, query) pairs are taken in blocks (`scored_blocks`): the ``(B, H, T, N)`` score matrix is
+    never held at once.
     """
-    batch, heads, length, width = queries.shape
+    batch, heads, length, _ = queries.shape
     slots = keys.shape[2]
     if groups is None:
         groups = max(1, round((slots / k) ** 0.5))
     size = -(-slots // groups)  # G: slots per chunk = number of groups
     chunks = -(-slots // size)
     top = min(k, size)
+    rows = batch * heads
+    candidates = queries.new_empty(rows, length, chunks, top)
+    chosen_groups = torch.empty(rows, length, top, dtype=torch.long, device=queries.device)
+    for block, scores, best in scored_blocks(queries, keys, allowed, expired, size, running_max=True):
+        chosen = select_top_k(best, top)[1]  # (rows, queries, K1): the groups
+        chosen_groups[block] = chosen
+        picked = scores.gather(-1, chosen.expand(chunks, *chosen.shape))  # (g, rows, queries, K1)
+        candidates[block] = picked.permute(1, 2, 0, 3)
+    return candidates.view(batch, heads, length, chunks * top), GroupedSlots(
+        chosen_groups.view(batch, heads, length, top), size, slots
+    )
+
+
+def scored_blocks(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    allowed: torch.Tensor,
+    expired: Expired | None,
+    size: int,
+    running_max: bool = False,
+):
+    """The masked scores of blocks of (row and head, query) pairs against all ``N`` slots, in chunks of ``size``.
+
+    Yields ``(block, scores, best)``: ``block`` indexes the flattened ``(B * H, T)`` pairs, ``scores``
+    ``(g, rows, queries, size)`` chunk ``c`` holding slots ``c * size ...`` (``-inf`` where not allowed, expired, or
+    past ``N``), ``best`` their maximum over the chunks (with ``running_max``, else None). Every block is written
+    into one buffer of at most `SEARCH_BLOCK_SCORES` scores, reused: valid until the next block. The ``(B, H, T, N)``
+    score matrix is never held at once (allocating it anew at every step, page by page, cost about as much as the
+    products themselves)."""
+    batch, heads, length, width = queries.shape
+    slots = keys.shape[2]
+    chunks = -(-slots // size)
     rows = batch * heads
     flat_queries = queries.reshape(rows, length, width)
     flat_keys = keys.reshape(rows, slots, width).to(queries.dtype)
@@ -203,9 +235,7 @@ def grouped_candidates(
     query_block = max(1, min(length, SEARCH_BLOCK_SCORES // (chunks * size)))
     row_block = max(1, min(rows, SEARCH_BLOCK_SCORES // (chunks * size * query_block)))
     buffer = queries.new_empty(chunks * row_block * query_block * size)
-    best_buffer = queries.new_empty(row_block * query_block * size)
-    candidates = queries.new_empty(rows, length, chunks, top)
-    chosen_groups = torch.empty(rows, length, top, dtype=torch.long, device=queries.device)
+    best_buffer = queries.new_empty(row_block * query_block * size) if running_max else None
     for row in range(0, rows, row_block):
         row_end = min(row + row_block, rows)
         block_allowed = None
@@ -216,7 +246,7 @@ def grouped_candidates(
             query_end = min(query + query_block, length)
             block = (row_end - row, query_end - query, size)  # contiguous views: the products are written in place
             scores = buffer[: chunks * block[0] * block[1] * size].view(chunks, *block)
-            block_best = best_buffer[: block[0] * block[1] * size].view(block)
+            best = None if best_buffer is None else best_buffer[: block[0] * block[1] * size].view(block)
             block_queries = flat_queries[row:row_end, query:query_end]
             for chunk in range(chunks):
                 start, stop = chunk * size, min((chunk + 1) * size, slots)
@@ -224,7 +254,7 @@ def grouped_candidates(
                 chunk_keys = flat_keys[row:row_end, start:stop].transpose(1, 2)
                 if stop - start == size:
                     torch.bmm(block_queries, chunk_keys, out=part)
-                else:  # the last chunk: padded so that every chunk has G columns
+                else:  # the last chunk: padded so that every chunk has `size` columns
                     part[..., : stop - start] = torch.bmm(block_queries, chunk_keys)
                     part[..., stop - start :] = float("-inf")
                 if block_allowed is not None:
@@ -233,17 +263,11 @@ def grouped_candidates(
                 if chunk_expired[chunk] is not None:
                     columns, gone = chunk_expired[chunk]
                     part[..., columns] = part[..., columns].masked_fill(gone[query:query_end], float("-inf"))
-                if chunk == 0:
-                    block_best.copy_(part)
-                else:
-                    torch.maximum(block_best, part, out=block_best)
-            chosen = select_top_k(block_best, top)[1]  # (rows, queries, K1): the groups
-            chosen_groups[row:row_end, query:query_end] = chosen
-            picked = scores.gather(-1, chosen.expand(chunks, *chosen.shape))  # (g, rows, queries, K1)
-            candidates[row:row_end, query:query_end] = picked.permute(1, 2, 0, 3)
-    return candidates.view(batch, heads, length, chunks * top), GroupedSlots(
-        chosen_groups.view(batch, heads, length, top), size, slots
-    )
+                if best is not None and chunk == 0:
+                    best.copy_(part)
+                elif best is not None:  # while the chunk is in cache
+                    torch.maximum(best, part, out=best)
+            yield (slice(row, row_end), slice(query, query_end)), scores, best
 
 
 @dataclass
@@ -270,16 +294,25 @@ def bucketed_top_k(
     """meliad's approximate top-k: slot ``s`` belongs to bucket ``s mod k``; each of the ``k`` buckets gives its best
     allowed slot. Exact when ``N <= k``. Same arguments and outputs as `exact_top_k` (sorted by decreasing score)."""
     _check_search(queries, keys, allowed, k)
+    batch, heads, length, _ = queries.shape
     slots = keys.shape[2]
     if slots <= k:
         return exact_top_k(queries, keys, allowed, k, expired)
-    scores = _masked_scores(queries, keys, allowed, expired)  # (B, H, T, N)
-    rows = -(-slots // k)
-    scores = F.pad(scores, (0, rows * k - slots), value=float("-inf"))  # (B, H, T, rows * k)
-    best, row = scores.unflatten(-1, (rows, k)).max(dim=-2)  # (B, H, T, K): slot = row * k + bucket
-    index = row * k + torch.arange(k, device=scores.device)
-    order = best.argsort(dim=-1, descending=True)
-    return best.gather(-1, order), index.gather(-1, order)
+    # chunks of a multiple of k slots, so that column j of every chunk is in bucket j mod k
+    size = k * max(1, min(-(-slots // k), BUCKET_CHUNK_SLOTS // k))
+    best = queries.new_empty(batch * heads, length, k)
+    index = torch.empty(batch * heads, length, k, dtype=torch.long, device=queries.device)
+    buckets = torch.arange(k, device=queries.device)
+    for block, scores, _ in scored_blocks(queries, keys, allowed, expired, size):
+        scores = scores.unflatten(-1, (size // k, k))  # (g, rows, queries, size / k, K)
+        bucket_best, chunk = scores.amax(dim=-2).max(dim=0)  # (rows, queries, K): each bucket's best chunk
+        members = scores.gather(0, chunk[None, :, :, None].expand(1, *scores.shape[1:]))[0]  # of that chunk
+        row = members.argmax(dim=-2)  # (rows, queries, K)
+        best[block], index[block] = bucket_best, chunk * size + row * k + buckets
+    index.clamp_max_(slots - 1)  # a bucket with nothing allowed may point past the memory (its score is -inf)
+    best, order = best.sort(dim=-1, descending=True)
+    shape = (batch, heads, length, k)
+    return best.view(shape), index.gather(-1, order).view(shape)
 
 
 def faiss_top_k(
