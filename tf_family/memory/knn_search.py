@@ -12,7 +12,8 @@ One function, `knn_top_k`, in front of three backends (scores are inner products
 * ``"faiss"``: a faiss index per (row, head), persistent (`KNNMemory.faiss_indexes`, `tf_family.memory.knn_faiss`:
   built once, then kept in step with every write in place; flat = exact, IVF approximate).
 
-`top_k_reference` is the brute-force twin (a Python sort per query) they are tested against.
+`top_k_reference` is the brute-force twin (a Python sort per query) they are tested against. The searches are not
+differentiable: their scores carry no gradient (the attention over the retrieved pairs recomputes its logits).
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` queries, ``N`` memory slots (the capacity), ``K`` neighbours, ``Dh`` head width.
 """
@@ -55,6 +56,7 @@ def expand_expired(allowed: torch.Tensor, expired: Expired | None, length: int) 
     return allowed
 
 
+@torch.no_grad()
 def _masked_scores(
     queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, expired: Expired | None
 ) -> torch.Tensor:
@@ -188,6 +190,7 @@ def grouped_candidates(
     )
 
 
+@torch.no_grad()
 def scored_blocks(
     queries: torch.Tensor,
     keys: torch.Tensor,
