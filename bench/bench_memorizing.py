@@ -44,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parts", nargs="*", default=["overhead", "perplexity", "passkey"])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     parser.add_argument("--overhead_models", nargs="*", default=["small", "larger"], choices=list(OVERHEAD_MODELS))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds of the overhead part")
     parser.add_argument("--train_steps", type=int, default=300)
     parser.add_argument("--passkey_steps", type=int, default=2400)
     parser.add_argument("--passkey_lr", type=float, default=4e-3)
@@ -159,7 +160,7 @@ def overhead_for(args, name: str) -> tuple[dict, str]:
         steps[label] = train_step(label, model, torch.optim.AdamW(model.parameters(), lr=1e-5))
     for size in sizes:
         steps.update(search_floor(knn_model.config, batch, length, size, generator))
-    times = time_interleaved(steps, rounds=3 if args.quick else 5)
+    times = time_interleaved(steps, rounds=3 if args.quick else args.rounds)
     base = statistics.median(times["Transformer-XL (no kNN layer)"])
     rows = []
     for size in [0, *sizes]:
@@ -240,7 +241,7 @@ def overhead(args) -> dict:
             "decode: Transformer-XL": decode(xl_model, 0),
             f"decode: kNN {size}": decode(knn_model, size),
         },
-        rounds=3 if args.quick else 5,
+        rounds=3 if args.quick else args.rounds,
     )
     other = []
     for kind in ("eval", "decode"):

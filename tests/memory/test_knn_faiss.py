@@ -10,7 +10,7 @@ from tf_family.memory import KNNMemory, exact_top_k
 faiss = pytest.importorskip("faiss")
 
 from tf_family.memory.knn_faiss import FaissSlotIndex  # noqa: E402
-from tf_family.memory.knn_memory import faiss_top_k  # noqa: E402
+from tf_family.memory.knn_search import faiss_top_k  # noqa: E402
 
 
 def unit(*shape, seed=0):

@@ -50,11 +50,11 @@ def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
     expired pairs, a query that may see nothing, and a last chunk shorter than the others; also when the (row,
     query) pairs are scored in blocks (``block``: a score budget forcing one query at a time, or blocks that cut
     the queries and the rows unevenly)."""
-    from tf_family.memory import knn_memory
-    from tf_family.memory.knn_memory import expand_expired
+    from tf_family.memory import knn_search
+    from tf_family.memory.knn_search import expand_expired
 
     if block is not None:
-        monkeypatch.setattr(knn_memory, "SEARCH_BLOCK_SCORES", block)
+        monkeypatch.setattr(knn_search, "SEARCH_BLOCK_SCORES", block)
     queries, keys = unit(2, 3, 5, 8), unit(2, 3, slots, 8, seed=1)
     allowed = random_allowed(2, 5, slots)
     expired = (torch.tensor([slots - 1, 0, 1]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
@@ -71,14 +71,14 @@ def test_select_top_k_equals_topk(monkeypatch, width, k):
     """The selection through group maxima gives torch.topk's values, sorted, and indices that hold them, also with
     rows of -inf (nothing allowed), a width the chunks do not divide, k equal to or above the width, and a direct
     threshold forcing the grouped path on short rows."""
-    from tf_family.memory import knn_memory
+    from tf_family.memory import knn_search
 
     scores = torch.randn(3, 5, width, generator=torch.Generator().manual_seed(width))
     scores[0, 0] = float("-inf")
     scores[0, 1, width // 3 :] = float("-inf")  # fewer allowed scores than k
     for direct in (512, 0):
-        monkeypatch.setattr(knn_memory, "DIRECT_SELECT", direct)
-        values, index = knn_memory.select_top_k(scores, k)
+        monkeypatch.setattr(knn_search, "DIRECT_SELECT", direct)
+        values, index = knn_search.select_top_k(scores, k)
         expected = scores.topk(min(k, width), dim=-1).values
         assert torch.equal(values, expected)
         assert ((index >= 0) & (index < width)).all()
@@ -90,18 +90,30 @@ def test_select_top_k_equals_topk(monkeypatch, width, k):
         )
 
 
+@pytest.mark.parametrize("search", [exact_top_k, grouped_top_k, bucketed_top_k])
+def test_searches_take_queries_that_require_grad(search):
+    """A search called in grad mode with queries that require grad (the grouped path wrote its products with out=,
+    which autograd refuses) returns the same slots, and scores without gradient."""
+    queries, keys = unit(1, 2, 40, 8).float(), unit(1, 2, 3000, 8, seed=1).float()
+    allowed = random_allowed(1, 40, 3000)
+    expected_scores, expected_index = search(queries, keys, allowed, 6)
+    scores, index = search(queries.requires_grad_(), keys, allowed, 6)
+    assert torch.equal(index, expected_index) and torch.equal(scores, expected_scores)
+    assert not scores.requires_grad and (scores[0, :, 1:] > float("-inf")).all()
+
+
 def test_exact_top_k_takes_the_grouped_path_for_large_memories(monkeypatch):
-    import tf_family.memory.knn_memory as knn_memory
+    import tf_family.memory.knn_search as knn_search
 
     calls = []
-    monkeypatch.setattr(knn_memory, "grouped_candidates", lambda *args: calls.append(1) or (None, None))
+    monkeypatch.setattr(knn_search, "grouped_candidates", lambda *args: calls.append(1) or (None, None))
     queries, keys = unit(1, 1, 4, 8), unit(1, 1, 300, 8, seed=1)
     allowed = torch.ones(1, 1, 1, 300, dtype=torch.bool)
-    knn_memory.exact_top_k(queries, keys, allowed, 4)
+    knn_search.exact_top_k(queries, keys, allowed, 4)
     assert not calls  # 1,200 scores: scored at once
-    monkeypatch.setattr(knn_memory, "DIRECT_SEARCH_SCORES", 100)
+    monkeypatch.setattr(knn_search, "DIRECT_SEARCH_SCORES", 100)
     with pytest.raises(AttributeError):
-        knn_memory.exact_top_k(queries, keys, allowed, 4)
+        knn_search.exact_top_k(queries, keys, allowed, 4)
     assert calls == [1]
 
 
@@ -128,6 +140,29 @@ def test_bucketed_top_k_is_exact_when_small_and_recalls_the_true_neighbours():
     assert allowed.expand(2, 2, 16, 1000).gather(-1, index)[scores > float("-inf")].all()  # only allowed slots
     assert torch.equal(scores[..., 0], expected_scores[..., 0])  # the best one is always found
     assert recall(index, expected_index, expected_scores) >= 0.55  # meliad measured 0.63 for its buckets
+
+
+@pytest.mark.parametrize("block,chunk", [(None, None), (1, 8), (70, 16)])
+def test_bucketed_top_k_is_the_best_slot_of_each_bucket(monkeypatch, block, chunk):
+    """Twin of the bucketed search: slot s in bucket s mod k, each bucket's best allowed slot, sorted; also when the
+    scores come in blocks and chunks (a last chunk past the memory, expired pairs, a query that may see nothing)."""
+    from tf_family.memory import knn_search
+    from tf_family.memory.knn_search import expand_expired
+
+    if block is not None:
+        monkeypatch.setattr(knn_search, "SEARCH_BLOCK_SCORES", block)
+        monkeypatch.setattr(knn_search, "BUCKET_CHUNK_SLOTS", chunk)
+    queries, keys = unit(2, 3, 5, 8), unit(2, 3, 37, 8, seed=1)
+    allowed = random_allowed(2, 5, 37)
+    expired = (torch.tensor([36, 0, 1]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    scores, index = bucketed_top_k(queries, keys, allowed, 4, expired)
+    full = torch.einsum("bhtd,bhnd->bhtn", queries, keys).masked_fill(~expand_expired(allowed, expired, 5), -torch.inf)
+    expected = torch.stack([full[..., bucket::4].amax(-1) for bucket in range(4)], -1).sort(-1, descending=True)[0]
+    torch.testing.assert_close(scores, expected)
+    finite = scores > float("-inf")
+    torch.testing.assert_close(full.gather(-1, index)[finite], scores[finite])
+    assert ((index >= 0) & (index < 37)).all()
+    assert not finite[0, :, 0].any()
 
 
 def test_faiss_top_k_flat_equals_exact():
@@ -255,7 +290,7 @@ def test_index_select_state_dict_and_validation():
 def test_expired_pairs_equal_the_expanded_mask(search):
     if search is faiss_top_k:
         pytest.importorskip("faiss")
-    from tf_family.memory.knn_memory import expand_expired
+    from tf_family.memory.knn_search import expand_expired
 
     queries, keys = unit(2, 2, 5, 8).float(), unit(2, 2, 40, 8, seed=1).float()
     allowed = random_allowed(2, 1, 40)

@@ -27,19 +27,22 @@ from .compressive import (
 from .knn import ExactKNNStore, FaissKNNStore, KNNStore, chunked_knn_search, dense_knn_search, load_knn_store
 from .knn_lm import dense_knn_log_probs, interpolate_log_probs, knn_log_probs
 from .knn_memory import (
-    SEARCH_KINDS,
     KNNMemory,
     MemorizingMemory,
     Retrieved,
-    bucketed_top_k,
     dense_knn_attention,
+    gathered_knn_attention,
+    knn_attention,
+    retrieve,
+)
+from .knn_search import (
+    SEARCH_KINDS,
+    bucketed_top_k,
     exact_top_k,
     faiss_top_k,
-    gathered_knn_attention,
     grouped_top_k,
-    knn_attention,
     knn_top_k,
-    retrieve,
+    select_top_k,
     top_k_reference,
 )
 from .segment import SegmentMemory, update_segment_memory
@@ -91,6 +94,7 @@ __all__ = [
     "knn_attention",
     "knn_top_k",
     "retrieve",
+    "select_top_k",
     "top_k_reference",
     "COMPRESSION_KINDS",
     "CompressiveMemory",

@@ -9,7 +9,7 @@ from transformers import PreTrainedConfig
 
 from ...configuration_utils import check_config_kwargs, validate_config
 from ...memory.knn_faiss import FAISS_MEMORY_INDEXES
-from ...memory.knn_memory import SEARCH_KINDS
+from ...memory.knn_search import SEARCH_KINDS
 from ...validation import (
     check_choice,
     check_float,
