@@ -26,14 +26,15 @@ generated tokens: every prompt position's keys and values at every layer are wha
 must come from the real states, and all positions run each layer in the same products — exiting the last position
 early would save nothing and only change the first generated token.
 
-Training: the anytime loss — the exits' cross entropies weighted by `anytime_loss_weights` (``aggregation``) —
-plus the meta classifier's class-balanced loss (label: the exit's argmax equals the last layer's) on detached
-states, weighted by ``meta_loss_weight``. Under `Trainer`'s gradient accumulation (``num_items_in_batch``) each
-exit's cross entropy is a sum over the counted tokens divided by their count over the accumulated batch (exact: one
-large batch's anytime loss); the meta loss, class-balanced within a call, enters weighted by the call's share of the
-counted tokens (`tf_family.losses.batch_share`): accumulated, the token-weighted average of the micro-batches' meta
-losses. It trains the meta classifier only (its inputs are detached), so the rest of the model gets exactly the
-large-batch update.
+Training: the anytime loss — the exits' cross entropies weighted by `anytime_loss_weights` (``aggregation``) — plus
+the meta classifier's class-balanced loss (label: the exit's argmax equals the last layer's) on detached states,
+weighted by ``meta_loss_weight``, and (opt-in, ``distillation_weight``) the intermediate exits' mean
+self-distillation ``KL(p_final || p_exit)`` with the last layer's distribution detached. Under `Trainer`'s gradient
+accumulation (``num_items_in_batch``) each exit's cross entropy is a sum over the counted tokens divided by their
+count over the accumulated batch (exact: one large batch's anytime loss); the meta loss, class-balanced within a
+call, enters weighted by the call's share of the counted tokens (`tf_family.losses.batch_share`): accumulated, the
+token-weighted average of the micro-batches' meta losses. It trains the meta classifier only (its inputs are
+detached), so the rest of the model gets exactly the large-batch update.
 
 Deviations from the official code: exits are decided per row (it exits the whole batch when its least confident
 row is confident; its PyTorch port runs batch 1 only); the ``state`` measure is a per-row cosine; t in the decay is
@@ -63,13 +64,14 @@ from ...early_exit import (
     anytime_loss_weights,
     class_balanced_meta_loss,
     decayed_threshold,
+    distillation_kl,
     meta_confidence,
     restricted_softmax_confidence,
     softmax_diff_confidence,
     softmax_max_confidence,
     state_confidence,
 )
-from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy
+from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import RemoteCodeMixin, build_activation, decoding_step_inputs, fused_projections
 from ...validation import (
@@ -631,7 +633,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
 
     # ----------------------------------------------------------------------------------------------------- losses
     def _exit_losses(self, all_hidden, final_logits, targets, num_items_in_batch: NumItems = None):
-        """The anytime loss over the exits, the last layer's cross entropy (sums over ``num_items_in_batch`` when
+        """The anytime loss over the exits (plus ``distillation_weight`` times the intermediate exits' mean
+        self-distillation KL, when set), the last layer's cross entropy (sums over ``num_items_in_batch`` when
         given), and the meta classifier's loss (a mean over this call)."""
         points = self.config.exit_points(self.model.depth)
         weights = anytime_loss_weights(len(points), self.config.aggregation).tolist()
@@ -639,7 +642,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         flat_targets = targets.reshape(-1)
         final_prediction = final_logits.detach().argmax(-1)  # (B, T)
         anytime = final_logits.new_zeros((), dtype=torch.float32)
-        meta_losses = []
+        meta_losses, distillations = [], []
+        distill = self.config.distillation_weight > 0
         lm_loss = None
         for weight, point in zip(weights, points, strict=True):
             if point == points[-1]:
@@ -652,11 +656,15 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
                 meta_losses.append(
                     class_balanced_meta_loss(meta_logits.reshape(-1, 2), agrees.reshape(-1), valid.reshape(-1))
                 )
+                if distill:  # a token mean over the counted positions, as the cross entropies
+                    distillations.append(item_mean(distillation_kl(logits, final_logits), valid, num_items_in_batch))
             exit_loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_targets, num_items_in_batch)
             if not bool(valid.any()):
                 exit_loss = logits.sum() * 0.0
             anytime = anytime + weight * exit_loss
             lm_loss = exit_loss
+        if distillations:
+            anytime = anytime + self.config.distillation_weight * torch.stack(distillations).mean()
         if meta_losses:
             meta_loss = torch.stack(meta_losses).mean()
         else:  # one exit only: nothing to classify, but the classifier stays in the graph
