@@ -113,9 +113,8 @@ def _normalise(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """``norm(hidden)`` without its weight and bias: the part every layer's norm shares (as the norm computes it)."""
     if isinstance(norm, nn.LayerNorm):
         return F.layer_norm(hidden, norm.normalized_shape, None, None, norm.eps)
-    dtype = hidden.dtype
-    hidden = hidden.float()
-    return (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + norm.eps)).to(dtype)
+    # one fused kernel: x * rsqrt(mean(x^2) + eps) in float32, as Llama computes it
+    return F.rms_norm(hidden.float(), hidden.shape[-1:], None, norm.eps).to(hidden.dtype)
 
 
 class TffCalmMLP(nn.Module):
@@ -140,12 +139,24 @@ class TffCalmMLP(nn.Module):
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
     """Rotary tables for ``positions`` ``(B, T)``: ``cos``, ``sin`` ``(B, 1, T, Dh)`` (Llama's default rope)."""
-    inv_freq = 1.0 / (
-        base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim)
-    )
+    inv_freq = _inverse_frequencies(head_dim, base, positions.device)
     freqs = positions[..., None].float() * inv_freq  # (B, T, Dh / 2)
     angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, Dh)
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+_INVERSE_FREQUENCIES: dict = {}
+
+
+def _inverse_frequencies(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """``1 / base^(2i / head_dim)`` ``(Dh / 2,)`` float32, computed once per (head_dim, base, device): a decoding
+    step would otherwise rebuild it for every token."""
+    key = (head_dim, float(base), device)
+    table = _INVERSE_FREQUENCIES.get(key)
+    if table is None:
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+        table = _INVERSE_FREQUENCIES[key] = 1.0 / (base**exponents)
+    return table
 
 
 def _apply_rotary(tensor: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
@@ -306,6 +317,11 @@ class TffCalmModel(TffCalmPreTrainedModel):
             )
         return depth
 
+    def layer_range(self, start: int, stop: int) -> list:
+        """``layers[start:stop]`` as a plain list (slicing the `nn.ModuleList` builds a new module per call, which
+        a decoding step would pay several times)."""
+        return list(self.layers)[start:stop]
+
     def propagate(self, hidden, cos, sin, past_key_values: Cache, start: int) -> None:
         """State propagation into layers ``start`` … ``depth - 1``: each writes its keys and values of ``hidden``
         (the exit states ``(B, T, D)``, which pass those layers unchanged) into the cache.
@@ -314,8 +330,8 @@ class TffCalmModel(TffCalmPreTrainedModel):
         the shared normalisation ``x̂`` times its weight (plus its bias, LayerNorm), so ``norm_l(x) W_l^T + c_l =
         x̂ (W_l diag(w_l))^T + (W_l b_l + c_l)``, and the folded weights of every layer are stacked once per weight
         version. With gradients, each layer projects on its own (`TffCalmDecoderLayer.propagate`)."""
-        layers = self.layers[start : self.depth]
-        if not len(layers):
+        layers = self.layer_range(start, self.depth)
+        if not layers:
             return
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             for layer in layers:
@@ -434,7 +450,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
             input_ids, inputs_embeds, attention_mask, position_ids, past_key_values
         )
         all_hidden, all_attentions = (hidden,), ()
-        for layer in self.layers[: self.depth]:
+        for layer in self.layer_range(0, self.depth):
             hidden, probs = layer(hidden, cos, sin, allowed, past_key_values if use_cache else None)
             all_hidden += (hidden,)
             all_attentions += (probs,)
@@ -588,7 +604,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         if dynamic:
             logits, exit_layers = self._decode_with_exits(hidden, cos, sin, allowed, cache, positions)
         elif exit_layer is not None:
-            for layer in base.layers[:exit_layer]:
+            for layer in base.layer_range(0, exit_layer):
                 hidden, _ = layer(hidden, cos, sin, allowed, cache)
             if cache is not None:
                 base.propagate(hidden, cos, sin, cache, exit_layer)
@@ -596,7 +612,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
             exit_layers = torch.full((batch, length), exit_layer, dtype=torch.long, device=hidden.device)
         else:
             all_hidden, all_attentions = (hidden,), ()
-            for layer in base.layers[:depth]:
+            for layer in base.layer_range(0, depth):
                 hidden, probs = layer(hidden, cos, sin, allowed, cache)
                 all_hidden += (hidden,)
                 all_attentions += (probs,)
@@ -685,18 +701,19 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         return cached[1]
 
     def _confidence(self, measure: str, hidden, previous):
-        """Every row's confidence ``(B,)`` at an exit, and the exit logits ``(B, 1, V)`` when the measure computed
-        them (``previous``: the hidden states at the previous exit, for ``state``)."""
+        """Every row's confidence ``(B,)`` at an exit, the exit logits ``(B, 1, V)`` when the measure computed
+        them, and the normed exit states when it computed those (``previous``: the hidden states at the previous
+        exit, for ``state``)."""
         if measure == "state":
-            return state_confidence(previous, hidden)[:, 0], None
+            return state_confidence(previous, hidden)[:, 0], None, None
         normed = self.model.norm(hidden)
         if measure == "meta":
-            return meta_confidence(self.meta_classifier(normed))[:, 0], None
+            return meta_confidence(self.meta_classifier(normed))[:, 0], None, normed
         if measure == "restricted_softmax":
-            return restricted_softmax_confidence(normed, self._restricted_weight())[:, 0], None
+            return restricted_softmax_confidence(normed, self._restricted_weight())[:, 0], None, normed
         logits = self.lm_head(normed)
         score = softmax_diff_confidence if measure == "softmax_diff" else softmax_max_confidence
-        return score(logits)[:, 0], logits
+        return score(logits)[:, 0], logits, normed
 
     def _decode_with_exits(self, hidden, cos, sin, allowed, cache, positions):
         """One new token per row (``hidden`` ``(B, 1, D)``): per-row exits, state propagation for exited rows.
@@ -708,7 +725,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         hardly depends on a few rows, and gathering them costs more); once at most half run, attention and MLP run
         on those rows only (`index_select`/`index_copy`), the keys and values still on all. Once every row has
         left, the remaining layers only propagate, all in one product (`TffCalmModel.propagate`). One host read
-        per exit check (how many rows still run); no per-row Python work."""
+        per exit check (how many rows leave); no per-row Python work. Until a row leaves, a check adds nothing to the
+        layers above (no ``torch.where``, no bookkeeping): a token that runs the full depth pays only its checks."""
         config, base = self.config, self.model
         depth = base.depth
         points = config.exit_points(depth)
@@ -718,37 +736,50 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
             config.exit_threshold, positions[:, 0], decay_length, config.position_temperature
         )  # (B,)
         batch = hidden.shape[0]
-        exit_layers = torch.full((batch,), depth, dtype=torch.long, device=hidden.device)
+        checked = {point for point in points[:-1] if point >= config.min_exit}
+        exit_layers = None  # (B,) once a row has left (None: every row runs the full depth so far)
         running = None  # (B,) bool once a row has left (None: every row runs)
+        remaining = batch
         rows = None  # the running rows' indices once at most half the batch runs
         previous = None  # the hidden states at the previous exit (the state measure)
-        for count, layer in enumerate(base.layers[:depth], start=1):
+        for count, layer in enumerate(base.layer_range(0, depth), start=1):
             updated, _ = layer(hidden, cos, sin, allowed, cache, rows)
             hidden = (
                 updated
                 if running is None or rows is not None
                 else torch.where(running[:, None, None], updated, hidden)
             )
-            if count not in points or count == depth:
+            if count not in checked:
+                if count in points:
+                    previous = hidden
                 continue
-            if count < config.min_exit or (measure == "state" and previous is None):
+            if measure == "state" and previous is None:
                 previous = hidden
                 continue
-            confidence, logits = self._confidence(measure, hidden, previous)
+            confidence, logits, normed = self._confidence(measure, hidden, previous)
             previous = hidden
             leaving = confidence >= threshold
             if running is not None:
                 leaving = leaving & running
+            left = int(leaving.sum())
+            if left == 0:  # nobody leaves here: nothing to record
+                continue
+            remaining -= left
+            if exit_layers is None:
+                exit_layers = torch.full((batch,), depth, dtype=torch.long, device=hidden.device)
             exit_layers = torch.where(leaving, count, exit_layers)
             running = ~leaving if running is None else running & ~leaving
-            remaining = int(running.sum())
             if remaining == 0:  # every row has left: the layers above only propagate
                 if cache is not None and count < depth:
                     base.propagate(hidden, cos, sin, cache, count)
                 # a left row's state is frozen, so these logits are every row's exit logits
-                return (self.lm_head(base.norm(hidden)) if logits is None else logits), exit_layers[:, None]
+                if logits is None:
+                    logits = self.lm_head(base.norm(hidden) if normed is None else normed)
+                return logits, exit_layers[:, None]
             if 2 * remaining <= batch:
                 rows = running.nonzero()[:, 0]
+        if exit_layers is None:
+            exit_layers = torch.full((batch,), depth, dtype=torch.long, device=hidden.device)
         return self.lm_head(base.norm(hidden)), exit_layers[:, None]
 
     # ---------------------------------------------------------------------------------------------- generation
