@@ -24,13 +24,14 @@ measured wall-clock speed-up of early exit against full depth, per confidence me
    of one check) and λ = 0 (every generated token leaves at its first check).
 5. A histogram of the held-out exit layers at δ = 0.1 per measure (PNG).
 
-Run (the model first: about 25 minutes on 2 shared cores; then about 30 minutes for the benchmark)::
+Run (the model first: about 20 minutes on 2 shared cores; then about 15 minutes for the benchmark at loadavg 2)::
 
     OMP_WAIT_POLICY=PASSIVE python recipes/causal_lm.py --arch calm --variant small \
-        --config_overrides first_exit=2 exit_interval=2 decay_length=64 --block_size 64 \
-        --per_device_train_batch_size 8 --max_train_steps 700 --learning_rate 2e-3 --num_warmup_steps 30 \
-        --checkpointing_steps 100 --output_dir runs/calm-sotu-700
-    cd bench && OMP_WAIT_POLICY=PASSIVE python bench_calm.py --model ../runs/calm-sotu-700
+        --config_overrides first_exit=2 exit_interval=2 decay_length=64 distillation_weight=3.0 aggregation=uniform \
+        --block_size 64 --per_device_train_batch_size 8 --max_train_steps 1100 --learning_rate 2e-3 \
+        --num_warmup_steps 30 --checkpointing_steps 100 --output_dir runs/calm-sotu-distill3
+    cd bench && OMP_WAIT_POLICY=PASSIVE python bench_calm.py --model ../runs/calm-sotu-distill3 \
+        --first-exit 2 --exit-interval 6
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def sweep_stopper():
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", default="../runs/calm-sotu-700", help="a tff_calm folder trained with the anytime loss"
+        "--model", default="../runs/calm-sotu-distill3", help="a tff_calm folder trained with the anytime loss"
     )
     parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=24)
