@@ -139,24 +139,12 @@ class TffCalmMLP(nn.Module):
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
     """Rotary tables for ``positions`` ``(B, T)``: ``cos``, ``sin`` ``(B, 1, T, Dh)`` (Llama's default rope)."""
-    inv_freq = _inverse_frequencies(head_dim, base, positions.device)
+    inv_freq = 1.0 / (
+        base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim)
+    )
     freqs = positions[..., None].float() * inv_freq  # (B, T, Dh / 2)
     angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, Dh)
     return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-_INVERSE_FREQUENCIES: dict = {}
-
-
-def _inverse_frequencies(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """``1 / base^(2i / head_dim)`` ``(Dh / 2,)`` float32, computed once per (head_dim, base, device): a decoding
-    step would otherwise rebuild it for every token."""
-    key = (head_dim, float(base), device)
-    table = _INVERSE_FREQUENCIES.get(key)
-    if table is None:
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
-        table = _INVERSE_FREQUENCIES[key] = 1.0 / (base**exponents)
-    return table
 
 
 def _apply_rotary(tensor: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
@@ -317,11 +305,6 @@ class TffCalmModel(TffCalmPreTrainedModel):
             )
         return depth
 
-    def layer_range(self, start: int, stop: int) -> list:
-        """``layers[start:stop]`` as a plain list (slicing the `nn.ModuleList` builds a new module per call, which
-        a decoding step would pay several times)."""
-        return list(self.layers)[start:stop]
-
     def propagate(self, hidden, cos, sin, past_key_values: Cache, start: int) -> None:
         """State propagation into layers ``start`` … ``depth - 1``: each writes its keys and values of ``hidden``
         (the exit states ``(B, T, D)``, which pass those layers unchanged) into the cache.
@@ -330,8 +313,8 @@ class TffCalmModel(TffCalmPreTrainedModel):
         the shared normalisation ``x̂`` times its weight (plus its bias, LayerNorm), so ``norm_l(x) W_l^T + c_l =
         x̂ (W_l diag(w_l))^T + (W_l b_l + c_l)``, and the folded weights of every layer are stacked once per weight
         version. With gradients, each layer projects on its own (`TffCalmDecoderLayer.propagate`)."""
-        layers = self.layer_range(start, self.depth)
-        if not layers:
+        layers = self.layers[start : self.depth]
+        if not len(layers):
             return
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             for layer in layers:
@@ -450,7 +433,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
             input_ids, inputs_embeds, attention_mask, position_ids, past_key_values
         )
         all_hidden, all_attentions = (hidden,), ()
-        for layer in self.layer_range(0, self.depth):
+        for layer in self.layers[: self.depth]:
             hidden, probs = layer(hidden, cos, sin, allowed, past_key_values if use_cache else None)
             all_hidden += (hidden,)
             all_attentions += (probs,)
@@ -604,7 +587,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         if dynamic:
             logits, exit_layers = self._decode_with_exits(hidden, cos, sin, allowed, cache, positions)
         elif exit_layer is not None:
-            for layer in base.layer_range(0, exit_layer):
+            for layer in base.layers[:exit_layer]:
                 hidden, _ = layer(hidden, cos, sin, allowed, cache)
             if cache is not None:
                 base.propagate(hidden, cos, sin, cache, exit_layer)
@@ -612,7 +595,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
             exit_layers = torch.full((batch, length), exit_layer, dtype=torch.long, device=hidden.device)
         else:
             all_hidden, all_attentions = (hidden,), ()
-            for layer in base.layer_range(0, depth):
+            for layer in base.layers[:depth]:
                 hidden, probs = layer(hidden, cos, sin, allowed, cache)
                 all_hidden += (hidden,)
                 all_attentions += (probs,)
@@ -742,7 +725,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         remaining = batch
         rows = None  # the running rows' indices once at most half the batch runs
         previous = None  # the hidden states at the previous exit (the state measure)
-        for count, layer in enumerate(base.layer_range(0, depth), start=1):
+        for count, layer in enumerate(base.layers[:depth], start=1):
             updated, _ = layer(hidden, cos, sin, allowed, cache, rows)
             hidden = (
                 updated
