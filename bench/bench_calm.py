@@ -3,7 +3,9 @@ measured wall-clock speed-up of early exit against full depth, per confidence me
 
 1. **Model**: a CALM decoder (``small`` variant: 8 layers, width 256, the bundled 8k tokenizer; exits after layers 2,
    4, 6, 8) trained from scratch with the anytime loss and its meta classifier by ``recipes/causal_lm.py --arch
-   calm`` (``--model`` points at the trained folder; ``--training`` records the command that made it).
+   calm`` (``--model`` points at the trained folder; ``--training`` records the command that made it). Decoding can
+   use fewer exits than were trained (``--first-exit``, ``--exit-interval``): ``--first-exit 2 --exit-interval 6``
+   keeps the exits after 2 and 8, so a token that runs the full depth pays one check instead of three.
 2. **Prompts**: windows of ``--prompt-length`` tokens plus a ``--new-tokens`` continuation cut from the validation
    addresses (1995-2009: calibration) and the test addresses (2010 on: held out).
 3. **Learn-then-Test** per confidence measure (``softmax_diff`` and ``softmax_max`` over the full 8k vocabulary,
@@ -22,13 +24,14 @@ measured wall-clock speed-up of early exit against full depth, per confidence me
    of one check) and λ = 0 (every generated token leaves at its first check).
 5. A histogram of the held-out exit layers at δ = 0.1 per measure (PNG).
 
-Run (the model first: about 25 minutes on 2 shared cores; then about 30 minutes for the benchmark)::
+Run (the model first: about 20 minutes on 2 shared cores; then about 15 minutes for the benchmark at loadavg 2)::
 
     OMP_WAIT_POLICY=PASSIVE python recipes/causal_lm.py --arch calm --variant small \
-        --config_overrides first_exit=2 exit_interval=2 decay_length=64 --block_size 64 \
-        --per_device_train_batch_size 8 --max_train_steps 700 --learning_rate 2e-3 --num_warmup_steps 30 \
-        --checkpointing_steps 100 --output_dir runs/calm-sotu-700
-    cd bench && OMP_WAIT_POLICY=PASSIVE python bench_calm.py --model ../runs/calm-sotu-700
+        --config_overrides first_exit=2 exit_interval=2 decay_length=64 distillation_weight=3.0 aggregation=uniform \
+        --block_size 64 --per_device_train_batch_size 8 --max_train_steps 1100 --learning_rate 2e-3 \
+        --num_warmup_steps 30 --checkpointing_steps 100 --output_dir runs/calm-sotu-distill3
+    cd bench && OMP_WAIT_POLICY=PASSIVE python bench_calm.py --model ../runs/calm-sotu-distill3 \
+        --first-exit 2 --exit-interval 6
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ def sweep_stopper():
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", default="../runs/calm-sotu-700", help="a tff_calm folder trained with the anytime loss"
+        "--model", default="../runs/calm-sotu-distill3", help="a tff_calm folder trained with the anytime loss"
     )
     parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=24)
@@ -91,6 +94,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--splits", type=int, default=50)
     parser.add_argument("--measures", nargs="+", default=list(GRIDS), choices=list(GRIDS))
     parser.add_argument("--restricted-vocab", type=int, default=256)
+    parser.add_argument(
+        "--first-exit",
+        type=int,
+        help="decode with exits from this layer on (default: the model's config; the anytime loss trained them all)",
+    )
+    parser.add_argument(
+        "--exit-interval", type=int, help="layers between the exits used when decoding (default: the model's config)"
+    )
     parser.add_argument("--name", default="calm_sotu")
     parser.add_argument("--training", default="", help="how the model was trained (the command), for the table")
     return parser.parse_args()
@@ -119,6 +130,11 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     config = model.config
+    trained_exits = config.exit_points()
+    for field, value in (("first_exit", args.first_exit), ("exit_interval", args.exit_interval)):
+        if value is not None:
+            setattr(config, field, value)
+    config.validate_architecture()
     depth = config.num_hidden_layers
     sotu = load_sotu()
 
@@ -359,8 +375,8 @@ def main() -> None:
         )  # fmt: skip
     full1, full8 = speed[1]["median_s"]["full"], speed[8]["median_s"]["full"]
     markdown = (
-        f"# CALM early exit on the State of the Union corpus\n\nModel `{args.model}` ({depth} layers, exits after "
-        f"{config.exit_points()}), {cal_prompts.shape[0]} calibration prompts (validation addresses) and "
+        f"# CALM early exit on the State of the Union corpus\n\nModel `{args.model}` ({depth} layers, trained with "
+        f"exits after {trained_exits}, decoding with exits after {config.exit_points()}), {cal_prompts.shape[0]} calibration prompts (validation addresses) and "
         f"{test_prompts.shape[0]} held-out prompts (test addresses) of {args.prompt_length} tokens, {args.new_tokens} "
         f"greedy new tokens; token consistency with the full model's generation; Learn-then-Test with "
         f"Hoeffding–Bentkus p-values, ε = {EPSILON}; *violations*: the rate over {args.splits} random 80/20 splits "

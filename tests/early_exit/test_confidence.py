@@ -9,6 +9,7 @@ from tf_family.early_exit import (
     anytime_loss_weights,
     class_balanced_meta_loss,
     decayed_threshold,
+    distillation_kl,
     exit_points,
     meta_confidence,
     restricted_softmax_confidence,
@@ -89,3 +90,15 @@ def test_class_balanced_meta_loss_by_hand():
     assert class_balanced_meta_loss(logits, labels).item() == pytest.approx(expected, rel=1e-6)
     only_ones = class_balanced_meta_loss(logits, labels, valid=labels == 1)
     assert only_ones.item() == pytest.approx(math.log(4 / 3), rel=1e-6)
+
+
+def test_distillation_kl_by_hand():
+    final = torch.tensor([[0.0, 0.0], [0.0, math.log(3.0)]], requires_grad=True)  # p = (1/2, 1/2), (1/4, 3/4)
+    exit_logits = torch.tensor([[0.0, math.log(3.0)], [0.0, math.log(3.0)]], requires_grad=True)
+    kl = distillation_kl(exit_logits, final)
+    # KL(p || q) = sum p log(p / q): (1/2) log(2) + (1/2) log(2/3) = (1/2) log(4/3); then equal distributions
+    torch.testing.assert_close(kl, torch.tensor([0.5 * math.log(4 / 3), 0.0]), rtol=1e-6, atol=1e-7)
+    kl.sum().backward()
+    assert final.grad is None and exit_logits.grad.abs().sum() > 0  # the final layer is the (detached) target
+    with pytest.raises(ValueError, match="same shape"):
+        distillation_kl(torch.zeros(2, 3), torch.zeros(2, 4))

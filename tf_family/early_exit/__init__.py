@@ -2,7 +2,7 @@
 
 - `confidence`: the confidence measures (softmax top-1 minus top-2, softmax max, hidden-state saturation per row,
   the meta classifier's score, a softmax over a restricted vocabulary), the position-decayed threshold, the exit
-  schedule and the anytime-loss weights (the official t5x/flaxformer formulas);
+  schedule, the anytime-loss weights and the exits' self-distillation term (the official t5x/flaxformer formulas);
 - `calibration`: Learn-then-Test (Angelopoulos et al. 2021) — Hoeffding and Hoeffding–Bentkus p-values and
   fixed-sequence testing over a descending threshold grid, which the paper uses for its consistency guarantee and
   which no released CALM code implements.
@@ -25,6 +25,7 @@ from .confidence import (
     anytime_loss_weights,
     class_balanced_meta_loss,
     decayed_threshold,
+    distillation_kl,
     exit_points,
     meta_confidence,
     restricted_softmax_confidence,
@@ -42,6 +43,7 @@ __all__ = [
     "calibrate_threshold",
     "class_balanced_meta_loss",
     "decayed_threshold",
+    "distillation_kl",
     "exit_points",
     "fixed_sequence_test",
     "hoeffding_bentkus_p_value",

@@ -115,6 +115,21 @@ def anytime_loss_weights(num_exits: int, aggregation: str | int = "linear") -> t
     return weights / weights.sum()
 
 
+def distillation_kl(exit_logits: torch.Tensor, final_logits: torch.Tensor) -> torch.Tensor:
+    """Self-distillation of an exit: ``KL(p_final || p_exit) = Σ_v p_final(v) (log p_final(v) - log p_exit(v))``
+    per position, with ``p = softmax(logits)`` (float32). ``exit_logits``, ``final_logits`` ``(..., V)`` ->
+    ``(...)``; the final layer's distribution is the target (detached: the exit learns to match it, the last layer
+    is not pulled towards its exits)."""
+    if exit_logits.shape != final_logits.shape:
+        raise ValueError(
+            f"exit_logits {tuple(exit_logits.shape)} and final_logits {tuple(final_logits.shape)} must have the "
+            "same shape."
+        )
+    target = torch.log_softmax(final_logits.detach().float(), dim=-1)
+    log_exit = torch.log_softmax(exit_logits.float(), dim=-1)
+    return (target.exp() * (target - log_exit)).sum(-1)
+
+
 def class_balanced_meta_loss(meta_logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor | None = None):
     """The meta classifier's class-balanced cross entropy: each class's examples weigh ``1 / (2 n_class)``, so both
     classes count equally whatever their frequency.
@@ -144,6 +159,7 @@ __all__ = [
     "anytime_loss_weights",
     "class_balanced_meta_loss",
     "decayed_threshold",
+    "distillation_kl",
     "exit_points",
     "meta_confidence",
     "restricted_softmax_confidence",

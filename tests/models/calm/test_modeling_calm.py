@@ -234,6 +234,30 @@ def test_recipe_loss_split_equals_the_anytime_loss():
     torch.testing.assert_close(with_labels.loss - with_labels.meta_loss, anytime, rtol=1e-5, atol=1e-6)
 
 
+def test_distillation_term_by_hand():
+    """``distillation_weight`` adds its weight times the intermediate exits' mean KL(p_final || p_exit), a token
+    mean over the counted positions; 0 (the default) leaves the anytime loss as it was."""
+    model = build(dtype=torch.float64)
+    ids = prompt(2, 8)
+    labels = ids.clone()
+    labels[0, 5:] = -100  # positions 4..6 of row 0 predict ignored tokens: not counted
+    plain = model(ids, labels=labels).loss
+    model.config.distillation_weight = 0.5
+    distilled = model(ids, labels=labels).loss
+    logits = [
+        model.lm_head(model.model.norm(h)) for h in model.model(ids, output_hidden_states=True).hidden_states[1:]
+    ]
+    p_final = torch.softmax(logits[-1], dim=-1)
+    counted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100) != -100  # (B, T)
+    kls = []
+    for exit_logits in logits[:-1]:  # tiny: exits after 1, 2, 3 and 4 layers
+        kl = (p_final * (p_final.log() - torch.log_softmax(exit_logits, dim=-1))).sum(-1)  # (B, T)
+        kls.append(kl[counted].mean())
+    torch.testing.assert_close(distilled - plain, 0.5 * torch.stack(kls).mean())
+    with pytest.raises(ValueError, match="distillation_weight"):
+        SPEC.tiny_config(distillation_weight=-1.0)
+
+
 def test_llama_checkpoint_loads_with_identical_outputs(tmp_path):
     torch.manual_seed(0)
     config = LlamaConfig(

@@ -51,6 +51,10 @@ class TffCalmConfig(PreTrainedConfig):
             ``"uniform"``, ``"linear"`` or an integer step (the official ``aggregation_weights``).
         meta_loss_weight (`float`, defaults to 1.0): weight of the meta classifier's class-balanced loss, trained
             on detached hidden states (so it never changes the language model).
+        distillation_weight (`float`, defaults to 0.0): opt-in self-distillation (not in the paper): the loss adds
+            this weight times the mean over the intermediate exits of ``KL(p_final || p_exit)`` (a token mean; the
+            last layer's distribution detached), so the exits learn to predict what the full model will, which is
+            what the consistency guarantee counts. 0 trains the paper's anytime loss only.
         calibration (`dict`, *optional*): what `recipes/calm_calibrate.py` certified (δ, ε, the risk, n, p-value).
     """
 
@@ -88,6 +92,7 @@ class TffCalmConfig(PreTrainedConfig):
     restricted_vocab: list[int] | None = None
     aggregation: str | int = "linear"
     meta_loss_weight: float = 1.0
+    distillation_weight: float = 0.0
     calibration: dict | None = None
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -162,6 +167,9 @@ class TffCalmConfig(PreTrainedConfig):
                 "aggregation", self.aggregation, minimum=-1, fix="as an integer aggregation is -1, 0 or a step >= 1"
             )
         check_float("meta_loss_weight", self.meta_loss_weight, minimum=0.0, fix="set meta_loss_weight >= 0")
+        check_float(
+            "distillation_weight", self.distillation_weight, minimum=0.0, fix="set distillation_weight >= 0 (0: off)"
+        )
         check_choice("confidence_measure", self.confidence_measure, CONFIDENCE_MEASURES)
 
 

@@ -26,14 +26,15 @@ generated tokens: every prompt position's keys and values at every layer are wha
 must come from the real states, and all positions run each layer in the same products — exiting the last position
 early would save nothing and only change the first generated token.
 
-Training: the anytime loss — the exits' cross entropies weighted by `anytime_loss_weights` (``aggregation``) —
-plus the meta classifier's class-balanced loss (label: the exit's argmax equals the last layer's) on detached
-states, weighted by ``meta_loss_weight``. Under `Trainer`'s gradient accumulation (``num_items_in_batch``) each
-exit's cross entropy is a sum over the counted tokens divided by their count over the accumulated batch (exact: one
-large batch's anytime loss); the meta loss, class-balanced within a call, enters weighted by the call's share of the
-counted tokens (`tf_family.losses.batch_share`): accumulated, the token-weighted average of the micro-batches' meta
-losses. It trains the meta classifier only (its inputs are detached), so the rest of the model gets exactly the
-large-batch update.
+Training: the anytime loss — the exits' cross entropies weighted by `anytime_loss_weights` (``aggregation``) — plus
+the meta classifier's class-balanced loss (label: the exit's argmax equals the last layer's) on detached states,
+weighted by ``meta_loss_weight``, and (opt-in, ``distillation_weight``) the intermediate exits' mean
+self-distillation ``KL(p_final || p_exit)`` with the last layer's distribution detached. Under `Trainer`'s gradient
+accumulation (``num_items_in_batch``) each exit's cross entropy is a sum over the counted tokens divided by their
+count over the accumulated batch (exact: one large batch's anytime loss); the meta loss, class-balanced within a
+call, enters weighted by the call's share of the counted tokens (`tf_family.losses.batch_share`): accumulated, the
+token-weighted average of the micro-batches' meta losses. It trains the meta classifier only (its inputs are
+detached), so the rest of the model gets exactly the large-batch update.
 
 Deviations from the official code: exits are decided per row (it exits the whole batch when its least confident
 row is confident; its PyTorch port runs batch 1 only); the ``state`` measure is a per-row cosine; t in the decay is
@@ -63,13 +64,14 @@ from ...early_exit import (
     anytime_loss_weights,
     class_balanced_meta_loss,
     decayed_threshold,
+    distillation_kl,
     meta_confidence,
     restricted_softmax_confidence,
     softmax_diff_confidence,
     softmax_max_confidence,
     state_confidence,
 )
-from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy
+from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import (
     RemoteCodeMixin,
@@ -117,9 +119,8 @@ def _normalise(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """``norm(hidden)`` without its weight and bias: the part every layer's norm shares (as the norm computes it)."""
     if isinstance(norm, nn.LayerNorm):
         return F.layer_norm(hidden, norm.normalized_shape, None, None, norm.eps)
-    dtype = hidden.dtype
-    hidden = hidden.float()
-    return (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + norm.eps)).to(dtype)
+    # one fused kernel: x * rsqrt(mean(x^2) + eps) in float32, as Llama computes it
+    return F.rms_norm(hidden.float(), hidden.shape[-1:], None, norm.eps).to(hidden.dtype)
 
 
 class TffCalmMLP(nn.Module):
@@ -639,7 +640,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
 
     # ----------------------------------------------------------------------------------------------------- losses
     def _exit_losses(self, all_hidden, final_logits, targets, num_items_in_batch: NumItems = None):
-        """The anytime loss over the exits, the last layer's cross entropy (sums over ``num_items_in_batch`` when
+        """The anytime loss over the exits (plus ``distillation_weight`` times the intermediate exits' mean
+        self-distillation KL, when set), the last layer's cross entropy (sums over ``num_items_in_batch`` when
         given), and the meta classifier's loss (a mean over this call)."""
         points = self.config.exit_points(self.model.depth)
         weights = anytime_loss_weights(len(points), self.config.aggregation).tolist()
@@ -647,7 +649,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         flat_targets = targets.reshape(-1)
         final_prediction = final_logits.detach().argmax(-1)  # (B, T)
         anytime = final_logits.new_zeros((), dtype=torch.float32)
-        meta_losses = []
+        meta_losses, distillations = [], []
+        distill = self.config.distillation_weight > 0
         lm_loss = None
         for weight, point in zip(weights, points, strict=True):
             if point == points[-1]:
@@ -660,11 +663,15 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
                 meta_losses.append(
                     class_balanced_meta_loss(meta_logits.reshape(-1, 2), agrees.reshape(-1), valid.reshape(-1))
                 )
+                if distill:  # a token mean over the counted positions, as the cross entropies
+                    distillations.append(item_mean(distillation_kl(logits, final_logits), valid, num_items_in_batch))
             exit_loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_targets, num_items_in_batch)
             if not bool(valid.any()):
                 exit_loss = logits.sum() * 0.0
             anytime = anytime + weight * exit_loss
             lm_loss = exit_loss
+        if distillations:
+            anytime = anytime + self.config.distillation_weight * torch.stack(distillations).mean()
         if meta_losses:
             meta_loss = torch.stack(meta_losses).mean()
         else:  # one exit only: nothing to classify, but the classifier stays in the graph
@@ -685,18 +692,19 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         return cached[1]
 
     def _confidence(self, measure: str, hidden, previous):
-        """Every row's confidence ``(B,)`` at an exit, and the exit logits ``(B, 1, V)`` when the measure computed
-        them (``previous``: the hidden states at the previous exit, for ``state``)."""
+        """Every row's confidence ``(B,)`` at an exit, the exit logits ``(B, 1, V)`` when the measure computed
+        them, and the normed exit states when it computed those (``previous``: the hidden states at the previous
+        exit, for ``state``)."""
         if measure == "state":
-            return state_confidence(previous, hidden)[:, 0], None
+            return state_confidence(previous, hidden)[:, 0], None, None
         normed = self.model.norm(hidden)
         if measure == "meta":
-            return meta_confidence(self.meta_classifier(normed))[:, 0], None
+            return meta_confidence(self.meta_classifier(normed))[:, 0], None, normed
         if measure == "restricted_softmax":
-            return restricted_softmax_confidence(normed, self._restricted_weight())[:, 0], None
+            return restricted_softmax_confidence(normed, self._restricted_weight())[:, 0], None, normed
         logits = self.lm_head(normed)
         score = softmax_diff_confidence if measure == "softmax_diff" else softmax_max_confidence
-        return score(logits)[:, 0], logits
+        return score(logits)[:, 0], logits, normed
 
     def _decode_with_exits(self, hidden, cos, sin, allowed, cache, positions):
         """One new token per row (``hidden`` ``(B, 1, D)``): per-row exits, state propagation for exited rows.
@@ -708,7 +716,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         hardly depends on a few rows, and gathering them costs more); once at most half run, attention and MLP run
         on those rows only (`index_select`/`index_copy`), the keys and values still on all. Once every row has
         left, the remaining layers only propagate, all in one product (`TffCalmModel.propagate`). One host read
-        per exit check (how many rows still run); no per-row Python work."""
+        per exit check (how many rows leave); no per-row Python work. Until a row leaves, a check adds nothing to the
+        layers above (no ``torch.where``, no bookkeeping): a token that runs the full depth pays only its checks."""
         config, base = self.config, self.model
         depth = base.depth
         points = config.exit_points(depth)
@@ -718,8 +727,10 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
             config.exit_threshold, positions[:, 0], decay_length, config.position_temperature
         )  # (B,)
         batch = hidden.shape[0]
-        exit_layers = torch.full((batch,), depth, dtype=torch.long, device=hidden.device)
+        checked = {point for point in points[:-1] if point >= config.min_exit}
+        exit_layers = None  # (B,) once a row has left (None: every row runs the full depth so far)
         running = None  # (B,) bool once a row has left (None: every row runs)
+        remaining = batch
         rows = None  # the running rows' indices once at most half the batch runs
         previous = None  # the hidden states at the previous exit (the state measure)
         for count, layer in enumerate(base.layers[:depth], start=1):
@@ -729,26 +740,37 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
                 if running is None or rows is not None
                 else torch.where(running[:, None, None], updated, hidden)
             )
-            if count not in points or count == depth:
+            if count not in checked:
+                if count in points:
+                    previous = hidden
                 continue
-            if count < config.min_exit or (measure == "state" and previous is None):
+            if measure == "state" and previous is None:
                 previous = hidden
                 continue
-            confidence, logits = self._confidence(measure, hidden, previous)
+            confidence, logits, normed = self._confidence(measure, hidden, previous)
             previous = hidden
             leaving = confidence >= threshold
             if running is not None:
                 leaving = leaving & running
+            left = int(leaving.sum())
+            if left == 0:  # nobody leaves here: nothing to record
+                continue
+            remaining -= left
+            if exit_layers is None:
+                exit_layers = torch.full((batch,), depth, dtype=torch.long, device=hidden.device)
             exit_layers = torch.where(leaving, count, exit_layers)
             running = ~leaving if running is None else running & ~leaving
-            remaining = int(running.sum())
             if remaining == 0:  # every row has left: the layers above only propagate
                 if cache is not None and count < depth:
                     base.propagate(hidden, cos, sin, cache, count)
                 # a left row's state is frozen, so these logits are every row's exit logits
-                return (self.lm_head(base.norm(hidden)) if logits is None else logits), exit_layers[:, None]
+                if logits is None:
+                    logits = self.lm_head(base.norm(hidden) if normed is None else normed)
+                return logits, exit_layers[:, None]
             if 2 * remaining <= batch:
                 rows = running.nonzero()[:, 0]
+        if exit_layers is None:
+            exit_layers = torch.full((batch,), depth, dtype=torch.long, device=hidden.device)
         return self.lm_head(base.norm(hidden)), exit_layers[:, None]
 
     # ---------------------------------------------------------------------------------------------- generation
