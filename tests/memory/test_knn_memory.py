@@ -48,9 +48,9 @@ def test_exact_top_k_matches_brute_force_twin(slots):
 @pytest.mark.parametrize("slots,groups", [(37, None), (37, 5), (100, 7), (64, 1), (9, 4)])
 def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
     """The two-stage search (group maxima, then the best groups' members) equals the brute-force twin, with masks,
-    expired pairs, a query that may see nothing, and a last chunk shorter than the others; also when the (row,
-    query) pairs are scored in blocks (``block``: a score budget forcing one query at a time, or blocks that cut
-    the queries and the rows unevenly)."""
+    expired pairs (runs of slots, masked through a view, and scattered ones), a query that may see nothing, and a
+    last chunk shorter than the others; also when the (row, query) pairs are scored in blocks (``block``: a score
+    budget forcing one query at a time, or blocks that cut the queries and the rows unevenly)."""
     from tf_family.memory import knn_search
     from tf_family.memory.knn_search import expand_expired
 
@@ -58,7 +58,8 @@ def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
         monkeypatch.setattr(knn_search, "SEARCH_BLOCK_SCORES", block)
     queries, keys = unit(2, 3, 5, 8), unit(2, 3, slots, 8, seed=1)
     allowed = random_allowed(2, 5, slots)
-    expired = (torch.tensor([slots - 1, 0, 1]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    gone = torch.rand(5, 5, generator=torch.Generator().manual_seed(3)) > 0.3  # runs of slots and scattered ones
+    expired = (torch.tensor([slots - 1, 0, 1, 5, 3]), gone)
     scores, index = grouped_top_k(queries, keys, allowed, 6, expired, groups=groups)
     expected_scores, expected_index = top_k_reference(queries, keys, expand_expired(allowed, expired, 5), 6)
     torch.testing.assert_close(scores, expected_scores)

@@ -220,7 +220,10 @@ def scored_blocks(
         for chunk in range(chunks):
             inside = (expired[0] >= chunk * size) & (expired[0] < (chunk + 1) * size)
             if bool(inside.any()):
-                chunk_expired[chunk] = (expired[0][inside] - chunk * size, expired[1][:, inside])
+                columns = expired[0][inside] - chunk * size
+                if bool((columns.diff() == 1).all()):  # a run of slots (the model's: the oldest, in order): a view
+                    columns = slice(int(columns[0]), int(columns[-1]) + 1)
+                chunk_expired[chunk] = (columns, expired[1][:, inside])
     # a block: `row_block` rows x `query_block` queries; every chunk of it scored into the buffer before selecting
     query_block = max(1, min(length, SEARCH_BLOCK_SCORES // (chunks * size)))
     row_block = max(1, min(rows, SEARCH_BLOCK_SCORES // (chunks * size * query_block)))
@@ -252,7 +255,10 @@ def scored_blocks(
                     part[..., : stop - start].masked_fill_(~mask[..., start:stop], float("-inf"))
                 if chunk_expired[chunk] is not None:
                     columns, gone = chunk_expired[chunk]
-                    part[..., columns] = part[..., columns].masked_fill(gone[query:query_end], float("-inf"))
+                    if isinstance(columns, slice):  # masked in place, without indexing copies
+                        part[..., columns].masked_fill_(gone[query:query_end], float("-inf"))
+                    else:
+                        part[..., columns] = part[..., columns].masked_fill(gone[query:query_end], float("-inf"))
                 if best is not None and chunk == 0:
                     best.copy_(part)
                 elif best is not None:  # while the chunk is in cache
