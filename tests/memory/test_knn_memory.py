@@ -90,6 +90,11 @@ def test_select_top_k_equals_topk(monkeypatch, width, k):
             len(set(row[keep].tolist())) == int(keep.sum())
             for row, keep in zip(index.flatten(0, 1), finite.flatten(0, 1), strict=True)
         )
+        unsorted, unsorted_index = knn_search.select_top_k(scores, k, sorted=False)  # the same set, any order
+        assert torch.equal(unsorted.sort(-1, descending=True).values, expected)
+        assert torch.equal(
+            scores.gather(-1, unsorted_index)[unsorted > float("-inf")], unsorted[unsorted > float("-inf")]
+        )
 
 
 @pytest.mark.parametrize("search", [exact_top_k, grouped_top_k, bucketed_top_k])

@@ -83,8 +83,9 @@ def exact_top_k(
 DIRECT_SELECT = 256  # rows of up to this many scores go to `torch.topk` as they are (`select_top_k`)
 
 
-def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scores.topk(min(k, n), dim=-1)`` (sorted) over rows of ``n`` scores, through group maxima for long rows.
+def select_top_k(scores: torch.Tensor, k: int, sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores.topk(min(k, n), dim=-1, sorted=sorted)`` over rows of ``n`` scores, through group maxima for long
+    rows (``sorted=False``: the same ``k`` in any order, cheaper where only the set matters).
 
     The ``n`` columns are cut into ``g ~ sqrt(n / k)`` chunks of ``G``, column ``c * G + j`` in group ``j``; the
     ``k`` groups with the best maxima hold the ``k`` best columns (`grouped_candidates` gives the argument), so a
@@ -95,7 +96,7 @@ def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     k = min(k, width)
     groups = round((width / max(k, 1)) ** 0.5)
     if width <= DIRECT_SELECT or groups < 2:
-        return scores.topk(k, dim=-1)
+        return scores.topk(k, dim=-1, sorted=sorted)
     # a chunk count near g that divides the width saves padding (a copy of the scores)
     divisors = [count for count in range(max(2, groups // 2), 2 * groups + 1) if width % count == 0]
     if divisors:
@@ -107,7 +108,7 @@ def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     grouped = scores.unflatten(-1, (chunks, size))  # (..., g, G)
     chosen = grouped.amax(-2).topk(k, dim=-1, sorted=False).indices  # (..., K): the groups
     members = grouped.gather(-1, chosen.unsqueeze(-2).expand(*grouped.shape[:-1], k))  # (..., g, K)
-    values, position = members.flatten(-2).topk(k, dim=-1)
+    values, position = members.flatten(-2).topk(k, dim=-1, sorted=sorted)
     index = chosen.gather(-1, position % k) + torch.div(position, k, rounding_mode="floor") * size
     return values, index.clamp_max_(width - 1)
 
@@ -181,7 +182,7 @@ def grouped_candidates(
     candidates = queries.new_empty(rows, length, chunks, top)
     chosen_groups = torch.empty(rows, length, top, dtype=torch.long, device=queries.device)
     for block, scores, best in scored_blocks(queries, keys, allowed, expired, size, running_max=True):
-        chosen = select_top_k(best, top)[1]  # (rows, queries, K1): the groups
+        chosen = select_top_k(best, top, sorted=False)[1]  # (rows, queries, K1): the groups, in any order
         chosen_groups[block] = chosen
         picked = scores.gather(-1, chosen.expand(chunks, *chosen.shape))  # (g, rows, queries, K1)
         candidates[block] = picked.permute(1, 2, 0, 3)
