@@ -260,10 +260,10 @@ def scored_blocks(
                         part[..., columns].masked_fill_(gone[query:query_end], float("-inf"))
                     else:
                         part[..., columns] = part[..., columns].masked_fill(gone[query:query_end], float("-inf"))
-                if best is not None and chunk == 0:
+                if best is not None and chunks == 1:
                     best.copy_(part)
-                elif best is not None:  # while the chunk is in cache
-                    torch.maximum(best, part, out=best)
+                elif best is not None and chunk > 0:  # while the chunk is in cache (chunk 1 meets chunk 0: no copy)
+                    torch.maximum(scores[0] if chunk == 1 else best, part, out=best)
             yield (slice(row, row_end), slice(query, query_end)), scores, best
 
 
