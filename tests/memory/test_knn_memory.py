@@ -56,6 +56,7 @@ def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
 
     if block is not None:
         monkeypatch.setattr(knn_search, "SEARCH_BLOCK_SCORES", block)
+        monkeypatch.setattr(knn_search, "SEARCH_BLOCK_MAX", block)
     queries, keys = unit(2, 3, 5, 8), unit(2, 3, slots, 8, seed=1)
     allowed = random_allowed(2, 5, slots)
     gone = torch.rand(5, 5, generator=torch.Generator().manual_seed(3)) > 0.3  # runs of slots and scattered ones
@@ -158,6 +159,7 @@ def test_bucketed_top_k_is_the_best_slot_of_each_bucket(monkeypatch, block, chun
 
     if block is not None:
         monkeypatch.setattr(knn_search, "SEARCH_BLOCK_SCORES", block)
+        monkeypatch.setattr(knn_search, "SEARCH_BLOCK_MAX", block)
         monkeypatch.setattr(knn_search, "BUCKET_CHUNK_SLOTS", chunk)
     queries, keys = unit(2, 3, 5, 8), unit(2, 3, 37, 8, seed=1)
     allowed = random_allowed(2, 5, 37)

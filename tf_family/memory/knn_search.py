@@ -148,7 +148,8 @@ def grouped_top_k(
 
 
 BUCKET_CHUNK_SLOTS = 1024  # the bucketed search's chunk of slots (rounded to a multiple of k)
-SEARCH_BLOCK_SCORES = 1 << 22  # `scored_blocks` holds at most this many (query, slot) scores at a time (16 MiB)
+SEARCH_BLOCK_SCORES = 1 << 22  # `scored_blocks` holds at most this many (query, slot) scores at a time (16 MiB),
+SEARCH_BLOCK_MAX = 1 << 24  # raised up to this (64 MiB) so that a block spans 2 rows x 256 queries (`scored_blocks`)
 
 
 def grouped_candidates(
@@ -205,9 +206,9 @@ def scored_blocks(
     Yields ``(block, scores, best)``: ``block`` indexes the flattened ``(B * H, T)`` pairs, ``scores``
     ``(g, rows, queries, size)`` chunk ``c`` holding slots ``c * size ...`` (``-inf`` where not allowed, expired, or
     past ``N``), ``best`` their maximum over the chunks (with ``running_max``, else None). Every block is written
-    into one buffer of at most `SEARCH_BLOCK_SCORES` scores, reused: valid until the next block. The ``(B, H, T, N)``
-    score matrix is never held at once (allocating it anew at every step, page by page, cost about as much as the
-    products themselves)."""
+    into one buffer of at most `SEARCH_BLOCK_SCORES` scores (up to `SEARCH_BLOCK_MAX` for large memories), reused:
+    valid until the next block. The ``(B, H, T, N)`` score matrix is never held at once (allocating it anew at every
+    step, page by page, cost about as much as the products themselves)."""
     batch, heads, length, width = queries.shape
     slots = keys.shape[2]
     chunks = -(-slots // size)
@@ -226,8 +227,11 @@ def scored_blocks(
                     columns = slice(int(columns[0]), int(columns[-1]) + 1)
                 chunk_expired[chunk] = (columns, expired[1][:, inside])
     # a block: `row_block` rows x `query_block` queries; every chunk of it scored into the buffer before selecting
-    query_block = max(1, min(length, SEARCH_BLOCK_SCORES // (chunks * size)))
-    row_block = max(1, min(rows, SEARCH_BLOCK_SCORES // (chunks * size * query_block)))
+    # a block of 1 row x 128 queries (32k slots in 16 MiB) made products too small to use 2 threads: at 32k slots the
+    # search took 505 ms with 2 threads, 237 ms with blocks of 2 rows x 256 queries (64 MiB)
+    budget = max(SEARCH_BLOCK_SCORES, min(2 * min(length, 256) * chunks * size, SEARCH_BLOCK_MAX))
+    query_block = max(1, min(length, budget // (chunks * size)))
+    row_block = max(1, min(rows, budget // (chunks * size * query_block)))
     buffer = queries.new_empty(chunks * row_block * query_block * size)
     best_buffer = queries.new_empty(row_block * query_block * size) if running_max else None
     for row in range(0, rows, row_block):
