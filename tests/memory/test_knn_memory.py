@@ -16,6 +16,7 @@ from tf_family.memory import (
     gathered_knn_attention,
     grouped_top_k,
     knn_attention,
+    knn_memory,
     retrieve,
     top_k_reference,
 )
@@ -47,17 +48,19 @@ def test_exact_top_k_matches_brute_force_twin(slots):
 @pytest.mark.parametrize("slots,groups", [(37, None), (37, 5), (100, 7), (64, 1), (9, 4)])
 def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
     """The two-stage search (group maxima, then the best groups' members) equals the brute-force twin, with masks,
-    expired pairs, a query that may see nothing, and a last chunk shorter than the others; also when the (row,
-    query) pairs are scored in blocks (``block``: a score budget forcing one query at a time, or blocks that cut
-    the queries and the rows unevenly)."""
+    expired pairs (runs of slots, masked through a view, and scattered ones), a query that may see nothing, and a
+    last chunk shorter than the others; also when the (row, query) pairs are scored in blocks (``block``: a score
+    budget forcing one query at a time, or blocks that cut the queries and the rows unevenly)."""
     from tf_family.memory import knn_search
     from tf_family.memory.knn_search import expand_expired
 
     if block is not None:
         monkeypatch.setattr(knn_search, "SEARCH_BLOCK_SCORES", block)
+        monkeypatch.setattr(knn_search, "SEARCH_BLOCK_MAX", block)
     queries, keys = unit(2, 3, 5, 8), unit(2, 3, slots, 8, seed=1)
     allowed = random_allowed(2, 5, slots)
-    expired = (torch.tensor([slots - 1, 0, 1]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    gone = torch.rand(5, 5, generator=torch.Generator().manual_seed(3)) > 0.3  # runs of slots and scattered ones
+    expired = (torch.tensor([slots - 1, 0, 1, 5, 3]), gone)
     scores, index = grouped_top_k(queries, keys, allowed, 6, expired, groups=groups)
     expected_scores, expected_index = top_k_reference(queries, keys, expand_expired(allowed, expired, 5), 6)
     torch.testing.assert_close(scores, expected_scores)
@@ -87,6 +90,11 @@ def test_select_top_k_equals_topk(monkeypatch, width, k):
         assert all(
             len(set(row[keep].tolist())) == int(keep.sum())
             for row, keep in zip(index.flatten(0, 1), finite.flatten(0, 1), strict=True)
+        )
+        unsorted, unsorted_index = knn_search.select_top_k(scores, k, sorted=False)  # the same set, any order
+        assert torch.equal(unsorted.sort(-1, descending=True).values, expected)
+        assert torch.equal(
+            scores.gather(-1, unsorted_index)[unsorted > float("-inf")], unsorted[unsorted > float("-inf")]
         )
 
 
@@ -151,6 +159,7 @@ def test_bucketed_top_k_is_the_best_slot_of_each_bucket(monkeypatch, block, chun
 
     if block is not None:
         monkeypatch.setattr(knn_search, "SEARCH_BLOCK_SCORES", block)
+        monkeypatch.setattr(knn_search, "SEARCH_BLOCK_MAX", block)
         monkeypatch.setattr(knn_search, "BUCKET_CHUNK_SLOTS", chunk)
     queries, keys = unit(2, 3, 5, 8), unit(2, 3, 37, 8, seed=1)
     allowed = random_allowed(2, 5, 37)
@@ -186,14 +195,20 @@ def test_knn_attention_with_k_covering_the_memory_equals_dense_attention_over_it
     assert (out[0, :, 0] == 0).all() and torch.isinf(logits[0, :, 0]).all()  # found nothing: contributes nothing
 
 
-def test_retrieve_merges_the_segment_exactly():
-    """Memory + in-segment candidates == one search over their concatenation."""
+@pytest.mark.parametrize("block_bytes", [None, 3 * 5 * 4 * 8 * 8])
+def test_retrieve_merges_the_segment_exactly(monkeypatch, block_bytes):
+    """Memory + in-segment candidates == one search over their concatenation (the memory's pairs gathered whole,
+    or in blocks of 3 of the 4 (row, head) pairs: `gather_blocks`)."""
+    if block_bytes is not None:
+        monkeypatch.setattr(knn_memory, "GATHER_BLOCK_BYTES", block_bytes)
     query = unit(2, 2, 5, 8)
     memory = (unit(2, 2, 9, 8, seed=1), unit(2, 2, 9, 8, seed=2))
     segment = (unit(2, 2, 5, 8, seed=3), unit(2, 2, 5, 8, seed=4))
     memory_allowed = random_allowed(2, 5, 9)
     segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
-    keys, values, found = retrieve("exact", query, memory, memory_allowed, segment, segment_allowed, 4).gathered()
+    retrieved = retrieve("exact", query, memory, memory_allowed, segment, segment_allowed, 4)
+    assert len(retrieved.memory_keys) == (1 if block_bytes is None else 2)
+    keys, values, found = retrieved.gathered()
     all_keys = torch.cat([memory[0], segment[0]], 2)
     all_values = torch.cat([memory[1], segment[1]], 2)
     all_allowed = torch.cat([memory_allowed, segment_allowed.expand(2, 1, 5, 5)], -1)
@@ -207,12 +222,17 @@ def test_retrieve_merges_the_segment_exactly():
                     torch.testing.assert_close(values[b, h, t, r], all_values[b, h, index[b, h, t, r]])
 
 
-@pytest.mark.parametrize("with_segment", [True, False])
-def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_pairs(with_segment):
+@pytest.mark.parametrize(("with_segment", "block_bytes"), [(True, None), (False, None), (True, 4 * 6 * 5 * 8 * 8)])
+def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_pairs(
+    monkeypatch, with_segment, block_bytes
+):
     """`knn_attention` scores the segment's own pairs in place (a (T, T) product and a mask) instead of gathering them
     per rank: outputs and the gradients of the query, the scale and the segment's keys and values are those of the
     attention over the rank-ordered gathered pairs (`gathered_knn_attention`), including a query that found nothing
-    and queries that retrieved from both the memory and the segment."""
+    and queries that retrieved from both the memory and the segment; the memory's pairs gathered whole or in blocks
+    of 4 and 2 of the 6 (row, head) pairs (`gather_blocks`)."""
+    if block_bytes is not None:
+        monkeypatch.setattr(knn_memory, "GATHER_BLOCK_BYTES", block_bytes)
     query = unit(2, 3, 6, 8).requires_grad_()
     memory = (unit(2, 3, 11, 8, seed=1), unit(2, 3, 11, 8, seed=2))
     segment = (unit(2, 3, 6, 8, seed=3).requires_grad_(), unit(2, 3, 6, 8, seed=4).requires_grad_())
@@ -220,6 +240,7 @@ def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_p
     segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
     scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
     retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    assert [block.shape[0] for block in retrieved.memory_keys] == ([6] if block_bytes is None else [4, 2])
     assert not retrieved.found[0, :, 0].any()  # the first query of row 0 may see nothing
     if with_segment:  # some queries mix pairs of both origins
         assert ((retrieved.segment_index >= 0) & retrieved.memory_found.any(-1, keepdim=True)).any()

@@ -47,11 +47,35 @@ def gather_neighbours(memory: torch.Tensor, index: torch.Tensor) -> torch.Tensor
     return picked.view(*index.shape, width)
 
 
+GATHER_BLOCK_BYTES = 1 << 22  # `gather_blocks`: at most this many bytes per block of gathered vectors (4 MiB)
+
+
+def gather_blocks(memory: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`gather_neighbours` in blocks over the flattened ``B * H`` (row, head) pairs: ``(R_i, T, K, Dh)`` tensors of
+    at most `GATHER_BLOCK_BYTES` each (at least one pair), which `Retrieved` scores and attends block by block.
+
+    Why blocks: a training step gathers the keys and the values retrieved from the memory (at 8k entries, batch 2
+    x 256 tokens, 8 heads x 64: 32 MiB each). Tensors that large sit at glibc's mmap threshold, so each was mapped
+    anew and page-faulted in at every step (about 20 ms apiece on this CPU, three quarters of the gather); blocks
+    of a few MiB reuse freed heap memory."""
+    batch, heads, slots, width = memory.shape
+    pairs, length, top = batch * heads, index.shape[2], index.shape[3]
+    flat = memory.reshape(pairs * slots, width)
+    index = (index + torch.arange(pairs, device=index.device).view(batch, heads, 1, 1) * slots).view(pairs, -1)
+    per_pair = max(1, length * top * width * memory.element_size())
+    step = max(1, GATHER_BLOCK_BYTES // per_pair)
+    return tuple(
+        flat.index_select(0, index[start : start + step].reshape(-1)).view(-1, length, top, width)
+        for start in range(0, pairs, step)
+    )
+
+
 @dataclass
 class Retrieved:
     """The ``k`` pairs each query retrieved (`retrieve`), kept apart by where they come from.
 
-    The memory's pairs are gathered per query (``(B, H, T, K, Dh)``, without gradient: the memory has none). The
+    The memory's pairs are gathered per query (``(B, H, T, K, Dh)`` in blocks over ``B * H``, `gather_blocks`;
+    without gradient: the memory has none). The
     segment's own pairs (``knn_retrieval="token"``) are this forward's keys and values and carry its gradient: they
     stay where they are, ``(B, H, T, Dh)``, with a ``(B, H, T, T)`` mask of the ones each query retrieved, and
     `knn_attention` scores them with one ``(T, T)`` product per row and head. Gathering ``k`` copies of them with
@@ -60,7 +84,8 @@ class Retrieved:
     compare against).
 
     Attributes:
-        memory_keys, memory_values: ``(B, H, T, K, Dh)``; rank ``r`` is meaningful where ``memory_found``.
+        memory_keys, memory_values: blocks ``(R_i, T, K, Dh)`` of the ``(B * H, T, K, Dh)`` retrieved keys and
+            values (`gather_blocks`); rank ``r`` is meaningful where ``memory_found``.
         memory_found: ``(B, H, T, K)`` bool, True where rank ``r`` is a pair of the memory.
         found: ``(B, H, T, K)`` bool, True where rank ``r`` holds a pair (of the memory or of the segment).
         segment_index: ``(B, H, T, K)`` long, the segment position of rank ``r`` (``-1``: not from the segment).
@@ -68,13 +93,17 @@ class Retrieved:
         segment_found: ``(B, H, T, T)`` bool, True where position ``s`` of the segment is among query ``t``'s ``k``.
     """
 
-    memory_keys: torch.Tensor
-    memory_values: torch.Tensor
+    memory_keys: tuple[torch.Tensor, ...]
+    memory_values: tuple[torch.Tensor, ...]
     memory_found: torch.Tensor
     found: torch.Tensor
     segment_index: torch.Tensor
     segment: tuple[torch.Tensor, torch.Tensor] | None = None
     segment_found: torch.Tensor | None = None
+
+    @property
+    def _block_rows(self) -> list[int]:
+        return [block.shape[0] for block in self.memory_keys]
 
     @property
     def any_found(self) -> torch.Tensor:
@@ -85,8 +114,12 @@ class Retrieved:
         """Scaled cosine scores ``(B, H, T, K + T)`` (``(B, H, T, K)`` without a segment) of ``query`` against the
         memory's pairs by rank, then the segment's positions; ``-inf`` where nothing was retrieved."""
         scale = scale[:, None, None]
-        logits = torch.einsum("bhtd,bhtkd->bhtk", query, self.memory_keys.to(query.dtype)) * scale
-        logits = logits.masked_fill(~self.memory_found, float("-inf"))
+        flat = query.flatten(0, 1)  # (B * H, T, Dh)
+        logits = torch.cat(
+            [torch.einsum("rtd,rtkd->rtk", part, keys.to(query.dtype))
+             for part, keys in zip(flat.split(self._block_rows), self.memory_keys, strict=True)]
+        ).view(self.memory_found.shape)  # fmt: skip
+        logits = (logits * scale).masked_fill(~self.memory_found, float("-inf"))
         if self.segment is None:
             return logits
         segment = (query @ self.segment[0].to(query.dtype).transpose(-1, -2)) * scale  # (B, H, T, T)
@@ -94,9 +127,12 @@ class Retrieved:
 
     def attend(self, probs: torch.Tensor) -> torch.Tensor:
         """``probs`` ``(B, H, T, K [+ T])`` over the pairs in the order of `logits` -> ``(B, H, T, Dh)``."""
-        ranks = self.memory_keys.shape[3]
-        values = self.memory_values.to(probs.dtype)
-        attended = torch.einsum("bhtk,bhtkd->bhtd", probs[..., :ranks], values)
+        ranks = self.memory_found.shape[3]
+        flat = probs[..., :ranks].flatten(0, 1)  # (B * H, T, K)
+        attended = torch.cat(
+            [torch.einsum("rtk,rtkd->rtd", part, values.to(probs.dtype))
+             for part, values in zip(flat.split(self._block_rows), self.memory_values, strict=True)]
+        ).view(*probs.shape[:3], -1)  # fmt: skip
         if self.segment is None:
             return attended
         return attended + probs[..., ranks:] @ self.segment[1].to(probs.dtype)
@@ -104,13 +140,17 @@ class Retrieved:
     def gathered(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The retrieved pairs in one rank-ordered form: keys, values ``(B, H, T, K, Dh)`` and ``found``
         ``(B, H, T, K)`` (what `gathered_knn_attention` reads; the segment's pairs keep their gradient)."""
+        shape = (*self.memory_found.shape, -1)
+        memory_keys, memory_values = (
+            torch.cat(blocks).view(shape) for blocks in (self.memory_keys, self.memory_values)
+        )
         if self.segment is None:
-            return self.memory_keys, self.memory_values, self.found
+            return memory_keys, memory_values, self.found
         in_segment = (self.segment_index >= 0)[..., None]  # (B, H, T, K, 1)
         index = self.segment_index.clamp_min(0)
         keys, values = (
             torch.where(in_segment, gather_neighbours(part, index), memory.to(part.dtype))
-            for part, memory in zip(self.segment, (self.memory_keys, self.memory_values), strict=True)
+            for part, memory in zip(self.segment, (memory_keys, memory_values), strict=True)
         )
         return keys, values, self.found
 
@@ -196,10 +236,11 @@ def retrieve(
             slot = position.clamp_max(from_memory - 1)
             if index is not None:
                 slot = index.gather(-1, slot)
-            memory_keys = gather_neighbours(memory[0], slot).to(query.dtype)
-            memory_values = gather_neighbours(memory[1], slot).to(query.dtype)
+            memory_keys, memory_values = (
+                tuple(block.to(query.dtype) for block in gather_blocks(part, slot)) for part in memory
+            )
         else:  # an empty memory: nothing to gather
-            memory_keys = memory_values = query.new_zeros(*position.shape, width)
+            memory_keys = memory_values = (query.new_zeros(batch * heads, length, position.shape[-1], width),)
         segment_index = torch.where(found & ~in_memory, position - from_memory, -1)  # (B, H, T, K)
         segment_found = None
         if segment is not None:  # position s retrieved by query t; index `length` collects the other ranks
@@ -474,6 +515,7 @@ __all__ = [
     "MemorizingMemory",
     "Retrieved",
     "dense_knn_attention",
+    "gather_blocks",
     "gather_neighbours",
     "gathered_knn_attention",
     "knn_attention",

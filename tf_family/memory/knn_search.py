@@ -83,8 +83,9 @@ def exact_top_k(
 DIRECT_SELECT = 256  # rows of up to this many scores go to `torch.topk` as they are (`select_top_k`)
 
 
-def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scores.topk(min(k, n), dim=-1)`` (sorted) over rows of ``n`` scores, through group maxima for long rows.
+def select_top_k(scores: torch.Tensor, k: int, sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores.topk(min(k, n), dim=-1, sorted=sorted)`` over rows of ``n`` scores, through group maxima for long
+    rows (``sorted=False``: the same ``k`` in any order, cheaper where only the set matters).
 
     The ``n`` columns are cut into ``g ~ sqrt(n / k)`` chunks of ``G``, column ``c * G + j`` in group ``j``; the
     ``k`` groups with the best maxima hold the ``k`` best columns (`grouped_candidates` gives the argument), so a
@@ -95,7 +96,7 @@ def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     k = min(k, width)
     groups = round((width / max(k, 1)) ** 0.5)
     if width <= DIRECT_SELECT or groups < 2:
-        return scores.topk(k, dim=-1)
+        return scores.topk(k, dim=-1, sorted=sorted)
     # a chunk count near g that divides the width saves padding (a copy of the scores)
     divisors = [count for count in range(max(2, groups // 2), 2 * groups + 1) if width % count == 0]
     if divisors:
@@ -107,7 +108,7 @@ def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     grouped = scores.unflatten(-1, (chunks, size))  # (..., g, G)
     chosen = grouped.amax(-2).topk(k, dim=-1, sorted=False).indices  # (..., K): the groups
     members = grouped.gather(-1, chosen.unsqueeze(-2).expand(*grouped.shape[:-1], k))  # (..., g, K)
-    values, position = members.flatten(-2).topk(k, dim=-1)
+    values, position = members.flatten(-2).topk(k, dim=-1, sorted=sorted)
     index = chosen.gather(-1, position % k) + torch.div(position, k, rounding_mode="floor") * size
     return values, index.clamp_max_(width - 1)
 
@@ -147,7 +148,8 @@ def grouped_top_k(
 
 
 BUCKET_CHUNK_SLOTS = 1024  # the bucketed search's chunk of slots (rounded to a multiple of k)
-SEARCH_BLOCK_SCORES = 1 << 22  # `scored_blocks` holds at most this many (query, slot) scores at a time (16 MiB)
+SEARCH_BLOCK_SCORES = 1 << 22  # `scored_blocks` holds at most this many (query, slot) scores at a time (16 MiB),
+SEARCH_BLOCK_MAX = 1 << 24  # raised up to this (64 MiB) so that a block spans 2 rows x 256 queries (`scored_blocks`)
 
 
 def grouped_candidates(
@@ -181,7 +183,7 @@ def grouped_candidates(
     candidates = queries.new_empty(rows, length, chunks, top)
     chosen_groups = torch.empty(rows, length, top, dtype=torch.long, device=queries.device)
     for block, scores, best in scored_blocks(queries, keys, allowed, expired, size, running_max=True):
-        chosen = select_top_k(best, top)[1]  # (rows, queries, K1): the groups
+        chosen = select_top_k(best, top, sorted=False)[1]  # (rows, queries, K1): the groups, in any order
         chosen_groups[block] = chosen
         picked = scores.gather(-1, chosen.expand(chunks, *chosen.shape))  # (g, rows, queries, K1)
         candidates[block] = picked.permute(1, 2, 0, 3)
@@ -204,9 +206,9 @@ def scored_blocks(
     Yields ``(block, scores, best)``: ``block`` indexes the flattened ``(B * H, T)`` pairs, ``scores``
     ``(g, rows, queries, size)`` chunk ``c`` holding slots ``c * size ...`` (``-inf`` where not allowed, expired, or
     past ``N``), ``best`` their maximum over the chunks (with ``running_max``, else None). Every block is written
-    into one buffer of at most `SEARCH_BLOCK_SCORES` scores, reused: valid until the next block. The ``(B, H, T, N)``
-    score matrix is never held at once (allocating it anew at every step, page by page, cost about as much as the
-    products themselves)."""
+    into one buffer of at most `SEARCH_BLOCK_SCORES` scores (up to `SEARCH_BLOCK_MAX` for large memories), reused:
+    valid until the next block. The ``(B, H, T, N)`` score matrix is never held at once (allocating it anew at every
+    step, page by page, cost about as much as the products themselves)."""
     batch, heads, length, width = queries.shape
     slots = keys.shape[2]
     chunks = -(-slots // size)
@@ -220,10 +222,16 @@ def scored_blocks(
         for chunk in range(chunks):
             inside = (expired[0] >= chunk * size) & (expired[0] < (chunk + 1) * size)
             if bool(inside.any()):
-                chunk_expired[chunk] = (expired[0][inside] - chunk * size, expired[1][:, inside])
+                columns = expired[0][inside] - chunk * size
+                if bool((columns.diff() == 1).all()):  # a run of slots (the model's: the oldest, in order): a view
+                    columns = slice(int(columns[0]), int(columns[-1]) + 1)
+                chunk_expired[chunk] = (columns, expired[1][:, inside])
     # a block: `row_block` rows x `query_block` queries; every chunk of it scored into the buffer before selecting
-    query_block = max(1, min(length, SEARCH_BLOCK_SCORES // (chunks * size)))
-    row_block = max(1, min(rows, SEARCH_BLOCK_SCORES // (chunks * size * query_block)))
+    # a block of 1 row x 128 queries (32k slots in 16 MiB) made products too small to use 2 threads: at 32k slots the
+    # search took 505 ms with 2 threads, 237 ms with blocks of 2 rows x 256 queries (64 MiB)
+    budget = max(SEARCH_BLOCK_SCORES, min(2 * min(length, 256) * chunks * size, SEARCH_BLOCK_MAX))
+    query_block = max(1, min(length, budget // (chunks * size)))
+    row_block = max(1, min(rows, budget // (chunks * size * query_block)))
     buffer = queries.new_empty(chunks * row_block * query_block * size)
     best_buffer = queries.new_empty(row_block * query_block * size) if running_max else None
     for row in range(0, rows, row_block):
@@ -252,11 +260,14 @@ def scored_blocks(
                     part[..., : stop - start].masked_fill_(~mask[..., start:stop], float("-inf"))
                 if chunk_expired[chunk] is not None:
                     columns, gone = chunk_expired[chunk]
-                    part[..., columns] = part[..., columns].masked_fill(gone[query:query_end], float("-inf"))
-                if best is not None and chunk == 0:
+                    if isinstance(columns, slice):  # masked in place, without indexing copies
+                        part[..., columns].masked_fill_(gone[query:query_end], float("-inf"))
+                    else:
+                        part[..., columns] = part[..., columns].masked_fill(gone[query:query_end], float("-inf"))
+                if best is not None and chunks == 1:
                     best.copy_(part)
-                elif best is not None:  # while the chunk is in cache
-                    torch.maximum(best, part, out=best)
+                elif best is not None and chunk > 0:  # while the chunk is in cache (chunk 1 meets chunk 0: no copy)
+                    torch.maximum(scores[0] if chunk == 1 else best, part, out=best)
             yield (slice(row, row_end), slice(query, query_end)), scores, best
 
 
