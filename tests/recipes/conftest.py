@@ -51,6 +51,26 @@ def data_args(corpus) -> list[str]:
 TINY_TXL = ["--arch", "transfo_xl", "--variant", "tiny", "--config_overrides", "dropout=0.1", "--block_size", "16"]
 
 
+def run_killed_in_step_5(monkeypatch, recipe_args: list[str], output_dir: Path) -> None:
+    """Run `causal_lm` with ``recipe_args`` into ``output_dir`` and kill it (a RuntimeError) at the 9th micro-batch's
+    loss: step 5 with gradient accumulation 2, step 9 without; the checkpoints written before stay."""
+    from tf_family.recipes import causal_lm
+
+    calls = {"n": 0}
+    real_loss = causal_lm.next_token_loss
+
+    def dies_in_step_5(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise RuntimeError("killed")
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(causal_lm, "next_token_loss", dies_in_step_5)
+    with pytest.raises(RuntimeError, match="killed"):
+        causal_lm.main([*recipe_args, "--output_dir", str(output_dir)])
+    monkeypatch.setattr(causal_lm, "next_token_loss", real_loss)
+
+
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     """Each recipe run in this process starts from a fresh accelerate state (it is a process-wide singleton, and a

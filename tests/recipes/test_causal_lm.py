@@ -14,7 +14,7 @@ from tf_family.models.transfo_xl.modeling_transfo_xl import TffTransfoXLLMHeadMo
 from tf_family.recipes import causal_lm
 from tf_family.training import find_checkpoint
 
-from .conftest import TINY_TXL, data_args
+from .conftest import TINY_TXL, data_args, run_killed_in_step_5
 
 pytestmark = pytest.mark.recipe
 
@@ -115,20 +115,8 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, corpus, tiny_gpt2, mon
             "--checkpointing_steps", "3"]  # fmt: skip
     causal_lm.main([*args, "--output_dir", str(tmp_path / "straight")])
 
-    calls = {"n": 0}
-    real_loss = causal_lm.next_token_loss
-
-    def dies_in_step_5(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 9:  # step 5 = micro-batches 9 and 10
-            raise RuntimeError("killed")
-        return real_loss(*a, **k)
-
-    monkeypatch.setattr(causal_lm, "next_token_loss", dies_in_step_5)
     interrupted = tmp_path / "interrupted"
-    with pytest.raises(RuntimeError, match="killed"):
-        causal_lm.main([*args, "--output_dir", str(interrupted)])
-    monkeypatch.setattr(causal_lm, "next_token_loss", real_loss)
+    run_killed_in_step_5(monkeypatch, args, interrupted)  # step 5 = micro-batches 9 and 10
     assert [p.name for p in (interrupted / "checkpoints").iterdir()] == ["step_3"]
     assert not (interrupted / "model.safetensors").exists()
 
@@ -164,20 +152,8 @@ def test_streaming_trains_and_a_killed_run_resumes_to_the_same_weights(tmp_path,
     monkeypatch.setattr("tf_family.data.text.load_dataset", recording_load)
     causal_lm.main([*args, "--output_dir", str(tmp_path / "straight")])
     assert streamed == [True, False]  # the training split streamed, the validation split loaded
-    calls = {"n": 0}
-    real_loss = causal_lm.next_token_loss
-
-    def dies_in_step_5(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 9:  # step 5 = micro-batches 9 and 10
-            raise RuntimeError("killed")
-        return real_loss(*a, **k)
-
-    monkeypatch.setattr(causal_lm, "next_token_loss", dies_in_step_5)
     interrupted = tmp_path / "interrupted"
-    with pytest.raises(RuntimeError, match="killed"):
-        causal_lm.main([*args, "--output_dir", str(interrupted)])
-    monkeypatch.setattr(causal_lm, "next_token_loss", real_loss)
+    run_killed_in_step_5(monkeypatch, args, interrupted)  # step 5 = micro-batches 9 and 10
     assert (interrupted / "checkpoints" / "step_3" / "data_rank0.json").is_file()
     causal_lm.main([*args, "--output_dir", str(interrupted), "--resume_from_checkpoint", "latest"])
     straight, resumed = (

@@ -11,7 +11,7 @@ from tf_family.memory import MemorizingMemory
 from tf_family.models.memorizing.modeling_memorizing import TffMemorizingForCausalLM, TffMemorizingModel
 from tf_family.recipes import causal_lm
 
-from .conftest import TINY_TXL, data_args
+from .conftest import TINY_TXL, data_args, run_killed_in_step_5
 
 pytestmark = pytest.mark.recipe
 
@@ -57,20 +57,8 @@ def test_killed_run_resumes_to_the_same_weights_and_memory(tmp_path, corpus, mon
     saved = MemorizingMemory.from_state_dict(load_file(memory_file))
     assert saved.knn.capacity == 24 and saved.knn.size.sum() > 0
 
-    calls = {"n": 0}
-    real_loss = causal_lm.next_token_loss
-
-    def dies_in_step_5(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 9:
-            raise RuntimeError("killed")
-        return real_loss(*a, **k)
-
-    monkeypatch.setattr(causal_lm, "next_token_loss", dies_in_step_5)
     interrupted = tmp_path / "interrupted"
-    with pytest.raises(RuntimeError, match="killed"):
-        causal_lm.main([*args, "--output_dir", str(interrupted)])
-    monkeypatch.setattr(causal_lm, "next_token_loss", real_loss)
+    run_killed_in_step_5(monkeypatch, args, interrupted)  # step 5 = micro-batches 9 and 10
     causal_lm.main([*args, "--output_dir", str(interrupted), "--resume_from_checkpoint", "latest"])
     straight = load_file(tmp_path / "straight" / "model.safetensors")
     resumed = load_file(interrupted / "model.safetensors")
