@@ -193,7 +193,7 @@ class TffCalmAttention(nn.Module):
         key, value = fused_projections(normed, self.k_proj, self.v_proj)
         return _apply_rotary(self._heads(key, self.num_kv_heads), cos, sin), self._heads(value, self.num_kv_heads)
 
-    def forward(self, normed, cos, sin, allowed, past_key_values: Cache | None = None, rows=None):
+    def forward(self, normed, cos, sin, allowed, cache: Cache | None = None, rows=None):
         """``normed`` ``(B, T, D)`` -> ``(B', T, D)`` for the ``rows`` (all when ``None``), and the probabilities
         ``(B', H, T, S)`` with the eager implementation."""
         if rows is None:
@@ -202,8 +202,8 @@ class TffCalmAttention(nn.Module):
             value = self._heads(value, self.num_kv_heads)
         else:
             key, value = self.key_value(normed, cos, sin)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)  # (B, Hkv, S, Dh)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)  # (B, Hkv, S, Dh)
         if rows is not None:
             query = self.q_proj(normed[rows])
             key, value = key[rows], value[rows]
@@ -231,10 +231,10 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = build_norm(config)
         self.mlp = TffCalmMLP(config)
 
-    def forward(self, hidden, cos, sin, allowed, past_key_values=None, rows=None):
+    def forward(self, hidden, cos, sin, allowed, cache=None, rows=None):
         """``hidden`` ``(B, T, D)``; with ``rows`` (exited rows present), only those rows are updated and the others
         pass through unchanged, their keys and values propagated from their state."""
-        attended, probs = self.self_attn(self.input_layernorm(hidden), cos, sin, allowed, past_key_values, rows)
+        attended, probs = self.self_attn(self.input_layernorm(hidden), cos, sin, allowed, cache, rows)
         running = hidden if rows is None else hidden[rows]
         running = running + attended
         running = running + self.mlp(self.post_attention_layernorm(running))
@@ -242,11 +242,11 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
             return running, probs
         return hidden.index_copy(0, rows, running), probs
 
-    def propagate(self, hidden, cos, sin, past_key_values: Cache) -> None:
+    def propagate(self, hidden, cos, sin, cache: Cache) -> None:
         """State propagation: write this layer's keys and values of ``hidden`` (the exit states) into the cache;
         the hidden state passes this layer unchanged."""
         key, value = self.self_attn.key_value(self.input_layernorm(hidden), cos, sin)
-        past_key_values.update(key, value, self.layer_idx)
+        cache.update(key, value, self.layer_idx)
 
 
 # ------------------------------------------------------------------------------------------------- pretrained model
@@ -311,7 +311,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
             )
         return depth
 
-    def propagate(self, hidden, cos, sin, past_key_values: Cache, start: int) -> None:
+    def propagate(self, hidden, cos, sin, cache: Cache, start: int) -> None:
         """State propagation into layers ``start`` … ``depth - 1``: each writes its keys and values of ``hidden``
         (the exit states ``(B, T, D)``, which pass those layers unchanged) into the cache.
 
@@ -324,7 +324,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
             return
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             for layer in layers:
-                layer.propagate(hidden, cos, sin, past_key_values)
+                layer.propagate(hidden, cos, sin, cache)
             return
         weight, bias = self._folded_key_value(hidden.dtype)
         width = 2 * self.config.num_key_value_heads * self.config.head_dim
@@ -338,7 +338,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
         keys = _apply_rotary(keys_values[:, :, 0].reshape(batch, -1, length, head_dim), cos, sin)
         keys = keys.view(batch, len(layers), heads, length, head_dim)
         for index, layer in enumerate(layers):
-            past_key_values.update(keys[:, index], keys_values[:, index, 1], layer.layer_idx)
+            cache.update(keys[:, index], keys_values[:, index, 1], layer.layer_idx)
 
     def _folded_key_value(self, dtype: torch.dtype):
         """Every layer's key/value projection with its input norm's weight (and bias) folded in, stacked:
@@ -373,7 +373,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
         self._folded_cache = (key, folded)
         return folded
 
-    def prepare(self, input_ids, inputs_embeds, attention_mask, position_ids, past_key_values):
+    def prepare(self, input_ids, inputs_embeds, attention_mask, position_ids, cache):
         """Embeddings ``(B, T, D)``, rotary tables, the bool mask ``(B, 1, T, S)`` (``None``: nothing masked) and
         the positions ``(B, T)``. Positions count real tokens (left padding starts at 0)."""
         batch, length = self._check_token_inputs(input_ids, inputs_embeds)
@@ -383,9 +383,9 @@ class TffCalmModel(TffCalmPreTrainedModel):
         self._check_index_inputs("position_ids", position_ids, batch, length, limit, "max_position_embeddings")
         if attention_mask is not None:
             check_tensor("attention_mask", attention_mask, dim=2)
-        check_cache(past_key_values, batch, self.config.num_key_value_heads, self.config.head_dim)
+        check_cache(cache, batch, self.config.num_key_value_heads, self.config.head_dim)
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past = cache.get_seq_length() if cache is not None else 0
         total, device = past + length, hidden.device
         if attention_mask is not None and tuple(attention_mask.shape) != (batch, total):
             raise ValueError(
