@@ -148,7 +148,8 @@ def decoding_step_inputs(
     return {"inputs_embeds": torch.cat([inputs_embeds, generated], dim=1)[:, past_length:]}
 
 
-def _is_plain_linear(module: nn.Module) -> bool:
+def is_plain_linear(module: nn.Module) -> bool:
+    """A `torch.nn.Linear` itself (not a LoRA or quantised wrapper, nor a subclass) with no forward hooks."""
     return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
 
 
@@ -168,7 +169,7 @@ def fused_projections(hidden: torch.Tensor, *linears: nn.Module) -> tuple[torch.
     ``hidden`` holds fewer than `FUSE_MIN_ROWS` rows (decoding), where copying the weights into one matrix would
     cost more than the one product saves.
     """
-    if len(linears) < 2 or not all(_is_plain_linear(linear) for linear in linears):
+    if len(linears) < 2 or not all(is_plain_linear(linear) for linear in linears):
         return tuple(linear(hidden) for linear in linears)
     if hidden.numel() < FUSE_MIN_ROWS * hidden.shape[-1]:
         return tuple(linear(hidden) for linear in linears)
@@ -189,4 +190,5 @@ __all__ = [
     "decoding_step_inputs",
     "find_first_real_token",
     "fused_projections",
+    "is_plain_linear",
 ]

@@ -92,6 +92,49 @@ def test_forced_exit_is_k_layers_plus_propagated_cache():
             torch.testing.assert_close(value, expected_value, rtol=1e-12, atol=1e-12)
 
 
+def test_propagation_through_lora_projections_uses_the_adapters():
+    """A LoRA-wrapped value projection (peft; the card's targets) adds its update to the propagated values too: the
+    one-product propagation must not read the wrapped layer's base weight and drop the adapter."""
+    peft = pytest.importorskip("peft")
+    model = build()
+    adapted = peft.get_peft_model(model, peft.LoraConfig(target_modules=list(SPEC.lora_target_modules), r=4))
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:  # peft starts B at zero (no change): make the adapter visible
+                parameter.normal_(std=0.5)
+    ids, k = prompt(2, 7), 1
+    with torch.no_grad():
+        cache = adapted(input_ids=ids, exit_layer=k, use_cache=True).cache
+        model.config.num_hidden_layers = k
+        exit_state = adapted(input_ids=ids, use_cache=True, output_hidden_states=True).hidden_states[k]
+        model.config.num_hidden_layers = SPEC.tiny_config().num_hidden_layers
+        cos, sin = model.model.prepare(ids, None, None, None, None)[1:3]
+        for index in range(k, model.config.num_hidden_layers):
+            layer = model.model.layers[index]
+            key, value = layer.self_attn.key_value(layer.input_layernorm(exit_state), cos, sin)  # through LoRA
+            torch.testing.assert_close(cache.layers[index].keys, key, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(cache.layers[index].values, value, rtol=1e-12, atol=1e-12)
+
+
+def test_logits_to_keep_keeps_the_last_positions():
+    """`generate` passes ``logits_to_keep=1``: the prompt's forward projects one position onto the vocabulary."""
+    model = build()
+    ids = prompt(2, 6)
+    assert model._supports_logits_to_keep()
+    with torch.no_grad():
+        for kwargs in ({}, {"exit_layer": 2}):
+            every = model(ids, **kwargs).logits
+            for keep in (1, 3, 6, 9):
+                kept = model(ids, logits_to_keep=keep, **kwargs).logits
+                torch.testing.assert_close(kept, every[:, -keep:], rtol=1e-12, atol=1e-12)  # float64
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(ids, labels=ids, logits_to_keep=1)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(ids, logits_to_keep=-1)
+    with pytest.raises(TypeError, match="logits_to_keep"):
+        model(ids, logits_to_keep=1.5)
+
+
 def test_dynamic_exits_follow_the_rule_and_equal_forced_exits_step_by_step():
     """At batch 1, each decoding step exits at the first exit whose softmax_diff reaches λ'(t) (the decayed
     threshold at the token's position t), and its logits equal a step forced to exit there (same cache)."""

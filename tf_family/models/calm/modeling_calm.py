@@ -79,6 +79,7 @@ from ...modeling_utils import (
     build_activation,
     decoding_step_inputs,
     fused_projections,
+    is_plain_linear,
 )
 from ...validation import (
     MAX_SIZE,
@@ -318,11 +319,13 @@ class TffCalmModel(TffCalmPreTrainedModel):
         Without gradients, all those layers' norms and key/value projections are one product: a layer's norm is
         the shared normalisation ``x̂`` times its weight (plus its bias, LayerNorm), so ``norm_l(x) W_l^T + c_l =
         x̂ (W_l diag(w_l))^T + (W_l b_l + c_l)``, and the folded weights of every layer are stacked once per weight
-        version. With gradients, each layer projects on its own (`TffCalmDecoderLayer.propagate`)."""
+        version. With gradients, or when a norm or projection is not a plain module (LoRA), each layer projects on
+        its own (`TffCalmDecoderLayer.propagate`)."""
         layers = self.layers[start : self.depth]
         if not len(layers):
             return
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if grad or not self._foldable():
             for layer in layers:
                 layer.propagate(hidden, cos, sin, cache)
             return
@@ -339,6 +342,19 @@ class TffCalmModel(TffCalmPreTrainedModel):
         keys = keys.view(batch, len(layers), heads, length, head_dim)
         for index, layer in enumerate(layers):
             cache.update(keys[:, index], keys_values[:, index, 1], layer.layer_idx)
+
+    def _foldable(self) -> bool:
+        """Whether every layer's input norm and key/value projections are the plain modules `_folded_key_value`
+        reads the weights of (a LoRA or quantised wrapper, or a hook, computes something else: those layers then
+        project on their own)."""
+        for layer in self.layers:
+            norm, attention = layer.input_layernorm, layer.self_attn
+            plain_norm = type(norm) in (TffCalmRMSNorm, nn.LayerNorm) and not (
+                norm._forward_hooks or norm._forward_pre_hooks
+            )
+            if not (plain_norm and is_plain_linear(attention.k_proj) and is_plain_linear(attention.v_proj)):
+                return False
+        return True
 
     def _folded_key_value(self, dtype: torch.dtype):
         """Every layer's key/value projection with its input norm's weight (and bias) folded in, stacked:
@@ -538,6 +554,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         exit_labels: torch.LongTensor | None = None,
         exit_log: list | None = None,
         num_items_in_batch: NumItems = None,
+        logits_to_keep: int = 0,
         **kwargs,
     ) -> EarlyExitCausalLMOutput | tuple:
         r"""
@@ -556,6 +573,9 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
                 layer of every token: ``torch.cat(exit_log[1:], dim=1)`` are the generated ones).
             num_items_in_batch: `Trainer`'s count of ``labels[:, 1:]`` over the accumulated batch (see the module
                 docstring for how each loss uses it).
+            logits_to_keep: only the last that many positions' logits (0: all); `generate` passes 1, so a prompt's
+                forward does not project every position onto the vocabulary. Not with ``labels`` / ``exit_labels``
+                (the losses need every position).
 
         With ``config.exit_threshold`` set and one new token per row (decoding), rows exit early (module docstring).
         """
@@ -570,6 +590,12 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         if exit_layer is not None:
             fix = f"force an exit after 1 to {depth} layers (config.num_hidden_layers), or pass None"
             check_int("exit_layer", exit_layer, minimum=1, maximum=depth, fix=fix)
+        check_int("logits_to_keep", logits_to_keep, minimum=0, fix="pass 0 (every position) or how many to keep")
+        if logits_to_keep and (labels is not None or exit_labels is not None):
+            raise ValueError(
+                f"logits_to_keep={logits_to_keep} with labels or exit_labels: the losses need every position's "
+                "logits; pass logits_to_keep=0 when training."
+            )
         if exit_log is not None and not isinstance(exit_log, list):
             raise TypeError(
                 f"exit_log must be a list (each call appends its exit layers), got {type(exit_log).__name__}."
@@ -599,7 +625,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
                 hidden, _ = layer(hidden, cos, sin, allowed, cache)
             if cache is not None:
                 base.propagate(hidden, cos, sin, cache, exit_layer)
-            logits = self.lm_head(base.norm(hidden))
+            logits = self.lm_head(base.norm(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
             exit_layers = torch.full((batch, length), exit_layer, dtype=torch.long, device=hidden.device)
         else:
             all_hidden, all_attentions = (hidden,), ()
@@ -607,7 +633,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
                 hidden, probs = layer(hidden, cos, sin, allowed, cache)
                 all_hidden += (hidden,)
                 all_attentions += (probs,)
-            logits = self.lm_head(base.norm(hidden))
+            logits = self.lm_head(base.norm(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
             exit_layers = torch.full((batch, length), depth, dtype=torch.long, device=hidden.device)
             targets = None
             if labels is not None:
