@@ -52,13 +52,14 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, Cache, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, Cache, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import logging
 
 from ...attention import attend
+from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import ForeignCheckpointMixin, build_converted
 from ...early_exit import (
     anytime_loss_weights,
@@ -74,6 +75,8 @@ from ...early_exit import (
 from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import (
+    GrowingCache,
+    GrowingCacheMixin,
     RemoteCodeMixin,
     accepts_past_key_values,
     build_activation,
@@ -144,25 +147,6 @@ class TffCalmMLP(nn.Module):
         return self.down_proj(self.act_fn(gate) * up)
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
-    """Rotary tables for ``positions`` ``(B, T)``: ``cos``, ``sin`` ``(B, 1, T, Dh)`` (Llama's default rope)."""
-    inv_freq = 1.0 / (
-        base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim)
-    )
-    freqs = positions[..., None].float() * inv_freq  # (B, T, Dh / 2)
-    angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, Dh)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def _apply_rotary(tensor: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
-    if cos is None:  # learned absolute positions (the "gpt2" style): nothing to rotate
-        return tensor
-    first, second = tensor.chunk(2, dim=-1)
-    cos, sin = cos.to(tensor.dtype), sin.to(tensor.dtype)  # under autocast the projections come out in bf16
-    return tensor * cos + torch.cat([-second, first], dim=-1) * sin
-
-
-# -------------------------------------------------------------------------------------------------------- attention
 class TffCalmAttention(nn.Module):
     """Multi-head attention with rotary positions and grouped key/value heads, through `attend`.
 
@@ -192,14 +176,14 @@ class TffCalmAttention(nn.Module):
     def key_value(self, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """This layer's keys (rotated) and values of ``normed`` ``(B, T, D)``: ``(B, Hkv, T, Dh)`` each."""
         key, value = fused_projections(normed, self.k_proj, self.v_proj)
-        return _apply_rotary(self._heads(key, self.num_kv_heads), cos, sin), self._heads(value, self.num_kv_heads)
+        return apply_rotary(self._heads(key, self.num_kv_heads), cos, sin), self._heads(value, self.num_kv_heads)
 
     def forward(self, normed, cos, sin, allowed, cache: Cache | None = None, rows=None):
         """``normed`` ``(B, T, D)`` -> ``(B', T, D)`` for the ``rows`` (all when ``None``), and the probabilities
         ``(B', H, T, S)`` with the eager implementation."""
         if rows is None:
             query, key, value = fused_projections(normed, self.q_proj, self.k_proj, self.v_proj)
-            key = _apply_rotary(self._heads(key, self.num_kv_heads), cos, sin)
+            key = apply_rotary(self._heads(key, self.num_kv_heads), cos, sin)
             value = self._heads(value, self.num_kv_heads)
         else:
             key, value = self.key_value(normed, cos, sin)
@@ -211,7 +195,7 @@ class TffCalmAttention(nn.Module):
             if cos is not None:
                 cos, sin = cos[rows], sin[rows]
             allowed = allowed[rows] if allowed is not None and allowed.shape[0] > 1 else allowed
-        query = _apply_rotary(self._heads(query, self.num_heads), cos, sin)  # (B', H, T, Dh)
+        query = apply_rotary(self._heads(query, self.num_heads), cos, sin)  # (B', H, T, Dh)
         if self.num_kv_heads != self.num_heads:
             repeat = self.num_heads // self.num_kv_heads
             key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
@@ -325,11 +309,12 @@ class TffCalmModel(TffCalmPreTrainedModel):
         if not len(layers):
             return
         grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        if grad or not self._foldable():
+        folded = None if grad else self._folded_key_value(hidden.dtype)
+        if folded is None:
             for layer in layers:
                 layer.propagate(hidden, cos, sin, cache)
             return
-        weight, bias = self._folded_key_value(hidden.dtype)
+        weight, bias = folded
         width = 2 * self.config.num_key_value_heads * self.config.head_dim
         normalised = _normalise(self.layers[0].input_layernorm, hidden)
         rows = slice(start * width, self.depth * width)
@@ -338,31 +323,24 @@ class TffCalmModel(TffCalmPreTrainedModel):
         projected = F.linear(normalised, weight[rows], bias[rows])  # (B, T, L' * 2 * Hkv * Dh)
         projected = projected.view(batch, length, len(layers) * 2 * heads, head_dim).transpose(1, 2)
         keys_values = projected.reshape(batch, len(layers), 2, heads, length, head_dim)
-        keys = _apply_rotary(keys_values[:, :, 0].reshape(batch, -1, length, head_dim), cos, sin)
+        keys = apply_rotary(keys_values[:, :, 0].reshape(batch, -1, length, head_dim), cos, sin)
         keys = keys.view(batch, len(layers), heads, length, head_dim)
         for index, layer in enumerate(layers):
             cache.update(keys[:, index], keys_values[:, index, 1], layer.layer_idx)
 
-    def _foldable(self) -> bool:
-        """Whether every layer's input norm and key/value projections are the plain modules `_folded_key_value`
-        reads the weights of (a LoRA or quantised wrapper, or a hook, computes something else: those layers then
-        project on their own)."""
+    def _folded_key_value(self, dtype: torch.dtype):
+        """Every layer's key/value projection with its input norm's weight (and bias) folded in, stacked:
+        ``(L * 2 * Hkv * Dh, D)`` and ``(L * 2 * Hkv * Dh,)`` (rebuilt when a weight changes); ``None`` when a norm
+        or projection is not the plain module whose weights these are (a LoRA or quantised wrapper, a hook)."""
+        parameters = []
         for layer in self.layers:
-            norm, attention = layer.input_layernorm, layer.self_attn
+            attention, norm = layer.self_attn, layer.input_layernorm
             plain_norm = type(norm) in (TffCalmRMSNorm, nn.LayerNorm) and not (
                 norm._forward_hooks or norm._forward_pre_hooks
             )
             if not (plain_norm and is_plain_linear(attention.k_proj) and is_plain_linear(attention.v_proj)):
-                return False
-        return True
-
-    def _folded_key_value(self, dtype: torch.dtype):
-        """Every layer's key/value projection with its input norm's weight (and bias) folded in, stacked:
-        ``(L * 2 * Hkv * Dh, D)`` and ``(L * 2 * Hkv * Dh,)`` (rebuilt when a weight changes)."""
-        parameters = []
-        for layer in self.layers:
-            attention = layer.self_attn
-            parameters += [layer.input_layernorm.weight, getattr(layer.input_layernorm, "bias", None)]
+                return None
+            parameters += [norm.weight, getattr(norm, "bias", None)]
             parameters += [
                 attention.k_proj.weight,
                 attention.k_proj.bias,
@@ -451,7 +429,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
+            cache = GrowingCache(self.config)
         hidden, cos, sin, allowed, _ = self.prepare(input_ids, inputs_embeds, attention_mask, position_ids, cache)
         all_hidden, all_attentions = (hidden,), ()
         for layer in self.layers[: self.depth]:
@@ -468,7 +446,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
-class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
+class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
     """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
 
     ``exit_training = True`` tells the causal-LM recipe to pass its aligned targets as ``exit_labels`` (the anytime
@@ -565,7 +543,8 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
                 plus ``meta_loss_weight`` times the meta classifier's loss.
             exit_labels: ``(B, T)`` targets already aligned with the positions (the recipes' packed blocks):
                 ``aux_loss`` is what turns the last layer's cross entropy into that same total.
-            cache / use_cache: a `transformers.Cache` (a new `DynamicCache` when ``use_cache`` and none); the cache is
+            cache / use_cache: a `transformers.Cache` (a new `GrowingCache`, a `DynamicCache` that writes in place, when
+                ``use_cache`` and none); the cache is
                 also accepted under its name before transformers 5.24, ``past_key_values``.
             exit_layer: force every token of this call to exit after this many layers (keys and values of the
                 layers above propagated from the exit state).
@@ -582,7 +561,7 @@ class TffCalmForCausalLM(TffCalmPreTrainedModel, ValidatedGenerationMixin):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
+            cache = GrowingCache(self.config)
         if not use_cache:
             cache = None
         base = self.model

@@ -64,6 +64,7 @@ from ...attention import (
     normalize_shared_keys,
     shared_qk_attention,
 )
+from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import ForeignCheckpointMixin
 from ...layers.reversible import reversible_stack
 from ...losses import causal_lm_loss, cross_entropy, sequence_classification_loss
@@ -118,14 +119,9 @@ class AbsolutePositionEmbeddings(nn.Module):
 
 
 def rotate_positions(vectors: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary positions (Su et al. 2021, arXiv:2104.09864): ``(B, H, T, Dh)`` vectors rotated pairwise (halves)
-    by angles ``position * base^(-2i/Dh)``."""
-    half = vectors.shape[-1] // 2
-    frequencies = base ** (-torch.arange(half, device=vectors.device, dtype=torch.float32) / half)
-    angles = position_ids[:, None, :, None].float() * frequencies  # (B, 1, T, Dh/2)
-    cos, sin = angles.cos().to(vectors.dtype), angles.sin().to(vectors.dtype)
-    first, second = vectors[..., :half], vectors[..., half:]
-    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+    """Rotary positions (`tf_family.attention.rotary`): ``(B, H, T, Dh)`` vectors rotated pairwise (halves) by
+    angles ``position * base^(-2i/Dh)``."""
+    return apply_rotary(vectors, *rotary_cos_sin(position_ids, vectors.shape[-1], base, vectors.dtype))
 
 
 class TffReformerEmbeddings(nn.Module):
