@@ -23,36 +23,48 @@ measured wall-clock speed-up of early exit against full depth, per confidence me
    layout allows), and per measure a threshold no confidence reaches (every check runs, no token leaves: the cost
    of one check) and λ = 0 (every generated token leaves at its first check).
 5. A histogram of the held-out exit layers at δ = 0.1 per measure (PNG).
+6. **Baseline** (``--baseline``): a smaller decoder trained alone with the same data and steps (2 layers: the depth
+   most tokens leave at), timed in the same rounds, with both models' validation perplexities: whether early exit
+   beats simply training a smaller model.
 
-Run (the model first: about 20 minutes on 2 shared cores; then about 15 minutes for the benchmark at loadavg 2)::
+``--threads`` sets the intra-op threads of everything timed (default 2).
+
+Run (the models first: about 15 and 4 minutes on 2 cores; then about 15 minutes for the benchmark)::
 
     OMP_WAIT_POLICY=PASSIVE python recipes/causal_lm.py --arch calm --variant small \
         --config_overrides first_exit=2 exit_interval=2 decay_length=64 distillation_weight=3.0 aggregation=uniform \
         --block_size 64 --per_device_train_batch_size 8 --max_train_steps 1100 --learning_rate 2e-3 \
         --num_warmup_steps 30 --checkpointing_steps 100 --output_dir runs/calm-sotu-distill3
+    OMP_WAIT_POLICY=PASSIVE python recipes/causal_lm.py --arch calm --variant small \
+        --config_overrides num_hidden_layers=2 first_exit=2 exit_interval=1 decay_length=64 aggregation=uniform \
+        --block_size 64 --per_device_train_batch_size 8 --max_train_steps 1100 --learning_rate 2e-3 \
+        --num_warmup_steps 30 --checkpointing_steps 100 --output_dir runs/calm-sotu-2layer
     cd bench && OMP_WAIT_POLICY=PASSIVE python bench_calm.py --model ../runs/calm-sotu-distill3 \
-        --first-exit 2 --exit-interval 6
+        --first-exit 2 --exit-interval 6 --baseline ../runs/calm-sotu-2layer
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from collections import Counter
+from pathlib import Path
 
 from common import RESULTS_DIR, loadavg, markdown_table, setup_threads, time_interleaved, write_results
 
 setup_threads(2)
 
 import torch  # noqa: E402  (after setup_threads: OpenMP reads OMP_WAIT_POLICY when torch loads)
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers.utils import logging as transformers_logging  # noqa: E402
 
 from tf_family import modeling_utils  # noqa: E402
 from tf_family.data import load_sotu  # noqa: E402
 from tf_family.early_exit import calibrate_threshold  # noqa: E402
 from tf_family.early_exit.calibration import hoeffding_bentkus_p_value  # noqa: E402
+from tf_family.modeling_utils import GrowingCache  # noqa: E402
 from tf_family.training.early_exit import DEFAULT_GRIDS, cut_prompts, generate_with_exits, score_grid  # noqa: E402
 
 DELTAS = (0.05, 0.1, 0.2)
@@ -102,9 +114,29 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--exit-interval", type=int, help="layers between the exits used when decoding (default: the model's config)"
     )
+    parser.add_argument(
+        "--baseline",
+        help="a smaller model trained alone on the same data and budget (e.g. 2 layers): timed in the same rounds, "
+        "its validation perplexity (its training_run.json) quoted beside this model's",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="intra-op threads for everything timed (decoding small batches can be faster on 1 than on 2)",
+    )
     parser.add_argument("--name", default="calm_sotu")
     parser.add_argument("--training", default="", help="how the model was trained (the command), for the table")
     return parser.parse_args()
+
+
+def validation_perplexity(folder: str) -> str:
+    """The validation perplexity a recipe wrote into ``folder``'s training_run.json ("unknown" without one)."""
+    path = Path(folder) / "training_run.json"
+    if not path.is_file():
+        return "unknown"
+    metrics = json.loads(path.read_text()).get("metrics", {})
+    return f"{metrics['perplexity']:.0f}" if "perplexity" in metrics else "unknown"
 
 
 def split_violation_rate(losses: torch.Tensor, grid, delta: float, trials: int, seed: int = 0) -> tuple[float, float]:
@@ -126,8 +158,10 @@ def split_violation_rate(losses: torch.Tensor, grid, delta: float, trials: int, 
 
 def main() -> None:
     args = parse_args()
+    torch.set_num_threads(args.threads)
     transformers_logging.set_verbosity_error()
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    baseline = AutoModelForCausalLM.from_pretrained(args.baseline).eval() if args.baseline else None
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     config = model.config
     trained_exits = config.exit_points()
@@ -212,7 +246,7 @@ def main() -> None:
         def run():
             for start in range(0, timed.shape[0], batch):
                 rows = timed[start : start + batch]
-                cache = DynamicCache(config=config)
+                cache = GrowingCache(config, reserve=rows.shape[1] + args.new_tokens)  # what generate makes
                 first = model(rows, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
                 rows = torch.cat([rows, first], dim=1)
                 model.generate(rows, attention_mask=torch.ones_like(rows), cache=cache,
@@ -260,6 +294,8 @@ def main() -> None:
         steps.update({f"{m}@never": generation(m, NEVER, batch) for m in args.measures})
         steps.update({f"{m}@0": generation(m, 0.0, batch) for m in args.measures})
         steps.update({f"{m}@{t:g}": generation(m, t, batch) for m, t in timed_thresholds})  # "@0": same step
+        if baseline is not None:
+            steps["baseline"] = functools.partial(generate_with_exits, baseline, timed, args.new_tokens, batch, None)
         load_before = loadavg()
         times = time_interleaved(steps, rounds=args.rounds, warmups=1)
         medians = {name: statistics.median(values) for name, values in times.items()}
@@ -374,6 +410,18 @@ def main() -> None:
              f"{c8['best_speedup'][m]:.2f}x"]
         )  # fmt: skip
     full1, full8 = speed[1]["median_s"]["full"], speed[8]["median_s"]["full"]
+    baseline_text = ""
+    if baseline is not None:
+        base1, base8 = (speed[batch]["median_s"]["baseline"] for batch in (1, 8))
+        perplexity = {name: validation_perplexity(folder) for name, folder in (("model", args.model),
+                                                                                ("baseline", args.baseline))}  # fmt: skip
+        speed["baseline"] = {"perplexity": perplexity, "speedup": {"1": full1 / base1, "8": full8 / base8}}
+        baseline_text = (
+            f"\n\nBaseline: `{args.baseline}` ({baseline.config.num_hidden_layers} layers trained alone on the same "
+            f"data and steps), validation perplexity {perplexity['baseline']} against this model's "
+            f"{perplexity['model']}; its generation against this model's at full depth (same rounds): "
+            f"**{full1 / base1:.2f}x** at batch 1, **{full8 / base8:.2f}x** at batch 8."
+        )
     markdown = (
         f"# CALM early exit on the State of the Union corpus\n\nModel `{args.model}` ({depth} layers, trained with "
         f"exits after {trained_exits}, decoding with exits after {config.exit_points()}), {cal_prompts.shape[0]} calibration prompts (validation addresses) and "
@@ -392,6 +440,7 @@ def main() -> None:
         f"depth, per decode step; *fixed*: its intercept; *one check*: (every check run, no token leaving − full "
         f"depth) per check (a token makes {checks_per_token} checks when it never leaves).\n\n"
         + markdown_table(cost_headers, cost_rows)
+        + baseline_text
         + f"\n\nExit-layer histogram (held-out prompts, δ = 0.1): `{png.name}`.\n"
     )
     payload = {"args": vars(args), "model_config": config.to_dict(), "rows": rows, "per_measure": per_measure,
