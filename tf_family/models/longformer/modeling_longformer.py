@@ -31,7 +31,7 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Cache, DynamicCache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions, CausalLMOutputWithPast
@@ -60,6 +60,7 @@ from ...modeling_heads import (
 )
 from ...modeling_utils import (
     Dropout,
+    GrowingCache,
     RemoteCodeMixin,
     accepts_past_key_values,
     decoding_step_inputs,
@@ -320,7 +321,7 @@ class TffLongformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, Foreig
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # no key/value cache: generation re-reads the prefix
+        return False  # generate makes no cache: the first forward does (a `GrowingCache`)
 
 
 class TffLongformerModel(TffLongformerPreTrainedModel):
@@ -371,7 +372,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
             cache: a `transformers.Cache` (e.g. `DynamicCache`) of the keys and values of earlier calls;
                 causal models only. The new tokens attend to the last ``window * dilation`` cached positions and the
                 global ones, so a generation step costs the same at any length.
-            use_cache: return the cache (a new `DynamicCache` when none is given); causal models only.
+            use_cache: return the cache (a new `GrowingCache`, a `DynamicCache`, when none is given); causal models only.
         """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
@@ -402,7 +403,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
             logger.warning_once("use_cache=True is incompatible with gradient checkpointing in training; not caching.")
             use_cache = False
         if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
+            cache = GrowingCache(self.config)  # a DynamicCache whose decoding steps are written in place
         past_length = cache.get_seq_length() if cache is not None else 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
         total = past_length + length
