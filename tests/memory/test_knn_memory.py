@@ -98,6 +98,86 @@ def test_select_top_k_equals_topk(monkeypatch, width, k):
         )
 
 
+@pytest.mark.parametrize("case", ["packed", "ties", "fallback"])
+def test_select_top_k_above_equals_topk(monkeypatch, case):
+    """With a bound at or below each row's k-th best score, the selection over the packed scores >= bound gives
+    torch.topk's values, sorted, and indices that hold them (each once): bounds below the k-th best, at it, ties at
+    the bound, -inf scores and padding; rows whose bound is -inf go to select_top_k, the others stay packed."""
+    from tf_family.memory import knn_search
+
+    calls = []
+    monkeypatch.setattr(
+        knn_search, "select_top_k", lambda *args: calls.append(args[0].shape[0]) or torch.topk(args[0], args[1])
+    )
+    generator = torch.Generator().manual_seed(7)
+    scores = torch.randn(4, 6, 300, generator=generator)
+    scores[0, 1, 100:] = float("-inf")
+    k = 8
+    kth = scores.topk(k, dim=-1).values[..., -1:]
+    bound = kth - 0.3 * torch.rand(4, 6, 1, generator=generator)  # a few more than k scores pass each bound
+    if case == "ties":
+        bound = kth.clone()
+        scores[1, 2, 5:12] = kth[1, 2]  # the k-th best repeated: ties at the bound
+        kth = scores.topk(k, dim=-1).values[..., -1:]
+        bound = torch.minimum(bound, kth)
+    if case == "fallback":
+        bound[2, 3] = bound[0, 1] = float("-inf")
+    values, index = knn_search.select_top_k_above(scores, bound, k)
+    expected = scores.topk(k, dim=-1).values
+    assert torch.equal(values, expected)
+    assert torch.equal(scores.gather(-1, index), values)
+    assert all(len(set(row.tolist())) == k for row in index.flatten(0, 1))
+    assert calls == ([2] if case == "fallback" else [])  # the two rows of bound -inf, selected whole
+    unsorted, unsorted_index = knn_search.select_top_k_above(scores, bound, k, sorted=False)
+    assert torch.equal(unsorted.sort(-1, descending=True).values, expected)
+    assert torch.equal(scores.gather(-1, unsorted_index), unsorted)
+
+
+def test_grouped_bound_is_at_most_the_kth_best():
+    """The least chosen group maximum is a lower bound of the k-th best candidate (and -inf where fewer than k
+    groups hold an allowed slot); None when the groups hold fewer than k slots."""
+    from tf_family.memory.knn_search import grouped_bound, grouped_candidates
+
+    queries, keys = unit(2, 3, 5, 8), unit(2, 3, 200, 8, seed=1)
+    allowed = random_allowed(2, 5, 200)
+    allowed[1, 0, 2, 10:] = False  # 10 allowed slots: fewer groups than k hold one
+    scores, slots = grouped_candidates(queries, keys, allowed, 6, groups=20)
+    bound = grouped_bound(scores, slots, 6)
+    kth = scores.topk(6, dim=-1).values[..., -1:]
+    finite = kth > float("-inf")
+    assert (bound <= kth).all() and (bound[finite] > float("-inf")).float().mean() > 0.9
+    assert (bound[1, :, 2] == float("-inf")).all() and (bound[0, :, 0] == float("-inf")).all()
+    scores, slots = grouped_candidates(queries, keys, allowed, 6, groups=50)  # groups of 4 slots < k
+    assert grouped_bound(scores, slots, 6) is None
+
+
+@pytest.mark.parametrize("slots", [200, 9])
+def test_retrieve_over_the_grouped_search_merges_the_segment_exactly(monkeypatch, slots):
+    """The grouped search's candidates and the segment's scores selected through their bound
+    (`select_top_k_above`) == one brute-force search over the memory and the segment together, including expired
+    pairs, a query that may see nothing and one that may see fewer than k memory slots."""
+    from tf_family.memory import knn_search
+    from tf_family.memory.knn_search import expand_expired
+
+    monkeypatch.setattr(knn_search, "DIRECT_SEARCH_SCORES", 1)  # the grouped path even for small memories
+    query = unit(2, 2, 5, 8)
+    memory = (unit(2, 2, slots, 8, seed=1), unit(2, 2, slots, 8, seed=2))
+    segment = (unit(2, 2, 5, 8, seed=3), unit(2, 2, 5, 8, seed=4))
+    memory_allowed = random_allowed(2, 5, slots)
+    memory_allowed[1, 0, 3, 3:] = False
+    expired = (torch.tensor([0, 1, 2]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
+    retrieved = retrieve("exact", query, memory, (memory_allowed, expired), segment, segment_allowed, 4)
+    keys, _, found = retrieved.gathered()
+    all_keys = torch.cat([memory[0], segment[0]], 2)
+    all_allowed = torch.cat([expand_expired(memory_allowed, expired, 5), segment_allowed.expand(2, 1, 5, 5)], -1)
+    scores, index = top_k_reference(query, all_keys, all_allowed, 4)
+    assert torch.equal(found, scores > float("-inf"))
+    torch.testing.assert_close(torch.einsum("bhtd,bhtkd->bhtk", query, keys)[found], scores[found])
+    expected = all_keys[torch.arange(2)[:, None, None, None], torch.arange(2)[None, :, None, None], index]
+    torch.testing.assert_close(keys[found], expected[found])
+
+
 @pytest.mark.parametrize("search", [exact_top_k, grouped_top_k, bucketed_top_k])
 def test_searches_take_queries_that_require_grad(search):
     """A search called in grad mode with queries that require grad (the grouped path wrote its products with out=,
