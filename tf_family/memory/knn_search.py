@@ -130,16 +130,19 @@ def select_top_k_above(
     k = min(k, width)
     rows = scores.reshape(-1, width)
     keep = rows >= bound.expand(*scores.shape[:-1], 1).reshape(-1, 1)  # (R, n)
-    counts = keep.sum(-1)  # (R,)
+    flat = keep.view(-1).nonzero().squeeze(1)  # the kept (row, column) pairs, row by row, columns in order
+    row = torch.div(flat, width, rounding_mode="floor")
+    # counted from the kept pairs: keep.sum(-1) first copied the (R, n) mask into int64 (25 MB at 8k, page-faulted
+    # in anew at every step: ~14 ms)
+    counts = torch.bincount(row, minlength=rows.shape[0])  # (R,)
     wide = (counts > width // 2) | (counts < k)  # selected whole
     if bool(wide.all()):
         return select_top_k(scores, k, sorted)
     if bool(wide.any()):
-        keep &= ~wide[:, None]
+        narrow = ~wide.index_select(0, row)
+        flat, row = flat[narrow], row[narrow]
         counts = counts.masked_fill(wide, 0)
     packed_width = int(counts.max())
-    flat = keep.view(-1).nonzero().squeeze(1)  # the kept (row, column) pairs, row by row, columns in order
-    row = torch.div(flat, width, rounding_mode="floor")
     start = counts.cumsum(0) - counts  # where each row's kept scores begin in `flat`
     target = torch.arange(flat.shape[0], device=flat.device) - start.index_select(0, row) + row * packed_width
     packed = rows.new_full((rows.shape[0], packed_width), float("-inf"))
