@@ -336,6 +336,36 @@ def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_p
         torch.testing.assert_close(grad, expected_grad)
 
 
+@pytest.mark.parametrize(("with_segment", "block_bytes"), [(True, None), (False, None), (True, 4 * 6 * 5 * 8 * 8)])
+def test_fused_knn_attention_equals_knn_attention(monkeypatch, with_segment, block_bytes):
+    """The attention with its backward written out (`fused_knn_attention`) gives `knn_attention`'s outputs and
+    gradients (query, scale, the segment's keys and values), with a query that found nothing, pairs of both
+    origins, blocks of (row, head) pairs and an upstream gradient in the layer's transposed-heads layout."""
+    from tf_family.memory import fused_knn_attention
+
+    if block_bytes is not None:
+        monkeypatch.setattr(knn_memory, "GATHER_BLOCK_BYTES", block_bytes)
+    query = unit(2, 3, 6, 8).requires_grad_()
+    memory = (unit(2, 3, 11, 8, seed=1), unit(2, 3, 11, 8, seed=2))
+    segment = (unit(2, 3, 6, 8, seed=3).requires_grad_(), unit(2, 3, 6, 8, seed=4).requires_grad_())
+    memory_allowed = random_allowed(2, 6, 11)
+    segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
+    scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
+    retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    assert not retrieved.found[0, :, 0].any()
+    inputs = (query, scale, *segment) if with_segment else (query, scale)
+    weights = torch.randn(2, 6, 3, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    out = fused_knn_attention(query, retrieved, scale)
+    grads = torch.autograd.grad((out.transpose(1, 2) * weights).sum(), inputs)
+    expected, _ = knn_attention(query, retrieved, scale)
+    expected_grads = torch.autograd.grad((expected.transpose(1, 2) * weights).sum(), inputs)
+    torch.testing.assert_close(out, expected)
+    assert (out[0, :, 0] == 0).all() and out.abs().sum() > 0
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert grad.abs().sum() > 0
+        torch.testing.assert_close(grad, expected_grad)
+
+
 def test_ring_buffer_evicts_the_oldest_and_resets_rows():
     memory = KNNMemory.empty(2, 1, 1, 1, capacity=4, dtype=torch.float64)
     for start in (0, 3):

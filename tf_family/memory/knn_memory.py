@@ -216,6 +216,100 @@ def knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor
     return retrieved.attend(probs), logits
 
 
+class _RetrievedAttention(torch.autograd.Function):
+    """`knn_attention`'s attended values with its backward written out (`fused_knn_attention`).
+
+    Autograd's composition (scaled and masked scores, a concatenation with the segment's ``(T, T)`` scores, softmax,
+    `nan_to_num`, slices) made about twenty passes over the ``(B, H, T, K + T)`` logits forward and backward; here
+    the memory's ``(B, H, T, K)`` and the segment's ``(B, H, T, T)`` parts stay apart and share one softmax
+    (maximum, exponentials, one normaliser; 0 where a query found nothing), and the backward is the softmax's:
+    ``dlogits = p * (dp - sum(p * dp))``."""
+
+    @staticmethod
+    def forward(ctx, query, scale, segment_keys, segment_values, memory_found, segment_found, blocks, *pairs):
+        key_blocks, value_blocks = pairs[:blocks], pairs[blocks:]
+        batch, heads, length, width = query.shape
+        factor = scale.view(1, heads, 1, 1)
+        flat = query.reshape(batch * heads, length, width)
+        memory_scores = _pair_scores(flat, key_blocks).view(memory_found.shape)  # (B, H, T, K)
+        memory_probs = (memory_scores * factor).masked_fill_(~memory_found, float("-inf"))
+        top = memory_probs.amax(-1, keepdim=True)  # (B, H, T, 1)
+        segment_scores = segment_probs = None
+        if segment_keys is not None:
+            segment_scores = query @ segment_keys.transpose(-1, -2)  # (B, H, T, T)
+            segment_probs = (segment_scores * factor).masked_fill_(~segment_found, float("-inf"))
+            top = torch.maximum(top, segment_probs.amax(-1, keepdim=True))
+        top = top.masked_fill_(top == float("-inf"), 0.0)  # a query that found nothing: every logit is -inf
+        memory_probs = memory_probs.sub_(top).exp_()
+        total = memory_probs.sum(-1, keepdim=True)
+        if segment_probs is not None:
+            segment_probs = segment_probs.sub_(top).exp_()
+            total += segment_probs.sum(-1, keepdim=True)
+        inverse = torch.where(total > 0, total.reciprocal(), 0.0)  # 0: attends to nothing
+        memory_probs *= inverse
+        attended = _pair_mix(memory_probs.view(batch * heads, length, -1), value_blocks).view(query.shape)
+        if segment_probs is not None:
+            segment_probs *= inverse
+            flat_probs = segment_probs.view(batch * heads, length, length)
+            flat_values = segment_values.reshape(batch * heads, length, width)
+            attended = attended.view(batch * heads, length, width).baddbmm_(flat_probs, flat_values).view(query.shape)
+        ctx.blocks = blocks
+        ctx.save_for_backward(
+            query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs,
+            *pairs,
+        )  # fmt: skip
+        return attended
+
+    @staticmethod
+    def backward(ctx, grad):
+        query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs = (
+            ctx.saved_tensors[:8]
+        )
+        key_blocks, value_blocks = ctx.saved_tensors[8 : 8 + ctx.blocks], ctx.saved_tensors[8 + ctx.blocks :]
+        batch, heads, length, width = query.shape
+        grad = grad.contiguous()
+        memory_grad = _pair_scores(grad.view(batch * heads, length, width), value_blocks).view(memory_probs.shape)
+        dot = (memory_probs * memory_grad).sum(-1, keepdim=True)  # (B, H, T, 1): sum of p * dp
+        segment_grad = None
+        if segment_probs is not None:
+            segment_grad = grad @ segment_values.transpose(-1, -2)  # (B, H, T, T)
+            dot += (segment_probs * segment_grad).sum(-1, keepdim=True)
+            segment_grad = segment_grad.sub_(dot).mul_(segment_probs)  # d loss / d logits
+        memory_grad = memory_grad.sub_(dot).mul_(memory_probs)
+        grad_scale = (memory_grad * memory_scores).sum((0, 2, 3))
+        if segment_grad is not None:
+            grad_scale += (segment_grad * segment_scores).sum((0, 2, 3))
+        factor = scale.view(1, heads, 1, 1)
+        memory_grad *= factor  # d loss / d cosine scores
+        grad_query = _pair_mix(memory_grad.view(batch * heads, length, -1), key_blocks).view(query.shape)
+        grad_segment_keys = grad_segment_values = None
+        if segment_grad is not None:
+            segment_grad *= factor
+            grad_query = grad_query + segment_grad @ segment_keys
+            grad_segment_keys = segment_grad.transpose(-1, -2) @ query
+            grad_segment_values = segment_probs.transpose(-1, -2) @ grad
+        return (
+            grad_query, grad_scale, grad_segment_keys, grad_segment_values, None, None, None,
+            *(None for _ in range(2 * ctx.blocks)),
+        )  # fmt: skip
+
+
+def fused_knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor) -> torch.Tensor:
+    """`knn_attention`'s attended values ``(B, H, T, Dh)`` (its twin: the same values and gradients for the query,
+    the scale and the segment's keys and values) through one autograd Function (`_RetrievedAttention`): what the
+    model's gated kNN layer runs."""
+    keys = tuple(block.to(query.dtype) for block in retrieved.memory_keys)
+    values = tuple(block.to(query.dtype) for block in retrieved.memory_values)
+    segment_keys = segment_values = segment_found = None
+    if retrieved.segment is not None:
+        segment_keys, segment_values = (part.to(query.dtype) for part in retrieved.segment)
+        segment_found = retrieved.segment_found
+    return _RetrievedAttention.apply(
+        query, scale.to(query.dtype), segment_keys, segment_values, retrieved.memory_found, segment_found,
+        len(keys), *keys, *values,
+    )  # fmt: skip
+
+
 def gathered_knn_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, found: torch.Tensor, scale: torch.Tensor
 ) -> torch.Tensor:
@@ -562,6 +656,7 @@ __all__ = [
     "MemorizingMemory",
     "Retrieved",
     "dense_knn_attention",
+    "fused_knn_attention",
     "gather_blocks",
     "gather_neighbours",
     "gathered_knn_attention",
