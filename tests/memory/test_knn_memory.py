@@ -336,11 +336,15 @@ def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_p
         torch.testing.assert_close(grad, expected_grad)
 
 
+@pytest.mark.parametrize("reuse", [True, False])
 @pytest.mark.parametrize(("with_segment", "block_bytes"), [(True, None), (False, None), (True, 4 * 6 * 5 * 8 * 8)])
-def test_fused_knn_attention_equals_knn_attention(monkeypatch, with_segment, block_bytes):
+def test_fused_knn_attention_equals_knn_attention(monkeypatch, with_segment, block_bytes, reuse):
     """The attention with its backward written out (`fused_knn_attention`) gives `knn_attention`'s outputs and
     gradients (query, scale, the segment's keys and values), with a query that found nothing, pairs of both
-    origins, blocks of (row, head) pairs and an upstream gradient in the layer's transposed-heads layout."""
+    origins, blocks of (row, head) pairs and an upstream gradient in the layer's transposed-heads layout; with the
+    search's scores reused or computed again."""
+    import dataclasses
+
     from tf_family.memory import fused_knn_attention
 
     if block_bytes is not None:
@@ -353,9 +357,11 @@ def test_fused_knn_attention_equals_knn_attention(monkeypatch, with_segment, blo
     scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
     retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
     assert not retrieved.found[0, :, 0].any()
+    assert retrieved.scores is not None and (retrieved.segment_scores is not None) == with_segment
     inputs = (query, scale, *segment) if with_segment else (query, scale)
     weights = torch.randn(2, 6, 3, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    out = fused_knn_attention(query, retrieved, scale)
+    fused_input = retrieved if reuse else dataclasses.replace(retrieved, scores=None, segment_scores=None)
+    out = fused_knn_attention(query, fused_input, scale)
     grads = torch.autograd.grad((out.transpose(1, 2) * weights).sum(), inputs)
     expected, _ = knn_attention(query, retrieved, scale)
     expected_grads = torch.autograd.grad((expected.transpose(1, 2) * weights).sum(), inputs)

@@ -145,6 +145,10 @@ class Retrieved:
         segment_index: ``(B, H, T, K)`` long, the segment position of rank ``r`` (``-1``: not from the segment).
         segment: the segment's keys and values ``(B, H, T, Dh)``, or None (nothing retrievable in the segment).
         segment_found: ``(B, H, T, T)`` bool, True where position ``s`` of the segment is among query ``t``'s ``k``.
+        scores, segment_scores: the search's own cosine scores, without gradient, of rank ``r`` ``(B, H, T, K)``
+            (``-inf`` where nothing was found) and of the segment's positions ``(B, H, T, T)`` (before masking),
+            which `fused_knn_attention` reuses instead of computing them again; None when the search did not compute
+            them in the query's dtype (faiss).
     """
 
     memory_keys: tuple[torch.Tensor, ...]
@@ -154,6 +158,8 @@ class Retrieved:
     segment_index: torch.Tensor
     segment: tuple[torch.Tensor, torch.Tensor] | None = None
     segment_found: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    segment_scores: torch.Tensor | None = None
 
     @property
     def any_found(self) -> torch.Tensor:
@@ -226,17 +232,24 @@ class _RetrievedAttention(torch.autograd.Function):
     ``dlogits = p * (dp - sum(p * dp))``."""
 
     @staticmethod
-    def forward(ctx, query, scale, segment_keys, segment_values, memory_found, segment_found, blocks, *pairs):
+    def forward(
+        ctx, query, scale, segment_keys, segment_values, memory_found, segment_found, scores, segment_scores, blocks,
+        *pairs,
+    ):  # fmt: skip
         key_blocks, value_blocks = pairs[:blocks], pairs[blocks:]
         batch, heads, length, width = query.shape
         factor = scale.view(1, heads, 1, 1)
-        flat = query.reshape(batch * heads, length, width)
-        memory_scores = _pair_scores(flat, key_blocks).view(memory_found.shape)  # (B, H, T, K)
+        if scores is None:
+            memory_scores = _pair_scores(query.reshape(batch * heads, length, width), key_blocks)
+            memory_scores = memory_scores.view(memory_found.shape)  # (B, H, T, K)
+        else:  # the search's: finite where the backward multiplies them by a zero gradient
+            memory_scores = scores.masked_fill(~memory_found, 0.0)
         memory_probs = (memory_scores * factor).masked_fill_(~memory_found, float("-inf"))
         top = memory_probs.amax(-1, keepdim=True)  # (B, H, T, 1)
-        segment_scores = segment_probs = None
+        segment_probs = None
         if segment_keys is not None:
-            segment_scores = query @ segment_keys.transpose(-1, -2)  # (B, H, T, T)
+            if segment_scores is None:
+                segment_scores = query @ segment_keys.transpose(-1, -2)  # (B, H, T, T)
             segment_probs = (segment_scores * factor).masked_fill_(~segment_found, float("-inf"))
             top = torch.maximum(top, segment_probs.amax(-1, keepdim=True))
         top = top.masked_fill_(top == float("-inf"), 0.0)  # a query that found nothing: every logit is -inf
@@ -289,7 +302,7 @@ class _RetrievedAttention(torch.autograd.Function):
             grad_segment_keys = segment_grad.transpose(-1, -2) @ query
             grad_segment_values = segment_probs.transpose(-1, -2) @ grad
         return (
-            grad_query, grad_scale, grad_segment_keys, grad_segment_values, None, None, None,
+            grad_query, grad_scale, grad_segment_keys, grad_segment_values, None, None, None, None, None,
             *(None for _ in range(2 * ctx.blocks)),
         )  # fmt: skip
 
@@ -297,17 +310,23 @@ class _RetrievedAttention(torch.autograd.Function):
 def fused_knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor) -> torch.Tensor:
     """`knn_attention`'s attended values ``(B, H, T, Dh)`` (its twin: the same values and gradients for the query,
     the scale and the segment's keys and values) through one autograd Function (`_RetrievedAttention`): what the
-    model's gated kNN layer runs."""
+    model's gated kNN layer runs. The cosine scores come from the search (`Retrieved.scores`, ``segment_scores``):
+    ``query`` must be the query the pairs were retrieved with."""
     keys = tuple(block.to(query.dtype) for block in retrieved.memory_keys)
     values = tuple(block.to(query.dtype) for block in retrieved.memory_values)
-    segment_keys = segment_values = segment_found = None
+    segment_keys = segment_values = segment_found = segment_scores = None
     if retrieved.segment is not None:
         segment_keys, segment_values = (part.to(query.dtype) for part in retrieved.segment)
-        segment_found = retrieved.segment_found
+        segment_found, segment_scores = retrieved.segment_found, _same_dtype(retrieved.segment_scores, query)
     return _RetrievedAttention.apply(
         query, scale.to(query.dtype), segment_keys, segment_values, retrieved.memory_found, segment_found,
-        len(keys), *keys, *values,
+        _same_dtype(retrieved.scores, query), segment_scores, len(keys), *keys, *values,
     )  # fmt: skip
+
+
+def _same_dtype(scores: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
+    """The search's scores where they were computed in the query's dtype (else None: computed again)."""
+    return scores if scores is not None and scores.dtype == query.dtype else None
 
 
 def gathered_knn_attention(
@@ -364,10 +383,11 @@ def retrieve(
             scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired, indexes)  # (B, H, T, K1)
         from_memory = scores.shape[-1]
         bound = grouped_bound(scores, index, k) if isinstance(index, GroupedSlots) else None
+        segment_scores = None
         if segment is not None:
             segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment[0].detach().to(query.dtype))
-            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))  # (B, H, T, T)
-            scores = torch.cat([scores, segment_scores], -1)
+            allowed_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))  # (B, H, T, T)
+            scores = torch.cat([scores, allowed_scores], -1)
         # (B, H, T, K): the grouped search's candidates come with a bound on the k-th best (the least chosen group
         # maximum), which leaves a few more than k candidates per query to select from
         scores, position = select_top_k(scores, k) if bound is None else select_top_k_above(scores, bound, k)
@@ -388,7 +408,12 @@ def retrieve(
             target = torch.where(segment_index >= 0, segment_index, length)
             segment_found = torch.zeros(batch, heads, length, length + 1, dtype=torch.bool, device=query.device)
             segment_found = segment_found.scatter_(-1, target, True)[..., :length]
-    return Retrieved(memory_keys, memory_values, found & in_memory, found, segment_index, segment, segment_found)
+    if kind == "faiss":  # faiss's scores: float32, computed apart
+        scores = segment_scores = None
+    return Retrieved(
+        memory_keys, memory_values, found & in_memory, found, segment_index, segment, segment_found, scores,
+        segment_scores,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------------ memory
