@@ -69,6 +69,21 @@ def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
     assert (index >= 0).all() and (index < slots).all()
 
 
+@pytest.mark.parametrize("halved_from", [1, 10**6])
+def test_grouped_top_k_default_groups_are_exact(monkeypatch, halved_from):
+    """The default group count (sqrt(N / k), halved for large memories) gives the brute-force twin's neighbours."""
+    from tf_family.memory import knn_search
+
+    monkeypatch.setattr(knn_search, "GROUPS_HALVED_FROM", halved_from)
+    queries, keys = unit(2, 2, 5, 8), unit(2, 2, 300, 8, seed=1)
+    allowed = random_allowed(2, 5, 300)
+    scores, index = grouped_top_k(queries, keys, allowed, 4)
+    expected_scores, expected_index = top_k_reference(queries, keys, allowed, 4)
+    torch.testing.assert_close(scores, expected_scores)
+    finite = expected_scores > float("-inf")
+    assert torch.equal(index[finite], expected_index[finite])
+
+
 @pytest.mark.parametrize("width,k", [(600, 32), (1280, 32), (1283, 7), (700, 700), (40, 64)])
 def test_select_top_k_equals_topk(monkeypatch, width, k):
     """The selection through group maxima gives torch.topk's values, sorted, and indices that hold them, also with
