@@ -4,9 +4,10 @@ One function, `knn_top_k`, in front of three backends (scores are inner products
 
 * ``"exact"``: matrix products and an exact top-k (the default; on this CPU faster than faiss for per-document
   memories of up to 65k entries); large memories go through `grouped_candidates` (the scores in chunks, a running
-  maximum per group, then a selection over the best groups' members: exact, with two selections over ``~sqrt(N k)``
-  entries instead of one over ``N``), with the (row, query) pairs in blocks (`scored_blocks`) so that the
-  ``(B, H, T, N)`` score matrix is never held at once; long selections go through `select_top_k`;
+  maximum per group, then a selection over the best groups' members: exact, with a selection over the group maxima
+  and one over the few members that reach the least chosen maximum, `grouped_bound` and `select_top_k_above`,
+  instead of one over ``N``), with the (row, query) pairs in blocks (`scored_blocks`) so that the ``(B, H, T, N)``
+  score matrix is never held at once; long selections go through `select_top_k`;
 * ``"bucketed"``: meliad's approximate top-k: the slots fall into ``k`` strided buckets (slot ``s`` in bucket
   ``s mod k``) and each bucket contributes its best slot;
 * ``"faiss"``: a faiss index per (row, head), persistent (`KNNMemory.faiss_indexes`, `tf_family.memory.knn_faiss`:
