@@ -13,6 +13,7 @@ Transformer-XL `SegmentMemory`: the whole state a Memorizing Transformer carries
 
 The retrieval backends (`knn_top_k`: exact, bucketed, faiss) are in `tf_family.memory.knn_search`. `retrieve` runs
 one and merges the segment's own positions; `knn_attention` is the attention over the retrieved pairs (`Retrieved`),
+`fused_knn_attention` the same with its backward written out (what the gated kNN layer runs),
 `gathered_knn_attention` its twin over the rank-ordered gathered pairs and `dense_knn_attention` its twin over every
 allowed entry (equal when ``k`` covers the memory).
 
