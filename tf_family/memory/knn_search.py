@@ -125,9 +125,9 @@ def select_top_k_above(
     ``(..., 1)``; e.g. `grouped_bound`): only the scores ``>= bound`` can be among the ``k`` best, so they are
     packed, in order, into the narrowest width that holds every row's (a few more than ``k`` for the grouped
     search's candidates, against two selections over ~``sqrt(n k)`` scores each before: about 20 -> 13 ms per
-    training step of the larger benchmark model at 8k entries, 1 thread), and selected there. Rows where more than half the scores pass
-    (a bound of ``-inf``: fewer than ``k`` allowed candidates) or fewer than ``k`` do go to `select_top_k`. The same
-    values; the indices may differ only between equal scores.
+    training step of the larger benchmark model at 8k entries, 1 thread), and selected there. Rows where more than
+    half the scores pass (a bound of ``-inf``: fewer than ``k`` allowed candidates) or fewer than ``k`` do go to
+    `select_top_k`. The same values; the indices may differ only between equal scores.
 
     A bound above a row's ``k``-th best score makes the result wrong: the caller guarantees it."""
     width = scores.shape[-1]
@@ -227,8 +227,8 @@ def grouped_candidates(
     """``k * g`` candidates per query that hold the exact top ``k`` of ``N`` slots, found with one selection over
     ``G`` group maxima instead of one over every slot.
 
-    The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``, halved from `GROUPS_HALVED_FROM` ``k`` slots on), and slot
-    ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time while a running maximum
+    The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``, halved from
+    `GROUPS_HALVED_FROM` ``k`` slots on), and slot ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time while a running maximum
     keeps each group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own,
     and at most ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them.
     Returns their scores ``(B, H, T, k * g)`` (padding slots come with ``-inf``) and their slots (`GroupedSlots`).
