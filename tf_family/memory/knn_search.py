@@ -230,8 +230,8 @@ def grouped_candidates(
     The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``, halved from
     `GROUPS_HALVED_FROM` ``k`` slots on), and slot ``c * G + j`` belongs to group ``j``. The chunks' scores are
     computed one chunk at a time while a running maximum keeps each group's best score. Each of the true top ``k``
-    lies in a group whose best score is at least its own,
-    and at most ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them.
+    lies in a group whose best score is at least its own, and at most ``k - 1`` other groups can beat that, so the
+    ``k`` groups with the highest maxima hold all of them.
     Returns their scores ``(B, H, T, k * g)`` (padding slots come with ``-inf``) and their slots (`GroupedSlots`).
 
     The (row and head, query) pairs are taken in blocks (`scored_blocks`): the ``(B, H, T, N)`` score matrix is
