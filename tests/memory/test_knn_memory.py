@@ -69,6 +69,21 @@ def test_grouped_top_k_is_exact(monkeypatch, slots, groups, block):
     assert (index >= 0).all() and (index < slots).all()
 
 
+@pytest.mark.parametrize("halved_from", [1, 10**6])
+def test_grouped_top_k_default_groups_are_exact(monkeypatch, halved_from):
+    """The default group count (sqrt(N / k), halved for large memories) gives the brute-force twin's neighbours."""
+    from tf_family.memory import knn_search
+
+    monkeypatch.setattr(knn_search, "GROUPS_HALVED_FROM", halved_from)
+    queries, keys = unit(2, 2, 5, 8), unit(2, 2, 300, 8, seed=1)
+    allowed = random_allowed(2, 5, 300)
+    scores, index = grouped_top_k(queries, keys, allowed, 4)
+    expected_scores, expected_index = top_k_reference(queries, keys, allowed, 4)
+    torch.testing.assert_close(scores, expected_scores)
+    finite = expected_scores > float("-inf")
+    assert torch.equal(index[finite], expected_index[finite])
+
+
 @pytest.mark.parametrize("width,k", [(600, 32), (1280, 32), (1283, 7), (700, 700), (40, 64)])
 def test_select_top_k_equals_topk(monkeypatch, width, k):
     """The selection through group maxima gives torch.topk's values, sorted, and indices that hold them, also with
@@ -96,6 +111,86 @@ def test_select_top_k_equals_topk(monkeypatch, width, k):
         assert torch.equal(
             scores.gather(-1, unsorted_index)[unsorted > float("-inf")], unsorted[unsorted > float("-inf")]
         )
+
+
+@pytest.mark.parametrize("case", ["packed", "ties", "fallback"])
+def test_select_top_k_above_equals_topk(monkeypatch, case):
+    """With a bound at or below each row's k-th best score, the selection over the packed scores >= bound gives
+    torch.topk's values, sorted, and indices that hold them (each once): bounds below the k-th best, at it, ties at
+    the bound, -inf scores and padding; rows whose bound is -inf go to select_top_k, the others stay packed."""
+    from tf_family.memory import knn_search
+
+    calls = []
+    monkeypatch.setattr(
+        knn_search, "select_top_k", lambda *args: calls.append(args[0].shape[0]) or torch.topk(args[0], args[1])
+    )
+    generator = torch.Generator().manual_seed(7)
+    scores = torch.randn(4, 6, 300, generator=generator)
+    scores[0, 1, 100:] = float("-inf")
+    k = 8
+    kth = scores.topk(k, dim=-1).values[..., -1:]
+    bound = kth - 0.3 * torch.rand(4, 6, 1, generator=generator)  # a few more than k scores pass each bound
+    if case == "ties":
+        bound = kth.clone()
+        scores[1, 2, 5:12] = kth[1, 2]  # the k-th best repeated: ties at the bound
+        kth = scores.topk(k, dim=-1).values[..., -1:]
+        bound = torch.minimum(bound, kth)
+    if case == "fallback":
+        bound[2, 3] = bound[0, 1] = float("-inf")
+    values, index = knn_search.select_top_k_above(scores, bound, k)
+    expected = scores.topk(k, dim=-1).values
+    assert torch.equal(values, expected)
+    assert torch.equal(scores.gather(-1, index), values)
+    assert all(len(set(row.tolist())) == k for row in index.flatten(0, 1))
+    assert calls == ([2] if case == "fallback" else [])  # the two rows of bound -inf, selected whole
+    unsorted, unsorted_index = knn_search.select_top_k_above(scores, bound, k, sorted=False)
+    assert torch.equal(unsorted.sort(-1, descending=True).values, expected)
+    assert torch.equal(scores.gather(-1, unsorted_index), unsorted)
+
+
+def test_grouped_bound_is_at_most_the_kth_best():
+    """The least chosen group maximum is a lower bound of the k-th best candidate (and -inf where fewer than k
+    groups hold an allowed slot); None when the groups hold fewer than k slots."""
+    from tf_family.memory.knn_search import grouped_bound, grouped_candidates
+
+    queries, keys = unit(2, 3, 5, 8), unit(2, 3, 200, 8, seed=1)
+    allowed = random_allowed(2, 5, 200)
+    allowed[1, 0, 2, 10:] = False  # 10 allowed slots: fewer groups than k hold one
+    scores, slots = grouped_candidates(queries, keys, allowed, 6, groups=20)
+    bound = grouped_bound(scores, slots, 6)
+    kth = scores.topk(6, dim=-1).values[..., -1:]
+    finite = kth > float("-inf")
+    assert (bound <= kth).all() and (bound[finite] > float("-inf")).float().mean() > 0.9
+    assert (bound[1, :, 2] == float("-inf")).all() and (bound[0, :, 0] == float("-inf")).all()
+    scores, slots = grouped_candidates(queries, keys, allowed, 6, groups=50)  # groups of 4 slots < k
+    assert grouped_bound(scores, slots, 6) is None
+
+
+@pytest.mark.parametrize("slots", [200, 9])
+def test_retrieve_over_the_grouped_search_merges_the_segment_exactly(monkeypatch, slots):
+    """The grouped search's candidates and the segment's scores selected through their bound
+    (`select_top_k_above`) == one brute-force search over the memory and the segment together, including expired
+    pairs, a query that may see nothing and one that may see fewer than k memory slots."""
+    from tf_family.memory import knn_search
+    from tf_family.memory.knn_search import expand_expired
+
+    monkeypatch.setattr(knn_search, "DIRECT_SEARCH_SCORES", 1)  # the grouped path even for small memories
+    query = unit(2, 2, 5, 8)
+    memory = (unit(2, 2, slots, 8, seed=1), unit(2, 2, slots, 8, seed=2))
+    segment = (unit(2, 2, 5, 8, seed=3), unit(2, 2, 5, 8, seed=4))
+    memory_allowed = random_allowed(2, 5, slots)
+    memory_allowed[1, 0, 3, 3:] = False
+    expired = (torch.tensor([0, 1, 2]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
+    retrieved = retrieve("exact", query, memory, (memory_allowed, expired), segment, segment_allowed, 4)
+    keys, _, found = retrieved.gathered()
+    all_keys = torch.cat([memory[0], segment[0]], 2)
+    all_allowed = torch.cat([expand_expired(memory_allowed, expired, 5), segment_allowed.expand(2, 1, 5, 5)], -1)
+    scores, index = top_k_reference(query, all_keys, all_allowed, 4)
+    assert torch.equal(found, scores > float("-inf"))
+    torch.testing.assert_close(torch.einsum("bhtd,bhtkd->bhtk", query, keys)[found], scores[found])
+    expected = all_keys[torch.arange(2)[:, None, None, None], torch.arange(2)[None, :, None, None], index]
+    torch.testing.assert_close(keys[found], expected[found])
 
 
 @pytest.mark.parametrize("search", [exact_top_k, grouped_top_k, bucketed_top_k])
@@ -253,6 +348,42 @@ def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_p
     torch.testing.assert_close(out, expected)
     assert (out[0, :, 0] == 0).all()
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+@pytest.mark.parametrize(("with_segment", "block_bytes"), [(True, None), (False, None), (True, 4 * 6 * 5 * 8 * 8)])
+def test_fused_knn_attention_equals_knn_attention(monkeypatch, with_segment, block_bytes, reuse):
+    """The attention with its backward written out (`fused_knn_attention`) gives `knn_attention`'s outputs and
+    gradients (query, scale, the segment's keys and values), with a query that found nothing, pairs of both
+    origins, blocks of (row, head) pairs and an upstream gradient in the layer's transposed-heads layout; with the
+    search's scores reused or computed again."""
+    import dataclasses
+
+    from tf_family.memory import fused_knn_attention
+
+    if block_bytes is not None:
+        monkeypatch.setattr(knn_memory, "GATHER_BLOCK_BYTES", block_bytes)
+    query = unit(2, 3, 6, 8).requires_grad_()
+    memory = (unit(2, 3, 11, 8, seed=1), unit(2, 3, 11, 8, seed=2))
+    segment = (unit(2, 3, 6, 8, seed=3).requires_grad_(), unit(2, 3, 6, 8, seed=4).requires_grad_())
+    memory_allowed = random_allowed(2, 6, 11)
+    segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
+    scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
+    retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    assert not retrieved.found[0, :, 0].any()
+    assert retrieved.scores is not None and (retrieved.segment_scores is not None) == with_segment
+    inputs = (query, scale, *segment) if with_segment else (query, scale)
+    weights = torch.randn(2, 6, 3, 8, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    fused_input = retrieved if reuse else dataclasses.replace(retrieved, scores=None, segment_scores=None)
+    out = fused_knn_attention(query, fused_input, scale)
+    grads = torch.autograd.grad((out.transpose(1, 2) * weights).sum(), inputs)
+    expected, _ = knn_attention(query, retrieved, scale)
+    expected_grads = torch.autograd.grad((expected.transpose(1, 2) * weights).sum(), inputs)
+    torch.testing.assert_close(out, expected)
+    assert (out[0, :, 0] == 0).all() and out.abs().sum() > 0
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert grad.abs().sum() > 0
         torch.testing.assert_close(grad, expected_grad)
 
 

@@ -13,6 +13,7 @@ Transformer-XL `SegmentMemory`: the whole state a Memorizing Transformer carries
 
 The retrieval backends (`knn_top_k`: exact, bucketed, faiss) are in `tf_family.memory.knn_search`. `retrieve` runs
 one and merges the segment's own positions; `knn_attention` is the attention over the retrieved pairs (`Retrieved`),
+`fused_knn_attention` the same with its backward written out (what the gated kNN layer runs),
 `gathered_knn_attention` its twin over the rank-ordered gathered pairs and `dense_knn_attention` its twin over every
 allowed entry (equal when ``k`` covers the memory).
 
@@ -28,9 +29,12 @@ import torch
 
 from .knn_search import (
     Expired,
+    GroupedSlots,
     exact_candidates,
+    grouped_bound,
     knn_top_k,
     select_top_k,
+    select_top_k_above,
 )
 from .segment import SegmentMemory
 
@@ -70,6 +74,57 @@ def gather_blocks(memory: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tens
     )
 
 
+def _pair_scores(query: torch.Tensor, blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``(R, T, Dh)`` queries, blocks ``(R_i, T, K, Dh)`` of their own pairs -> ``(R, T, K)``: one ``(1, Dh) @ (Dh, K)``
+    product per query (the fast batched form on CPU: contiguous operands)."""
+    query = query.contiguous()
+    parts = []
+    for part, block in zip(query.split([block.shape[0] for block in blocks]), blocks, strict=True):
+        rows, length, top, width = block.shape
+        parts.append(torch.bmm(part.reshape(rows * length, 1, width), block.view(-1, top, width).transpose(1, 2)))
+    return torch.cat(parts).view(query.shape[0], query.shape[1], -1)
+
+
+def _pair_mix(weights: torch.Tensor, blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``(R, T, K)`` weights, blocks ``(R_i, T, K, Dh)`` -> ``(R, T, Dh)``: each query's weighted sum of its own pairs,
+    one ``(1, K) @ (K, Dh)`` product per query."""
+    weights = weights.contiguous()
+    parts = []
+    for part, block in zip(weights.split([block.shape[0] for block in blocks]), blocks, strict=True):
+        rows, length, top, width = block.shape
+        parts.append(torch.bmm(part.reshape(rows * length, 1, top), block.view(-1, top, width)))
+    return torch.cat(parts).view(weights.shape[0], weights.shape[1], -1)
+
+
+class _PairScores(torch.autograd.Function):
+    """`_pair_scores` with a gradient for the queries only (the memory's pairs have none). Written out because
+    autograd's backward of the batched product received the gradient in the layout of the layer's output (heads
+    transposed), which sent `torch.bmm` down its slow path: one small product and copy per query (about 25 ms per
+    training step at 8k entries on this CPU)."""
+
+    @staticmethod
+    def forward(ctx, query: torch.Tensor, *blocks: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(*blocks)
+        return _pair_scores(query, blocks)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _pair_mix(grad, ctx.saved_tensors), *(None for _ in ctx.saved_tensors)
+
+
+class _PairMix(torch.autograd.Function):
+    """`_pair_mix` with a gradient for the weights only (see `_PairScores`)."""
+
+    @staticmethod
+    def forward(ctx, weights: torch.Tensor, *blocks: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(*blocks)
+        return _pair_mix(weights, blocks)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _pair_scores(grad, ctx.saved_tensors), *(None for _ in ctx.saved_tensors)
+
+
 @dataclass
 class Retrieved:
     """The ``k`` pairs each query retrieved (`retrieve`), kept apart by where they come from.
@@ -91,6 +146,10 @@ class Retrieved:
         segment_index: ``(B, H, T, K)`` long, the segment position of rank ``r`` (``-1``: not from the segment).
         segment: the segment's keys and values ``(B, H, T, Dh)``, or None (nothing retrievable in the segment).
         segment_found: ``(B, H, T, T)`` bool, True where position ``s`` of the segment is among query ``t``'s ``k``.
+        scores, segment_scores: the search's own cosine scores, without gradient, of rank ``r`` ``(B, H, T, K)``
+            (``-inf`` where nothing was found) and of the segment's positions ``(B, H, T, T)`` (before masking),
+            which `fused_knn_attention` reuses instead of computing them again; None when the search did not compute
+            them in the query's dtype (faiss).
     """
 
     memory_keys: tuple[torch.Tensor, ...]
@@ -100,10 +159,8 @@ class Retrieved:
     segment_index: torch.Tensor
     segment: tuple[torch.Tensor, torch.Tensor] | None = None
     segment_found: torch.Tensor | None = None
-
-    @property
-    def _block_rows(self) -> list[int]:
-        return [block.shape[0] for block in self.memory_keys]
+    scores: torch.Tensor | None = None
+    segment_scores: torch.Tensor | None = None
 
     @property
     def any_found(self) -> torch.Tensor:
@@ -114,11 +171,8 @@ class Retrieved:
         """Scaled cosine scores ``(B, H, T, K + T)`` (``(B, H, T, K)`` without a segment) of ``query`` against the
         memory's pairs by rank, then the segment's positions; ``-inf`` where nothing was retrieved."""
         scale = scale[:, None, None]
-        flat = query.flatten(0, 1)  # (B * H, T, Dh)
-        logits = torch.cat(
-            [torch.einsum("rtd,rtkd->rtk", part, keys.to(query.dtype))
-             for part, keys in zip(flat.split(self._block_rows), self.memory_keys, strict=True)]
-        ).view(self.memory_found.shape)  # fmt: skip
+        keys = tuple(block.to(query.dtype) for block in self.memory_keys)
+        logits = _PairScores.apply(query.flatten(0, 1), *keys).view(self.memory_found.shape)  # (B, H, T, K)
         logits = (logits * scale).masked_fill(~self.memory_found, float("-inf"))
         if self.segment is None:
             return logits
@@ -128,11 +182,8 @@ class Retrieved:
     def attend(self, probs: torch.Tensor) -> torch.Tensor:
         """``probs`` ``(B, H, T, K [+ T])`` over the pairs in the order of `logits` -> ``(B, H, T, Dh)``."""
         ranks = self.memory_found.shape[3]
-        flat = probs[..., :ranks].flatten(0, 1)  # (B * H, T, K)
-        attended = torch.cat(
-            [torch.einsum("rtk,rtkd->rtd", part, values.to(probs.dtype))
-             for part, values in zip(flat.split(self._block_rows), self.memory_values, strict=True)]
-        ).view(*probs.shape[:3], -1)  # fmt: skip
+        values = tuple(block.to(probs.dtype) for block in self.memory_values)
+        attended = _PairMix.apply(probs[..., :ranks].flatten(0, 1), *values).view(*probs.shape[:3], -1)
         if self.segment is None:
             return attended
         return attended + probs[..., ranks:] @ self.segment[1].to(probs.dtype)
@@ -170,6 +221,113 @@ def knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor
     logits = retrieved.logits(query, scale)
     probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a row with nothing found attends to nothing
     return retrieved.attend(probs), logits
+
+
+class _RetrievedAttention(torch.autograd.Function):
+    """`knn_attention`'s attended values with its backward written out (`fused_knn_attention`).
+
+    Autograd's composition (scaled and masked scores, a concatenation with the segment's ``(T, T)`` scores, softmax,
+    `nan_to_num`, slices) made about twenty passes over the ``(B, H, T, K + T)`` logits forward and backward; here
+    the memory's ``(B, H, T, K)`` and the segment's ``(B, H, T, T)`` parts stay apart and share one softmax
+    (maximum, exponentials, one normaliser; 0 where a query found nothing), and the backward is the softmax's:
+    ``dlogits = p * (dp - sum(p * dp))``."""
+
+    @staticmethod
+    def forward(
+        ctx, query, scale, segment_keys, segment_values, memory_found, segment_found, scores, segment_scores, blocks,
+        *pairs,
+    ):  # fmt: skip
+        key_blocks, value_blocks = pairs[:blocks], pairs[blocks:]
+        batch, heads, length, width = query.shape
+        factor = scale.view(1, heads, 1, 1)
+        if scores is None:
+            memory_scores = _pair_scores(query.reshape(batch * heads, length, width), key_blocks)
+            memory_scores = memory_scores.view(memory_found.shape)  # (B, H, T, K)
+        else:  # the search's: finite where the backward multiplies them by a zero gradient
+            memory_scores = scores.masked_fill(~memory_found, 0.0)
+        memory_probs = (memory_scores * factor).masked_fill_(~memory_found, float("-inf"))
+        top = memory_probs.amax(-1, keepdim=True)  # (B, H, T, 1)
+        segment_probs = None
+        if segment_keys is not None:
+            if segment_scores is None:
+                segment_scores = query @ segment_keys.transpose(-1, -2)  # (B, H, T, T)
+            segment_probs = (segment_scores * factor).masked_fill_(~segment_found, float("-inf"))
+            top = torch.maximum(top, segment_probs.amax(-1, keepdim=True))
+        top = top.masked_fill_(top == float("-inf"), 0.0)  # a query that found nothing: every logit is -inf
+        memory_probs = memory_probs.sub_(top).exp_()
+        total = memory_probs.sum(-1, keepdim=True)
+        if segment_probs is not None:
+            segment_probs = segment_probs.sub_(top).exp_()
+            total += segment_probs.sum(-1, keepdim=True)
+        inverse = torch.where(total > 0, total.reciprocal(), 0.0)  # 0: attends to nothing
+        memory_probs *= inverse
+        attended = _pair_mix(memory_probs.view(batch * heads, length, -1), value_blocks).view(query.shape)
+        if segment_probs is not None:
+            segment_probs *= inverse
+            flat_probs = segment_probs.view(batch * heads, length, length)
+            flat_values = segment_values.reshape(batch * heads, length, width)
+            attended = attended.view(batch * heads, length, width).baddbmm_(flat_probs, flat_values).view(query.shape)
+        ctx.blocks = blocks
+        ctx.save_for_backward(
+            query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs,
+            *pairs,
+        )  # fmt: skip
+        return attended
+
+    @staticmethod
+    def backward(ctx, grad):
+        query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs = (
+            ctx.saved_tensors[:8]
+        )
+        key_blocks, value_blocks = ctx.saved_tensors[8 : 8 + ctx.blocks], ctx.saved_tensors[8 + ctx.blocks :]
+        batch, heads, length, width = query.shape
+        grad = grad.contiguous()
+        memory_grad = _pair_scores(grad.view(batch * heads, length, width), value_blocks).view(memory_probs.shape)
+        dot = (memory_probs * memory_grad).sum(-1, keepdim=True)  # (B, H, T, 1): sum of p * dp
+        segment_grad = None
+        if segment_probs is not None:
+            segment_grad = grad @ segment_values.transpose(-1, -2)  # (B, H, T, T)
+            dot += (segment_probs * segment_grad).sum(-1, keepdim=True)
+            segment_grad = segment_grad.sub_(dot).mul_(segment_probs)  # d loss / d logits
+        memory_grad = memory_grad.sub_(dot).mul_(memory_probs)
+        grad_scale = (memory_grad * memory_scores).sum((0, 2, 3))
+        if segment_grad is not None:
+            grad_scale += (segment_grad * segment_scores).sum((0, 2, 3))
+        factor = scale.view(1, heads, 1, 1)
+        memory_grad *= factor  # d loss / d cosine scores
+        grad_query = _pair_mix(memory_grad.view(batch * heads, length, -1), key_blocks).view(query.shape)
+        grad_segment_keys = grad_segment_values = None
+        if segment_grad is not None:
+            segment_grad *= factor
+            grad_query = grad_query + segment_grad @ segment_keys
+            grad_segment_keys = segment_grad.transpose(-1, -2) @ query
+            grad_segment_values = segment_probs.transpose(-1, -2) @ grad
+        return (
+            grad_query, grad_scale, grad_segment_keys, grad_segment_values, None, None, None, None, None,
+            *(None for _ in range(2 * ctx.blocks)),
+        )  # fmt: skip
+
+
+def fused_knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor) -> torch.Tensor:
+    """`knn_attention`'s attended values ``(B, H, T, Dh)`` (its twin: the same values and gradients for the query,
+    the scale and the segment's keys and values) through one autograd Function (`_RetrievedAttention`): what the
+    model's gated kNN layer runs. The cosine scores come from the search (`Retrieved.scores`, ``segment_scores``):
+    ``query`` must be the query the pairs were retrieved with."""
+    keys = tuple(block.to(query.dtype) for block in retrieved.memory_keys)
+    values = tuple(block.to(query.dtype) for block in retrieved.memory_values)
+    segment_keys = segment_values = segment_found = segment_scores = None
+    if retrieved.segment is not None:
+        segment_keys, segment_values = (part.to(query.dtype) for part in retrieved.segment)
+        segment_found, segment_scores = retrieved.segment_found, _same_dtype(retrieved.segment_scores, query)
+    return _RetrievedAttention.apply(
+        query, scale.to(query.dtype), segment_keys, segment_values, retrieved.memory_found, segment_found,
+        _same_dtype(retrieved.scores, query), segment_scores, len(keys), *keys, *values,
+    )  # fmt: skip
+
+
+def _same_dtype(scores: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
+    """The search's scores where they were computed in the query's dtype (else None: computed again)."""
+    return scores if scores is not None and scores.dtype == query.dtype else None
 
 
 def gathered_knn_attention(
@@ -225,11 +383,15 @@ def retrieve(
         else:
             scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired, indexes)  # (B, H, T, K1)
         from_memory = scores.shape[-1]
+        bound = grouped_bound(scores, index, k) if isinstance(index, GroupedSlots) else None
+        segment_scores = None
         if segment is not None:
             segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment[0].detach().to(query.dtype))
-            segment_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))  # (B, H, T, T)
-            scores = torch.cat([scores, segment_scores], -1)
-        scores, position = select_top_k(scores, k)  # (B, H, T, K)
+            allowed_scores = segment_scores.masked_fill(~segment_allowed, float("-inf"))  # (B, H, T, T)
+            scores = torch.cat([scores, allowed_scores], -1)
+        # (B, H, T, K): the grouped search's candidates come with a bound on the k-th best (the least chosen group
+        # maximum), which leaves a few more than k candidates per query to select from
+        scores, position = select_top_k(scores, k) if bound is None else select_top_k_above(scores, bound, k)
         found = scores > float("-inf")
         in_memory = position < from_memory
         if from_memory:
@@ -247,7 +409,12 @@ def retrieve(
             target = torch.where(segment_index >= 0, segment_index, length)
             segment_found = torch.zeros(batch, heads, length, length + 1, dtype=torch.bool, device=query.device)
             segment_found = segment_found.scatter_(-1, target, True)[..., :length]
-    return Retrieved(memory_keys, memory_values, found & in_memory, found, segment_index, segment, segment_found)
+    if kind == "faiss":  # faiss's scores: float32, computed apart
+        scores = segment_scores = None
+    return Retrieved(
+        memory_keys, memory_values, found & in_memory, found, segment_index, segment, segment_found, scores,
+        segment_scores,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------------ memory
@@ -515,6 +682,7 @@ __all__ = [
     "MemorizingMemory",
     "Retrieved",
     "dense_knn_attention",
+    "fused_knn_attention",
     "gather_blocks",
     "gather_neighbours",
     "gathered_knn_attention",

@@ -4,9 +4,10 @@ One function, `knn_top_k`, in front of three backends (scores are inner products
 
 * ``"exact"``: matrix products and an exact top-k (the default; on this CPU faster than faiss for per-document
   memories of up to 65k entries); large memories go through `grouped_candidates` (the scores in chunks, a running
-  maximum per group, then a selection over the best groups' members: exact, with two selections over ``~sqrt(N k)``
-  entries instead of one over ``N``), with the (row, query) pairs in blocks (`scored_blocks`) so that the
-  ``(B, H, T, N)`` score matrix is never held at once; long selections go through `select_top_k`;
+  maximum per group, then a selection over the best groups' members: exact, with a selection over the group maxima
+  and one over the few members that reach the least chosen maximum, `grouped_bound` and `select_top_k_above`,
+  instead of one over ``N``), with the (row, query) pairs in blocks (`scored_blocks`) so that the ``(B, H, T, N)``
+  score matrix is never held at once; long selections go through `select_top_k`;
 * ``"bucketed"``: meliad's approximate top-k: the slots fall into ``k`` strided buckets (slot ``s`` in bucket
   ``s mod k``) and each bucket contributes its best slot;
 * ``"faiss"``: a faiss index per (row, head), persistent (`KNNMemory.faiss_indexes`, `tf_family.memory.knn_faiss`:
@@ -76,7 +77,8 @@ def exact_top_k(
     slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
     ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
     scores, slots = exact_candidates(queries, keys, allowed, k, expired)
-    best, position = select_top_k(scores, k)
+    bound = None if slots is None else grouped_bound(scores, slots, k)
+    best, position = select_top_k(scores, k) if bound is None else select_top_k_above(scores, bound, k)
     return best, position if slots is None else slots.gather(-1, position)
 
 
@@ -87,17 +89,20 @@ def select_top_k(scores: torch.Tensor, k: int, sorted: bool = True) -> tuple[tor
     """``scores.topk(min(k, n), dim=-1, sorted=sorted)`` over rows of ``n`` scores, through group maxima for long
     rows (``sorted=False``: the same ``k`` in any order, cheaper where only the set matters).
 
-    The ``n`` columns are cut into ``g ~ sqrt(n / k)`` chunks of ``G``, column ``c * G + j`` in group ``j``; the
-    ``k`` groups with the best maxima hold the ``k`` best columns (`grouped_candidates` gives the argument), so a
-    selection over the ``G`` maxima and one over those groups' ``g * k`` members replace one over ``n`` (on this
-    CPU `torch.topk` costs about 10 ns per score and row: the selections, not the products, were most of an exact
-    search over a few thousand slots). The same values; the indices may differ only between equal scores."""
+    The ``n`` columns are cut into ``g`` chunks of ``G ~ 4 k``, column ``c * G + j`` in group ``j``; the ``k``
+    groups with the best maxima hold the ``k`` best columns (`grouped_candidates` gives the argument), and the least
+    of those ``k`` maxima bounds the ``k``-th best score from below, so a selection over the ``G`` maxima and one
+    over the few of those groups' ``g * k`` members that reach the bound (`select_top_k_above`) replace one over
+    ``n`` (on this CPU `torch.topk` costs about 10 ns per score and row: the selections, not the products, were most
+    of an exact search over a few thousand slots; with the packed second selection a narrow first one pays: the
+    group choice at 8k slots, 1 thread, ~20 -> ~17 ms per step against ``g ~ sqrt(n / k)`` and two selections).
+    The same values; the indices may differ only between equal scores."""
     width = scores.shape[-1]
     k = min(k, width)
-    groups = round((width / max(k, 1)) ** 0.5)
+    groups = round(width / max(4 * k, 1))
     if width <= DIRECT_SELECT or groups < 2:
         return scores.topk(k, dim=-1, sorted=sorted)
-    # a chunk count near g that divides the width saves padding (a copy of the scores)
+    # a chunk count near g that divides the width saves padding (a copy of the scores); G stays >= k
     divisors = [count for count in range(max(2, groups // 2), 2 * groups + 1) if width % count == 0]
     if divisors:
         groups = min(divisors, key=lambda count: abs(count - groups))
@@ -106,11 +111,68 @@ def select_top_k(scores: torch.Tensor, k: int, sorted: bool = True) -> tuple[tor
     if chunks * size != width:
         scores = F.pad(scores, (0, chunks * size - width), value=float("-inf"))
     grouped = scores.unflatten(-1, (chunks, size))  # (..., g, G)
-    chosen = grouped.amax(-2).topk(k, dim=-1, sorted=False).indices  # (..., K): the groups
+    maxima, chosen = grouped.amax(-2).topk(k, dim=-1, sorted=False)  # (..., K): the groups and their maxima
     members = grouped.gather(-1, chosen.unsqueeze(-2).expand(*grouped.shape[:-1], k))  # (..., g, K)
-    values, position = members.flatten(-2).topk(k, dim=-1, sorted=sorted)
+    values, position = select_top_k_above(members.flatten(-2), maxima.amin(-1, keepdim=True), k, sorted)
     index = chosen.gather(-1, position % k) + torch.div(position, k, rounding_mode="floor") * size
     return values, index.clamp_max_(width - 1)
+
+
+def select_top_k_above(
+    scores: torch.Tensor, bound: torch.Tensor, k: int, sorted: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`select_top_k` for rows whose ``k``-th best score is known to be at least ``bound`` (broadcastable to
+    ``(..., 1)``; e.g. `grouped_bound`): only the scores ``>= bound`` can be among the ``k`` best, so they are
+    packed, in order, into the narrowest width that holds every row's (a few more than ``k`` for the grouped
+    search's candidates, against two selections over ~``sqrt(n k)`` scores each before: about 20 -> 13 ms per
+    training step of the larger benchmark model at 8k entries, 1 thread), and selected there. Rows where more than
+    half the scores pass (a bound of ``-inf``: fewer than ``k`` allowed candidates) or fewer than ``k`` do go to
+    `select_top_k`. The same values; the indices may differ only between equal scores.
+
+    A bound above a row's ``k``-th best score makes the result wrong: the caller guarantees it."""
+    width = scores.shape[-1]
+    k = min(k, width)
+    rows = scores.reshape(-1, width)
+    keep = rows >= bound.expand(*scores.shape[:-1], 1).reshape(-1, 1)  # (R, n)
+    flat = keep.view(-1).nonzero().squeeze(1)  # the kept (row, column) pairs, row by row, columns in order
+    row = torch.div(flat, width, rounding_mode="floor")
+    # counted from the kept pairs: keep.sum(-1) first copied the (R, n) mask into int64 (25 MB at 8k, page-faulted
+    # in anew at every step: ~14 ms)
+    counts = torch.bincount(row, minlength=rows.shape[0])  # (R,)
+    wide = (counts > width // 2) | (counts < k)  # selected whole
+    if bool(wide.all()):
+        return select_top_k(scores, k, sorted)
+    if bool(wide.any()):
+        narrow = ~wide.index_select(0, row)
+        flat, row = flat[narrow], row[narrow]
+        counts = counts.masked_fill(wide, 0)
+    packed_width = int(counts.max())
+    start = counts.cumsum(0) - counts  # where each row's kept scores begin in `flat`
+    target = torch.arange(flat.shape[0], device=flat.device) - start.index_select(0, row) + row * packed_width
+    packed = rows.new_full((rows.shape[0], packed_width), float("-inf"))
+    packed.view(-1).index_copy_(0, target, rows.view(-1).index_select(0, flat))
+    columns = torch.zeros(rows.shape[0], packed_width, dtype=torch.long, device=flat.device)
+    columns.view(-1).index_copy_(0, target, flat - row * width)
+    values, position = packed.topk(k, dim=-1, sorted=sorted)
+    index = columns.gather(-1, position)
+    if bool(wide.any()):
+        rest = wide.nonzero().squeeze(1)
+        rest_values, rest_index = select_top_k(rows.index_select(0, rest), k, sorted)
+        values.index_copy_(0, rest, rest_values)
+        index.index_copy_(0, rest, rest_index)
+    shape = (*scores.shape[:-1], k)
+    return values.view(shape), index.view(shape)
+
+
+def grouped_bound(scores: torch.Tensor, slots: GroupedSlots, k: int) -> torch.Tensor | None:
+    """A lower bound ``(B, H, T, 1)`` of the ``k``-th best of `grouped_candidates`' candidate ``scores`` (and so of
+    any set holding them, e.g. merged with the segment's own scores), for `select_top_k_above`: the least of the
+    chosen groups' maxima (``k`` distinct slots score at least that much). None when fewer than ``k`` groups were
+    chosen (groups of fewer than ``k`` slots); ``-inf`` where fewer than ``k`` groups hold an allowed slot."""
+    top = slots.groups.shape[-1]
+    if top < k:
+        return None
+    return scores.unflatten(-1, (-1, top)).amax(-2).amin(-1, keepdim=True)
 
 
 DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores the exact search scores them all at once
@@ -143,10 +205,12 @@ def grouped_top_k(
     """`exact_top_k` through `grouped_candidates` (what it runs for large memories; same arguments and outputs)."""
     _check_search(queries, keys, allowed, k)
     scores, slots = grouped_candidates(queries, keys, allowed, k, expired, groups)
-    best, position = select_top_k(scores, k)
+    bound = grouped_bound(scores, slots, k)
+    best, position = select_top_k(scores, k) if bound is None else select_top_k_above(scores, bound, k)
     return best, slots.gather(-1, position)
 
 
+GROUPS_HALVED_FROM = 256  # `grouped_candidates`: from this many slots per neighbour on, g ~ sqrt(N / k) / 2
 BUCKET_CHUNK_SLOTS = 1024  # the bucketed search's chunk of slots (rounded to a multiple of k)
 SEARCH_BLOCK_SCORES = 1 << 22  # `scored_blocks` holds at most this many (query, slot) scores at a time (16 MiB),
 SEARCH_BLOCK_MAX = 1 << 24  # raised up to this (64 MiB) so that a block spans 2 rows x 256 queries (`scored_blocks`)
@@ -163,10 +227,11 @@ def grouped_candidates(
     """``k * g`` candidates per query that hold the exact top ``k`` of ``N`` slots, found with one selection over
     ``G`` group maxima instead of one over every slot.
 
-    The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``), and slot
-    ``c * G + j`` belongs to group ``j``. The chunks' scores are computed one chunk at a time while a running maximum
-    keeps each group's best score. Each of the true top ``k`` lies in a group whose best score is at least its own,
-    and at most ``k - 1`` other groups can beat that, so the ``k`` groups with the highest maxima hold all of them.
+    The ``N`` slots are cut into ``g`` consecutive chunks of ``G = ceil(N / g)`` (``g ~ sqrt(N / k)``, halved from
+    `GROUPS_HALVED_FROM` ``k`` slots on), and slot ``c * G + j`` belongs to group ``j``. The chunks' scores are
+    computed one chunk at a time while a running maximum keeps each group's best score. Each of the true top ``k``
+    lies in a group whose best score is at least its own, and at most ``k - 1`` other groups can beat that, so the
+    ``k`` groups with the highest maxima hold all of them.
     Returns their scores ``(B, H, T, k * g)`` (padding slots come with ``-inf``) and their slots (`GroupedSlots`).
 
     The (row and head, query) pairs are taken in blocks (`scored_blocks`): the ``(B, H, T, N)`` score matrix is
@@ -175,7 +240,10 @@ def grouped_candidates(
     batch, heads, length, _ = queries.shape
     slots = keys.shape[2]
     if groups is None:
-        groups = max(1, round((slots / k) ** 0.5))
+        # g ~ sqrt(N / k) balances the group selection against the candidates; from 256 k slots on, half as many
+        # chunks (twice as many groups, half as many candidates to gather from the scores) measured faster: at 8k
+        # slots, k = 32 and 1 thread ~5 ms per step, at 32k ~6 ms (at 2k it was ~2 ms slower)
+        groups = max(1, round((slots / k) ** 0.5 / (2 if slots >= GROUPS_HALVED_FROM * k else 1)))
     size = -(-slots // groups)  # G: slots per chunk = number of groups
     chunks = -(-slots // size)
     top = min(k, size)
@@ -414,6 +482,8 @@ __all__ = [
     "grouped_top_k",
     "knn_top_k",
     "scored_blocks",
+    "grouped_bound",
     "select_top_k",
+    "select_top_k_above",
     "top_k_reference",
 ]

@@ -58,7 +58,7 @@ from ...layers import (
     RelativeDecoderLayer,
     RelativeMultiHeadAttention,
 )
-from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, knn_attention, retrieve
+from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, fused_knn_attention, retrieve
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
@@ -139,7 +139,7 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
             local, probs = attention.local_attention(
                 query, key, value, position_embedding, allowed, shared_biases, output_attentions, implementation
             )  # (B, H, T, Dh)
-            attended_retrieved, _ = knn_attention(query_direction, retrieved, scale)  # (B, H, T, Dh)
+            attended_retrieved = fused_knn_attention(query_direction, retrieved, scale)  # (B, H, T, Dh)
             # a query that found nothing keeps its local result: with the gate closed this is Transformer-XL exactly
             gate = torch.sigmoid(self.knn_gate)[:, None, None] * retrieved.any_found  # (B, H, T, 1)
             attended = local * (1 - gate) + attended_retrieved * gate
