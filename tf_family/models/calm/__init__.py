@@ -46,8 +46,8 @@ SPEC = ArchSpec(
     reference="transformers LlamaForCausalLM / GPT2LMHeadModel (same weights); exit rules from t5x contrib/calm",
     parity=(
         "no exit equals Llama's and GPT-2's logits and tokens; forced exits equal k layers + propagated K/V; "
-        "bench (SOTU, δ = 0.1, bench/results/calm_sotu.md): 1.67x at batch 1, 1.43x at batch 8 (restricted_softmax; "
-        "floor 1.70x / 1.54x)"
+        "bench (SOTU, δ = 0.1, bench/results/calm_sotu.md): 1.75x at batch 1, 1.71x at batch 8 (restricted_softmax, "
+        "2 threads; floor 1.78x / 1.90x; 1 thread 1.60x / 1.52x)"
     ),
     card="calm.md",
     paper="2207.07061",
