@@ -109,7 +109,8 @@ class _PairScores(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _pair_mix(grad, ctx.saved_tensors), *(None for _ in ctx.saved_tensors)
+        blocks = ctx.saved_tensors  # read once: checkpointing allows a single unpack
+        return _pair_mix(grad, blocks), *(None for _ in blocks)
 
 
 class _PairMix(torch.autograd.Function):
@@ -122,7 +123,8 @@ class _PairMix(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _pair_scores(grad, ctx.saved_tensors), *(None for _ in ctx.saved_tensors)
+        blocks = ctx.saved_tensors  # read once: checkpointing allows a single unpack
+        return _pair_scores(grad, blocks), *(None for _ in blocks)
 
 
 @dataclass
@@ -276,10 +278,11 @@ class _RetrievedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs = (
-            ctx.saved_tensors[:8]
-        )
-        key_blocks, value_blocks = ctx.saved_tensors[8 : 8 + ctx.blocks], ctx.saved_tensors[8 + ctx.blocks :]
+        saved = ctx.saved_tensors  # read once: checkpointing allows a single unpack
+        query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs = saved[
+            :8
+        ]
+        key_blocks, value_blocks = saved[8 : 8 + ctx.blocks], saved[8 + ctx.blocks :]
         batch, heads, length, width = query.shape
         grad = grad.contiguous()
         memory_grad = _pair_scores(grad.view(batch * heads, length, width), value_blocks).view(memory_probs.shape)
