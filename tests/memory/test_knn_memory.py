@@ -317,6 +317,19 @@ def test_retrieve_merges_the_segment_exactly(monkeypatch, block_bytes):
                     torch.testing.assert_close(values[b, h, t, r], all_values[b, h, index[b, h, t, r]])
 
 
+def _attention_case(with_segment: bool):
+    """Queries, the segment's keys and values, a per-head scale (with gradients) and what they retrieve (k = 5)
+    from an 11-slot memory: the case the kNN attention tests share."""
+    query = unit(2, 3, 6, 8).requires_grad_()
+    memory = (unit(2, 3, 11, 8, seed=1), unit(2, 3, 11, 8, seed=2))
+    segment = (unit(2, 3, 6, 8, seed=3).requires_grad_(), unit(2, 3, 6, 8, seed=4).requires_grad_())
+    memory_allowed = random_allowed(2, 6, 11)
+    segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
+    scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
+    retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    return query, segment, scale, retrieved
+
+
 @pytest.mark.parametrize(("with_segment", "block_bytes"), [(True, None), (False, None), (True, 4 * 6 * 5 * 8 * 8)])
 def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_pairs(
     monkeypatch, with_segment, block_bytes
@@ -328,13 +341,7 @@ def test_knn_attention_over_the_split_pairs_equals_attention_over_the_gathered_p
     of 4 and 2 of the 6 (row, head) pairs (`gather_blocks`)."""
     if block_bytes is not None:
         monkeypatch.setattr(knn_memory, "GATHER_BLOCK_BYTES", block_bytes)
-    query = unit(2, 3, 6, 8).requires_grad_()
-    memory = (unit(2, 3, 11, 8, seed=1), unit(2, 3, 11, 8, seed=2))
-    segment = (unit(2, 3, 6, 8, seed=3).requires_grad_(), unit(2, 3, 6, 8, seed=4).requires_grad_())
-    memory_allowed = random_allowed(2, 6, 11)
-    segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
-    scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
-    retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    query, segment, scale, retrieved = _attention_case(with_segment)
     assert [block.shape[0] for block in retrieved.memory_keys] == ([6] if block_bytes is None else [4, 2])
     assert not retrieved.found[0, :, 0].any()  # the first query of row 0 may see nothing
     if with_segment:  # some queries mix pairs of both origins
@@ -364,13 +371,7 @@ def test_fused_knn_attention_equals_knn_attention(monkeypatch, with_segment, blo
 
     if block_bytes is not None:
         monkeypatch.setattr(knn_memory, "GATHER_BLOCK_BYTES", block_bytes)
-    query = unit(2, 3, 6, 8).requires_grad_()
-    memory = (unit(2, 3, 11, 8, seed=1), unit(2, 3, 11, 8, seed=2))
-    segment = (unit(2, 3, 6, 8, seed=3).requires_grad_(), unit(2, 3, 6, 8, seed=4).requires_grad_())
-    memory_allowed = random_allowed(2, 6, 11)
-    segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
-    scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
-    retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    query, segment, scale, retrieved = _attention_case(with_segment)
     assert not retrieved.found[0, :, 0].any()
     assert retrieved.scores is not None and (retrieved.segment_scores is not None) == with_segment
     inputs = (query, scale, *segment) if with_segment else (query, scale)
