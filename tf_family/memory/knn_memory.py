@@ -29,11 +29,9 @@ import torch
 
 from .knn_search import (
     Expired,
-    GroupedSlots,
     exact_candidates,
     grouped_bound,
     knn_top_k,
-    select_top_k,
     select_top_k_above,
 )
 from .segment import SegmentMemory
@@ -386,7 +384,7 @@ def retrieve(
         else:
             scores, index = knn_top_k(kind, query, memory[0], allowed, k, expired, indexes)  # (B, H, T, K1)
         from_memory = scores.shape[-1]
-        bound = grouped_bound(scores, index, k) if isinstance(index, GroupedSlots) else None
+        bound = grouped_bound(scores, index, k)
         segment_scores = None
         if segment is not None:
             segment_scores = torch.einsum("bhtd,bhsd->bhts", query.detach(), segment[0].detach().to(query.dtype))
@@ -394,7 +392,7 @@ def retrieve(
             scores = torch.cat([scores, allowed_scores], -1)
         # (B, H, T, K): the grouped search's candidates come with a bound on the k-th best (the least chosen group
         # maximum), which leaves a few more than k candidates per query to select from
-        scores, position = select_top_k(scores, k) if bound is None else select_top_k_above(scores, bound, k)
+        scores, position = select_top_k_above(scores, bound, k)
         found = scores > float("-inf")
         in_memory = position < from_memory
         if from_memory:

@@ -77,8 +77,7 @@ def exact_top_k(
     slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
     ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
     scores, slots = exact_candidates(queries, keys, allowed, k, expired)
-    bound = None if slots is None else grouped_bound(scores, slots, k)
-    best, position = select_top_k(scores, k) if bound is None else select_top_k_above(scores, bound, k)
+    best, position = select_top_k_above(scores, grouped_bound(scores, slots, k), k)
     return best, position if slots is None else slots.gather(-1, position)
 
 
@@ -119,10 +118,10 @@ def select_top_k(scores: torch.Tensor, k: int, sorted: bool = True) -> tuple[tor
 
 
 def select_top_k_above(
-    scores: torch.Tensor, bound: torch.Tensor, k: int, sorted: bool = True
+    scores: torch.Tensor, bound: torch.Tensor | None, k: int, sorted: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`select_top_k` for rows whose ``k``-th best score is known to be at least ``bound`` (broadcastable to
-    ``(..., 1)``; e.g. `grouped_bound`): only the scores ``>= bound`` can be among the ``k`` best, so they are
+    ``(..., 1)``; e.g. `grouped_bound`; ``None``: no bound known, `select_top_k` itself): only the scores ``>= bound`` can be among the ``k`` best, so they are
     packed, in order, into the narrowest width that holds every row's (a few more than ``k`` for the grouped
     search's candidates, against two selections over ~``sqrt(n k)`` scores each before: about 20 -> 13 ms per
     training step of the larger benchmark model at 8k entries, 1 thread), and selected there. Rows where more than
@@ -130,6 +129,8 @@ def select_top_k_above(
     `select_top_k`. The same values; the indices may differ only between equal scores.
 
     A bound above a row's ``k``-th best score makes the result wrong: the caller guarantees it."""
+    if bound is None:
+        return select_top_k(scores, k, sorted)
     width = scores.shape[-1]
     k = min(k, width)
     rows = scores.reshape(-1, width)
@@ -164,11 +165,14 @@ def select_top_k_above(
     return values.view(shape), index.view(shape)
 
 
-def grouped_bound(scores: torch.Tensor, slots: GroupedSlots, k: int) -> torch.Tensor | None:
+def grouped_bound(scores: torch.Tensor, slots: GroupedSlots | torch.Tensor | None, k: int) -> torch.Tensor | None:
     """A lower bound ``(B, H, T, 1)`` of the ``k``-th best of `grouped_candidates`' candidate ``scores`` (and so of
     any set holding them, e.g. merged with the segment's own scores), for `select_top_k_above`: the least of the
-    chosen groups' maxima (``k`` distinct slots score at least that much). None when fewer than ``k`` groups were
-    chosen (groups of fewer than ``k`` slots); ``-inf`` where fewer than ``k`` groups hold an allowed slot."""
+    chosen groups' maxima (``k`` distinct slots score at least that much). None when the candidates are not grouped
+    (``slots`` not a `GroupedSlots`) or fewer than ``k`` groups were chosen (groups of fewer than ``k`` slots);
+    ``-inf`` where fewer than ``k`` groups hold an allowed slot."""
+    if not isinstance(slots, GroupedSlots):
+        return None
     top = slots.groups.shape[-1]
     if top < k:
         return None
@@ -205,8 +209,7 @@ def grouped_top_k(
     """`exact_top_k` through `grouped_candidates` (what it runs for large memories; same arguments and outputs)."""
     _check_search(queries, keys, allowed, k)
     scores, slots = grouped_candidates(queries, keys, allowed, k, expired, groups)
-    bound = grouped_bound(scores, slots, k)
-    best, position = select_top_k(scores, k) if bound is None else select_top_k_above(scores, bound, k)
+    best, position = select_top_k_above(scores, grouped_bound(scores, slots, k), k)
     return best, slots.gather(-1, position)
 
 
