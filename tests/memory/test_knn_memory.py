@@ -455,3 +455,96 @@ def test_expired_pairs_equal_the_expanded_mask(search):
     reference_scores, _ = top_k_reference(queries, keys, expand_expired(allowed, expired, 5), 4)
     if search is not bucketed_top_k:
         torch.testing.assert_close(scores, reference_scores)
+
+
+# ------------------------------------------------------------------------------------------- native search kernel
+def _native_or_skip():
+    from tf_family.attention import native
+
+    if native.extension() is None:
+        pytest.skip("the native kernel could not be built here")
+
+
+@pytest.mark.parametrize(
+    "batch,heads,length,slots,k",
+    [(2, 3, 5, 37, 4), (1, 2, 300, 1000, 32), (2, 1, 3, 5, 8), (1, 2, 1, 200, 1), (1, 1, 130, 64, 64)],
+    ids=["small", "query_blocks_and_chunks", "k_over_slots", "one_query", "k_equals_slots"],
+)
+def test_native_top_k_matches_brute_force_twin(batch, heads, length, slots, k):
+    """The native search kernel against the brute-force twin: masks broadcast over heads and queries, expired
+    pairs (a run of slots), a query that may see nothing, ``k`` beyond the allowed or the existing slots, several
+    query blocks and slot chunks with a ragged last one."""
+    from tf_family.memory.knn_search import expand_expired, native_top_k
+
+    _native_or_skip()
+    queries, keys = unit(batch, heads, length, 8).float(), unit(batch, heads, slots, 8, seed=1).float()
+    allowed = random_allowed(batch, length, slots)
+    expired = (torch.arange(2, 5) % slots, torch.ones(length, 3, dtype=torch.bool).tril(-1))
+    if slots < 5:
+        expired = None
+    scores, index = native_top_k(queries, keys, allowed, k, expired)
+    expected_scores, expected_index = top_k_reference(
+        queries.double(), keys.double(), expand_expired(allowed, expired, length), k
+    )
+    assert scores.dtype == torch.float32 and index.dtype == torch.long and scores.shape == expected_scores.shape
+    torch.testing.assert_close(scores.double(), expected_scores, rtol=0, atol=1e-6)
+    finite = expected_scores > float("-inf")
+    assert torch.equal(index[finite], expected_index[finite])
+    assert torch.equal(scores > float("-inf"), finite) and not finite[0, :, 0].any()
+    assert (index[~finite] == 0).all()
+
+
+def test_native_top_k_keeps_the_earlier_of_equal_scores():
+    """Duplicated keys give equal scores: the kernel keeps the earlier slots, in order, whatever the chunking."""
+    from tf_family.memory.knn_search import native_top_k
+
+    _native_or_skip()
+    queries = unit(1, 1, 3, 8).float()
+    keys = unit(1, 1, 10, 8, seed=1).float().repeat(1, 1, 300, 1)  # slot s and s + 10 m are equal
+    scores, index = native_top_k(queries, keys, torch.ones(1, 1, 1, 3000, dtype=torch.bool), 7)
+    best = (queries @ keys[..., :10, :].transpose(-1, -2)).argmax(-1)  # (1, 1, 3)
+    assert torch.equal(index[..., :7], best[..., None] + 10 * torch.arange(7))
+    assert (scores == scores[..., :1]).all()
+
+
+def test_native_top_k_steps_aside_where_it_does_not_apply(monkeypatch):
+    """float64, repeated expired slots, an empty memory or no kernel: None, and `exact_top_k` takes the PyTorch
+    path (the same results)."""
+    from tf_family.attention import native
+    from tf_family.memory import knn_search
+
+    _native_or_skip()
+    queries, keys = unit(1, 2, 4, 8), unit(1, 2, 50, 8, seed=1)
+    allowed = torch.ones(1, 1, 1, 50, dtype=torch.bool)
+    assert knn_search.native_top_k(queries, keys, allowed, 3) is None
+    queries, keys = queries.float(), keys.float()
+    repeated = (torch.tensor([3, 3]), torch.ones(4, 2, dtype=torch.bool))
+    assert knn_search.native_top_k(queries, keys, allowed, 3, repeated) is None
+    assert knn_search.native_top_k(queries, keys[:, :, :0], allowed[..., :0], 3) is None
+    found = knn_search.exact_top_k(queries, keys, allowed, 3)
+    monkeypatch.setattr(native, "_state", {"module": None})
+    assert knn_search.native_top_k(queries, keys, allowed, 3) is None
+    expected = knn_search.exact_top_k(queries, keys, allowed, 3)
+    torch.testing.assert_close(found, expected)
+
+
+@pytest.mark.parametrize("slots", [9, 200])
+def test_retrieve_through_the_native_kernel_equals_the_pytorch_path(monkeypatch, slots):
+    """`retrieve` with the kernel's top k and its bound merged with the segment == the PyTorch search's."""
+    from tf_family.memory import knn_search
+
+    _native_or_skip()
+    query = unit(2, 2, 5, 8).float()
+    memory = (unit(2, 2, slots, 8, seed=1).float(), unit(2, 2, slots, 8, seed=2).float())
+    segment = (unit(2, 2, 5, 8, seed=3).float(), unit(2, 2, 5, 8, seed=4).float())
+    memory_allowed = random_allowed(2, 5, slots)
+    memory_allowed[1, 0, 3, 3:] = False  # fewer than k memory slots: the bound is -inf
+    expired = (torch.tensor([0, 1, 2]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
+    arguments = ("exact", query, memory, (memory_allowed, expired), segment, segment_allowed, 4)
+    native_keys, native_values, native_found = retrieve(*arguments).gathered()
+    monkeypatch.setattr(knn_search, "native_top_k", lambda *args, **kwargs: None)
+    keys, values, found = retrieve(*arguments).gathered()
+    assert torch.equal(native_found, found)
+    torch.testing.assert_close(native_keys[found], keys[found])
+    torch.testing.assert_close(native_values[found], values[found])

@@ -33,7 +33,9 @@ import torch
 
 from .dropout import _dropout_levels
 
-_SOURCE = Path(__file__).with_name("csrc") / "fused_attention.cpp"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = (_CSRC / "fused_attention.cpp", _CSRC / "knn_top_k.cpp")  # one module: fused_attention.cpp binds both
+_HEADERS = (_CSRC / "blas.h",)
 _state: dict = {}
 
 
@@ -62,7 +64,7 @@ def build_key() -> str:
     from torch.utils.cpp_extension import include_paths
 
     parts = [
-        _SOURCE.read_bytes().hex(),
+        *(path.read_bytes().hex() for path in (*_SOURCES, *_HEADERS)),
         _cpu_signature(),
         torch.__version__,
         *include_paths(),
@@ -114,7 +116,11 @@ def _build():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the build's own chatter (compiler version notes)
         module = load(
-            name=name, sources=[str(_SOURCE)], extra_cflags=list(_CFLAGS), extra_ldflags=list(_LDFLAGS), verbose=False
+            name=name,
+            sources=[str(path) for path in _SOURCES],
+            extra_cflags=list(_CFLAGS),
+            extra_ldflags=list(_LDFLAGS),
+            verbose=False,
         )
     if fresh:
         sys.stderr.write(f"tf_family: native attention kernel built in {time.perf_counter() - started:.0f} s.\n")

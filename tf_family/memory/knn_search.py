@@ -3,7 +3,9 @@
 One function, `knn_top_k`, in front of three backends (scores are inner products of L2-normalised vectors):
 
 * ``"exact"``: matrix products and an exact top-k (the default; on this CPU faster than faiss for per-document
-  memories of up to 65k entries); large memories go through `grouped_candidates` (the scores in chunks, a running
+  memories of up to 65k entries). Float32 on CPU runs the native search kernel (`native_top_k`: the products in
+  cache-sized tiles, each query's k best kept against a rising threshold; ``csrc/knn_top_k.cpp`` beside
+  `tf_family.attention.native`); otherwise, or where the kernel cannot be built, PyTorch: large memories go through `grouped_candidates` (the scores in chunks, a running
   maximum per group, then a selection over the best groups' members: exact, with a selection over the group maxima
   and one over the few members that reach the least chosen maximum, `grouped_bound` and `select_top_k_above`,
   instead of one over ``N``), with the (row, query) pairs in blocks (`scored_blocks`) so that the ``(B, H, T, N)``
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..attention import native
 from .knn import FaissKNNStore
 
 SEARCH_KINDS = ("exact", "bucketed", "faiss")
@@ -77,6 +80,8 @@ def exact_top_k(
     slot indices, by decreasing score. ``allowed`` is bool, broadcastable to ``(B, H, T, N)``; ``expired`` (slots
     ``(C,)`` and a ``(T, C)`` mask) removes a few more (query, slot) pairs without a ``(T, N)`` mask."""
     scores, slots = exact_candidates(queries, keys, allowed, k, expired)
+    if isinstance(slots, torch.Tensor):  # the native kernel's: already the top k, sorted
+        return scores, slots
     best, position = select_top_k_above(scores, grouped_bound(scores, slots, k), k)
     return best, position if slots is None else slots.gather(-1, position)
 
@@ -168,9 +173,12 @@ def select_top_k_above(
 def grouped_bound(scores: torch.Tensor, slots: GroupedSlots | torch.Tensor | None, k: int) -> torch.Tensor | None:
     """A lower bound ``(B, H, T, 1)`` of the ``k``-th best of `grouped_candidates`' candidate ``scores`` (and so of
     any set holding them, e.g. merged with the segment's own scores), for `select_top_k_above`: the least of the
-    chosen groups' maxima (``k`` distinct slots score at least that much). None when the candidates are not grouped
-    (``slots`` not a `GroupedSlots`) or fewer than ``k`` groups were chosen (groups of fewer than ``k`` slots);
-    ``-inf`` where fewer than ``k`` groups hold an allowed slot."""
+    chosen groups' maxima (``k`` distinct slots score at least that much), or for the native kernel's sorted top
+    ``k`` (``slots`` a tensor, `native_top_k`) its ``k``-th score. None when the candidates are every slot
+    (``slots`` None), fewer than ``k`` groups were chosen (groups of fewer than ``k`` slots) or fewer than ``k``
+    slots exist; ``-inf`` where fewer than ``k`` allowed slots (groups holding one) were found."""
+    if isinstance(slots, torch.Tensor):
+        return scores[..., k - 1 : k] if scores.shape[-1] >= k else None
     if not isinstance(slots, GroupedSlots):
         return None
     top = slots.groups.shape[-1]
@@ -184,18 +192,76 @@ DIRECT_SEARCH_SCORES = 1 << 21  # below this many (query, slot) scores the exact
 
 def exact_candidates(
     queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
-) -> tuple[torch.Tensor, GroupedSlots | None]:
+) -> tuple[torch.Tensor, GroupedSlots | torch.Tensor | None]:
     """Scores ``(B, H, T, M)`` of candidate slots whose top ``k`` is the exact top ``k`` of the memory, and the
-    slots they are (``None``: the candidates are every slot in order, ``M = N``; else `GroupedSlots`, whose ``gather``
-    gives the slots of selected candidates): small memories are scored whole, large ones go through
-    `grouped_candidates`. A caller merging more candidates (the segment's own
+    slots they are: the native kernel's exact top ``k`` itself (`native_top_k`, ``M = min(k, N)``, sorted, with its
+    ``(B, H, T, M)`` slots) where it runs; else ``None`` (the candidates are every slot in order, ``M = N``: small
+    memories, scored whole) or `GroupedSlots` (large ones, `grouped_candidates`; its ``gather`` gives the slots of
+    selected candidates). A caller merging more candidates (the segment's own
     positions, `retrieve`) selects once over all of them."""
     _check_search(queries, keys, allowed, k)
+    found = native_top_k(queries, keys, allowed, k, expired)
+    if found is not None:
+        return found
     batch, heads, length, _ = queries.shape
     slots = keys.shape[2]
     if slots <= 4 * k or batch * heads * length * slots < DIRECT_SEARCH_SCORES:
         return _masked_scores(queries, keys, allowed, expired), None
     return grouped_candidates(queries, keys, allowed, k, expired)
+
+
+@torch.no_grad()
+def native_top_k(
+    queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, k: int, expired: Expired | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`exact_top_k` computed by the native search kernel (``csrc/knn_top_k.cpp``), or None where it does not run:
+    not float32 on CPU, an empty memory, repeated expired slots, under `torch.compile` / export, or no kernel
+    (`tf_family.attention.native.extension`: ``TF_FAMILY_NATIVE=0``, or no compiler). Same arguments and outputs;
+    between equal scores the earlier slot is kept (`torch.topk` may keep another at the k-th place).
+
+    The kernel scores a block of queries against a chunk of slots at a time in cache and keeps each query's ``k``
+    best against a rising threshold, so almost every score costs one vector comparison and nothing of size
+    ``(B, H, T, N)`` is allocated: at 8k slots (batch 2 x 256 queries, 8 heads x 64) about the products' own time
+    and half the PyTorch search's."""
+    batch, heads, length, width = queries.shape
+    slots = keys.shape[2]
+    if (
+        slots == 0
+        or queries.device.type != "cpu"
+        or keys.device.type != "cpu"
+        or queries.dtype != torch.float32
+        or keys.dtype != torch.float32
+        or torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+    ):
+        return None
+    extension = native.extension()
+    if extension is None or not hasattr(extension, "knn_top_k"):  # a remote-code export's stand-in
+        return None
+    column = gone = None
+    if expired is not None:
+        expired_slots, gone_mask = expired
+        if expired_slots.numel() and int(expired_slots.unique().numel()) != expired_slots.numel():
+            return None
+        column = torch.full((slots,), -1, dtype=torch.int32)
+        column[expired_slots.cpu()] = torch.arange(expired_slots.numel(), dtype=torch.int32)
+        gone = gone_mask.to(torch.uint8).contiguous()  # (T, C)
+    mask = None
+    if not bool(allowed.all()):
+        mask = allowed.to(torch.bool).expand(batch, heads, length, slots)
+        if mask.stride(-1) != 1:  # the kernel reads a query's slots contiguously
+            mask = mask.contiguous()
+        mask = mask.view(torch.uint8)
+    scores, index = extension.knn_top_k(
+        queries.detach().reshape(batch * heads, length, width).contiguous(),
+        keys.reshape(batch * heads, slots, width).contiguous(),
+        heads,
+        mask,
+        column,
+        gone,
+        k,
+    )
+    return scores.view(batch, heads, length, -1), index.view(batch, heads, length, -1)
 
 
 def grouped_top_k(
@@ -484,6 +550,7 @@ __all__ = [
     "grouped_candidates",
     "grouped_top_k",
     "knn_top_k",
+    "native_top_k",
     "scored_blocks",
     "grouped_bound",
     "select_top_k",

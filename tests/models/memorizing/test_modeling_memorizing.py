@@ -137,14 +137,18 @@ def test_searches_agree_with_exact_when_exact(search):
 
 
 @pytest.mark.parametrize("retrieval", ["token", "segment"])
-def test_the_grouped_exact_search_gives_the_model_the_same_outputs(monkeypatch, retrieval):
-    """The two-stage exact search (what large memories go through) and scoring every slot agree inside the model,
-    with evictions and the segment's own positions merged in."""
+def test_the_grouped_and_native_exact_searches_give_the_model_the_same_outputs(monkeypatch, retrieval):
+    """The two-stage exact search (what large memories go through in PyTorch), the native search kernel (float32 on
+    CPU) and scoring every slot agree inside the model, with evictions and the segment's own positions merged in."""
     import tf_family.memory.knn_search as knn_search
+    from tf_family.attention import native
 
     model = make_model(mem_len=2, knn_memory_size=40, knn_top_k=3, knn_retrieval=retrieval)
     ids = tokens(2, 60)
+    with_kernel = run_segments(model, ids, 12)[0]
+    monkeypatch.setattr(native, "_state", {"module": None})
     whole = run_segments(model, ids, 12)[0]
+    torch.testing.assert_close(with_kernel, whole, rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(knn_search, "DIRECT_SEARCH_SCORES", 0)
     torch.testing.assert_close(run_segments(model, ids, 12)[0], whole, rtol=1e-5, atol=1e-5)
 

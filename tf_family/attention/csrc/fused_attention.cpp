@@ -17,6 +17,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "blas.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,30 +26,9 @@
 #include <limits>
 #include <vector>
 
-extern "C" {
-void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
-            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
-            const int* ldc);
-void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const double* alpha,
-            const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
-            const int* ldc);
-int MKL_Set_Num_Threads_Local(int nt);  // MKL's C name (mkl_service.h maps mkl_set_num_threads_local onto it)
-}
-
 namespace {
 
-// Column-major BLAS on row-major data: C (m x n, row-major) = op(A) op(B) is computed as C^T = op(B)^T op(A)^T.
-template <typename scalar_t>
-void gemm_rm(bool trans_a, bool trans_b, int m, int n, int k, scalar_t alpha, const scalar_t* a, int lda,
-             const scalar_t* b, int ldb, scalar_t beta, scalar_t* c, int ldc) {
-  const char ta = trans_b ? 'T' : 'N';
-  const char tb = trans_a ? 'T' : 'N';
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    sgemm_(&ta, &tb, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
-  } else {
-    dgemm_(&ta, &tb, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
-  }
-}
+using tf_family::gemm_rm;
 
 // 64-bit finaliser of MurmurHash3: a bijection that mixes every input bit into every output bit.
 inline uint64_t mix64(uint64_t x) {
@@ -336,8 +317,16 @@ at::Tensor keep_mask(int64_t numel, int64_t dropped, int64_t seed) {
 
 }  // namespace
 
+namespace tf_family {
+std::vector<at::Tensor> knn_top_k(const at::Tensor& queries, const at::Tensor& keys, int64_t heads,
+                                  const c10::optional<at::Tensor>& allowed,
+                                  const c10::optional<at::Tensor>& expired_column,
+                                  const c10::optional<at::Tensor>& gone, int64_t k);  // knn_top_k.cpp
+}  // namespace tf_family
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused masked attention forward: (out, lse)");
   m.def("backward", &backward, "fused masked attention backward: (grad_q, grad_k, grad_v)");
   m.def("keep_mask", &keep_mask, "dropout keep mask of a call");
+  m.def("knn_top_k", &tf_family::knn_top_k, "exact top-k of a kNN memory: (scores, slots)");
 }
