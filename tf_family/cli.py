@@ -226,7 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("list", help="print the zoo as a table")
     commands.add_parser(
         "build-kernels",
-        help="compile the native CPU attention kernel (Longformer, BigBird training) now instead of on first use",
+        help=(
+            "compile the native CPU kernels (attention for Longformer, BigBird training; the Memorizing "
+            "Transformer's kNN search) now instead of on first use"
+        ),
     )
     convert = commands.add_parser("convert", help="convert a checkpoint or tokenizer of another implementation")
     kinds = convert_kinds()

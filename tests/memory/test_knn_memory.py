@@ -548,3 +548,56 @@ def test_retrieve_through_the_native_kernel_equals_the_pytorch_path(monkeypatch,
     assert torch.equal(native_found, found)
     torch.testing.assert_close(native_keys[found], keys[found])
     torch.testing.assert_close(native_values[found], values[found])
+
+
+@pytest.mark.parametrize("writes", [0, 1, 3, "copy"])
+@pytest.mark.parametrize("with_segment", [True, False])
+def test_fused_knn_attention_reading_pairs_by_slot_equals_the_gathered_pairs(monkeypatch, with_segment, writes):
+    """Float32 on CPU, `fused_knn_attention` reads the memory's pairs by slot (`MemoryReader`, the native pair
+    kernels) instead of gathering them: the same outputs and gradients as over the gathered pairs, also when the
+    memory is written in place (once, or three times: slots overwritten twice) or by copy between the forward and
+    the backward (the model writes at the end of its forward); and a reader no graph holds any more stashes
+    nothing."""
+    import gc
+
+    from tf_family.memory import fused_knn_attention, knn_reader
+    from tf_family.memory.knn_reader import MemoryReader
+
+    _native_or_skip()
+
+    def run(by_slot: bool):
+        generator = torch.Generator().manual_seed(0)
+        memory = KNNMemory.empty(2, 1, 3, 8, capacity=11)
+        memory = memory.write([unit(2, 3, 11, 8, seed=1).float()], [unit(2, 3, 11, 8, seed=2).float()], in_place=True)
+        query = unit(2, 3, 6, 8).float().requires_grad_()
+        segment = (
+            unit(2, 3, 6, 8, seed=3).float().requires_grad_(),
+            unit(2, 3, 6, 8, seed=4).float().requires_grad_(),
+        )
+        scale = torch.tensor([1.0, 5.0, 20.0], requires_grad=True)
+        segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
+        allowed = random_allowed(2, 6, 11)
+        pairs = (memory.keys[0], memory.values[0])
+        retrieved = retrieve("exact", query, pairs, allowed, segment if with_segment else None, segment_allowed, 5)
+        if not by_slot:
+            monkeypatch.setattr(MemoryReader, "of", classmethod(lambda cls, *args: None))
+        out = fused_knn_attention(query, retrieved, scale)
+        monkeypatch.undo()
+        assert (out.grad_fn.reader is not None) == by_slot
+        for _ in range(writes if isinstance(writes, int) else 1):
+            new = [torch.randn(2, 3, 4, 8, generator=generator)]
+            memory = memory.write(new, [torch.randn(2, 3, 4, 8, generator=generator)], in_place=writes != "copy")
+        inputs = (query, scale, *segment) if with_segment else (query, scale)
+        weights = torch.randn(2, 6, 3, 8, generator=generator)
+        grads = torch.autograd.grad((out.transpose(1, 2) * weights).sum(), inputs)
+        return out, grads, memory
+
+    out, grads, _ = run(by_slot=True)
+    expected, expected_grads, memory = run(by_slot=False)
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert grad.abs().sum() > 0
+        torch.testing.assert_close(grad, expected_grad)
+    del out, grads
+    gc.collect()
+    assert not knn_reader._READERS.get(id(memory.keys[0]))  # the graph is gone, and so is its reader

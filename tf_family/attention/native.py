@@ -1,4 +1,8 @@
-"""tf_family's native CPU kernel: fused masked softmax attention with dropout (``csrc/fused_attention.cpp``).
+"""tf_family's native CPU kernels, one compiled module: fused masked softmax attention with dropout
+(``csrc/fused_attention.cpp``, which also holds the module's bindings) and the Memorizing Transformer's exact kNN
+search (``csrc/knn_top_k.cpp``, called by `tf_family.memory.knn_search.native_top_k`) and products with the pairs
+it retrieved, read by slot (``csrc/knn_pairs.cpp``, `tf_family.memory.knn_memory.MemoryReader`); ``csrc/blas.h``
+is the BLAS they use.
 
 On CPU, the unfused training path (`masked_attention`) makes one pass over the whole ``(..., T, S)`` score tensor in
 memory for each step: scores, mask, softmax, dropout, and as many again in the backward. On this project's 2-core
@@ -34,7 +38,7 @@ import torch
 from .dropout import _dropout_levels
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = (_CSRC / "fused_attention.cpp", _CSRC / "knn_top_k.cpp")  # one module: fused_attention.cpp binds both
+_SOURCES = tuple(_CSRC / name for name in ("fused_attention.cpp", "knn_top_k.cpp", "knn_pairs.cpp"))  # one module
 _HEADERS = (_CSRC / "blas.h",)
 _state: dict = {}
 

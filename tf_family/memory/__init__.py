@@ -36,6 +36,7 @@ from .knn_memory import (
     knn_attention,
     retrieve,
 )
+from .knn_reader import MemoryReader
 from .knn_search import (
     SEARCH_KINDS,
     bucketed_top_k,
@@ -43,6 +44,7 @@ from .knn_search import (
     faiss_top_k,
     grouped_top_k,
     knn_top_k,
+    native_top_k,
     select_top_k,
     top_k_reference,
 )
@@ -85,6 +87,7 @@ __all__ = [
     "SEARCH_KINDS",
     "KNNMemory",
     "MemorizingMemory",
+    "MemoryReader",
     "Retrieved",
     "bucketed_top_k",
     "dense_knn_attention",
@@ -95,6 +98,7 @@ __all__ = [
     "faiss_top_k",
     "knn_attention",
     "knn_top_k",
+    "native_top_k",
     "retrieve",
     "select_top_k",
     "top_k_reference",

@@ -22,11 +22,13 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` queries, ``N`` memory slots (the capacit
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from .knn_reader import MemoryReader
 from .knn_search import (
     Expired,
     exact_candidates,
@@ -129,8 +131,11 @@ class _PairMix(torch.autograd.Function):
 class Retrieved:
     """The ``k`` pairs each query retrieved (`retrieve`), kept apart by where they come from.
 
-    The memory's pairs are gathered per query (``(B, H, T, K, Dh)`` in blocks over ``B * H``, `gather_blocks`;
-    without gradient: the memory has none). The
+    The memory's pairs are named by slot (``memory_slots``) in the memory's own buffers (``memory``); their copies
+    ``(B, H, T, K, Dh)`` (in blocks over ``B * H``, `gather_blocks`; without gradient: the memory has none) are
+    gathered on first use (`memory_keys`, `memory_values`), from the buffers as they are then: before a write in
+    place (the model's layers use them within their forward). The gated layer's attention (`fused_knn_attention`)
+    gathers nothing where the native pair kernels run: it reads the rows by slot (`MemoryReader`). The
     segment's own pairs (``knn_retrieval="token"``) are this forward's keys and values and carry its gradient: they
     stay where they are, ``(B, H, T, Dh)``, with a ``(B, H, T, T)`` mask of the ones each query retrieved, and
     `knn_attention` scores them with one ``(T, T)`` product per row and head. Gathering ``k`` copies of them with
@@ -139,8 +144,8 @@ class Retrieved:
     compare against).
 
     Attributes:
-        memory_keys, memory_values: blocks ``(R_i, T, K, Dh)`` of the ``(B * H, T, K, Dh)`` retrieved keys and
-            values (`gather_blocks`); rank ``r`` is meaningful where ``memory_found``.
+        memory: the memory's keys and values ``(B, H, N, Dh)`` (its buffers, not copies).
+        memory_slots: ``(B, H, T, K)`` long, the slot of rank ``r`` (meaningful where ``memory_found``).
         memory_found: ``(B, H, T, K)`` bool, True where rank ``r`` is a pair of the memory.
         found: ``(B, H, T, K)`` bool, True where rank ``r`` holds a pair (of the memory or of the segment).
         segment_index: ``(B, H, T, K)`` long, the segment position of rank ``r`` (``-1``: not from the segment).
@@ -150,10 +155,11 @@ class Retrieved:
             (``-inf`` where nothing was found) and of the segment's positions ``(B, H, T, T)`` (before masking),
             which `fused_knn_attention` reuses instead of computing them again; None when the search did not compute
             them in the query's dtype (faiss).
+        dtype: the dtype of the queries (the gathered copies are cast to it).
     """
 
-    memory_keys: tuple[torch.Tensor, ...]
-    memory_values: tuple[torch.Tensor, ...]
+    memory: tuple[torch.Tensor, torch.Tensor]
+    memory_slots: torch.Tensor
     memory_found: torch.Tensor
     found: torch.Tensor
     segment_index: torch.Tensor
@@ -161,6 +167,25 @@ class Retrieved:
     segment_found: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     segment_scores: torch.Tensor | None = None
+    dtype: torch.dtype = torch.float32
+
+    @functools.cached_property
+    def memory_keys(self) -> tuple[torch.Tensor, ...]:
+        """Blocks ``(R_i, T, K, Dh)`` of the ``(B * H, T, K, Dh)`` retrieved keys (`gather_blocks`)."""
+        return self._gathered(0)
+
+    @functools.cached_property
+    def memory_values(self) -> tuple[torch.Tensor, ...]:
+        """Blocks ``(R_i, T, K, Dh)`` of the ``(B * H, T, K, Dh)`` retrieved values (`gather_blocks`)."""
+        return self._gathered(1)
+
+    def _gathered(self, part: int) -> tuple[torch.Tensor, ...]:
+        memory = self.memory[part]
+        batch, heads, length, top = self.memory_slots.shape
+        if memory.shape[2] == 0:  # an empty memory: nothing to gather
+            return (memory.new_zeros(batch * heads, length, top, memory.shape[-1], dtype=self.dtype),)
+        with torch.no_grad():
+            return tuple(block.to(self.dtype) for block in gather_blocks(memory, self.memory_slots))
 
     @property
     def any_found(self) -> torch.Tensor:
@@ -234,14 +259,15 @@ class _RetrievedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, query, scale, segment_keys, segment_values, memory_found, segment_found, scores, segment_scores, blocks,
-        *pairs,
+        ctx, query, scale, segment_keys, segment_values, memory_found, segment_found, scores, segment_scores, reader,
+        blocks, *pairs,
     ):  # fmt: skip
         key_blocks, value_blocks = pairs[:blocks], pairs[blocks:]
         batch, heads, length, width = query.shape
         factor = scale.view(1, heads, 1, 1)
         if scores is None:
-            memory_scores = _pair_scores(query.reshape(batch * heads, length, width), key_blocks)
+            flat_query = query.reshape(batch * heads, length, width)
+            memory_scores = _pair_scores(flat_query, key_blocks) if reader is None else reader.scores(flat_query, 0)
             memory_scores = memory_scores.view(memory_found.shape)  # (B, H, T, K)
         else:  # the search's: finite where the backward multiplies them by a zero gradient
             memory_scores = scores.masked_fill(~memory_found, 0.0)
@@ -261,13 +287,15 @@ class _RetrievedAttention(torch.autograd.Function):
             total += segment_probs.sum(-1, keepdim=True)
         inverse = torch.where(total > 0, total.reciprocal(), 0.0)  # 0: attends to nothing
         memory_probs *= inverse
-        attended = _pair_mix(memory_probs.view(batch * heads, length, -1), value_blocks).view(query.shape)
+        flat_probs = memory_probs.view(batch * heads, length, -1)
+        attended = _pair_mix(flat_probs, value_blocks) if reader is None else reader.mix(flat_probs, 1)
+        attended = attended.view(query.shape)
         if segment_probs is not None:
             segment_probs *= inverse
             flat_probs = segment_probs.view(batch * heads, length, length)
             flat_values = segment_values.reshape(batch * heads, length, width)
             attended = attended.view(batch * heads, length, width).baddbmm_(flat_probs, flat_values).view(query.shape)
-        ctx.blocks = blocks
+        ctx.blocks, ctx.reader = blocks, reader
         ctx.save_for_backward(
             query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs,
             *pairs,
@@ -282,8 +310,10 @@ class _RetrievedAttention(torch.autograd.Function):
         ]
         key_blocks, value_blocks = saved[8 : 8 + ctx.blocks], saved[8 + ctx.blocks :]
         batch, heads, length, width = query.shape
-        grad = grad.contiguous()
-        memory_grad = _pair_scores(grad.view(batch * heads, length, width), value_blocks).view(memory_probs.shape)
+        grad, reader = grad.contiguous(), ctx.reader
+        flat_grad = grad.view(batch * heads, length, width)
+        memory_grad = _pair_scores(flat_grad, value_blocks) if reader is None else reader.scores(flat_grad, 1)
+        memory_grad = memory_grad.view(memory_probs.shape)
         dot = (memory_probs * memory_grad).sum(-1, keepdim=True)  # (B, H, T, 1): sum of p * dp
         segment_grad = None
         if segment_probs is not None:
@@ -296,7 +326,9 @@ class _RetrievedAttention(torch.autograd.Function):
             grad_scale += (segment_grad * segment_scores).sum((0, 2, 3))
         factor = scale.view(1, heads, 1, 1)
         memory_grad *= factor  # d loss / d cosine scores
-        grad_query = _pair_mix(memory_grad.view(batch * heads, length, -1), key_blocks).view(query.shape)
+        flat_memory_grad = memory_grad.view(batch * heads, length, -1)
+        grad_query = _pair_mix(flat_memory_grad, key_blocks) if reader is None else reader.mix(flat_memory_grad, 0)
+        grad_query = grad_query.view(query.shape)
         grad_segment_keys = grad_segment_values = None
         if segment_grad is not None:
             segment_grad *= factor
@@ -304,7 +336,7 @@ class _RetrievedAttention(torch.autograd.Function):
             grad_segment_keys = segment_grad.transpose(-1, -2) @ query
             grad_segment_values = segment_probs.transpose(-1, -2) @ grad
         return (
-            grad_query, grad_scale, grad_segment_keys, grad_segment_values, None, None, None, None, None,
+            grad_query, grad_scale, grad_segment_keys, grad_segment_values, None, None, None, None, None, None,
             *(None for _ in range(2 * ctx.blocks)),
         )  # fmt: skip
 
@@ -313,16 +345,21 @@ def fused_knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.
     """`knn_attention`'s attended values ``(B, H, T, Dh)`` (its twin: the same values and gradients for the query,
     the scale and the segment's keys and values) through one autograd Function (`_RetrievedAttention`): what the
     model's gated kNN layer runs. The cosine scores come from the search (`Retrieved.scores`, ``segment_scores``):
-    ``query`` must be the query the pairs were retrieved with."""
-    keys = tuple(block.to(query.dtype) for block in retrieved.memory_keys)
-    values = tuple(block.to(query.dtype) for block in retrieved.memory_values)
+    ``query`` must be the query the pairs were retrieved with. Where the native pair kernels run (float32 on CPU,
+    `MemoryReader`) the memory's pairs are read by slot, not gathered (at 8k entries, batch 2 x 256 tokens, 8 heads
+    x 64: 64 MiB of copies per training step saved, and their products)."""
+    reader = MemoryReader.of(retrieved.memory, retrieved.memory_slots, query.dtype)
+    keys = values = ()
+    if reader is None:
+        keys = tuple(block.to(query.dtype) for block in retrieved.memory_keys)
+        values = tuple(block.to(query.dtype) for block in retrieved.memory_values)
     segment_keys = segment_values = segment_found = segment_scores = None
     if retrieved.segment is not None:
         segment_keys, segment_values = (part.to(query.dtype) for part in retrieved.segment)
         segment_found, segment_scores = retrieved.segment_found, _same_dtype(retrieved.segment_scores, query)
     return _RetrievedAttention.apply(
         query, scale.to(query.dtype), segment_keys, segment_values, retrieved.memory_found, segment_found,
-        _same_dtype(retrieved.scores, query), segment_scores, len(keys), *keys, *values,
+        _same_dtype(retrieved.scores, query), segment_scores, reader, len(keys), *keys, *values,
     )  # fmt: skip
 
 
@@ -395,15 +432,9 @@ def retrieve(
         scores, position = select_top_k_above(scores, bound, k)
         found = scores > float("-inf")
         in_memory = position < from_memory
-        if from_memory:
-            slot = position.clamp_max(from_memory - 1)
-            if index is not None:
-                slot = index.gather(-1, slot)
-            memory_keys, memory_values = (
-                tuple(block.to(query.dtype) for block in gather_blocks(part, slot)) for part in memory
-            )
-        else:  # an empty memory: nothing to gather
-            memory_keys = memory_values = (query.new_zeros(batch * heads, length, position.shape[-1], width),)
+        slot = position.clamp(0, max(from_memory - 1, 0))
+        if from_memory and index is not None:
+            slot = index.gather(-1, slot)
         segment_index = torch.where(found & ~in_memory, position - from_memory, -1)  # (B, H, T, K)
         segment_found = None
         if segment is not None:  # position s retrieved by query t; index `length` collects the other ranks
@@ -413,8 +444,8 @@ def retrieve(
     if kind == "faiss":  # faiss's scores: float32, computed apart
         scores = segment_scores = None
     return Retrieved(
-        memory_keys, memory_values, found & in_memory, found, segment_index, segment, segment_found, scores,
-        segment_scores,
+        memory, slot, found & in_memory, found, segment_index, segment, segment_found, scores, segment_scores,
+        query.dtype,
     )  # fmt: skip
 
 
@@ -586,6 +617,9 @@ class KNNMemory:
         kept = min(length, self.capacity)
         slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
         with torch.no_grad():
+            if in_place:  # a backward still to come may read these slots by index (`MemoryReader`)
+                for layer_keys, layer_values in zip(self.keys, self.values, strict=True):
+                    MemoryReader.stash_before_write(layer_keys, layer_values, slots)
             written = [
                 (memory.index_copy_ if in_place else memory.index_copy)(
                     2, slots, new[:, :, length - kept :].detach().to(memory.dtype)

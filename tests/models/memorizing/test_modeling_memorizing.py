@@ -153,6 +153,35 @@ def test_the_grouped_and_native_exact_searches_give_the_model_the_same_outputs(m
     torch.testing.assert_close(run_segments(model, ids, 12)[0], whole, rtol=1e-5, atol=1e-5)
 
 
+def test_reading_retrieved_pairs_by_slot_gives_the_model_the_same_gradients(monkeypatch):
+    """Training over three segments with the memory written in place at the end of each forward (before its
+    backward): the gradients through the native pair kernels (pairs read by slot, overwritten slots stashed) equal
+    those through the gathered pairs."""
+    from tf_family.attention import native
+    from tf_family.memory.knn_reader import MemoryReader
+
+    if native.extension() is None:
+        pytest.skip("the native kernel could not be built here")
+    ids = tokens(2, 36)
+
+    def gradients(by_slot: bool):
+        model = make_model(mem_len=2, knn_memory_size=16, knn_top_k=4).train()
+        if not by_slot:
+            monkeypatch.setattr(MemoryReader, "of", classmethod(lambda cls, *args: None))
+        mems = None
+        for start in range(0, 36, 12):
+            out = model(ids[:, start : start + 12], mems=mems, labels=ids[:, start : start + 12])
+            out.loss.backward()
+            mems = out.mems
+        monkeypatch.undo()
+        return {name: parameter.grad for name, parameter in model.named_parameters() if parameter.grad is not None}
+
+    by_slot, gathered = gradients(True), gradients(False)
+    assert by_slot.keys() == gathered.keys() and by_slot["transformer.layers.1.knn_scale"].abs().sum() > 0
+    for name, grad in by_slot.items():
+        torch.testing.assert_close(grad, gathered[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("index", ["flat", "ivf_flat"])
 def test_persistent_faiss_indexes_follow_the_stream(index):
     """knn_search="faiss" keeps one index per row and head across segments (updated by the writes, evictions

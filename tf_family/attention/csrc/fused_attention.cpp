@@ -322,6 +322,11 @@ std::vector<at::Tensor> knn_top_k(const at::Tensor& queries, const at::Tensor& k
                                   const c10::optional<at::Tensor>& allowed,
                                   const c10::optional<at::Tensor>& expired_column,
                                   const c10::optional<at::Tensor>& gone, int64_t k);  // knn_top_k.cpp
+at::Tensor knn_pair_scores(const at::Tensor& x, const at::Tensor& memory, const at::Tensor& slots,
+                           const c10::optional<at::Tensor>& remap,
+                           const c10::optional<at::Tensor>& stash);  // knn_pairs.cpp
+at::Tensor knn_pair_mix(const at::Tensor& w, const at::Tensor& memory, const at::Tensor& slots,
+                        const c10::optional<at::Tensor>& remap, const c10::optional<at::Tensor>& stash);
 }  // namespace tf_family
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -329,4 +334,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &backward, "fused masked attention backward: (grad_q, grad_k, grad_v)");
   m.def("keep_mask", &keep_mask, "dropout keep mask of a call");
   m.def("knn_top_k", &tf_family::knn_top_k, "exact top-k of a kNN memory: (scores, slots)");
+  m.def("knn_pair_scores", &tf_family::knn_pair_scores, "queries . memory rows by slot: (R, T, K)");
+  m.def("knn_pair_mix", &tf_family::knn_pair_mix, "weighted sums of memory rows by slot: (R, T, D)");
 }
