@@ -22,6 +22,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -36,32 +38,44 @@ constexpr int64_t kBlock = 64;            // chunks of slots are multiples of th
 constexpr int64_t kTileScores = 1 << 16;  // scores per (queries x slots) tile: 256 KiB of float32, in cache
 constexpr int64_t kMaxQueryBlock = 128;   // queries per work item
 
-struct Pair {
-  float score;
-  int64_t slot;
-};
+// A (score, slot) pair as one integer whose order is the pairs' order: higher score first, then the earlier slot.
+// The score's bits are mapped to an unsigned integer of the same order (negative floats flipped whole, positive ones
+// with the sign bit set); the low half holds the slot's complement. Selections then compare plain integers.
+inline uint64_t pack(float score, int64_t slot) {
+  uint32_t bits;
+  std::memcpy(&bits, &score, sizeof bits);
+  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return (static_cast<uint64_t>(bits) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(slot));
+}
 
-// Decreasing score; the earlier slot first between equal scores.
-inline bool before(const Pair& x, const Pair& y) { return x.score > y.score || (x.score == y.score && x.slot < y.slot); }
+inline float score_of(uint64_t key) {
+  uint32_t bits = static_cast<uint32_t>(key >> 32);
+  bits = (bits & 0x80000000u) ? (bits & 0x7FFFFFFFu) : ~bits;
+  float score;
+  std::memcpy(&score, &bits, sizeof score);
+  return score;
+}
+
+inline int64_t slot_of(uint64_t key) { return 0xFFFFFFFFu - static_cast<uint32_t>(key); }
 
 // One query's best pairs so far: up to 2k candidates above `threshold`, which holds the k-th best score once k have
 // been kept. When the buffer is full the best k are kept (a partial selection over 2k pairs) and the threshold rises
 // to the least of them: a few operations per admitted pair instead of a search for the new least at each.
 struct Best {
-  Pair* pairs;
+  uint64_t* keys;
   int64_t count;
   float threshold;
 
   void insert(float score, int64_t slot, int64_t k) {
     if (count == 2 * k) keep_best(k);
-    pairs[count++] = Pair{score, slot};
+    keys[count++] = pack(score, slot);
   }
 
   void keep_best(int64_t k) {
     if (count <= k) return;
-    std::nth_element(pairs, pairs + k - 1, pairs + count, before);
+    std::nth_element(keys, keys + k - 1, keys + count, std::greater<uint64_t>());
     count = k;
-    threshold = pairs[k - 1].score;  // the least of the k kept (every pair before it comes first in `before`)
+    threshold = score_of(keys[k - 1]);  // the least of the k kept
   }
 };
 
@@ -139,6 +153,7 @@ std::vector<at::Tensor> knn_top_k(const at::Tensor& queries, const at::Tensor& k
   TORCH_CHECK(queries.is_contiguous() && keys.is_contiguous(), "knn_top_k: contiguous queries and keys");
   TORCH_CHECK(heads >= 1 && queries.size(0) % heads == 0, "knn_top_k: R must be a multiple of heads");
   TORCH_CHECK(k >= 1, "knn_top_k: k must be >= 1");
+  TORCH_CHECK(keys.size(1) < (int64_t{1} << 32), "knn_top_k: at most 2^32 - 1 slots");
   const int64_t R = queries.size(0), T = queries.size(1), N = keys.size(1), D = queries.size(2);
   const int64_t K = std::min(k, N);
   auto scores = at::full({R, T, K}, -kInfinity, queries.options());
@@ -179,13 +194,13 @@ std::vector<at::Tensor> knn_top_k(const at::Tensor& queries, const at::Tensor& k
   at::parallel_for(0, R * query_blocks, 1, [&](int64_t begin, int64_t end) {
     const int previous = MKL_Set_Num_Threads_Local(1);
     std::vector<float> tile(query_block * chunk);
-    std::vector<Pair> pairs(query_block * 2 * K);
+    std::vector<uint64_t> keys(query_block * 2 * K);
     std::vector<Best> best(query_block);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / query_blocks, t0 = (item % query_blocks) * query_block;
       const int64_t rows = std::min(query_block, T - t0);
       const int64_t b = r / heads, h = r % heads;
-      for (int64_t i = 0; i < rows; ++i) best[i] = Best{pairs.data() + i * 2 * K, 0, -kInfinity};
+      for (int64_t i = 0; i < rows; ++i) best[i] = Best{keys.data() + i * 2 * K, 0, -kInfinity};
       const float* q = qp + (r * T + t0) * D;
       for (int64_t n0 = 0; n0 < N; n0 += chunk) {
         const int64_t width = std::min(chunk, N - n0);
@@ -195,12 +210,12 @@ std::vector<at::Tensor> knn_top_k(const at::Tensor& queries, const at::Tensor& k
       for (int64_t i = 0; i < rows; ++i) {
         Best& found = best[i];
         found.keep_best(K);
-        std::sort(found.pairs, found.pairs + found.count, before);
+        std::sort(found.keys, found.keys + found.count, std::greater<uint64_t>());
         float* out_score = sp + (r * T + t0 + i) * K;
         int64_t* out_slot = ip + (r * T + t0 + i) * K;
         for (int64_t j = 0; j < found.count; ++j) {
-          out_score[j] = found.pairs[j].score;
-          out_slot[j] = found.pairs[j].slot;
+          out_score[j] = score_of(found.keys[j]);
+          out_slot[j] = slot_of(found.keys[j]);
         }
       }
     }
