@@ -48,6 +48,11 @@ def extension():
     return None
 
 
+def float32_cpu_extension(*tensors):
+    """The compiled kernels (the kNN search's too): never available in a remote-code export."""
+    return None
+
+
 def is_built() -> bool:
     return False
 

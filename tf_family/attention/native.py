@@ -153,6 +153,18 @@ def extension():
     return _state["module"]
 
 
+def float32_cpu_extension(*tensors: torch.Tensor):
+    """The compiled module for a kernel over ``tensors``, or None where it does not run: a tensor not float32 on
+    CPU, under `torch.compile` / `torch.export` (the kernels are opaque to them), or no kernel (`extension`)."""
+    if (
+        any(tensor.dtype != torch.float32 or tensor.device.type != "cpu" for tensor in tensors)
+        or torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+    ):
+        return None
+    return extension()
+
+
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, mask, dropped: int, seed: int):
@@ -221,4 +233,12 @@ def fused_keep_mask(shape: tuple[int, ...] | torch.Size, dropout_p: float, seed:
     return kept, scale
 
 
-__all__ = ["build_directory", "build_key", "extension", "fused_attention", "fused_keep_mask", "is_built"]
+__all__ = [
+    "build_directory",
+    "build_key",
+    "extension",
+    "float32_cpu_extension",
+    "fused_attention",
+    "fused_keep_mask",
+    "is_built",
+]

@@ -49,21 +49,10 @@ class MemoryReader:
         of ``dtype``, or None where the native pair kernels do not run: not float32 on CPU, an empty memory, under
         `torch.compile` / export, or no kernel."""
         keys, values = memory
-        if (
-            keys.shape[2] == 0
-            or dtype != torch.float32
-            or keys.dtype != torch.float32
-            or values.dtype != torch.float32
-            or keys.device.type != "cpu"
-            or not (keys.is_contiguous() and values.is_contiguous())
-            or torch.compiler.is_compiling()
-            or torch.compiler.is_exporting()
-        ):
+        if keys.shape[2] == 0 or dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
             return None
-        extension = native.extension()
-        if extension is None or not hasattr(extension, "knn_pair_mix"):  # a remote-code export's stand-in
-            return None
-        return cls(keys, values, slots, extension)
+        extension = native.float32_cpu_extension(keys, values)
+        return None if extension is None else cls(keys, values, slots, extension)
 
     @staticmethod
     def stash_before_write(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:

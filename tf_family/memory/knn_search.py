@@ -225,18 +225,8 @@ def native_top_k(
     and half the PyTorch search's."""
     batch, heads, length, width = queries.shape
     slots = keys.shape[2]
-    if (
-        slots == 0
-        or queries.device.type != "cpu"
-        or keys.device.type != "cpu"
-        or queries.dtype != torch.float32
-        or keys.dtype != torch.float32
-        or torch.compiler.is_compiling()
-        or torch.compiler.is_exporting()
-    ):
-        return None
-    extension = native.extension()
-    if extension is None or not hasattr(extension, "knn_top_k"):  # a remote-code export's stand-in
+    extension = native.float32_cpu_extension(queries, keys) if slots else None
+    if extension is None:
         return None
     column = gone = None
     if expired is not None:
