@@ -6,6 +6,8 @@ Three parts, each small enough for 2 shared CPU cores (``--parts``):
   layer reads a memory already holding 2k / 8k / 32k entries per row and head, against the same model without kNN
   layer (Transformer-XL, same weights otherwise), timed interleaved in one run; also one evaluation step and
   decoding (one token per forward, memory carried, as `generate()` does) with an 8k memory against none.
+* **native** (not in the default parts): the larger model's training step at 8k entries with tf_family's native kNN
+  kernels and with the PyTorch path (the same results), against Transformer-XL, interleaved in one process.
 * **perplexity**: a Memorizing Transformer and a Transformer-XL of the same size, trained with the same budget on
   the bundled State of the Union addresses (ordered document streams, memory carried and reset at document starts),
   then the validation perplexity of the Memorizing model evaluated with kNN memory sizes 0 / 512 / 2k / 8k and of
@@ -15,8 +17,8 @@ Three parts, each small enough for 2 shared CPU cores (``--parts``):
   so only the kNN memory can carry the key. The model is trained on the task at short and long distances, then
   evaluated with and without its kNN memory (memory size 0) as the distance grows.
 
-Run: ``python bench/bench_memorizing.py`` (all parts; ``--quick`` for a smoke run). Results go to
-``bench/results/memorizing[_quick].{json,md}``.
+Run: ``python bench/bench_memorizing.py`` (overhead, perplexity, passkey; ``--parts native`` for the kernels against
+the PyTorch path; ``--quick`` for a smoke run). Results go to ``bench/results/memorizing_<parts>[_quick].{json,md}``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from tf_family.data.packing import IGNORE_INDEX  # noqa: E402
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", nargs="*", default=["overhead", "perplexity", "passkey"])
+    parser.add_argument("--parts", nargs="*", default=["overhead", "perplexity", "passkey"],
+                        choices=["overhead", "native", "perplexity", "passkey"])  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run")
     parser.add_argument("--overhead_models", nargs="*", default=["small", "larger"], choices=list(OVERHEAD_MODELS))
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds of the overhead part")
@@ -271,6 +274,62 @@ def overhead(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------ perplexity
+def native_paths(args) -> dict:
+    """The larger model's training step at 8k entries with the native kNN kernels (search and pair products) and
+    without them (PyTorch's grouped search and gathered pairs: the same results), against Transformer-XL, all three
+    interleaved in one process: the per-round differences are steadier than across processes."""
+    from tf_family.attention import native
+
+    overrides, batch, length = OVERHEAD_MODELS["larger"]
+    size = 1024 if args.quick else 8192
+    if args.quick:
+        batch, length, overrides = 2, 32, {}
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    models = {"native": TffMemorizingForCausalLM(model_config(args.quick, **overrides)).train()}
+    models["pytorch"] = TffMemorizingForCausalLM(model_config(args.quick, **overrides)).train()
+    models["pytorch"].load_state_dict(models["native"].state_dict())
+    models["xl"] = TffMemorizingForCausalLM(model_config(args.quick, **{**overrides, "knn_layers": []})).train()
+    models["xl"].load_state_dict(models["native"].state_dict(), strict=False)
+    ids = torch.randint(0, 8192, (batch, length + 1), generator=generator)
+    states = {
+        name: filled_memory(model, batch, 0 if name == "xl" else size, generator) for name, model in models.items()
+    }
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-5) for name, model in models.items()}
+    kernels = native.extension()
+
+    def step(name):
+        def run():
+            native._state["module"] = None if name == "pytorch" else kernels  # the PyTorch path: no kernel
+            try:
+                out = models[name](ids[:, :-1], mems=states[name])
+                lm_loss(out.logits, ids[:, 1:]).backward()
+                optimizers[name].step()
+                optimizers[name].zero_grad()
+                states[name] = out.mems
+            finally:
+                native._state["module"] = kernels
+
+        return run
+
+    times = time_interleaved(
+        {name: step(name) for name in ("xl", "native", "pytorch")}, 3 if args.quick else args.rounds
+    )
+    rows = []
+    for name in ("native", "pytorch"):
+        ratios = [step / xl - 1 for step, xl in zip(times[name], times["xl"], strict=True)]
+        extra = [step - xl for step, xl in zip(times[name], times["xl"], strict=True)]
+        rows.append([name, format_seconds(statistics.median(times[name])), f"{statistics.median(ratios) * 100:+.1f} %",
+                     format_seconds(statistics.median(extra))])  # fmt: skip
+    markdown = (
+        f"### Native kNN kernels against the PyTorch path\n\nModel `larger`, {size} entries, batch {batch} x "
+        f"{length}: training steps interleaved in one process ({len(times['xl'])} rounds; Transformer-XL step "
+        f"{format_seconds(statistics.median(times['xl']))}; the kernels {'built' if kernels is not None else 'NOT built'})."
+        "\n\n" + markdown_table(["kNN layer", "step", "median of per-round ratios", "median extra time"], rows)
+    )
+    return {"times_s": times, "markdown": markdown}
+
+
 def sotu_streams(tokenizer, split: str, limit: int | None, block: int):
     texts = load_sotu()[split]["text"]
     texts = texts[:limit] if limit else texts
@@ -562,7 +621,8 @@ def main() -> None:
     args = parse_args()
     started = time.perf_counter()
     payload, sections = {"args": vars(args)}, []
-    for part, run in (("overhead", overhead), ("perplexity", perplexity), ("passkey", passkey)):
+    parts = (("overhead", overhead), ("native", native_paths), ("perplexity", perplexity), ("passkey", passkey))
+    for part, run in parts:
         if part in args.parts:
             result = run(args)
             sections.append(result.pop("markdown"))
