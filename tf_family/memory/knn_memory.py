@@ -414,7 +414,7 @@ def retrieve(
         gradient (they are this forward's keys and values).
     """
     allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
-    batch, heads, length, width = query.shape
+    batch, heads, length, _ = query.shape
     with torch.no_grad():
         if kind == "exact":  # candidates only: one selection below covers them and the segment
             scores, index = exact_candidates(query.detach(), memory[0], allowed, k, expired)  # (B, H, T, M)

@@ -35,7 +35,7 @@ class MemoryReader:
         self.shape = (batch * heads, capacity, width)
         self.slots = slots.reshape(batch * heads, slots.shape[2], slots.shape[3]).contiguous()  # (R, T, K)
         self.remap: torch.Tensor | None = None  # (N,) int32: a stashed slot's row in the copies, else -1
-        self.stashed: list[tuple[torch.Tensor, torch.Tensor]] = []  # (B, H, C_i, Dh) keys and values copied aside
+        self.stashed: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, C, Dh) keys and values copied aside
         if len(_READERS) > 64:  # forget buffers no live reader reads any more
             for key in [key for key, readers in _READERS.items() if not readers]:
                 del _READERS[key]
@@ -72,16 +72,18 @@ class MemoryReader:
         fresh = slots[self.remap[slots] < 0].unique()
         if fresh.numel() == 0:
             return
-        kept = sum(part.shape[2] for part, _ in self.stashed)
+        kept = 0 if self.stashed is None else self.stashed[0].shape[2]
         self.remap[fresh] = torch.arange(kept, kept + fresh.numel(), dtype=torch.int32, device=slots.device)
-        self.stashed.append((self.keys[:, :, fresh].clone(), self.values[:, :, fresh].clone()))
+        rows = (self.keys[:, :, fresh], self.values[:, :, fresh])  # advanced indexing: copies
+        if self.stashed is not None:
+            rows = tuple(torch.cat(pair, 2) for pair in zip(self.stashed, rows, strict=True))
+        self.stashed = rows
 
     def _memory(self, part: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         buffer = (self.keys, self.values)[part].view(self.shape)
-        if not self.stashed:
+        if self.stashed is None:
             return buffer, None, None
-        stash = torch.cat([pair[part] for pair in self.stashed], 2)  # (B, H, C, Dh)
-        return buffer, self.remap, stash.reshape(self.shape[0], -1, self.shape[2])
+        return buffer, self.remap, self.stashed[part].reshape(self.shape[0], -1, self.shape[2])
 
     def scores(self, x: torch.Tensor, part: int) -> torch.Tensor:
         """``(R, T, Dh)`` -> ``(R, T, K)``: ``x`` against each query's retrieved keys (``part=0``) or values (1)."""

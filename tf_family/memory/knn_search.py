@@ -5,7 +5,8 @@ One function, `knn_top_k`, in front of three backends (scores are inner products
 * ``"exact"``: matrix products and an exact top-k (the default; on this CPU faster than faiss for per-document
   memories of up to 65k entries). Float32 on CPU runs the native search kernel (`native_top_k`: the products in
   cache-sized tiles, each query's k best kept against a rising threshold; ``csrc/knn_top_k.cpp`` beside
-  `tf_family.attention.native`); otherwise, or where the kernel cannot be built, PyTorch: large memories go through `grouped_candidates` (the scores in chunks, a running
+  `tf_family.attention.native`); otherwise, or where the kernel cannot be built, PyTorch: large memories go through
+  `grouped_candidates` (the scores in chunks, a running
   maximum per group, then a selection over the best groups' members: exact, with a selection over the group maxima
   and one over the few members that reach the least chosen maximum, `grouped_bound` and `select_top_k_above`,
   instead of one over ``N``), with the (row, query) pairs in blocks (`scored_blocks`) so that the ``(B, H, T, N)``
