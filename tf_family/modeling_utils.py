@@ -15,7 +15,6 @@ from transformers.cache_utils import DynamicLayer
 
 from .attention.dropout import _check_p, dropout
 from .files import check_checkpoint_folder
-from .user_errors import check_local_path
 
 
 class Dropout(nn.Dropout):
@@ -48,7 +47,12 @@ class RemoteCodeMixin:
         a damaged or truncated file, or a shard named outside the folder, is a `ValueError` naming it; a local path
         that does not exist (`tf_family.user_errors.looks_local`) is said to be missing at once, where transformers
         would take it for a Hub id and retry the network."""
-        check_local_path(pretrained_model_name_or_path, f"{cls.__name__}.from_pretrained")
+        try:  # by name: an export's code (loaded where tf_family may be missing) carries no user_errors module
+            check_local_path = importlib.import_module("tf_family.user_errors").check_local_path
+        except ImportError:
+            check_local_path = None
+        if check_local_path is not None:
+            check_local_path(pretrained_model_name_or_path, f"{cls.__name__}.from_pretrained")
         if pretrained_model_name_or_path is not None and os.path.isdir(pretrained_model_name_or_path):
             check_checkpoint_folder(os.path.join(pretrained_model_name_or_path, kwargs.get("subfolder") or ""))
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
