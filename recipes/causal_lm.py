@@ -166,7 +166,7 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
         cpu_help="run on CPU even if a GPU is present (two CPU processes: "
         "accelerate launch --multi_gpu --num_processes 2 … --cpu)",
     )
-    add_run_arguments(parser, default_output_dir="runs/<model>-<data>", logging_steps=10)
+    add_run_arguments(parser, default_output_dir="runs/<model>-<data>-<time>", logging_steps=10)
     add_lora_and_hub_arguments(parser)
     parser.set_defaults(**(defaults or {}))
     return parser

@@ -154,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         eval_batches=False,
         batch_help="windows per process",
     )
-    run = add_run_arguments(parser, default_output_dir="runs/dt-<data>", logging_steps=50)
+    run = add_run_arguments(parser, default_output_dir="runs/<model>-<data>-<time>", logging_steps=50)
     run.add_argument("--eval_episodes", type=int, default=10, help="episodes per target return")
     run.add_argument("--eval_target_returns", type=float, nargs="+", help="returns to condition on")
     run.add_argument("--eval_seed", type=int, default=1_500_000_000, help="episode i resets with eval_seed + i")

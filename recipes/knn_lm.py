@@ -59,7 +59,7 @@ from tf_family.retrieval.datastore import (
 )
 from tf_family.training import ending_run, publish_run, save_tokenizer
 from tf_family.training.arguments import add_debug_argument, check_local_sources
-from tf_family.user_errors import check_local_path, run_main
+from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
 
@@ -127,9 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what cannot run; each message says what to change."""
-    check_local_sources(args)
-    if args.command == "eval":
-        check_local_path(args.datastore, "--datastore", always_local=True)
+    check_local_sources(args)  # --datastore has its own check ("not a datastore folder")
     for name in ("block_size", "per_device_batch_size", "max_samples"):
         value = getattr(args, name)
         if value is not None and value < 1:

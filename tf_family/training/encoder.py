@@ -82,7 +82,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, task: str, default_dat
     add_optimisation_arguments(
         parser, learning_rate=5e-5 if task != "masked_lm" else 5e-4, lr_scheduler_type="linear", num_train_epochs=3
     )
-    add_run_arguments(parser, default_output_dir="runs/<model>-<data>", logging_steps=10)
+    add_run_arguments(parser, default_output_dir="runs/<model>-<task>-<data>-<time>", logging_steps=10)
     add_lora_and_hub_arguments(parser)
 
 
