@@ -27,10 +27,10 @@ CPU_HELP = "run on CPU even if a GPU is present"
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` with each option's default in force, said once: an option whose help already speaks of its
-    default (``default: ...``) is left as written."""
+    default (``default: ...``) is left as written, and an unset default (None, off) is not shown."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.help and "default" in action.help:
+        if (action.help and "default" in action.help) or action.default in (None, False):
             return action.help
         return super()._get_help_string(action)
 
