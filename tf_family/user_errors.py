@@ -63,11 +63,13 @@ def one_line(error: BaseException) -> str:
 
 
 def report_user_error(error: BaseException, prog: str | None = None) -> int:
-    """Write ``error: <message>`` (once, from the first process of a launch) and return `EXIT_USAGE`."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        where = f"{prog}: " if prog else ""
-        sys.stderr.write(f"{where}error: {one_line(error)} ({DEBUG_FLAG} shows the traceback)\n")
-        sys.stderr.flush()
+    """Write ``error: <message>`` and return `EXIT_USAGE`. Each process of a launch writes its own line, named by
+    its rank (an error on one rank only must not go unseen)."""
+    where = f"{prog}: " if prog else ""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        where = f"[rank {os.environ.get('RANK', '?')}] {where}"
+    sys.stderr.write(f"{where}error: {one_line(error)} ({DEBUG_FLAG} shows the traceback)\n")
+    sys.stderr.flush()
     return EXIT_USAGE
 
 
