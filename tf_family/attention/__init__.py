@@ -29,6 +29,7 @@ from .block_sparse import (
     random_block_indices,
     seeded_generator,
 )
+from . import flex
 from .dense import dense_attention
 from .dropout import dropout, dropout_mask
 from .lsh import (
@@ -92,6 +93,7 @@ __all__ = [
     "dropout",
     "dropout_mask",
     "fused_attention",
+    "flex",
     "fused_keep_mask",
     "global_attention",
     "global_attention_reference",

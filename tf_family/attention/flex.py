@@ -349,10 +349,10 @@ def chunked_local_block_mask(query, chunk_length, before, after, causal, wrap_ar
     lonely = F.pad(lonely, (0, padded - length), value=True)  # (B, Tp); the padding to the tile sees itself
 
     def mask_mod(b, h, q_idx, kv_idx):
-        allowed = near_chunk(q_idx // chunk_length, kv_idx // chunk_length) & valid[b, kv_idx]
+        allowed = near_chunk(q_idx // chunk_length, kv_idx // chunk_length) & valid[b, kv_idx] & (q_idx < length)
         if causal:
             allowed = allowed & (kv_idx <= q_idx)
-        return allowed | ((q_idx == kv_idx) & lonely[b, q_idx])
+        return allowed | ((q_idx == kv_idx) & lonely[b, q_idx])  # the padding to the tile: itself only
 
     reach, full = _chunk_tiles(padded, chunk_length, num_chunks, near_chunk, device)
     if causal:
@@ -447,7 +447,7 @@ def lsh_block_mask(
         if causal:
             allowed = allowed & (key_position <= query_position)
         # its own key (scored masked_self) keeps every row non-empty; the dummy slots only see themselves
-        return (allowed & (key_position >= 0)) | (q_idx == kv_idx)
+        return (allowed & (key_position >= 0) & (q_idx < row_length)) | (q_idx == kv_idx)
 
     rounds = slot_of.shape[2]
     chunk_of = None
