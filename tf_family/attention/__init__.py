@@ -13,6 +13,7 @@ Shape vocabulary used in every shape comment of the package:
     (lsh.py, Reformer: C chunk length, R hashing rounds)
 """
 
+from . import flex
 from .backend import (
     IMPLEMENTATIONS,
     attend,
@@ -29,7 +30,6 @@ from .block_sparse import (
     random_block_indices,
     seeded_generator,
 )
-from . import flex
 from .dense import dense_attention
 from .dropout import dropout, dropout_mask
 from .lsh import (
