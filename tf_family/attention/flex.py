@@ -431,8 +431,11 @@ def lsh_block_mask(
     num_chunks = row_length // chunk_length
     padded = _pad_to_block(row_length)
     offsets = sorted({o % num_chunks if wrap_around else o for o in range(-before, after + 1)})
+    length = key_valid.shape[1]
     positions = F.pad(sorted_positions, (0, padded - row_length), value=-1)  # (B, A, Lp)
-    valid = F.pad(key_valid.bool(), (0, 1), value=False)  # position -1 reads the False at T
+    # a dummy slot (position -1) reads index T of the per-position tables: never valid, never meeting
+    lookup = torch.where(positions >= 0, positions, length)
+    valid = F.pad(key_valid.bool(), (0, 1), value=False)  # (B, T + 1)
 
     def near_chunk(query_chunk, key_chunk):
         offset = key_chunk - query_chunk
@@ -443,7 +446,7 @@ def lsh_block_mask(
 
     def mask_mod(b, h, q_idx, kv_idx):
         query_position, key_position = positions[b, h, q_idx], positions[b, h, kv_idx]
-        allowed = near_chunk(q_idx // chunk_length, kv_idx // chunk_length) & valid[b, key_position]
+        allowed = near_chunk(q_idx // chunk_length, kv_idx // chunk_length) & valid[b, lookup[b, h, kv_idx]]
         if causal:
             allowed = allowed & (key_position <= query_position)
         # its own key (scored masked_self) keeps every row non-empty; the dummy slots only see themselves
@@ -456,12 +459,12 @@ def lsh_block_mask(
 
     def score_mod(score, b, h, q_idx, kv_idx):
         query_position, key_position = positions[b, h, q_idx], positions[b, h, kv_idx]
-        score = torch.where(key_position == query_position, torch.full_like(score, masked_self), score)
+        score = torch.where(key_position == query_position, masked_self, score)
         if chunk_of is not None:
             head = h // rounds
             meets = 0
             for r in range(rounds):
-                offset = chunk_of[b, head, r, key_position] - chunk_of[b, head, r, query_position]
+                offset = chunk_of[b, head, r, lookup[b, h, kv_idx]] - chunk_of[b, head, r, lookup[b, h, q_idx]]
                 meets = meets + ((offset >= -before) & (offset <= after)).to(score.dtype)
             score = score - torch.log(torch.clamp(meets, min=1.0))
         return score
