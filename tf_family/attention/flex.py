@@ -56,6 +56,8 @@ def _run(query, key, value, block_mask, score_mod=None, return_lse: bool = False
     """One FlexAttention call: compiled on CUDA, the uncompiled reference elsewhere. Returns ``(out, lse or None)``."""
     module = _flex_module()
     function = module.flex_attention
+    if key.dtype != query.dtype or value.dtype != query.dtype:  # FlexAttention takes one dtype
+        key, value = key.to(query.dtype), value.to(query.dtype)
     if query.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         return _tiled_reference(query, key, value, block_mask, score_mod)  # FlexAttention refuses CPU backward
     if query.device.type == "cuda" and not torch.compiler.is_compiling():
