@@ -481,7 +481,10 @@ def _environment(device_name: str) -> dict:
     import torch
     import transformers
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    try:  # a copy of the tree may come without git or .git
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
     return {
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "commit": commit or None,
