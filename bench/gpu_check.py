@@ -116,7 +116,7 @@ def _emit(record: dict, sink) -> None:
 def section_smoke(device, deadline: Deadline, sink, dry_run: bool) -> None:
     import torch
 
-    from tests.common.tester import make_inputs, scalar_loss, without_labels
+    from tests.common.tester import make_inputs, scalar_loss
     from tf_family.registry import ARCHITECTURES
 
     for name, spec in ARCHITECTURES.items():
@@ -150,13 +150,21 @@ def section_smoke(device, deadline: Deadline, sink, dry_run: bool) -> None:
             _emit(record, sink)
             _free(device)
 
-    # the flex route against the default path, on this device (float32; attention dropout off)
+
+# -------------------------------------------------------------------------------------------------- flexcheck
+def section_flexcheck(device, deadline: Deadline, sink, dry_run: bool) -> None:
+    """The flex route against the default path, on this device (float32, tiny; attention dropout off)."""
+    import torch
+
+    from tests.common.tester import make_inputs, without_labels
+    from tf_family.registry import ARCHITECTURES
+
     for name in SPARSE:
         if deadline.left() < 10:
             return
         spec = ARCHITECTURES[name]
         task = "causal_lm" if "causal_lm" in spec.model_classes else next(iter(spec.model_classes))
-        record = {"section": "smoke", "arch": name, "task": task, "dtype": "fp32", "impl": "flex_vs_default"}
+        record = {"section": "flexcheck", "arch": name, "task": task, "dtype": "fp32", "impl": "flex_vs_default"}
         try:
             overrides = {}
             if name == "reformer":
@@ -356,6 +364,7 @@ def _step_fn(model, arch: str, length: int, vocab: int, device, dtype: str):
             else:
                 loss = model(**inputs).last_hidden_state.float().pow(2).mean()
         loss.backward()
+        return loss.detach()
 
     return step
 
@@ -368,8 +377,10 @@ def _time_cell(record: dict, build, arch: str, length: int, shape: dict, device,
         step = _step_fn(model, arch, length, shape["vocab"], device, dtype)
         _free(device)
         start = time.perf_counter()
-        for _ in range(shape["warmup"]):
-            step()
+        for index in range(shape["warmup"]):
+            loss = step()
+            if index == 0:  # the same weights and input in every cell of an architecture: the losses must agree
+                record["first_loss"] = float(loss)
         _sync(device)
         record["warmup_s"] = time.perf_counter() - start
         times = []
@@ -459,6 +470,8 @@ def worker(args) -> None:
                     section_smoke(device, deadline, sink, args.dry_run)
                 elif kind == "fsdp":
                     section_fsdp(device, deadline, sink, args.dry_run)
+                elif kind == "flexcheck":
+                    section_flexcheck(device, deadline, sink, args.dry_run)
                 else:
                     arch, length, dtype = rest
                     section_time(device, deadline, sink, args.dry_run, arch, int(length), dtype)
@@ -469,11 +482,16 @@ def worker(args) -> None:
 
 # ------------------------------------------------------------------------------------------------ orchestrator
 def _sections(dry_run: bool) -> list[str]:
+    """smoke and FSDP (fast), the bf16 timings, the flex check on tiny models (compiles), the float32 timings."""
     sections = ["smoke", "fsdp"]
     shape = _shapes(dry_run)
-    for dtype in shape["dtypes"]:
+    for index, dtype in enumerate(shape["dtypes"]):
+        if index == 1:
+            sections.append("flexcheck")
         for length in shape["lengths"]:
             sections += [f"time:{arch}:{length}:{dtype}" for arch in (*SPARSE, "dense")]
+    if "flexcheck" not in sections:
+        sections.append("flexcheck")
     return sections
 
 
@@ -522,7 +540,7 @@ def markdown(payload: dict) -> str:
             r = smoke.get((arch, dtype))
             cells.append("not run" if r is None else ("ok" if r["ok"] else f"FAILED: {r.get('error', '')[:80]}"))
         lines.append(f"| {arch} | {cells[0]} | {cells[1]} |")
-    lines += ["", "## `flex_attention` against the default path on this device (float32, tiny)", ""]
+    lines += ["", "## `flex_attention` against the default path on this device (float32, tiny models)", ""]
     lines += ["| architecture | ok | output rel. diff | largest gradient rel. diff |", "|---|---|---|---|"]
     for r in records:
         if r.get("impl") == "flex_vs_default":
@@ -547,11 +565,12 @@ def markdown(payload: dict) -> str:
         f"{shape['window']} (one global token), BigBird blocks of {shape['block']} with {shape['random']} random, "
         f"Reformer local + LSH layers (chunks of {shape['chunk']}, 2 hashes, {shape['buckets']} buckets, causal). "
         f"{shape['warmup']} warm-up steps (compiling included), median of up to {shape['repeats']}. Dense: "
-        "transformers' BertModel (bidirectional) / LlamaModel (causal) with SDPA, same width and depth.",
+        "transformers' BertModel (bidirectional) / LlamaModel (causal) with SDPA, same width and depth. The last "
+        "column: relative difference of the first step's loss, flex against sdpa (same weights and input).",
         "",
         "| dtype | tokens | model | tf_family (sdpa) | tf_family (flex) | transformers | dense SDPA | "
-        "transformers / best ours | dense / best ours |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "transformers / best ours | dense / best ours | flex loss vs sdpa |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     timed = {(r["arch"], r["length"], r["dtype"], r["impl"]): r for r in records if r["section"] == "time"}
 
@@ -575,9 +594,12 @@ def markdown(payload: dict) -> str:
                 best = min(ours) if ours else None
                 ratio = f"{values[2][0] / best:.2f}x" if best and values[2][0] else "—"
                 dense_ratio = f"{dense[0] / best:.2f}x" if best and dense[0] else "—"
+                losses = [timed.get((arch, length, dtype, impl), {}).get("first_loss") for impl in
+                          ("tf_family_sdpa", "tf_family_flex")]  # fmt: skip
+                agree = f"{abs(losses[1] - losses[0]) / abs(losses[0]):.1e}" if None not in losses else "—"
                 lines.append(
                     f"| {dtype} | {length} | {arch} | {values[0][1]} | {values[1][1]} | {values[2][1]} | {dense[1]} | "
-                    f"{ratio} | {dense_ratio} |"
+                    f"{ratio} | {dense_ratio} | {agree} |"
                 )
     failures = [r for r in records if not r.get("ok")]
     if failures:
