@@ -354,6 +354,8 @@ def _step_fn(model, arch: str, length: int, vocab: int, device, dtype: str):
         global_mask[:, 0] = 1
         inputs["global_attention_mask"] = global_mask
     causal_lm = arch == "reformer"  # ours and transformers' Reformer with an LM head: the loss of the labels
+    # the encoders: the mean square of a fixed projection of the last (layer-normed) hidden states
+    probe = torch.randn(model.config.hidden_size, generator=generator).to(device)
     model.train()
 
     def step():
@@ -362,7 +364,9 @@ def _step_fn(model, arch: str, length: int, vocab: int, device, dtype: str):
             if causal_lm:
                 loss = model(**inputs, labels=ids).loss
             else:
-                loss = model(**inputs).last_hidden_state.float().pow(2).mean()
+                hidden = model(**inputs).last_hidden_state
+        if not causal_lm:  # in float32, outside autocast
+            loss = (hidden.float() @ probe).pow(2).mean()
         loss.backward()
         return loss.detach()
 
