@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import attend
+from .backend import FLEX, attend
 from .chunked import chunked_window_attention, pad_chunks, window_view
 from .dense import dense_attention
+from .flex import _check_dropout, flex_chunked_local_attention, flex_lsh_attention
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def lsh_attention(
     key_valid: torch.Tensor | None = None,
     correct_duplicates: bool = False,
     dropout_p: float = 0.0,
+    implementation: str | None = "sdpa",
 ) -> torch.Tensor:
     """Chunked LSH attention (module docstring): linear in ``T`` for a fixed chunk length.
 
@@ -195,10 +197,14 @@ def lsh_attention(
         correct_duplicates: subtract ``log`` of how many times a query met a key (over rounds), so each distinct
             key counts once (not in wrap-around mode, where rounds see each other's chunks).
         dropout_p: dropout on the attention probabilities (training).
+        implementation: ``"flex_attention"`` attends over the sorted rounds in one FlexAttention call
+            (`flex.flex_lsh_attention`, in the input's dtype); anything else, `chunked.chunked_window_attention`.
 
     Returns:
         ``(B, H, T, Dh)``. A padded query's output is finite and meaningless.
     """
+    if implementation == FLEX:
+        _check_dropout(dropout_p)
     if correct_duplicates and pattern.wrap_around:
         raise NotImplementedError(
             "correct_duplicates is only defined for rounds kept apart; set wrap_around=False (the transformers-"
@@ -225,34 +231,49 @@ def lsh_attention(
         return _RowGather.apply(work, sort_index, slot_index, rounds).view(batch, rows, chunks, size, head_dim)
 
     positions = torch.where(order < length, order, -1).view(batch, rows, chunks, size)
-    key_positions = _window_positions(positions, pattern)  # (B, rows, chunks, K)
-    key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(key_positions.shape)
-    query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
-    blocked = ~key_ok[..., None, :]
-    if pattern.causal:
-        blocked = blocked | (key_pos > query_pos)
-    bias = None
-    if correct_duplicates:
-        counts = _duplicate_counts(order, positions.view(batch, heads, rounds, num_chunks, size),
-                                   key_positions.view(batch, heads, rounds, num_chunks, -1), pattern, length)  # fmt: skip
-    work_dtype = _score_dtype(query.dtype)
-    if correct_duplicates:
-        bias = -counts.to(work_dtype).log().view(batch, rows, chunks, size, -1)
-    masked, self_only = _mask_values(work_dtype, pattern.wrap_around)
-    out, lse = chunked_window_attention(
-        sort(query),
-        sort(key),
-        sort(value),
-        pattern.before,
-        pattern.after,
-        pattern.wrap_around,
-        blocked,
-        key_pos == query_pos if pattern.wrap_around else "diagonal",
-        bias,
-        masked,
-        self_only,
-        dropout_p,
-    )  # fmt: skip  (B, rows, chunks, C, Dh), (B, rows, chunks, C)
+    if implementation == FLEX:  # the sorted rows in one FlexAttention call, no chunk tensors
+        self_only = _mask_values(_score_dtype(query.dtype), pattern.wrap_around)[1]
+
+        def sort_rows(tensor):  # (B, H, T, Dh) -> (B, rows, chunks * C, Dh), in the input's dtype
+            return _RowGather.apply(tensor, sort_index, slot_index, rounds).view(batch, rows, chunks * size, head_dim)
+
+        out, lse = flex_lsh_attention(
+            sort_rows(query), sort_rows(key), sort_rows(value), positions.view(batch, rows, chunks * size),
+            inverse, size, pattern.before, pattern.after, pattern.causal, pattern.wrap_around, valid, self_only,
+            correct_duplicates,
+        )  # fmt: skip
+        out, lse = out.view(batch, rows, chunks, size, head_dim), lse.view(batch, rows, chunks, size)
+    else:
+        key_positions = _window_positions(positions, pattern)  # (B, rows, chunks, K)
+        key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(
+            key_positions.shape
+        )
+        query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
+        blocked = ~key_ok[..., None, :]
+        if pattern.causal:
+            blocked = blocked | (key_pos > query_pos)
+        bias = None
+        if correct_duplicates:
+            counts = _duplicate_counts(order, positions.view(batch, heads, rounds, num_chunks, size),
+                                       key_positions.view(batch, heads, rounds, num_chunks, -1), pattern, length)  # fmt: skip
+        work_dtype = _score_dtype(query.dtype)
+        if correct_duplicates:
+            bias = -counts.to(work_dtype).log().view(batch, rows, chunks, size, -1)
+        masked, self_only = _mask_values(work_dtype, pattern.wrap_around)
+        out, lse = chunked_window_attention(
+            sort(query),
+            sort(key),
+            sort(value),
+            pattern.before,
+            pattern.after,
+            pattern.wrap_around,
+            blocked,
+            key_pos == query_pos if pattern.wrap_around else "diagonal",
+            bias,
+            masked,
+            self_only,
+            dropout_p,
+        )  # fmt: skip  (B, rows, chunks, C, Dh), (B, rows, chunks, C)
 
     # back to the original order, per round, then combine the rounds by their log-sum-exp weights
     def unsort(tensor, width):  # (B, rows, chunks, C[, Dh]) -> (B, H, R, T, width)
@@ -438,7 +459,13 @@ def chunked_local_attention(
     chunks. ``(B, H, T, Dh)`` in and out; any ``T`` (the last chunk is padded inside). ``implementation`` ``"sdpa"``
     (or ``None``) runs `chunked.chunked_window_attention` on float32 / float64 (windows read in place; on this
     project's CPU it measures faster than one `backend.attend` call over copied windows); ``"eager"`` and other
-    dtypes go through `backend.attend` (``"eager"``: the dense softmax per chunk)."""
+    dtypes go through `backend.attend` (``"eager"``: the dense softmax per chunk); ``"flex_attention"``: one
+    FlexAttention call (`flex.flex_chunked_local_attention`)."""
+    if implementation == FLEX:
+        return flex_chunked_local_attention(
+            query, key, value, pattern.chunk_length, pattern.before, pattern.after, pattern.causal,
+            pattern.wrap_around, key_valid, dropout_p,
+        )  # fmt: skip
     batch, heads, length, head_dim = query.shape
     size = pattern.chunk_length
     num_chunks = -(-length // size)

@@ -301,6 +301,7 @@ class TffLongformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, Foreig
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffLongformerLayer"]
     _supports_sdpa = True  # eager (the dense twin per chunk) and sdpa agree: tests/attention/test_backend.py
+    _supports_flex_attn = True  # the sparse pattern as a FlexAttention block mask: tests/attention/test_flex.py
     # the attention reads config._attn_implementation at every call, so switching it later is safe
     _can_set_attn_implementation_cached_value = True
 

@@ -258,8 +258,9 @@ class TffReformerAttention(nn.Module):
                     )
                 else:
                     out = lsh_attention(
-                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates, dropout_p
-                    )
+                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates, dropout_p,
+                        self.config._attn_implementation,
+                    )  # fmt: skip
                 out = out[:, :, -new:]
         else:
             query = self._rotary(self._heads(self.query(states)), position_ids)[:, :, -new:]
@@ -344,6 +345,7 @@ class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignC
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffReformerLayer"]
     _supports_sdpa = True  # eager (the dense twin per chunk) and sdpa agree: tests/attention/test_backend.py
+    _supports_flex_attn = True  # the sparse pattern as a FlexAttention block mask: tests/attention/test_flex.py
     # the attention reads config._attn_implementation at every call, so switching it later is safe
     _can_set_attn_implementation_cached_value = True
     _foreign_formats = (TRANSFORMERS_REFORMER,)
