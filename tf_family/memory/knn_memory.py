@@ -304,6 +304,11 @@ class _RetrievedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        with torch.autocast(grad.device.type, enabled=False):  # as the forward: in the inputs' dtype
+            return _RetrievedAttention._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         saved = ctx.saved_tensors  # read once: checkpointing allows a single unpack
         query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs = saved[
             :8
@@ -357,10 +362,12 @@ def fused_knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.
     if retrieved.segment is not None:
         segment_keys, segment_values = (part.to(query.dtype) for part in retrieved.segment)
         segment_found, segment_scores = retrieved.segment_found, _same_dtype(retrieved.segment_scores, query)
-    return _RetrievedAttention.apply(
-        query, scale.to(query.dtype), segment_keys, segment_values, retrieved.memory_found, segment_found,
-        _same_dtype(retrieved.scores, query), segment_scores, reader, len(keys), *keys, *values,
-    )  # fmt: skip
+    # every input is in the query's dtype: autocast must not switch some products to bf16 inside the Function
+    with torch.autocast(query.device.type, enabled=False):
+        return _RetrievedAttention.apply(
+            query, scale.to(query.dtype), segment_keys, segment_values, retrieved.memory_found, segment_found,
+            _same_dtype(retrieved.scores, query), segment_scores, reader, len(keys), *keys, *values,
+        )  # fmt: skip
 
 
 def _same_dtype(scores: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
