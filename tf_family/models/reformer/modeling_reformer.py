@@ -92,6 +92,13 @@ logger = logging.get_logger(__name__)
 
 
 # -------------------------------------------------------------------------------------------------------- positions
+class AxialWeights(nn.ParameterList):
+    """The two axial factors (``weights.0``, ``weights.1``). A module of their own so that ``_init_weights`` sees
+    them: transformers skips a custom-code module without parameters of its own (the `AxialPositionEmbeddings`
+    around them) as initialised, which left both factors at their placeholder ones. Constant positions of norm 1
+    per element under embeddings of std 0.02 lost the tokens to bfloat16 rounding (logits 11-21 % off float32)."""
+
+
 class AxialPositionEmbeddings(nn.Module):
     """transformers' axial positions: position ``p`` is ``[e1[p // n2], e2[p % n2]]`` on an ``n1 x n2`` grid."""
 
@@ -100,7 +107,7 @@ class AxialPositionEmbeddings(nn.Module):
         rows, cols = config.axial_pos_shape
         first, second = config.axial_pos_embds_dim
         self.columns = cols
-        self.weights = nn.ParameterList(
+        self.weights = AxialWeights(
             [nn.Parameter(torch.ones(rows, 1, first)), nn.Parameter(torch.ones(1, cols, second))]
         )
 
@@ -205,11 +212,14 @@ class TffReformerAttention(nn.Module):
         return auto_num_buckets(length, self.pattern.chunk_length, self.config.max_position_embeddings)
 
     def hash(self, shared: torch.Tensor, num_hashes: int, seed: int) -> torch.Tensor:
-        """``(B, H, R, T)`` buckets of the shared query-key vectors ``(B, H, T, Dh)``."""
+        """``(B, H, R, T)`` buckets of the shared query-key vectors ``(B, H, T, Dh)``, hashed in float32 whatever the
+        model's dtype: the same rotations (one random stream) for every dtype, and no bucket decided by half-precision
+        rounding of the projections."""
         num_buckets = self._num_buckets(shared.shape[2])
-        dtype = shared.dtype if shared.dtype in (torch.float32, torch.float64) else torch.float32
-        rotations = lsh_rotations(seed, self.num_heads, self.head_dim, num_hashes, num_buckets, dtype, shared.device)
-        return hash_vectors(shared.to(dtype), rotations, num_buckets)
+        rotations = lsh_rotations(
+            seed, self.num_heads, self.head_dim, num_hashes, num_buckets, torch.float32, shared.device
+        )
+        return hash_vectors(shared.float(), rotations, num_buckets)
 
     def forward(
         self,
@@ -351,8 +361,8 @@ class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignC
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, AxialPositionEmbeddings):
-            for weight in module.weights:
+        if isinstance(module, AxialWeights):
+            for weight in module:
                 init.normal_(weight, std=self.config.axial_norm_std)
 
 
