@@ -14,7 +14,8 @@ Parity reference: transformers 5.24 `ReformerModel`, `ReformerModelWithLMHead`, 
 logits within 3e-7 of transformers' cached steps for local layers and LSH layers within one chunk; beyond one LSH
 chunk transformers' cached step leaves its own full recomputation (by 0.10-0.24: it hashes only the new token and
 gathers its chunk from that round, unpadded), and ours match that full recomputation within 5e-7 when the LSH layer
-is the last (below other layers, LSH outputs at earlier positions depend on later tokens: no cache is exact).
+is the last (below other layers, transformers' LSH outputs at earlier positions depend on later tokens; ours, with
+chunks kept apart, do not: see the deviations).
 
 Deviations from transformers' Reformer:
 - the output head has one bias, always applied (transformers 5.23 created ``lm_head.bias`` and never added it;
@@ -23,7 +24,12 @@ Deviations from transformers' Reformer:
   dropout in the reversible backward is replayed from saved RNG states inside `torch.random.fork_rng`;
 - any length trains (no ``prod(axial_pos_shape) == length`` or chunk-multiple rule; the kernels pad inside),
   automatic bucket counts are computed per call and never written into the config;
-- without ``chunk_wrap_around`` neighbouring chunks do not wrap around and hashing rounds stay apart;
+- without ``chunk_wrap_around`` neighbouring chunks do not wrap around and hashing rounds stay apart, and a causal
+  model's LSH layers see, per round, the nearest ``lsh_num_chunks_before * lsh_attn_chunk_length`` earlier keys of
+  the query's own bucket (`ChunkPattern.causal_buckets`) rather than whole neighbouring chunks of the sorted order,
+  whose boundaries later tokens move: a token's output never depends on later tokens, so right padding given as
+  tokens (lm-eval) leaves a row's log-likelihoods alone, and a cached step equals the full recomputation at any
+  length (with ``num_buckets`` set: automatic bucket counts follow the input length);
 - left padding is moved to the right inside the forward (positions count real tokens), so a left-padded row gives
   the same outputs as the row alone (with ``chunk_wrap_around`` only while LSH layers fit in one chunk: the first
   chunk of a round looks back at a last chunk that depends on the batch's padded length); the attention mask is
@@ -181,9 +187,12 @@ class TffReformerAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         if self.kind == "lsh":
             self.query_key = nn.Linear(config.hidden_size, inner, bias=False)
+            # a causal model (chunks kept apart) sees, per round, the nearest earlier keys of its own bucket: what a
+            # token sees never depends on later tokens (or on right padding given as tokens, as lm-eval gives it)
+            strict = config.causal and not config.chunk_wrap_around
             self.pattern = ChunkPattern(
                 config.lsh_attn_chunk_length, config.lsh_num_chunks_before, config.lsh_num_chunks_after,
-                config.causal, config.chunk_wrap_around,
+                config.causal, config.chunk_wrap_around, causal_buckets=strict,
             )  # fmt: skip
             self.attention_dropout = config.lsh_attention_probs_dropout_prob
         else:
@@ -249,7 +258,9 @@ class TffReformerAttention(nn.Module):
         if self.kind == "lsh":
             shared = self._rotary(self._heads(self.query_key(states)), position_ids)
             key = normalize_shared_keys(shared)
-            if states.shape[1] <= self.pattern.chunk_length:  # one chunk: the dense shared-QK attention
+            # one chunk: the dense shared-QK attention (what the chunks compute there; not under causal_buckets,
+            # whose buckets matter at any length)
+            if states.shape[1] <= self.pattern.chunk_length and not self.pattern.causal_buckets:
                 implementation = "eager" if output_attentions else self.config._attn_implementation
                 out, probs = (
                     shared_qk_attention(
