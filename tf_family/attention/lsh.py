@@ -114,11 +114,24 @@ def lsh_rotations(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Random rotations ``(H, Dh, R, sum(factors) / 2)`` drawn on the CPU from ``torch.Generator().manual_seed(seed)``
-    (the global RNG is untouched; the same numbers as transformers' ``torch.manual_seed(hash_seed); torch.randn``)."""
+    (the global RNG is untouched; the same numbers as transformers' ``torch.manual_seed(hash_seed); torch.randn``).
+
+    Memoised per arguments (a pure function of them; callers never write to the result): `torch.export` and
+    `torch.compile` then see a constant, where a draw traced inside them would keep the generator but not its seed
+    (the second call of the exported program would hash with other rotations). A model warms the memo when built."""
     width = sum(bucket_factors(num_buckets)) // 2
-    generator = torch.Generator().manual_seed(seed)
-    rotations = torch.randn((num_heads, head_dim, num_hashes, width), generator=generator, dtype=dtype)
+    key = (seed, num_heads, head_dim, num_hashes, width, dtype)
+    rotations = _ROTATIONS.get(key)
+    if rotations is None:
+        generator = torch.Generator().manual_seed(seed)
+        shape = (num_heads, head_dim, num_hashes, width)
+        rotations = torch.randn(shape, generator=generator, dtype=dtype, device="cpu")
+        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and len(_ROTATIONS) < 256:
+            _ROTATIONS[key] = rotations
     return rotations.to(device)
+
+
+_ROTATIONS: dict[tuple, torch.Tensor] = {}  # lsh_rotations' memo
 
 
 def hash_vectors(vectors: torch.Tensor, rotations: torch.Tensor, num_buckets: int | Sequence[int]) -> torch.Tensor:
@@ -160,6 +173,10 @@ def _score_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+# the sort bucket of padding (dummy slots: one more): past every bucket id, and data-independent (torch.export)
+_PAD_BUCKET = 2**31
+
+
 def _valid(key_valid: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
     if key_valid is None:
         return torch.ones(batch, length, dtype=torch.bool, device=device)
@@ -170,9 +187,8 @@ def _sort_order(buckets: torch.Tensor, valid: torch.Tensor, padded_length: int) 
     """Per round, the positions sorted by (bucket, position), padding and the ``padded_length - T`` dummy
     positions last: ``(B, H, R, Tp)``."""
     batch, heads, rounds, length = buckets.shape
-    last = int(buckets.max()) + 1 if buckets.numel() else 1
-    keys = torch.where(valid[:, None, None, :], buckets, last)  # (B, H, R, T)
-    keys = torch.nn.functional.pad(keys, (0, padded_length - length), value=last + 1)
+    keys = _position_bucket_keys(buckets, valid)  # (B, H, R, T)
+    keys = torch.nn.functional.pad(keys, (0, padded_length - length), value=_PAD_BUCKET + 1)
     position = torch.arange(padded_length, device=buckets.device)
     return (keys * padded_length + position).argsort(dim=-1)  # unique keys: the order is stable
 
@@ -312,18 +328,14 @@ def _select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def _position_bucket_keys(buckets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``(B, H, R, T)`` the bucket each position sorts by: its own, or one past every bucket for padding."""
-    last = int(buckets.max()) + 1 if buckets.numel() else 1
-    return torch.where(valid[:, None, None, :], buckets, last)
+    return torch.where(valid[:, None, None, :], buckets, _PAD_BUCKET)
 
 
 def _sorted_bucket_keys(order: torch.Tensor, buckets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``(B, H, R, Tp)`` the sort key's bucket of each sorted slot (padding and dummy slots: ids past every
     bucket), so equal values mean the same bucket of real tokens."""
-    length = buckets.shape[-1]
-    last = int(buckets.max()) + 1 if buckets.numel() else 1
-    keys = torch.nn.functional.pad(
-        _position_bucket_keys(buckets, valid), (0, order.shape[-1] - length), value=last + 1
-    )
+    keys = _position_bucket_keys(buckets, valid)
+    keys = torch.nn.functional.pad(keys, (0, order.shape[-1] - buckets.shape[-1]), value=_PAD_BUCKET + 1)
     return keys.gather(-1, order)
 
 

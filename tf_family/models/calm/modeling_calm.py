@@ -381,13 +381,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         past = int(cache.get_seq_length()) if cache is not None else 0
         total, device = past + length, hidden.device
-        # the key slots the cache hands back: a static cache (`generate(cache_implementation="static")`) returns its
-        # whole fixed-size buffer, whose slots past ``total`` are empty and must be masked
-        slots = total
-        if cache is not None:
-            kv_length, kv_offset = cache.get_mask_sizes(length, 0)
-            if kv_offset == 0 and int(kv_length) > total:
-                slots = int(kv_length)
+        slots = max(total, int(cache.get_mask_sizes(length, 0)[0])) if cache is not None else total
         if attention_mask is not None and tuple(attention_mask.shape) != (batch, total):
             raise ValueError(
                 f"attention_mask must have shape {(batch, total)} (the {past} cached positions plus the {length} new "
@@ -402,12 +396,11 @@ class TffCalmModel(TffCalmPreTrainedModel):
         padded = attention_mask is not None and not bool(attention_mask.all())
         if length > 1 or padded or slots > total:
             query_at = torch.arange(past, total, device=device)[:, None]  # (T, 1)
-            key_at = torch.arange(slots, device=device)[None, :]  # (1, S): empty static slots are after every query
+            key_at = torch.arange(slots, device=device)[None, :]  # (1, S): a static cache returns empty slots too
             allowed = (key_at <= query_at)[None, None]  # (1, 1, T, S)
-            if padded:
-                # a padded query still sees itself, so no row of the mask is empty (its output is never used)
-                real = F.pad(attention_mask.bool(), (0, slots - total))  # (B, S)
-                allowed = (allowed & real[:, None, None, :]) | (key_at == query_at)
+            if padded:  # a padded query still sees itself, so no row of the mask is empty (its output is never used)
+                real = F.pad(attention_mask.bool(), (0, slots - total))[:, None, None]  # (B, 1, 1, S)
+                allowed = (allowed & real) | (key_at == query_at)
         if self.embed_positions is not None:
             if int(position_ids.max()) >= self.config.max_position_embeddings:
                 raise ValueError(
@@ -549,9 +542,8 @@ class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGen
             attention_mask: ``(B, P + T)``, 1 for real tokens (left or right padding), ``P`` cached positions.
             labels: ``(B, T)`` usually ``input_ids`` (shifted inside; -100 ignored): ``loss`` is the anytime loss
                 plus ``meta_loss_weight`` times the meta classifier's loss.
-            exit_targets: ``(B, T)`` targets already aligned with the positions (the recipes' packed blocks):
-                ``aux_loss`` is what turns the last layer's cross entropy into that same total. (Not named
-                ``*labels``: `Trainer` takes every such argument for a label it needs before it reports ``eval_loss``.)
+            exit_targets: ``(B, T)`` targets aligned with the positions (packed blocks; `Trainer` wants every ``*labels``
+                argument before it reports ``eval_loss``): ``aux_loss`` turns the last layer's CE into that same total.
             cache / use_cache: a `transformers.Cache` (a new `GrowingCache`, a `DynamicCache` that writes in place, when
                 ``use_cache`` and none); the cache is
                 also accepted under its name before transformers 5.24, ``past_key_values``.
@@ -739,7 +731,7 @@ class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGen
         decay_length = config.decay_length or config.max_position_embeddings
         threshold = decayed_threshold(
             config.exit_threshold, positions[:, 0], decay_length, config.position_temperature
-        )  # (B,)
+        )
         batch = hidden.shape[0]
         checked = {point for point in points[:-1] if point >= config.min_exit}
         exit_layers = None  # (B,) once a row has left (None: every row runs the full depth so far)
@@ -797,9 +789,8 @@ class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGen
         model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
         if use_cache:
             model_inputs["cache"] = cache
-        model_inputs.update(
-            decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
-        )
+        step = decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
+        model_inputs.update(step)
         for name in ("exit_layer", "exit_log"):
             if kwargs.get(name) is not None:
                 model_inputs[name] = kwargs[name]

@@ -14,8 +14,7 @@ Parity reference: transformers 5.24 `ReformerModel`, `ReformerModelWithLMHead`, 
 logits within 3e-7 of transformers' cached steps for local layers and LSH layers within one chunk; beyond one LSH
 chunk transformers' cached step leaves its own full recomputation (by 0.10-0.24: it hashes only the new token and
 gathers its chunk from that round, unpadded), and ours match that full recomputation within 5e-7 when the LSH layer
-is the last (below other layers, transformers' LSH outputs at earlier positions depend on later tokens; ours, with
-chunks kept apart, do not: see the deviations).
+is the last (below other layers, transformers' earlier LSH outputs depend on later tokens; ours do not).
 
 Deviations from transformers' Reformer:
 - the output head has one bias, always applied (transformers 5.23 created ``lm_head.bias`` and never added it;
@@ -24,12 +23,10 @@ Deviations from transformers' Reformer:
   dropout in the reversible backward is replayed from saved RNG states inside `torch.random.fork_rng`;
 - any length trains (no ``prod(axial_pos_shape) == length`` or chunk-multiple rule; the kernels pad inside),
   automatic bucket counts are computed per call and never written into the config;
-- without ``chunk_wrap_around`` neighbouring chunks do not wrap around and hashing rounds stay apart, and a causal
-  model's LSH layers see, per round, the nearest ``lsh_num_chunks_before * lsh_attn_chunk_length`` earlier keys of
-  the query's own bucket (`ChunkPattern.causal_buckets`) rather than whole neighbouring chunks of the sorted order,
-  whose boundaries later tokens move: a token's output never depends on later tokens, so right padding given as
-  tokens (lm-eval) leaves a row's log-likelihoods alone, and a cached step equals the full recomputation at any
-  length (with ``num_buckets`` set: automatic bucket counts follow the input length);
+- without ``chunk_wrap_around`` chunks do not wrap around, rounds stay apart, and a causal model's LSH layers see per
+  round the nearest earlier keys of the query's own bucket (`ChunkPattern.causal_buckets`), not chunks whose bounds
+  later tokens move: no output depends on later tokens (lm-eval's right padding included; automatic bucket counts
+  aside, which follow the length);
 - left padding is moved to the right inside the forward (positions count real tokens), so a left-padded row gives
   the same outputs as the row alone (with ``chunk_wrap_around`` only while LSH layers fit in one chunk: the first
   chunk of a round looks back at a last chunk that depends on the batch's padded length); the attention mask is
@@ -99,10 +96,8 @@ logger = logging.get_logger(__name__)
 
 # -------------------------------------------------------------------------------------------------------- positions
 class AxialWeights(nn.ParameterList):
-    """The two axial factors (``weights.0``, ``weights.1``). A module of their own so that ``_init_weights`` sees
-    them: transformers skips a custom-code module without parameters of its own (the `AxialPositionEmbeddings`
-    around them) as initialised, which left both factors at their placeholder ones. Constant positions of norm 1
-    per element under embeddings of std 0.02 lost the tokens to bfloat16 rounding (logits 11-21 % off float32)."""
+    """The axial factors, a module ``_init_weights`` sees (transformers skips custom-code modules without parameters
+    of their own: left at ones, positions drowned the tokens in bfloat16 rounding, logits 11-21 % off float32)."""
 
 
 class AxialPositionEmbeddings(nn.Module):
@@ -187,14 +182,14 @@ class TffReformerAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         if self.kind == "lsh":
             self.query_key = nn.Linear(config.hidden_size, inner, bias=False)
-            # a causal model (chunks kept apart) sees, per round, the nearest earlier keys of its own bucket: what a
-            # token sees never depends on later tokens (or on right padding given as tokens, as lm-eval gives it)
-            strict = config.causal and not config.chunk_wrap_around
+            # causal_buckets (the last argument): nothing a token sees depends on later tokens
             self.pattern = ChunkPattern(
                 config.lsh_attn_chunk_length, config.lsh_num_chunks_before, config.lsh_num_chunks_after,
-                config.causal, config.chunk_wrap_around, causal_buckets=strict,
+                config.causal, config.chunk_wrap_around, config.causal and not config.chunk_wrap_around,
             )  # fmt: skip
             self.attention_dropout = config.lsh_attention_probs_dropout_prob
+            if config.num_buckets is not None:  # memoise the default rotations now (a constant to torch.export)
+                lsh_rotations(config.hash_seed, self.num_heads, self.head_dim, config.num_hashes, config.num_buckets)
         else:
             self.query = nn.Linear(config.hidden_size, inner, bias=False)
             self.key = nn.Linear(config.hidden_size, inner, bias=False)
@@ -221,13 +216,9 @@ class TffReformerAttention(nn.Module):
         return auto_num_buckets(length, self.pattern.chunk_length, self.config.max_position_embeddings)
 
     def hash(self, shared: torch.Tensor, num_hashes: int, seed: int) -> torch.Tensor:
-        """``(B, H, R, T)`` buckets of the shared query-key vectors ``(B, H, T, Dh)``, hashed in float32 whatever the
-        model's dtype: the same rotations (one random stream) for every dtype, and no bucket decided by half-precision
-        rounding of the projections."""
+        """``(B, H, R, T)`` buckets of the shared query-key vectors ``(B, H, T, Dh)``, hashed in float32 always."""
         num_buckets = self._num_buckets(shared.shape[2])
-        rotations = lsh_rotations(
-            seed, self.num_heads, self.head_dim, num_hashes, num_buckets, torch.float32, shared.device
-        )
+        rotations = lsh_rotations(seed, self.num_heads, self.head_dim, num_hashes, num_buckets, device=shared.device)
         return hash_vectors(shared.float(), rotations, num_buckets)
 
     def forward(
@@ -258,8 +249,7 @@ class TffReformerAttention(nn.Module):
         if self.kind == "lsh":
             shared = self._rotary(self._heads(self.query_key(states)), position_ids)
             key = normalize_shared_keys(shared)
-            # one chunk: the dense shared-QK attention (what the chunks compute there; not under causal_buckets,
-            # whose buckets matter at any length)
+            # one chunk: dense shared-QK attention (not with causal_buckets, whose buckets matter at any length)
             if states.shape[1] <= self.pattern.chunk_length and not self.pattern.causal_buckets:
                 implementation = "eager" if output_attentions else self.config._attn_implementation
                 out, probs = (
