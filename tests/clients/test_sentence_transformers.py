@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from sentence_transformers import SentenceTransformer, models
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
 import tf_family
 from tf_family.registry import get_arch
@@ -31,11 +32,11 @@ SENTENCES = [
 
 
 def _encoder(folder) -> SentenceTransformer:
-    body = models.Transformer(str(folder), max_seq_length=LONG)
+    body = Transformer(str(folder), max_seq_length=LONG)  # models.Transformer, by its 6.x path
     # Reformer's output holds both residual streams, 2 * hidden_size wide (transformers' ReformerModel too), while
     # sentence-transformers reads config.hidden_size: give the pooling the width (tf_family models name it)
-    width = getattr(body.auto_model, "last_hidden_size", body.get_word_embedding_dimension())
-    pooling = models.Pooling(width, pooling_mode="mean")
+    width = getattr(body.auto_model, "last_hidden_size", body.get_embedding_dimension())
+    pooling = Pooling(width, pooling_mode="mean")
     return SentenceTransformer(modules=[body, pooling], device="cpu")
 
 
@@ -63,7 +64,7 @@ def test_encode_save_reload_and_long_documents(name, tmp_path):
     document = ("The encoder reads the whole document. " * 120)[:LONG]
     assert len(encoder.tokenize([document])["input_ids"][0]) == LONG
     long_embedding = encoder.encode([document], convert_to_tensor=True)
-    assert long_embedding.shape == (1, encoder.get_sentence_embedding_dimension())
+    assert long_embedding.shape == (1, encoder.get_embedding_dimension())
     assert torch.isfinite(long_embedding).all()
     alone, batched = _alone_and_batched(encoder)
     if name != "big_bird":
