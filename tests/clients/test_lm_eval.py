@@ -124,8 +124,14 @@ def test_transformer_xl_with_memory_equals_one_forward_over_the_document(runs):
     )
 
 
-def test_non_memory_models_are_hflm():
-    assert TffLM.__mro__[1] is HFLM
+def test_models_without_memory_are_scored_as_hflm_scores_them(runs):
+    request = [Instance("loglikelihood_rolling", {}, (TEXTS[3][:48],), 0)]
+    ours = TffLM(pretrained=str(runs["calm"]), device="cpu", max_length=8, dtype="float32")
+    assert not ours.carries_memory
+    hflm = HFLM(pretrained=str(runs["calm"]), device="cpu", max_length=8, dtype="float32")
+    assert ours.loglikelihood_rolling(request) == pytest.approx(hflm.loglikelihood_rolling(request), abs=1e-6)
+    with pytest.raises(TypeError, match="carry_memory must be True or False"):
+        TffLM(pretrained=str(runs["calm"]), carry_memory="yes")
 
 
 def test_command_line_evaluates_a_saved_run_on_a_local_text_file(runs, tmp_path):

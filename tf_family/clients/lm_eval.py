@@ -44,9 +44,11 @@ class TffLM(HFLM):
     """
 
     def __init__(self, pretrained, carry_memory: bool = True, **kwargs):
-        super().__init__(pretrained=pretrained, **kwargs)
         if not isinstance(carry_memory, bool):
-            raise TypeError(f"carry_memory must be True or False, got {carry_memory!r}.")
+            raise TypeError(
+                f"carry_memory must be True or False (--model_args carry_memory=False), got {carry_memory!r}."
+            )
+        super().__init__(pretrained=pretrained, **kwargs)
         self.carries_memory = carry_memory and getattr(self.model, "carried_state", None) is not None
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
