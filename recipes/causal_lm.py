@@ -253,7 +253,7 @@ def model_inputs(
     in training (``exit_training``: CALM) get the aligned targets, and return their anytime loss as ``aux_loss``."""
     inputs: dict[str, Any] = {"input_ids": batch["input_ids"].to(device)}
     if exit_labels:
-        inputs["exit_labels"] = batch["labels"].to(device)
+        inputs["exit_targets"] = batch["labels"].to(device)
     if memory is not False:  # False marks a model without memory
         inputs["mems"] = memory
         if memory is not None:
