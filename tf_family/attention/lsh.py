@@ -159,9 +159,16 @@ def _sort_order(buckets: torch.Tensor, valid: torch.Tensor, padded_length: int) 
     """Per round, the positions sorted by (bucket, position), padding and the ``padded_length - T`` dummy
     positions last: ``(B, H, R, Tp)``."""
     batch, heads, rounds, length = buckets.shape
-    last = int(buckets.max()) + 1 if buckets.numel() else 1
-    keys = torch.where(valid[:, None, None, :], buckets, last)  # (B, H, R, T)
-    keys = torch.nn.functional.pad(keys, (0, padded_length - length), value=last + 1)
+    if torch.compiler.is_exporting():  # the same keys with `last` kept a tensor: a graph cannot read data
+        last = buckets.max() + 1
+        keys = torch.where(valid[:, None, None, :], buckets, last)  # (B, H, R, T)
+        if padded_length != length:
+            dummy = (last + 1).expand(batch, heads, rounds, padded_length - length)
+            keys = torch.cat([keys, dummy], dim=-1)
+    else:
+        last = int(buckets.max()) + 1 if buckets.numel() else 1
+        keys = torch.where(valid[:, None, None, :], buckets, last)  # (B, H, R, T)
+        keys = torch.nn.functional.pad(keys, (0, padded_length - length), value=last + 1)
     position = torch.arange(padded_length, device=buckets.device)
     return (keys * padded_length + position).argsort(dim=-1)  # unique keys: the order is stable
 
@@ -326,6 +333,10 @@ def lsh_meeting_counts(
     num_chunks = -(-length // size)
     padded = num_chunks * size
     valid = _valid(key_valid, batch, length, buckets.device)
+    if not pattern.wrap_around and torch.compiler.is_exporting():
+        # the dummy positions sort after every real one, so leaving them out changes no rank (and keeps a graph
+        # with a dynamic length free of a branch on the length)
+        padded = length
     rank = _sort_order(buckets, valid, padded).argsort(dim=-1)[..., :length]  # (B, H, R, T): slot per position
     if not pattern.wrap_around:
         chunk = rank // size  # (B, H, R, T)
