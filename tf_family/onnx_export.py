@@ -169,10 +169,12 @@ def empty_memory_inputs(model: nn.Module, batch_size: int) -> dict[str, torch.Te
 def canonical_knn_memory(knn) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """A `KNNMemory`'s buffers rolled so that slot 0 is the oldest (``next_slot == 0``): the layout the graph's
     ``past_knn_*`` inputs and ``present_knn_*`` outputs use. Retrieval does not depend on where a pair sits."""
-    shift = knn.next_slot
+    # slot i of the result is slot (next_slot + i) mod N: a gather, whose shapes do not depend on next_slot (a
+    # symbolic number in a traced graph)
+    index = (torch.arange(knn.capacity, device=knn.mask.device) + knn.next_slot) % max(knn.capacity, 1)
 
     def roll(tensor: torch.Tensor, dim: int) -> torch.Tensor:
-        return torch.cat([tensor.narrow(dim, shift, tensor.shape[dim] - shift), tensor.narrow(dim, 0, shift)], dim)
+        return tensor.index_select(dim, index)
 
     return [roll(k, 2) for k in knn.keys], [roll(v, 2) for v in knn.values], roll(knn.mask, 1)
 
@@ -319,12 +321,24 @@ def _dynamic_shapes(model: nn.Module, task: str, inputs: dict[str, torch.Tensor]
     from .training.encoder import max_input_length
 
     limit = None if task == "action" else max_input_length(getattr(model.config, "base_config", None) or model.config)
+    if getattr(model, "carried_state", None) == "knn_memory":  # a segment no longer than the kNN memory
+        limit = model.config.knn_memory_size
     batch = torch.export.Dim("batch")
-    sequence = torch.export.Dim("sequence") if limit is None else torch.export.Dim("sequence", max=limit)
+    # segments of the Compressive Transformer that evict at least one whole group, as the trace assumes
+    shortest = model.config.compression_rate + 1 if hasattr(model.config, "compression_rate") else 2
+    sequence = torch.export.Dim("sequence", min=shortest, **({} if limit is None else {"max": limit}))
+    # the memory sizes are the config's (mem_len, cmem_len, knn_memory_size), except the Compressive Transformer's
+    # memory, which holds between mem_len and mem_len + rate - 1 states (whole groups of rate leave it)
+    memory = None
+    if getattr(model, "carried_state", None) == "compressive_memory" and model.config.compression_rate > 1:
+        mem_len = model.config.mem_len
+        memory = torch.export.Dim("memory", min=mem_len, max=mem_len + model.config.compression_rate - 1)
     shapes = []
     for name in inputs:
-        if name.startswith("past_"):
-            shapes.append({0: batch})  # the memory sizes are the config's (mem_len, cmem_len, knn_memory_size)
+        if memory is not None and (name.startswith("past_memory_")):
+            shapes.append({0: batch, 1: memory})
+        elif name.startswith("past_"):
+            shapes.append({0: batch})
         else:
             shapes.append({0: batch, 1: sequence})
     return tuple(shapes)
