@@ -34,6 +34,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 ONNX_FILE = "model.onnx"
 SIGNATURE_FILE = "onnx_signature.json"
@@ -85,7 +88,9 @@ def _task_of(model: nn.Module) -> str:
     for task, cls in spec.model_classes.items():
         if type(model) is cls:
             return task
-    raise OnnxExportError(f"{type(model).__name__} is not one of {spec.name}'s model classes {list(spec.model_classes)}.")
+    raise OnnxExportError(
+        f"{type(model).__name__} is not one of {spec.name}'s model classes {list(spec.model_classes)}."
+    )
 
 
 def _arch_of(model: nn.Module) -> str:
@@ -187,7 +192,9 @@ def _memory_from_inputs(model: nn.Module, memory: dict[str, torch.Tensor]):
     layers = model.config.n_layer if kind else 0
     segment = None
     if "past_memory_mask" in memory:
-        segment = SegmentMemory([memory[f"past_memory_{layer}"] for layer in range(layers)], memory["past_memory_mask"])
+        segment = SegmentMemory(
+            [memory[f"past_memory_{layer}"] for layer in range(layers)], memory["past_memory_mask"]
+        )
     if kind == "segment_memory":
         return segment
     if kind == "compressive_memory":
@@ -374,6 +381,10 @@ def prepare_model(model: nn.Module) -> nn.Module:
     with copy-on-write kNN memory and exact search (faiss and the native kernels run outside a graph)."""
     model = model.eval()
     if getattr(model, "datastore", None) is not None:
+        logger.warning(
+            "The kNN-LM's datastore is left out of the ONNX graph (its search cannot be exported): the graph gives "
+            "the base model's log-probabilities (lmbda=0); interpolate with the search results outside it."
+        )
         model.set_datastore(None)
     if getattr(model, "carried_state", None) == "knn_memory":
         model.config.knn_write = "copy"
@@ -392,9 +403,7 @@ def export_model(
     model = prepare_model(model)
     wrapper = OnnxForward(model, task).eval()
     inputs = example_inputs(model, task)
-    dynamic = {
-        name: ({0: "batch"} if name.startswith("past_") else {0: "batch", 1: "sequence"}) for name in inputs
-    }
+    dynamic = {name: ({0: "batch"} if name.startswith("past_") else {0: "batch", 1: "sequence"}) for name in inputs}
     kwargs = {"opset_version": opset} if opset is not None else {}
     with torch.no_grad():
         # torch.export first, so that a branch on the length (a guard the graph would silently bake in) is an error
@@ -429,8 +438,9 @@ def export_onnx(
     """``tf-family export --format onnx DIR OUT``: write ``OUT/model.onnx`` (the eval forward of the model saved in
     ``DIR``, dynamic batch and sequence length), ``onnx_signature.json`` (its inputs and outputs), ``config.json``
     and the tokenizer files. The folder is written beside ``OUT`` and renamed into place."""
-    import tf_family  # noqa: F401  (registers the architectures with the Auto classes)
     from transformers import AutoConfig
+
+    import tf_family  # noqa: F401  (registers the architectures with the Auto classes)
 
     from .registry import find_arch
 
@@ -452,12 +462,16 @@ def export_onnx(
     _refuse_unexportable(model, include_datastore)
 
     target = Path(output_dir)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise OnnxExportError(f"{target} exists and is not an empty folder; pass a new output folder.")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         signature = export_model(model, staging / ONNX_FILE, include_datastore=include_datastore, opset=opset)
         (staging / SIGNATURE_FILE).write_text(
-            json.dumps({"architecture": spec.name, "model_class": model_class.__name__, **signature.to_json()}, indent=2)
+            json.dumps(
+                {"architecture": spec.name, "model_class": model_class.__name__, **signature.to_json()}, indent=2
+            )
             + "\n"
         )
         model.config.save_pretrained(staging)
@@ -475,7 +489,7 @@ def export_onnx(
     return target / ONNX_FILE
 
 
-def run_onnxruntime(path: str | os.PathLike, inputs: dict[str, torch.Tensor]) -> dict[str, "object"]:
+def run_onnxruntime(path: str | os.PathLike, inputs: dict[str, torch.Tensor]) -> dict[str, object]:
     """Run an exported graph with onnxruntime on CPU: ``inputs`` by name -> outputs by name (NumPy arrays)."""
     import onnxruntime
 

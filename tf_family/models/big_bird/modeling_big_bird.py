@@ -157,7 +157,8 @@ class TffBigBirdAttention(nn.Module):
         length = query.shape[2]
         table = self._count_table(seed).to(query.device)
         block = torch.arange(length, device=query.device) // self.block_size  # (T,)
-        counts = table[-(-length // self.block_size)]  # (H, N_max, N_max)
+        # the table's entry for N = last block + 1, picked by a tensor index (a graph input's length, not a number)
+        counts = table.index_select(0, block[-1:] + 1)[0]  # (H, N_max, N_max)
         counts = counts[:, block[:, None], block[None, :]]  # (H, T, T)
         bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
         allowed = (counts > 0)[None] & key_valid[:, None, None, :]  # (B, H, T, T)

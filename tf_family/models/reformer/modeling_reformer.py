@@ -73,10 +73,10 @@ from ...modeling_utils import (
     Dropout,
     RemoteCodeMixin,
     accepts_past_key_values,
-    real_tensors_while_exporting,
     build_activation,
     decoding_step_inputs,
     find_first_real_token,
+    real_tensors_while_exporting,
 )
 from ...validation import (
     InputValidationMixin,
