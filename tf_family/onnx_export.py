@@ -42,7 +42,6 @@ ONNX_FILE = "model.onnx"
 SIGNATURE_FILE = "onnx_signature.json"
 # example sizes traced at export time; any other batch size and length run (they are dynamic dimensions)
 EXPORT_BATCH, EXPORT_LENGTH = 2, 16
-OPTIMIZE = True
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -377,8 +376,8 @@ def _refuse_unexportable(model: nn.Module, include_datastore: bool) -> None:
 
 
 def prepare_model(model: nn.Module) -> nn.Module:
-    """The model as the graph runs it: eval mode, the kNN-LM without its datastore, the Memorizing Transformer
-    with copy-on-write kNN memory and exact search (faiss and the native kernels run outside a graph)."""
+    """The model as the graph runs it, set in place: eval mode, the kNN-LM without its datastore, the Memorizing
+    Transformer with copy-on-write kNN memory and exact search instead of faiss (which runs outside a graph)."""
     model = model.eval()
     if getattr(model, "datastore", None) is not None:
         logger.warning(
@@ -387,23 +386,33 @@ def prepare_model(model: nn.Module) -> nn.Module:
         )
         model.set_datastore(None)
     if getattr(model, "carried_state", None) == "knn_memory":
-        model.config.knn_write = "copy"
+        model.config.knn_write = "copy"  # the same values; a graph does not write into its inputs
         if model.config.knn_search == "faiss":
+            logger.warning("knn_search='faiss' runs outside a graph: the ONNX graph searches the kNN memory exactly.")
             model.config.knn_search = "exact"
     return model
 
 
 def export_model(
-    model: nn.Module, output_file: str | os.PathLike, *, include_datastore: bool = False, opset: int | None = None
+    model: nn.Module,
+    output_file: str | os.PathLike,
+    *,
+    include_datastore: bool = False,
+    opset: int | None = None,
+    optimize: bool = True,
 ) -> GraphSignature:
     """Export ``model``'s eval forward to ``output_file`` (see the module docstring for the graph's inputs and
-    outputs); returns its signature."""
+    outputs; ``optimize``: onnxscript's graph optimisations, constant folding and the like); returns its
+    signature."""
     task = _task_of(model)
     _refuse_unexportable(model, include_datastore)
     model = prepare_model(model)
     wrapper = OnnxForward(model, task).eval()
     inputs = example_inputs(model, task)
-    dynamic = {name: ({0: "batch"} if name.startswith("past_") else {0: "batch", 1: "sequence"}) for name in inputs}
+    shapes = _dynamic_shapes(model, task, inputs)
+    dynamic = {
+        name: {axis: dim.__name__ for axis, dim in shape.items()} for name, shape in zip(inputs, shapes, strict=True)
+    }
     kwargs = {"opset_version": opset} if opset is not None else {}
     with torch.no_grad():
         # torch.export first, so that a branch on the length (a guard the graph would silently bake in) is an error
@@ -411,7 +420,7 @@ def export_model(
         exported = torch.export.export(
             wrapper,
             tuple(inputs.values()),
-            dynamic_shapes=(_dynamic_shapes(model, task, inputs),),  # one entry: forward's *tensors
+            dynamic_shapes=(shapes,),  # one entry: forward's *tensors
             strict=False,
         )
         program = torch.onnx.export(
@@ -420,7 +429,7 @@ def export_model(
             input_names=list(inputs),
             output_names=list(wrapper.outputs),
             external_data=False,
-            optimize=OPTIMIZE,
+            optimize=optimize,
             verbose=False,
             **kwargs,
         )
