@@ -365,7 +365,9 @@ def _refuse_unexportable(model: nn.Module, include_datastore: bool) -> None:
                 "random rotations), which a graph with a dynamic length cannot; set num_buckets in config.json (the "
                 "value auto_num_buckets gives for your usual length) and export again."
             )
-    if getattr(model, "datastore", None) is not None and model.config.lmbda > 0 and include_datastore:
+    if include_datastore and config.model_type != "tff_knn_lm":
+        raise OnnxExportError(f"include_datastore (--with-datastore) is for kNN-LM folders, not {config.model_type}.")
+    if include_datastore:
         raise OnnxExportError(
             "the kNN-LM's datastore search cannot be exported to ONNX: the datastore is an external store "
             "(memory-mapped key shards or a faiss index) searched by data-dependent code (top-k over a store whose "

@@ -392,7 +392,6 @@ class TffCalmModel(TffCalmPreTrainedModel):
             else:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
         allowed = None
-        # an exported graph masks whenever a mask is given (the same values: the graph cannot branch on data)
         padded = attention_mask is not None and (torch.compiler.is_exporting() or not bool(attention_mask.all()))
         if length > 1 or padded:
             query_at = torch.arange(past, total, device=device)[:, None]  # (T, 1)
@@ -402,7 +401,6 @@ class TffCalmModel(TffCalmPreTrainedModel):
                 # a padded query still sees itself, so no row of the mask is empty (its output is never used)
                 allowed = (allowed & attention_mask.bool()[:, None, None, :]) | (key_at == query_at)
         if self.embed_positions is not None:
-            # a data-dependent check: skipped while torch.compile / torch.export trace the model
             if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.config.max_position_embeddings:
                 raise ValueError(
                     f"position {int(position_ids.max())} is beyond max_position_embeddings="

@@ -242,8 +242,7 @@ class TffReformerAttention(nn.Module):
         if self.kind == "lsh":
             shared = self._rotary(self._heads(self.query_key(states)), position_ids)
             key = normalize_shared_keys(shared)
-            # (an exported graph, whose length is dynamic, takes the dense twin below at every length: within one
-            # chunk it is the shared-QK attention too, every pair meeting in every round)
+            # (an exported graph takes the dense twin below at every length: in one chunk it is shared-QK too)
             exporting = torch.compiler.is_exporting() and past_states is None
             if not exporting and states.shape[1] <= self.pattern.chunk_length:  # one chunk: dense shared-QK
                 implementation = "eager" if output_attentions else self.config._attn_implementation
@@ -286,8 +285,7 @@ class TffReformerAttention(nn.Module):
     def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions):
         total, new = key.shape[2], query.shape[2]
         pattern = self.pattern
-        # an exported graph (dynamic length) takes the dense twin: the chunked kernel's shapes branch on the length
-        # (without wrap-around, which an export refuses, one chunk's mask is the same with or without neighbours)
+        # an exported graph takes the dense twin (no wrap-around: one chunk's mask is the same with neighbours)
         exporting = torch.compiler.is_exporting()
         if not exporting and total <= pattern.chunk_length:  # one chunk: no neighbours (nothing to wrap around to)
             pattern = ChunkPattern(pattern.chunk_length, 0, 0, pattern.causal, False)
@@ -376,11 +374,8 @@ def _roll_rows(tensor: torch.Tensor | None, shift: torch.Tensor) -> torch.Tensor
         return None
     length = tensor.shape[1]
     index = torch.arange(length, device=tensor.device)[None, :] + shift[:, None]  # (B, T), in (-T, 2T)
-    if torch.compiler.is_exporting():  # the same wrap, without a remainder by the length (ONNX converters lack it)
-        index = torch.where(index >= length, index - length, index)
-        index = torch.where(index < 0, index + length, index)
-    else:
-        index = index % length
+    # wrapped without a remainder by the length, which ONNX converters lack when the length is dynamic
+    index = torch.where(index >= length, index - length, torch.where(index < 0, index + length, index))
     index = index.view(*index.shape, *([1] * (tensor.dim() - 2))).expand(*index.shape, *tensor.shape[2:])
     return tensor.gather(1, index)
 
