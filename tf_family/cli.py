@@ -8,6 +8,8 @@ tf-family push DIR REPO_ID [--private] [--remote_code]
                                                  upload a trained folder (weights, config, tokenizer, card)
 tf-family export DIR                             add the model's code to a saved folder, so that plain transformers
                                                  loads it with trust_remote_code=True where tf_family is not installed
+tf-family export --format onnx DIR OUT           write OUT/model.onnx (the eval forward, dynamic batch and length)
+                                                 with the config and tokenizer, for onnxruntime
 tf-family list                                   the zoo as a table
 tf-family build-kernels                          compile the native CPU attention kernel now (else on first use)
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
@@ -262,6 +264,19 @@ def build_parser() -> argparse.ArgumentParser:
         "trust_remote_code=True) then loads it where tf_family is not installed",
     )
     export.add_argument("folder")
+    export.add_argument("output_dir", nargs="?", help="--format onnx: the folder to write model.onnx into")
+    export.add_argument(
+        "--format",
+        choices=["remote-code", "onnx"],
+        default="remote-code",
+        help="remote-code (default): the code into DIR; onnx: OUT/model.onnx, config and tokenizer",
+    )
+    export.add_argument(
+        "--with-datastore",
+        action="store_true",
+        help="--format onnx, kNN-LM: include the datastore search (refused: it cannot be exported; without this "
+        "flag the base LM path, lmbda=0, is exported)",
+    )
     commands.add_parser("list", help="print the zoo as a table")
     commands.add_parser(
         "build-kernels",
@@ -328,8 +343,25 @@ def _run(argv: list[str]) -> int:
             return 1
         sys.stdout.write(f"pushed {', '.join(pushed)} to https://huggingface.co/{args.repo_id}\n")
         return 0
+    if args.command == "export" and args.format == "onnx":
+        from .onnx_export import OnnxExportError, export_onnx
+
+        if args.output_dir is None:
+            sys.stderr.write("tf-family export --format onnx: pass the output folder: DIR OUT.\n")
+            return 2
+        try:
+            path = export_onnx(args.folder, args.output_dir, include_datastore=args.with_datastore)
+        except OnnxExportError as error:
+            sys.stderr.write(f"tf-family export --format onnx: {error}\n")
+            return 1
+        sys.stdout.write(f"wrote {path} (with its config and tokenizer); run it with onnxruntime.InferenceSession\n")
+        return 0
     if args.command == "export":
         from .remote_code import export_remote_code
+
+        if args.output_dir is not None:
+            sys.stderr.write("tf-family export: the remote-code export writes into DIR; OUT is for --format onnx.\n")
+            return 2
 
         written = export_remote_code(args.folder)
         sys.stdout.write(export_summary(args.folder, written))

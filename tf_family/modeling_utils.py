@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -177,6 +178,21 @@ def decoding_step_inputs(
     return {"inputs_embeds": torch.cat([inputs_embeds, generated], dim=1)[:, past_length:]}
 
 
+@contextlib.contextmanager
+def real_tensors_while_exporting():
+    """Inside, tensor code runs on real tensors even while `torch.export` traces the model: what it computes (random
+    blocks or rotations drawn from a seeded `torch.Generator`, which no exported graph can redraw) enters the graph
+    as a constant. Outside an export it changes nothing."""
+    if not torch.compiler.is_exporting():
+        yield
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with disable_proxy_modes_tracing(), unset_fake_temporarily(), torch.no_grad():
+        yield
+
+
 def is_plain_linear(module: nn.Module) -> bool:
     """A `torch.nn.Linear` itself (not a LoRA or quantised wrapper, nor a subclass) with no forward hooks."""
     return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
@@ -200,7 +216,8 @@ def fused_projections(hidden: torch.Tensor, *linears: nn.Module) -> tuple[torch.
     """
     if len(linears) < 2 or not all(is_plain_linear(linear) for linear in linears):
         return tuple(linear(hidden) for linear in linears)
-    if hidden.numel() < FUSE_MIN_ROWS * hidden.shape[-1]:
+    # an exported graph takes the separate products: the choice would otherwise be a branch on the input's size
+    if torch.compiler.is_exporting() or hidden.numel() < FUSE_MIN_ROWS * hidden.shape[-1]:
         return tuple(linear(hidden) for linear in linears)
     biases = [linear.bias for linear in linears]
     if any(bias is None for bias in biases) and not all(bias is None for bias in biases):
@@ -301,6 +318,7 @@ class GrowingCacheMixin:
 
 
 __all__ = [
+    "real_tensors_while_exporting",
     "AdaptiveTokenEmbeddingsMixin",
     "FUSE_MIN_ROWS",
     "Dropout",

@@ -274,7 +274,9 @@ def lsh_attention(
         out, lse = out.view(batch, rows, chunks, size, head_dim), lse.view(batch, rows, chunks, size)
     else:
         key_positions = _window_positions(positions, pattern)  # (B, rows, chunks, K)
-        key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(key_positions.shape)
+        key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(
+            key_positions.shape
+        )
         query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
         blocked = ~key_ok[..., None, :]
         if pattern.causal:
@@ -411,6 +413,10 @@ def lsh_meeting_counts(
     num_chunks = -(-length // size)
     padded = num_chunks * size
     valid = _valid(key_valid, batch, length, buckets.device)
+    if not pattern.wrap_around and torch.compiler.is_exporting():
+        # the dummy positions sort after every real one, so leaving them out changes no rank (and keeps a graph
+        # with a dynamic length free of a branch on the length)
+        padded = length
     rank = _sort_order(buckets, valid, padded).argsort(dim=-1)[..., :length]  # (B, H, R, T): slot per position
     if pattern.causal_buckets:  # same bucket, and the key among the query's before * C nearest earlier slots
         keys = _position_bucket_keys(buckets, valid)

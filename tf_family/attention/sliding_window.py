@@ -84,8 +84,10 @@ class GlobalTokens:
             if num_slots == 0:
                 return None
         length = mask.shape[1]
-        # stable sort puts the global positions first, in order
-        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices  # (B, T)
+        # the global positions first, in order: sorting unique keys (non-global positions count from T up) is the
+        # stable sort of the 0/1 mask, and exports to ONNX (which has no stable sort)
+        positions = torch.arange(length, device=mask.device)
+        order = ((~mask).to(torch.long) * length + positions).argsort(dim=1)  # (B, T)
         indices = order[:, :num_slots]  # (B, G)
         valid = torch.arange(num_slots, device=mask.device)[None, :] < counts[:, None]  # (B, G)
         indices = torch.where(valid, indices, torch.zeros_like(indices)).clamp(max=length - 1)

@@ -67,6 +67,8 @@ def gather_blocks(memory: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tens
     flat = memory.reshape(pairs * slots, width)
     index = (index + torch.arange(pairs, device=index.device).view(batch, heads, 1, 1) * slots).view(pairs, -1)
     per_pair = max(1, length * top * width * memory.element_size())
+    if torch.compiler.is_exporting():  # one block: the block count would be a branch on a dynamic size
+        return (flat.index_select(0, index.reshape(-1)).view(-1, length, top, width),)
     step = max(1, GATHER_BLOCK_BYTES // per_pair)
     return tuple(
         flat.index_select(0, index[start : start + step].reshape(-1)).view(-1, length, top, width)
@@ -488,7 +490,8 @@ class KNNMemory:
                 f"KNNMemory.keys and .values must all be (B, H, N, Dh) with (B, N) = {tuple(self.mask.shape)}."
             )
         self.mask = self.mask.to(torch.bool)
-        self.next_slot = int(self.next_slot)
+        if not isinstance(self.next_slot, torch.SymInt):  # (a traced write's slot stays symbolic in the graph)
+            self.next_slot = int(self.next_slot)
         # memories that share buffers (a reset, a write in place) share this counter of writes in place; a memory
         # whose own count is behind it is stale (`consumed`)
         self._writes, self._seen = [0], 0
@@ -621,7 +624,7 @@ class KNNMemory:
             mask = torch.ones(self.batch_size, length, dtype=torch.bool, device=self.mask.device)
         if mask.shape != (self.batch_size, length):
             raise ValueError(f"the write mask must have shape {(self.batch_size, length)}, got {tuple(mask.shape)}.")
-        kept = min(length, self.capacity)
+        kept = length if length <= self.capacity else self.capacity  # min, decided from ranges when traced
         slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
         with torch.no_grad():
             if in_place:  # a backward still to come may read these slots by index (`MemoryReader`)

@@ -393,7 +393,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
             else:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
         allowed = None
-        padded = attention_mask is not None and not bool(attention_mask.all())
+        padded = attention_mask is not None and (torch.compiler.is_exporting() or not bool(attention_mask.all()))
         if length > 1 or padded or slots > total:
             query_at = torch.arange(past, total, device=device)[:, None]  # (T, 1)
             key_at = torch.arange(slots, device=device)[None, :]  # (1, S): a static cache returns empty slots too
@@ -402,7 +402,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
                 real = F.pad(attention_mask.bool(), (0, slots - total))[:, None, None]  # (B, 1, 1, S)
                 allowed = (allowed & real) | (key_at == query_at)
         if self.embed_positions is not None:
-            if int(position_ids.max()) >= self.config.max_position_embeddings:
+            if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.config.max_position_embeddings:
                 raise ValueError(
                     f"position {int(position_ids.max())} is beyond max_position_embeddings="
                     f"{self.config.max_position_embeddings} (learned positions); shorten the input."

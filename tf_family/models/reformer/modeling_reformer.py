@@ -79,6 +79,7 @@ from ...modeling_utils import (
     build_activation,
     decoding_step_inputs,
     find_first_real_token,
+    real_tensors_while_exporting,
 )
 from ...validation import (
     InputValidationMixin,
@@ -218,8 +219,9 @@ class TffReformerAttention(nn.Module):
     def hash(self, shared: torch.Tensor, num_hashes: int, seed: int) -> torch.Tensor:
         """``(B, H, R, T)`` buckets of the shared query-key vectors ``(B, H, T, Dh)``, hashed in float32 always."""
         num_buckets = self._num_buckets(shared.shape[2])
-        rotations = lsh_rotations(seed, self.num_heads, self.head_dim, num_hashes, num_buckets, device=shared.device)
-        return hash_vectors(shared.float(), rotations, num_buckets)
+        with real_tensors_while_exporting():  # an exported graph holds the rotations as a constant
+            rotations = lsh_rotations(seed, self.num_heads, self.head_dim, num_hashes, num_buckets, device="cpu")
+        return hash_vectors(shared.float(), rotations.to(shared.device), num_buckets)
 
     def forward(
         self,
@@ -249,8 +251,10 @@ class TffReformerAttention(nn.Module):
         if self.kind == "lsh":
             shared = self._rotary(self._heads(self.query_key(states)), position_ids)
             key = normalize_shared_keys(shared)
-            # one chunk: dense shared-QK attention (not with causal_buckets, whose buckets matter at any length)
-            if states.shape[1] <= self.pattern.chunk_length and not self.pattern.causal_buckets:
+            # one chunk: dense shared-QK attention (not with causal_buckets, whose buckets matter at any length; an
+            # exported graph takes the dense twin below at every length: in one chunk it is shared-QK too)
+            exporting = torch.compiler.is_exporting() and past_states is None
+            if not exporting and states.shape[1] <= self.pattern.chunk_length and not self.pattern.causal_buckets:
                 implementation = "eager" if output_attentions else self.config._attn_implementation
                 out, probs = (
                     shared_qk_attention(
@@ -263,7 +267,7 @@ class TffReformerAttention(nn.Module):
             else:
                 if buckets is None:
                     buckets = self.hash(shared, num_hashes, seed)
-                if output_attentions:
+                if output_attentions or exporting:
                     out, probs = lsh_attention_reference(
                         shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates
                     )
@@ -292,9 +296,11 @@ class TffReformerAttention(nn.Module):
     def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions):
         total, new = key.shape[2], query.shape[2]
         pattern = self.pattern
-        if total <= pattern.chunk_length:  # one chunk: no neighbours (and nothing to wrap around to)
+        # an exported graph takes the dense twin (no wrap-around: one chunk's mask is the same with neighbours)
+        exporting = torch.compiler.is_exporting()
+        if not exporting and total <= pattern.chunk_length:  # one chunk: no neighbours (nothing to wrap around to)
             pattern = ChunkPattern(pattern.chunk_length, 0, 0, pattern.causal, False)
-        if new == total and not output_attentions:
+        if new == total and not output_attentions and not exporting:
             return chunked_local_attention(
                 query, key, value, pattern, key_valid, dropout_p, self.config._attn_implementation
             ), None
@@ -379,7 +385,9 @@ def _roll_rows(tensor: torch.Tensor | None, shift: torch.Tensor) -> torch.Tensor
     if tensor is None:
         return None
     length = tensor.shape[1]
-    index = (torch.arange(length, device=tensor.device)[None, :] + shift[:, None]) % length  # (B, T)
+    index = torch.arange(length, device=tensor.device)[None, :] + shift[:, None]  # (B, T), in (-T, 2T)
+    # wrapped without a remainder by the length, which ONNX converters lack when the length is dynamic
+    index = torch.where(index >= length, index - length, torch.where(index < 0, index + length, index))
     index = index.view(*index.shape, *([1] * (tensor.dim() - 2))).expand(*index.shape, *tensor.shape[2:])
     return tensor.gather(1, index)
 
@@ -483,7 +491,9 @@ class TffReformerModel(TffReformerPreTrainedModel):
 
         # left padding moves to the right (the chunks then start at the first real token); undone at the end
         shift = None
-        if past == 0 and attention_mask is not None and bool((~valid[:, 0] & valid.any(dim=1)).any()):
+        # (an exported graph rolls every row: a shift of 0 leaves it as it is, and the graph cannot branch on data)
+        exporting = torch.compiler.is_exporting()
+        if past == 0 and attention_mask is not None and (exporting or bool((~valid[:, 0] & valid.any(dim=1)).any())):
             shift = _first_real(valid)
             input_ids, inputs_embeds, valid = (_roll_rows(t, shift) for t in (input_ids, inputs_embeds, valid))
             position_ids = _roll_rows(position_ids, shift)
