@@ -10,7 +10,7 @@ accelerate enables FSDP only on GPUs (``recipes/accelerate_configs/fsdp.yaml``);
     optimizer = torch.optim.AdamW(model.parameters())  # after sharding: it holds the shards
     ...
     save_sharded_checkpoint(folder, model, optimizer)
-    load_sharded_checkpoint(folder, model, optimizer)  # the same number of processes, or another
+    load_sharded_checkpoint(folder, model, optimizer)  # tested with the same number of processes
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def save_sharded_checkpoint(folder: str | Path, model: nn.Module, optimizer: tor
 
 
 def load_sharded_checkpoint(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Read what `save_sharded_checkpoint` wrote into the sharded ``model`` and ``optimizer`` (any number of
-    processes: `torch.distributed.checkpoint` reshards); returns its ``fsdp_sharded.json``."""
+    """Read what `save_sharded_checkpoint` wrote into the sharded ``model`` and ``optimizer``
+    (`torch.distributed.checkpoint` reads each process's shards); returns its ``fsdp_sharded.json``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
