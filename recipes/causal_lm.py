@@ -559,6 +559,8 @@ def main(
                 logger.info(f"step {completed_steps}: {metrics}", main_process_only=True)
             if args.checkpointing_steps and completed_steps % args.checkpointing_steps == 0:
                 state = {"completed_steps": completed_steps, "epoch": epoch, "update_in_epoch": update_index}
+                # the batch layout: another number of processes can then resume the run (`check_world_change`)
+                state.update(per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation)
                 if update_index == len(schedule) // accumulation:
                     state.update(epoch=epoch + 1, update_in_epoch=0)
                 data_state = train_blocks.state_dict() if args.streaming else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import json
 import math
@@ -300,6 +301,46 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
+# ------------------------------------------------------------------------------------------------ a full disk
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+# what libraries that do not raise an OSError say instead (torch's zip writer, safetensors' Rust IO error)
+_DISK_FULL_WORDS = (
+    "no space left",
+    "file too large",
+    "filetoolarge",
+    "storagefull",
+    "disk quota",
+    "file write failed",
+)
+
+
+class DiskFullError(OSError):
+    """A write failed because the disk (or the process's file-size limit, ``RLIMIT_FSIZE``, or a quota) is full."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) says the disk or a file-size limit is full."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+            return True
+        if any(word in str(error).lower() for word in _DISK_FULL_WORDS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def disk_full_error(error: BaseException, writing: str, kept: str) -> DiskFullError:
+    """The clear error for a write of ``writing`` that filled the disk: what failed, what is ``kept``, what to do."""
+    return DiskFullError(
+        errno.ENOSPC,
+        f"the disk is full (or a file-size limit or quota was reached) while writing {writing}: "
+        f"{type(error).__name__}: {str(error).strip()[:300]}. {kept} Free some space (or raise the limit) and run "
+        "again.",
+    )
+
+
 @contextlib.contextmanager
 def atomic_replace_dir(target: str | os.PathLike) -> Iterator[Path]:
     """Build a folder that replaces ``target`` as a whole: the block writes into the yielded staging folder (beside
@@ -312,8 +353,11 @@ def atomic_replace_dir(target: str | os.PathLike) -> Iterator[Path]:
     try:
         yield staging
         replace_dir(staging, target)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, Exception) and not isinstance(error, DiskFullError) and is_disk_full(error):
+            kept = f"{target} is unchanged." if target.exists() else f"Nothing was written to {target}."
+            raise disk_full_error(error, target, kept) from error
         raise
 
 
@@ -345,14 +389,17 @@ def atomic_update_dir(target: str | os.PathLike) -> Iterator[Path]:
 
 __all__ = [
     "SAFETENSORS_DTYPE_BYTES",
+    "DiskFullError",
     "atomic_replace_dir",
     "atomic_update_dir",
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_with",
     "check_checkpoint_folder",
+    "disk_full_error",
     "file_sha256",
     "fsync_tree",
+    "is_disk_full",
     "read_safetensors_header",
     "replace_dir",
     "resolve_inside",

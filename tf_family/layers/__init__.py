@@ -4,13 +4,15 @@ from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .bert import BertFeedForward
 from .feed_forward import PositionwiseFeedForward
 from .relative_attention import RelativeDecoderLayer, RelativeMultiHeadAttention
-from .reversible import reversible_stack
+from .reversible import ReversibleChain, reversible_layer, reversible_stack
 
 __all__ = [
     "AdaptiveEmbedding",
     "BertFeedForward",
     "PositionwiseFeedForward",
     "ProjectedAdaptiveLogSoftmax",
+    "ReversibleChain",
+    "reversible_layer",
     "reversible_stack",
     "RelativeDecoderLayer",
     "RelativeMultiHeadAttention",

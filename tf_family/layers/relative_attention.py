@@ -10,6 +10,7 @@ Multi-head attention over ``[memory, segment]`` with relative positions: the sco
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -177,13 +178,31 @@ class RelativeDecoderLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden: torch.Tensor,
-        memory: torch.Tensor | None,
-        position_embedding: torch.Tensor,
-        allowed: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        position_embedding: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
         shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None,
         output_attentions: bool = False,
         implementation: str | None = "sdpa",
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        *,
+        detached_projection: bool = False,
+    ) -> tuple[torch.Tensor, ...]:
+        """The layer on ``(B, T, D)`` ``hidden`` over ``[memory, hidden]``: ``(B, T, D)`` and the probabilities.
+
+        With ``detached_projection``, instead the query, key and value ``(B, N, H*Dh)`` of ``hidden`` ``(B, N, D)``
+        under this layer's attention weights (its layer norm first when ``pre_lnorm``), detached from those weights:
+        what the Compressive Transformer's auxiliary losses compare. It is a call of the layer, not of its weights
+        from outside, so that a wrapper that gathers the weights around the layer's calls (FSDP's ``fully_shard``)
+        gathers them for it, in the forward and again in the backward.
+        """
+        if detached_projection:
+            attention = self.attention
+            if attention.pre_lnorm:
+                norm = attention.layer_norm
+                hidden = F.layer_norm(
+                    hidden, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps
+                )
+            return F.linear(hidden, attention.qkv.weight.detach()).chunk(3, dim=-1)
         hidden, probs = self.attention(
             hidden, memory, position_embedding, allowed, shared_biases, output_attentions, implementation
         )

@@ -13,7 +13,9 @@ import datasets
 import torch
 import transformers
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list, set_seed
+
+from .checkpointing import lock_output_dir, unlock_output_dir
 
 
 def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
@@ -33,12 +35,29 @@ def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
             "--merge_lora cannot merge sharded (FSDP / DeepSpeed) weights; save the adapter (drop --merge_lora) and "
             "merge it afterwards with PeftModel.merge_and_unload() on one process."
         )
+    claim_output_dir(accelerator, output_dir)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     if not accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
     set_seed(args.seed)
     return accelerator
+
+
+def claim_output_dir(accelerator: Accelerator, output_dir: Path) -> None:
+    """The main process locks ``output_dir`` for this run (`lock_output_dir`); when another run holds it, every
+    process raises the same `ValueError` naming that run, before anything is written."""
+    problem = None
+    if accelerator.is_main_process:
+        try:
+            lock_output_dir(output_dir)
+        except ValueError as error:
+            problem = str(error)
+    if accelerator.num_processes > 1:
+        problem = broadcast_object_list([problem])[0]
+    if problem is not None:
+        raise ValueError(problem)
+    accelerator.output_dir_claimed = Path(output_dir)
 
 
 # modules used only by some calls: Longformer's global-attention projections (no global tokens: unused), a pooler a
@@ -111,3 +130,6 @@ def ending_run(accelerator: Accelerator):
     finally:
         accelerator.end_training()
         del handle
+        claimed = getattr(accelerator, "output_dir_claimed", None)
+        if claimed is not None and accelerator.is_main_process:
+            unlock_output_dir(claimed)  # the run is over: another may use the folder

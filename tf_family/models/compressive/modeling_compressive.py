@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -202,23 +201,22 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
     def set_input_embeddings(self, new_embeddings: nn.Module):
         self.word_embeddings = new_embeddings
 
-    def _project(self, layer: int, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Query, key and value ``(B, H, N, Dh)`` of ``states`` with layer ``layer``'s attention weights, detached
-        (the auxiliary losses train the compression network only)."""
-        attention = self.layers[layer].attention
-        if attention.pre_lnorm:
-            norm = attention.layer_norm
-            states = F.layer_norm(states, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps)
-        query, key, value = F.linear(states, attention.qkv.weight.detach()).chunk(3, dim=-1)  # 3 x (B, N, H*Dh)
-        return tuple(_split_heads(x, self.config.n_head) for x in (query, key, value))
+    def _project(self, layer: int, *states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Query, key and value ``(B, H, N, Dh)`` of each of ``states`` with layer ``layer``'s attention weights,
+        detached from them (the auxiliary losses train the compression network only). One call of the layer itself
+        (`RelativeDecoderLayer` with ``detached_projection``), so that FSDP gathers its weights for it."""
+        lengths = [part.shape[1] for part in states]
+        projected = self.layers[layer](torch.cat(states, dim=1), detached_projection=True)  # 3 x (B, sum N, H*Dh)
+        parts = [x.split(lengths, dim=1) for x in projected]
+        return [tuple(_split_heads(x[i], self.config.n_head) for x in parts) for i in range(len(states))]
 
     def _auxiliary_losses(self, segment_inputs, evicted, evicted_mask, compressed, compressed_mask):
         """Sum over layers of the attention-reconstruction loss and of the auto-encoding loss."""
         reconstruction = autoencoding = segment_inputs[0].new_zeros((), dtype=torch.float32)
         for layer, (segment, old, new) in enumerate(zip(segment_inputs, evicted, compressed, strict=True)):
-            query = self._project(layer, segment.detach())[0]  # (B, H, T, Dh)
-            _, old_key, old_value = self._project(layer, old.to(segment.dtype))
-            _, new_key, new_value = self._project(layer, new.to(segment.dtype))
+            (query, _, _), (_, old_key, old_value), (_, new_key, new_value) = self._project(
+                layer, segment.detach(), old.to(segment.dtype), new.to(segment.dtype)
+            )
             reconstruction = reconstruction + attention_reconstruction_loss(
                 query, (old_key, old_value, evicted_mask), (new_key, new_value, compressed_mask)
             )

@@ -69,7 +69,7 @@ from ...attention import (
 )
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import ForeignCheckpointMixin
-from ...layers.reversible import reversible_stack
+from ...layers.reversible import ReversibleChain, reversible_layer
 from ...losses import causal_lm_loss, cross_entropy, sequence_classification_loss
 from ...modeling_heads import CLASSIFIER_KEY_MAPPING, ClassificationHead, question_answering_output
 from ...modeling_utils import (
@@ -349,7 +349,26 @@ class TffReformerLayer(nn.Module):
         self.attention = TffReformerAttention(config, layer_idx)
         self.feed_forward = TffReformerFeedForward(config)
 
-    def forward(self, first, second, key_valid, position_ids, num_hashes, seed, buckets=None, **kwargs):
+    def forward(
+        self, first, second, key_valid, position_ids, num_hashes, seed, buckets=None, reversible=None, **kwargs
+    ):
+        """``(X1, X2)`` -> ``(Y1, Y2)``, the hash buckets and the attention probabilities. With a `ReversibleChain`
+        as ``reversible``, the layer keeps no activations and its backward recomputes it (`reversible_layer`), inside
+        this call's gradient, so that FSDP has gathered this layer's weights for the recomputation."""
+        if reversible is not None:
+            memo = {}
+
+            def attention(x):
+                out, found, probs = self.attention(
+                    x, key_valid, position_ids, num_hashes, seed, memo.get("buckets", buckets), **kwargs
+                )
+                memo.setdefault("buckets", found)  # the backward reuses the forward's buckets
+                memo.setdefault("probs", probs)
+                return out
+
+            parameters = [p for p in self.parameters() if p.requires_grad]
+            first, second = reversible_layer(first, second, attention, self.feed_forward, reversible, parameters)
+            return first, second, memo["buckets"], memo["probs"]
         attended, buckets, probs = self.attention(second, key_valid, position_ids, num_hashes, seed, buckets, **kwargs)
         first = first + attended
         return first, second + self.feed_forward(first), buckets, probs
@@ -552,28 +571,17 @@ class TffReformerModel(TffReformerPreTrainedModel):
             # the last layer keeps its graph (plain backprop): recomputing it would rebuild the activations that the
             # backward holds first anyway, so the peak memory stays and one layer's recomputation is saved
             *recomputed, last = self.layers
-            blocks = []
-            for layer in recomputed:
-                memo = {}
-
-                def attention(x, layer=layer, memo=memo):
-                    out, buckets, probs = layer.attention(
-                        x, key_valid, position_ids, num_hashes, seed, memo.get("buckets"), output_attentions
-                    )
-                    memo.setdefault("buckets", buckets)
-                    memo.setdefault("probs", probs)
-                    return out
-
-                blocks.append((attention, layer.feed_forward))
-                all_hidden.append(memo)
-            if blocks:
-                parameters = [p for layer in recomputed for p in layer.parameters() if p.requires_grad]
-                first, second = reversible_stack(first, second, blocks, parameters)
+            chain = ReversibleChain()
+            for layer in recomputed:  # each through its own call (FSDP gathers its weights there)
+                first, second, _, probs = layer(
+                    first, second, key_valid, position_ids, num_hashes, seed,
+                    reversible=chain, output_attentions=output_attentions,
+                )  # fmt: skip
+                all_attentions.append(probs)
             first, second, _, probs = last(
                 first, second, key_valid, position_ids, num_hashes, seed, output_attentions=output_attentions
             )
-            all_attentions = [memo["probs"] for memo in all_hidden] + [probs]
-            all_hidden = []  # intermediate streams are not kept in reversible mode
+            all_attentions.append(probs)
             if output_hidden_states:
                 logger.warning_once("Reversible training returns only the last hidden states.")
             return first, second, [second], all_attentions
