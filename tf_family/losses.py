@@ -23,9 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .validation import check_sequence_labels, check_span_positions
-
-IGNORE_INDEX = -100
+from .validation import IGNORE_INDEX, check_sequence_labels, check_span_positions
 
 NumItems = int | float | torch.Tensor | None
 

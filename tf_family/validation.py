@@ -34,6 +34,7 @@ MAX_SIZE = 2**31 - 1
 MAX_SEED = 2**63 - 1
 # Layer counts: far above any trained model, low enough that a typo does not build a model for hours.
 MAX_LAYERS = 4096
+# The label no loss counts: defined here once (validation imports nothing of tf_family's); losses.py re-exports it.
 IGNORE_INDEX = -100
 # Inputs larger than this overflow float32 once squared and summed (a layer norm's variance): refused at the entry.
 MAX_INPUT_MAGNITUDE = 1e12

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-IGNORE_INDEX = -100
+from ..losses import IGNORE_INDEX
+
 EMPTY_BLOCK = -1  # schedule entry for a row that has run out of documents
 
 

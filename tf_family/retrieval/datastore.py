@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..files import atomic_replace_dir, atomic_write_text, read_json_object, read_safetensors_header, resolve_inside
+from ..losses import IGNORE_INDEX
 from ..memory.knn import ExactKNNStore, FaissKNNStore, KNNStore, Metric, load_knn_store, neighbour_scores
 
 logger = logging.get_logger(__name__)
@@ -53,7 +54,6 @@ KEY_POINTS = ("lm_head_input", "ffn_input")
 FFN_MODULE_NAMES = ("mlp", "feed_forward", "ffn", "pos_ff")
 DESCRIPTION_FILE = "datastore.json"
 FORMAT = "tf_family.knn_datastore"
-IGNORE_INDEX = -100
 _KEY_DTYPES = {"F16": np.float16, "F32": np.float32}
 _VALUE_DTYPES = {"I64": np.int64, "I32": np.int32}
 

@@ -41,14 +41,13 @@ from transformers.utils import ModelOutput, logging
 
 from ...attention import attend
 from ...conversion import ForeignCheckpointMixin
+from ...losses import IGNORE_INDEX
 from ...modeling_utils import RemoteCodeMixin
 from ...validation import InputValidationMixin, check_class_labels, check_finite, check_ids_in_range, check_tensor
 from .configuration_decision_transformer import TffDecisionTransformerConfig
 from .convert_decision_transformer import TRANSFORMERS_DECISION_TRANSFORMER
 
 logger = logging.get_logger(__name__)
-
-IGNORE_INDEX = -100
 
 
 @dataclass
