@@ -28,7 +28,13 @@ DATA_DIR = BENCH_DIR / "data"
 
 
 def setup_threads(threads: int = 2) -> None:
-    """Passive OpenMP waiting and ``threads`` intra-op threads (1 inter-op thread)."""
+    """Passive OpenMP waiting and ``threads`` intra-op threads (1 inter-op thread); freed memory kept as the CLI and
+    the recipes keep it (`tf_family.allocator`; ``TF_FAMILY_KEEP_FREED_MEMORY=0`` measures glibc's defaults). The
+    result files record which allocator ran."""
+    with contextlib.suppress(ImportError):  # a checkout from before the allocator setting
+        from tf_family.allocator import keep_freed_memory
+
+        keep_freed_memory()
     if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         print("warning: torch was imported before setup_threads(); OMP_WAIT_POLICY=PASSIVE has no effect", flush=True)
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -109,6 +115,15 @@ def time_interleaved(steps: dict[str, Callable[[], object]], rounds: int, warmup
     return times
 
 
+def allocator() -> str:
+    """Which allocator this process runs (`tf_family.allocator.describe`)."""
+    try:
+        from tf_family.allocator import describe
+    except ImportError:  # a checkout from before the allocator setting
+        return "system malloc, defaults"
+    return describe()
+
+
 def machine_info() -> dict:
     """CPU, core count, versions, threads and load: what a reader needs to compare two result files."""
     import torch
@@ -129,6 +144,7 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "loadavg": loadavg(),
+        "allocator": allocator(),
     }
     try:
         import transformers
@@ -160,7 +176,8 @@ def write_results(name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
     machine = record["machine"]
     footer = (
         f"\n\n{machine['cpu']}, {machine['cores']} cores, torch {machine['torch']} ({machine['torch_threads']} "
-        f"threads, OMP_WAIT_POLICY={machine['omp_wait_policy']}), loadavg {machine['loadavg']}, {record['date']}.\n"
+        f"threads, OMP_WAIT_POLICY={machine['omp_wait_policy']}), {machine['allocator']}, loadavg "
+        f"{machine['loadavg']}, {record['date']}.\n"
         f"Command: `{record['command']}`\n"
     )
     md_path.write_text(markdown.rstrip() + footer)

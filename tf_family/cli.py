@@ -137,6 +137,9 @@ def train_defaults(recipe_args: Sequence[str]) -> dict[str, object]:
 
 
 def _train(recipe_args: list[str]) -> int:
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # before the first large allocation (TF_FAMILY_KEEP_FREED_MEMORY=0 opts out)
     from .recipes import causal_lm
 
     results = causal_lm.main(list(recipe_args), prog="tf-family train", defaults=train_defaults(recipe_args))
