@@ -152,7 +152,7 @@ def main() -> None:
     if args.worker:
         kind, *rest = args.worker
         result = worker_make(*rest) if kind == "make" else {"eval": worker_eval, "train": worker_train}[kind](*rest)
-        print(RESULT_TAG + json.dumps(result))
+        print(RESULT_TAG + json.dumps({**result, "allocator": common.allocator()}))
         return
     if not Path(args.tf4_python).exists():
         raise SystemExit(f"--tf4-python {args.tf4_python} does not exist; create the venv as the docstring shows.")

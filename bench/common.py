@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -31,10 +32,9 @@ def setup_threads(threads: int = 2) -> None:
     """Passive OpenMP waiting and ``threads`` intra-op threads (1 inter-op thread); freed memory kept as the CLI and
     the recipes keep it (`tf_family.allocator`; ``TF_FAMILY_KEEP_FREED_MEMORY=0`` measures glibc's defaults). The
     result files record which allocator ran."""
-    with contextlib.suppress(ImportError):  # a checkout from before the allocator setting
-        from tf_family.allocator import keep_freed_memory
-
-        keep_freed_memory()
+    module = _allocator_module()
+    if module is not None:
+        module.keep_freed_memory()
     if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         print("warning: torch was imported before setup_threads(); OMP_WAIT_POLICY=PASSIVE has no effect", flush=True)
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -115,13 +115,24 @@ def time_interleaved(steps: dict[str, Callable[[], object]], rounds: int, warmup
     return times
 
 
+def _allocator_module():
+    """This checkout's ``tf_family/allocator.py`` (standard library only), loaded by path: a worker of another
+    environment (transformers 4.35.2) sets and reports the same allocator without importing tf_family."""
+    if "_bench_allocator" not in sys.modules:
+        path = BENCH_DIR.parent / "tf_family" / "allocator.py"
+        if not path.is_file():  # a checkout from before the allocator setting
+            return None
+        spec = importlib.util.spec_from_file_location("_bench_allocator", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_bench_allocator"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_bench_allocator"]
+
+
 def allocator() -> str:
     """Which allocator this process runs (`tf_family.allocator.describe`)."""
-    try:
-        from tf_family.allocator import describe
-    except ImportError:  # a checkout from before the allocator setting
-        return "system malloc, defaults"
-    return describe()
+    module = _allocator_module()
+    return "system malloc, defaults" if module is None else module.describe()
 
 
 def machine_info() -> dict:
