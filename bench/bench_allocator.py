@@ -158,11 +158,12 @@ def report(args: argparse.Namespace, table: dict, names: list[str], runs: dict) 
             rows,
         )
     )
-    write_results(
-        args.name,
-        {"steps": args.steps, "rounds": args.rounds, "commands": {n: table[n][1] for n in names}, "runs": runs},
-        markdown,
-    )
+    allocators = {
+        "before": "glibc malloc, defaults (TF_FAMILY_KEEP_FREED_MEMORY=0)",
+        "after": "glibc malloc, freed memory kept (tf_family.allocator.SETTINGS, set by mallopt at start-up)",
+    }
+    payload = {"steps": args.steps, "rounds": args.rounds, "allocators": allocators, "runs": runs}
+    write_results(args.name, {**payload, "commands": {n: table[n][1] for n in names}}, markdown)
     return markdown
 
 
