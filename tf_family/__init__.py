@@ -8,10 +8,75 @@ transformers' Auto tables when those are imported, and each class is imported th
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from . import lazy_auto
 from .registry import ARCHITECTURES, create_model, find_arch, get_arch, list_architectures
 from .spec import ArchSpec
+
+if TYPE_CHECKING:  # the same names for static tools (type checkers, IDEs, the docs' mkdocstrings)
+    from .auto import register_all
+    from .memory import CompressiveMemory, KNNMemory, MemorizingMemory, SegmentMemory, register_pytree_nodes
+    from .models.big_bird.configuration_big_bird import TffBigBirdConfig
+    from .models.big_bird.modeling_big_bird import (
+        TffBigBirdForMaskedLM,
+        TffBigBirdForMultipleChoice,
+        TffBigBirdForQuestionAnswering,
+        TffBigBirdForSequenceClassification,
+        TffBigBirdForTokenClassification,
+        TffBigBirdModel,
+        TffBigBirdPreTrainedModel,
+    )
+    from .models.calm.configuration_calm import TffCalmConfig
+    from .models.calm.modeling_calm import TffCalmForCausalLM, TffCalmModel, TffCalmPreTrainedModel
+    from .models.compressive.configuration_compressive import TffCompressiveConfig
+    from .models.compressive.modeling_compressive import (
+        TffCompressiveLMHeadModel,
+        TffCompressiveModel,
+        TffCompressivePreTrainedModel,
+    )
+    from .models.decision_transformer.configuration_decision_transformer import TffDecisionTransformerConfig
+    from .models.decision_transformer.modeling_decision_transformer import (
+        TffDecisionTransformerModel,
+        TffDecisionTransformerPreTrainedModel,
+        TrajectoryContext,
+    )
+    from .models.knn_lm.configuration_knn_lm import TffKNNLMConfig
+    from .models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM, TffKNNLMPreTrainedModel
+    from .models.longformer.configuration_longformer import TffLongformerConfig
+    from .models.longformer.modeling_longformer import (
+        TffLongformerForCausalLM,
+        TffLongformerForMaskedLM,
+        TffLongformerForMultipleChoice,
+        TffLongformerForQuestionAnswering,
+        TffLongformerForSequenceClassification,
+        TffLongformerForTokenClassification,
+        TffLongformerModel,
+        TffLongformerPreTrainedModel,
+    )
+    from .models.memorizing.configuration_memorizing import TffMemorizingConfig
+    from .models.memorizing.modeling_memorizing import (
+        TffMemorizingForCausalLM,
+        TffMemorizingModel,
+        TffMemorizingPreTrainedModel,
+    )
+    from .models.reformer.cache_reformer import TffReformerCache
+    from .models.reformer.configuration_reformer import TffReformerConfig
+    from .models.reformer.modeling_reformer import (
+        TffReformerForCausalLM,
+        TffReformerForMaskedLM,
+        TffReformerForQuestionAnswering,
+        TffReformerForSequenceClassification,
+        TffReformerModel,
+        TffReformerPreTrainedModel,
+    )
+    from .models.transfo_xl.configuration_transfo_xl import TffTransfoXLConfig
+    from .models.transfo_xl.modeling_transfo_xl import (
+        TffTransfoXLForSequenceClassification,
+        TffTransfoXLLMHeadModel,
+        TffTransfoXLModel,
+        TffTransfoXLPreTrainedModel,
+    )
 
 __version__ = "0.1.0"
 
