@@ -8,7 +8,12 @@ weights (the config of `bench_sparse_attention.py`) and times, alternating call 
 - tf_family's model on its PyTorch path (``TF_FAMILY_NATIVE=0``: `masked_attention` instead of the native kernel);
 - tf_family's model with its sparse attention kernel replaced by the identity on the values (every other op kept:
   projections, global attention, feed-forward, layer norms, dropout, embeddings, masks);
-- transformers' model.
+- transformers' model;
+- tf_family's model with the native kernel forced wherever it runs (``TF_FAMILY_NATIVE=force``: what the dispatch
+  would do without its calibration, `tf_family.attention.native.faster_than_pytorch`);
+- tf_family's and transformers' models under bf16 autocast (a model that fails there is reported as such);
+- a dense encoder of the same width with PyTorch's SDPA (`bench_sparse_attention`'s ``dense_sdpa``: BERT, the same
+  dropout), in float32 and under bf16 autocast: what the sparse pattern has to beat.
 
 It then times the attention's matrix products alone at this machine's GEMM rate: six per layer (scores, weighted
 sum, and four in the backward) at the exact sizes of the pattern -- for Longformer ``2w + 1`` keys per query (no
@@ -67,9 +72,17 @@ def _product_time(batch: int, rows: int, cols: int, inner: int) -> float:
     return slabs * full + tail
 
 
+def _calibration() -> dict:
+    """The native kernel's calibration so far (shape -> both paths' times and the decision)."""
+    from tf_family.attention import native
+
+    return native._load_calibration() if native.extension() is not None else {}
+
+
 def measure(family: str, length: int, rounds: int, folder: str) -> dict:
 
     import bench_sparse_attention as sparse
+    import torch
 
     ours, theirs = sparse._build(f"tff_{family}", folder), sparse._build(f"hf_{family}", folder)
     if family == "longformer":
@@ -83,8 +96,14 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
     kernel = getattr(module, kernel_name)
     inputs = sparse._inputs(f"tff_{family}", length)
 
-    def step_of(model, attention, native="1"):
-        step = sparse._step(model, inputs, "train")
+    def step_of(model, attention, native="1", bf16=False, model_inputs=None):
+        step = sparse._step(model, model_inputs or inputs, "train")
+        if bf16:
+            plain = step
+
+            def step():
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    plain()
 
         def run():
             setattr(module, kernel_name, attention)
@@ -97,12 +116,26 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
 
         return run
 
+    dense = sparse._build("dense_sdpa", folder)
+    dense_inputs = sparse._inputs("dense_sdpa", length)
     steps = {
         "tf_family": step_of(ours, kernel),
+        "native_forced": step_of(ours, kernel, native="force"),
         "pytorch_path": step_of(ours, kernel, native="0"),
         "identity": step_of(ours, _identity),
         "transformers": step_of(theirs, kernel),
+        "dense_sdpa": step_of(dense, kernel, model_inputs=dense_inputs),
+        "tf_family_bf16": step_of(ours, kernel, bf16=True),
+        "transformers_bf16": step_of(theirs, kernel, bf16=True),
+        "dense_sdpa_bf16": step_of(dense, kernel, bf16=True, model_inputs=dense_inputs),
     }
+    failed = {}
+    for name in ("transformers_bf16", "tf_family_bf16", "dense_sdpa_bf16"):
+        try:
+            steps[name]()
+        except Exception as error:  # transformers' BigBird fails under bf16 autocast
+            failed[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
+            del steps[name]
     times = common.time_interleaved(steps, rounds)
 
     body = sparse.BODY
@@ -124,6 +157,8 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
     medians = {name: statistics.median(values) for name, values in times.items()}
     floor = medians["identity"] + products_s
     return {
+        "failed": failed,
+        "calibration": _calibration(),
         "family": family,
         "length": length,
         "times_s": times,
@@ -137,22 +172,39 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
 
 
 def markdown(records: list[dict], rounds: int) -> str:
-    rows = []
+    fmt = common.format_seconds
+    rows, bf16_rows = [], []
     for r in records:
         m = r["medians_s"]
         rows.append([
-            r["family"], r["length"], common.format_seconds(m["tf_family"]), common.format_seconds(m["pytorch_path"]),
-            common.format_seconds(m["identity"]),
-            common.format_seconds(r["products_s"]), common.format_seconds(r["floor_s"]),
-            common.format_seconds(m["transformers"]), f"{r['speedup']:.2f}x", f"{r['best_possible_speedup']:.2f}x",
+            r["family"], r["length"], fmt(m["tf_family"]), fmt(m["native_forced"]), fmt(m["pytorch_path"]),
+            fmt(m["identity"]), fmt(r["products_s"]), fmt(r["floor_s"]), f"{100 * r['floor_s'] / m['tf_family']:.0f} %",
+            fmt(m["transformers"]), fmt(m["dense_sdpa"]), f"{r['speedup']:.2f}x", f"{r['best_possible_speedup']:.2f}x",
         ])  # fmt: skip
-    headers = ["family", "tokens", "tf_family step", "PyTorch path step", "identity-attention step", "attention products", "floor",
-               "transformers step", "speed-up now", "best possible"]  # fmt: skip
+
+        def cell(name, r=r, m=m):
+            return fmt(m[name]) if name in m else f"fails ({r['failed'].get(name, 'not run')})"
+
+        bf16_rows.append([
+            r["family"], r["length"], fmt(m["tf_family"]), cell("tf_family_bf16"), cell("transformers_bf16"),
+            fmt(m["dense_sdpa"]), cell("dense_sdpa_bf16"),
+        ])  # fmt: skip
+    headers = ["family", "tokens", "tf_family step", "native kernel forced", "PyTorch path step",
+               "identity-attention step", "attention products", "floor", "floor / tf_family",
+               "transformers step", "dense SDPA step", "speed-up now", "best possible"]  # fmt: skip
+    bf16_headers = ["family", "tokens", "tf_family fp32", "tf_family bf16", "transformers bf16", "dense SDPA fp32",
+                    "dense SDPA bf16"]  # fmt: skip
     return (
-        f"Training step (forward + backward), batch 1, medians of {rounds} interleaved rounds. PyTorch path = "
-        "tf_family with its native attention kernel off (TF_FAMILY_NATIVE=0). floor = the step with "
-        "the sparse kernel replaced by the identity + the attention's six matrix products per layer at the exact "
-        "pattern sizes; best possible = transformers / floor.\n\n" + common.markdown_table(headers, rows)
+        f"Training step (forward + backward), batch 1, medians of {rounds} interleaved rounds. tf_family step = the "
+        "dispatch as shipped (the native kernel where its calibration measured it faster than the PyTorch path); "
+        "native kernel forced = TF_FAMILY_NATIVE=force; PyTorch path = the native kernel off (TF_FAMILY_NATIVE=0). "
+        "floor = the step with the sparse kernel replaced by the identity + the attention's six matrix products per "
+        "layer at the exact pattern sizes; floor / tf_family = how close the step is to the floor (the issue's target "
+        "is 90 %); best possible = transformers / floor. dense SDPA = a BERT encoder of the same width with "
+        "PyTorch's SDPA, the same dropout.\n\n"
+        + common.markdown_table(headers, rows)
+        + "\n\nUnder bf16 autocast (`torch.autocast('cpu', dtype=torch.bfloat16)`), the same steps:\n\n"
+        + common.markdown_table(bf16_headers, bf16_rows)
     )
 
 

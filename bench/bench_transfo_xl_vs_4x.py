@@ -117,8 +117,20 @@ def worker_train(side: str, folder: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------- driver
+def _pooled(records: list[dict]) -> dict:
+    """One side's rounds as one record: every repeat's time pooled, their median and min."""
+    import statistics
+
+    times = [time for record in records for time in record["times_s"]]
+    pooled = {**records[0], "times_s": times, "median_s": statistics.median(times), "min_s": min(times)}
+    pooled["tokens_per_s"] = records[0]["tokens_per_s"] * records[0]["median_s"] / pooled["median_s"]
+    return pooled
+
+
 def run_worker(python: str, *args: str) -> dict:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": ""}
+    # tf_family's side imports this checkout (not an installed copy); the 4.35.2 side sees nothing of it
+    pythonpath = str(Path(__file__).resolve().parent.parent) if python == sys.executable else ""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": pythonpath}
     proc = subprocess.run([python, __file__, "--worker", *args], capture_output=True, text=True, env=env, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
@@ -129,21 +141,34 @@ def run_worker(python: str, *args: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tf4-python", default=".venvs/tf4/bin/python", help="python of a transformers 4.35.2 venv")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="repeat every worker this many times, interleaved (a loaded machine)"
+    )
+    parser.add_argument("--modes", default="eval,train", help="comma-separated: eval, train")
+    parser.add_argument("--name", default="transfo_xl_vs_4x")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     common.setup_threads()
     if args.worker:
         kind, *rest = args.worker
         result = worker_make(*rest) if kind == "make" else {"eval": worker_eval, "train": worker_train}[kind](*rest)
-        print(RESULT_TAG + json.dumps(result))
+        print(RESULT_TAG + json.dumps({**result, "allocator": common.allocator()}))
         return
     if not Path(args.tf4_python).exists():
         raise SystemExit(f"--tf4-python {args.tf4_python} does not exist; create the venv as the docstring shows.")
     sides = {"tf4": args.tf4_python, "tff_sdpa": sys.executable, "tff_eager": sys.executable}
     with tempfile.TemporaryDirectory() as folder:
         made = run_worker(args.tf4_python, "make", folder)
-        results = {mode: {side: run_worker(python, mode, side, folder) for side, python in sides.items()}
-                   for mode in ("eval", "train")}  # fmt: skip
+        modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+        rounds: dict = {mode: {side: [] for side in sides} for mode in modes}
+        for round_index in range(args.rounds):  # the side order alternates from round to round
+            for mode in modes:
+                order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
+                for side in order:
+                    rounds[mode][side].append(run_worker(sides[side], mode, side, folder))
+        results = {
+            mode: {side: _pooled(records) for side, records in by_side.items()} for mode, by_side in rounds.items()
+        }
     names = {"tf4": "transformers 4.35.2 TransfoXL", "tff_sdpa": "tf_family (sdpa)", "tff_eager": "tf_family (eager)"}
     rows = []
     for mode, by_side in results.items():
@@ -157,12 +182,13 @@ def main() -> None:
         f"Transformer-XL, {made['parameters']:,} parameters (d_model 256, 4 layers, vocab 32000, plain tied softmax), "
         f"identical weights on both sides. eval: {EVAL_TOKENS} tokens, batch 1, segments of {TGT_LEN}, mem_len "
         f"{CONFIG['mem_len']}, no_grad. train: batch {TRAIN_BATCH} x {TGT_LEN}, fwd + bwd + AdamW, memory carried. "
-        "speed-up = 4.35.2 median / this row's median.\n\n"
+        f"speed-up = 4.35.2 median / this row's median. {args.rounds} round(s) of fresh workers, the sides "
+        "interleaved; the times of all rounds pooled.\n\n"
         + common.markdown_table(
             ["mode", "implementation", "time median (min)", "tokens/s", "speed-up", "summed eval loss"], rows
         )
     )
-    common.write_results("transfo_xl_vs_4x", {"config": CONFIG, "results": results}, markdown)
+    common.write_results(args.name, {"config": CONFIG, "rounds": rounds, "results": results}, markdown)
     print(markdown)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -28,7 +29,12 @@ DATA_DIR = BENCH_DIR / "data"
 
 
 def setup_threads(threads: int = 2) -> None:
-    """Passive OpenMP waiting and ``threads`` intra-op threads (1 inter-op thread)."""
+    """Passive OpenMP waiting and ``threads`` intra-op threads (1 inter-op thread); freed memory kept as the CLI and
+    the recipes keep it (`tf_family.allocator`; ``TF_FAMILY_KEEP_FREED_MEMORY=0`` measures glibc's defaults). The
+    result files record which allocator ran."""
+    module = _allocator_module()
+    if module is not None:
+        module.keep_freed_memory()
     if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         print("warning: torch was imported before setup_threads(); OMP_WAIT_POLICY=PASSIVE has no effect", flush=True)
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -109,6 +115,26 @@ def time_interleaved(steps: dict[str, Callable[[], object]], rounds: int, warmup
     return times
 
 
+def _allocator_module():
+    """This checkout's ``tf_family/allocator.py`` (standard library only), loaded by path: a worker of another
+    environment (transformers 4.35.2) sets and reports the same allocator without importing tf_family."""
+    if "_bench_allocator" not in sys.modules:
+        path = BENCH_DIR.parent / "tf_family" / "allocator.py"
+        if not path.is_file():  # a checkout from before the allocator setting
+            return None
+        spec = importlib.util.spec_from_file_location("_bench_allocator", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_bench_allocator"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_bench_allocator"]
+
+
+def allocator() -> str:
+    """Which allocator this process runs (`tf_family.allocator.describe`)."""
+    module = _allocator_module()
+    return "system malloc, defaults" if module is None else module.describe()
+
+
 def machine_info() -> dict:
     """CPU, core count, versions, threads and load: what a reader needs to compare two result files."""
     import torch
@@ -129,6 +155,7 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "loadavg": loadavg(),
+        "allocator": allocator(),
     }
     try:
         import transformers
@@ -160,7 +187,8 @@ def write_results(name: str, payload: dict, markdown: str) -> tuple[Path, Path]:
     machine = record["machine"]
     footer = (
         f"\n\n{machine['cpu']}, {machine['cores']} cores, torch {machine['torch']} ({machine['torch_threads']} "
-        f"threads, OMP_WAIT_POLICY={machine['omp_wait_policy']}), loadavg {machine['loadavg']}, {record['date']}.\n"
+        f"threads, OMP_WAIT_POLICY={machine['omp_wait_policy']}), {machine['allocator']}, loadavg "
+        f"{machine['loadavg']}, {record['date']}.\n"
         f"Command: `{record['command']}`\n"
     )
     md_path.write_text(markdown.rstrip() + footer)

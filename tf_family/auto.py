@@ -1,11 +1,14 @@
 """Register every architecture of the registry with the transformers Auto classes, and its default LoRA targets
 with PEFT.
 
-Runs on ``import tf_family``. Idempotent: a second call, or a call after the user registered the same classes (or
+``import tf_family`` registers the same entries lazily (`tf_family.lazy_auto`: nothing is imported until transformers
+looks a class up); `register_all` registers them now, importing every class. Idempotent: a second call, or a call after the user registered the same classes (or
 their own LoRA targets for our model types), changes nothing and raises nothing.
 """
 
 from __future__ import annotations
+
+import functools
 
 from transformers import (
     AutoConfig,
@@ -59,16 +62,12 @@ def _legacy_class(spec: ArchSpec, legacy_config: type, tff_class: type) -> type:
     )
 
 
-# legacy config class -> task -> legacy model class, built once from the specs
-_LEGACY_MODELS: dict[type, dict[str, type]] = {
-    legacy_config: {
-        task: _legacy_class(spec, legacy_config, model_class)
-        for task, model_class in spec.model_classes.items()
-        if task in AUTO_CLASS_BY_TASK
-    }
-    for spec in ARCHITECTURES.values()
-    for legacy_config in spec.legacy_configs
-}
+@functools.cache
+def legacy_model_class(legacy_config: type, task: str) -> type:
+    """The model class that the Auto classes route ``legacy_config``'s folders of ``task`` to (built once, so
+    that eager and lazy registration register the same class)."""
+    spec = next(spec for spec in ARCHITECTURES.values() if legacy_config in spec.legacy_configs)
+    return _legacy_class(spec, legacy_config, spec.model_classes[task])
 
 
 def _register_config(config_class: type) -> None:
@@ -105,11 +104,12 @@ def register_all() -> None:
         for task, model_class in spec.model_classes.items():
             if task in AUTO_CLASS_BY_TASK:
                 _register_model(AUTO_CLASS_BY_TASK[task], spec.config_class, model_class)
-    for legacy_config, models in _LEGACY_MODELS.items():
-        _register_config(legacy_config)
-        for task, model_class in models.items():
-            _register_model(AUTO_CLASS_BY_TASK[task], legacy_config, model_class)
+        for legacy_config in spec.legacy_configs:
+            _register_config(legacy_config)
+            for task in spec.model_classes:
+                if task in AUTO_CLASS_BY_TASK:
+                    _register_model(AUTO_CLASS_BY_TASK[task], legacy_config, legacy_model_class(legacy_config, task))
     register_lora_targets()
 
 
-__all__ = ["AUTO_CLASS_BY_TASK", "register_all", "register_lora_targets"]
+__all__ = ["AUTO_CLASS_BY_TASK", "legacy_model_class", "register_all", "register_lora_targets"]

@@ -31,10 +31,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .conversion import ForeignFormat, ForeignTokenizer, convert_folder
 from .registry import ARCHITECTURES
 from .spec import ArchSpec
+
+if TYPE_CHECKING:  # the conversion machinery imports torch: `tf-family --help` and `list` must not
+    from .conversion import ForeignFormat, ForeignTokenizer
 
 
 def zoo_table() -> str:
@@ -71,6 +74,8 @@ def _check_source(source: str, kind: str) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from .conversion import ForeignTokenizer, convert_folder
+
     spec, record = convert_kinds()[args.kind]
     _check_source(args.source, args.kind)
     overrides = json.loads(args.config_overrides) if args.config_overrides else {}
@@ -136,6 +141,9 @@ def train_defaults(recipe_args: Sequence[str]) -> dict[str, object]:
 
 
 def _train(recipe_args: list[str]) -> int:
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # before the first large allocation (TF_FAMILY_KEEP_FREED_MEMORY=0 opts out)
     from .recipes import causal_lm
 
     results = causal_lm.main(list(recipe_args), prog="tf-family train", defaults=train_defaults(recipe_args))
@@ -233,7 +241,9 @@ def _is_main_process() -> bool:
     return PartialState().is_main_process
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(convert_kinds_listed: bool = True) -> argparse.ArgumentParser:
+    """The ``tf-family`` parser. ``convert_kinds_listed=False`` leaves the kinds of ``convert`` unchecked and
+    unlisted: reading them imports the conversion machinery (torch), which ``--help`` and the other commands skip."""
     parser = argparse.ArgumentParser(
         prog="tf-family",
         description=__doc__.split("\n")[0],
@@ -286,12 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     convert = commands.add_parser("convert", help="convert a checkpoint or tokenizer of another implementation")
-    kinds = convert_kinds()
-    convert.add_argument(
-        "kind",
-        choices=list(kinds),
-        help="; ".join(f"{name}: {record.description}" for name, (_, record) in kinds.items()),
-    )
+    if convert_kinds_listed:
+        kinds = convert_kinds()
+        convert.add_argument(
+            "kind",
+            choices=list(kinds),
+            help="; ".join(f"{name}: {record.description}" for name, (_, record) in kinds.items()),
+        )
+    else:
+        convert.add_argument("kind", help="what to convert (`tf-family convert --help` lists the kinds)")
     convert.add_argument("source", help="checkpoint folder (or Hub id already in the cache), or a vocab.pkl file")
     convert.add_argument("output_dir")
     convert.add_argument(
@@ -323,7 +336,8 @@ def _check_folder(args: argparse.Namespace) -> None:
 def _run(argv: list[str]) -> int:
     if argv[:1] == ["train"]:  # the recipe parses its own options (and its own --help, --debug)
         return _train(argv[1:])
-    args = build_parser().parse_args([arg for arg in argv if arg != "--debug"])
+    argv = [arg for arg in argv if arg != "--debug"]
+    args = build_parser(convert_kinds_listed=argv[:1] == ["convert"]).parse_args(argv)
     _check_folder(args)
     if args.command == "card":
         from .cards import write_model_card

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
-
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING, Any
 
 from .models.big_bird import SPEC as BIG_BIRD
 from .models.calm import SPEC as CALM
@@ -25,6 +23,9 @@ from .models.reformer import SPEC as REFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
 from .user_errors import did_you_mean
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
     {

@@ -2,15 +2,22 @@
 
 Each model folder's ``__init__.py`` builds one ``SPEC``; `tf_family.registry` puts them in one ordered table. This
 module imports nothing of tf_family, so a model folder can declare its spec without importing the registry.
+
+A spec names its classes as ``"module:Name"`` strings (or holds the classes): ``tf-family --help``, ``tf-family list``
+and ``import tf_family`` read the table without importing torch, transformers or any modeling file; a class is
+imported the first time it is read (`ArchSpec.config_class`, ``spec.model_classes[task]``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
 
-from transformers import PreTrainedConfig, PreTrainedModel
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 Task = Literal[
     "base",
@@ -30,6 +37,44 @@ Task = Literal[
 CarriedState = Literal["segment_memory", "compressive_memory", "knn_memory"] | None
 
 
+def import_object(reference: Any) -> Any:
+    """The object a ``"package.module:Name"`` reference names (imported now); anything else is returned as it is."""
+    if not isinstance(reference, str):
+        return reference
+    module, colon, name = reference.partition(":")
+    if not colon or not module or not name:
+        raise ValueError(f"{reference!r} is not a 'package.module:Name' reference; write it as 'module:Name'.")
+    return getattr(importlib.import_module(module), name)
+
+
+class LazyClasses(Mapping):
+    """A read-only ``key -> class`` mapping whose classes are given as ``"module:Name"`` references (or as classes)
+    and imported the first time they are read; the keys are known without importing anything."""
+
+    def __init__(self, references: Mapping[str, Any]):
+        self._references = dict(references)
+        self._loaded: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._loaded:
+            self._loaded[key] = import_object(self._references[key])
+        return self._loaded[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._references)
+
+    def __len__(self) -> int:
+        return len(self._references)
+
+    def reference(self, key: str) -> str:
+        """Where ``key``'s class lives, as ``"module:Name"``, without importing it."""
+        value = self._references[key]
+        return value if isinstance(value, str) else f"{value.__module__}:{value.__qualname__}"
+
+    def __repr__(self) -> str:
+        return f"LazyClasses({self._references!r})"
+
+
 def carried_state(model: Any) -> CarriedState:
     """The kind of state ``model`` (an instance or a class, ours or plain transformers) carries between calls."""
     return getattr(model, "carried_state", None)
@@ -42,8 +87,11 @@ class ArchSpec:
     Attributes:
         name: short name used on the command line (``--arch transfo_xl``).
         title: human name with the paper (for tables and cards).
-        config_class: the `PreTrainedConfig` subclass; its ``model_type`` is registered with `AutoConfig`.
-        model_classes: task -> model class; ``"base"`` is the headless model.
+        model_type: the config class's ``model_type`` (registered with `AutoConfig`), declared here so that the
+            table is read without importing the config (`config_class` checks that they agree).
+        config: the `PreTrainedConfig` subclass, or a ``"module:Name"`` reference to it (`config_class`).
+        models: task -> model class or ``"module:Name"`` reference (`model_classes`); ``"base"`` is the headless
+            model.
         variants: named config overrides; ``"tiny"`` (< 1M parameters) is what the tests build.
         lora_target_modules: default PEFT LoRA targets (the attention projections; the Decision Transformer adds its
             MLP): the recipes' ``--lora_r`` default, and PEFT's own default for the model types
@@ -52,34 +100,68 @@ class ArchSpec:
         parity: what the parity tests establish, in a few words.
         card: model card template, relative to the repository's ``model_cards/``.
         paper: arXiv id of the paper.
-        legacy_configs: config classes of model types another library used for this architecture and no longer
-            registers (``transfo-xl``); `tf_family.auto` registers each with the Auto classes, routing its folders
-            to this architecture's model classes.
-        foreign_formats: what ``tf-family convert`` reads from other implementations: checkpoint formats that the
-            models' ``from_pretrained`` also reads (`tf_family.conversion.ForeignFormat`) and tokenizer files
-            (`tf_family.conversion.ForeignTokenizer`).
+        legacy_model_types: model types another library used for this architecture and no longer registers
+            (``transfo-xl``), one per entry of ``legacy``.
+        legacy: their config classes (or references); `tf_family.auto` registers each with the Auto classes,
+            routing its folders to this architecture's model classes (`legacy_configs`).
+        foreign: what ``tf-family convert`` reads from other implementations (`foreign_formats`), as a tuple or a
+            ``"module:NAME"`` reference to one: checkpoint formats that the models' ``from_pretrained`` also reads
+            (`tf_family.conversion.ForeignFormat`) and tokenizer files (`tf_family.conversion.ForeignTokenizer`).
     """
 
     name: str
     title: str
-    config_class: type[PreTrainedConfig]
-    model_classes: Mapping[str, type[PreTrainedModel]]
+    model_type: str
+    config: Any
+    models: Mapping[str, Any]
     variants: Mapping[str, Mapping[str, Any]]
     lora_target_modules: tuple[str, ...]
     reference: str
     parity: str
     card: str
     paper: str = ""
-    legacy_configs: tuple[type[PreTrainedConfig], ...] = ()
-    foreign_formats: tuple[Any, ...] = ()
+    legacy_model_types: tuple[str, ...] = ()
+    legacy: tuple[Any, ...] = ()
+    foreign: Any = field(default=())
 
-    @property
-    def model_type(self) -> str:
-        return self.config_class.model_type
+    def __post_init__(self) -> None:
+        if len(self.legacy) != len(self.legacy_model_types):
+            raise ValueError(
+                f"ArchSpec {self.name!r}: legacy_model_types={self.legacy_model_types!r} and legacy={self.legacy!r} "
+                "must have one model type per legacy config."
+            )
 
-    @property
-    def legacy_model_types(self) -> tuple[str, ...]:
-        return tuple(config.model_type for config in self.legacy_configs)
+    @cached_property
+    def config_class(self) -> type[PreTrainedConfig]:
+        """The config class (imported on first read)."""
+        config_class = import_object(self.config)
+        if config_class.model_type != self.model_type:
+            raise ValueError(
+                f"ArchSpec {self.name!r} declares model_type={self.model_type!r} but {config_class.__name__} has "
+                f"model_type={config_class.model_type!r}; make them agree."
+            )
+        return config_class
+
+    @cached_property
+    def model_classes(self) -> LazyClasses:
+        """task -> model class; each class is imported the first time it is read."""
+        return LazyClasses(self.models)
+
+    @cached_property
+    def legacy_configs(self) -> tuple[type[PreTrainedConfig], ...]:
+        configs = tuple(import_object(reference) for reference in self.legacy)
+        found = tuple(config.model_type for config in configs)
+        if found != self.legacy_model_types:
+            raise ValueError(
+                f"ArchSpec {self.name!r} declares legacy_model_types={self.legacy_model_types!r} but its legacy "
+                f"configs have {found!r}; make them agree."
+            )
+        return configs
+
+    @cached_property
+    def foreign_formats(self) -> tuple[Any, ...]:
+        foreign = import_object(self.foreign)  # a reference to a tuple, or a tuple of records or references
+        return tuple(import_object(record) for record in foreign)
 
     @property
     def model_types(self) -> tuple[str, ...]:
@@ -113,4 +195,4 @@ class ArchSpec:
         return self.make_config("tiny", **overrides)
 
 
-__all__ = ["ArchSpec", "CarriedState", "Task", "carried_state"]
+__all__ = ["ArchSpec", "CarriedState", "LazyClasses", "Task", "carried_state", "import_object"]

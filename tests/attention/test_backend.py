@@ -110,7 +110,7 @@ def test_preferred_chunk_follows_the_path():
         assert preferred_chunk(256, query, key, value, 0.0) == 256  # PyTorch's SDPA: one window
         assert preferred_chunk(256, query, key, value, 0.0, "eager") == 128  # the dense twin: half a window
         assert preferred_chunk(40, query, key, value, 0.0) == 64  # never below 64
-    expected = 256 if backend.attention_backend(query, key, value, 0.1) == "native" else 128
+    expected = 256 if backend.native_candidate(query, key, value, 0.1) else 128
     assert preferred_chunk(256, query, key, value, 0.1) == expected
 
 

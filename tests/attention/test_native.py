@@ -1,5 +1,6 @@
 """tf_family's native CPU attention kernel agrees with its dense twin, and its dropout is seeded and unbiased."""
 
+import json
 import warnings
 
 import pytest
@@ -130,6 +131,7 @@ def test_gradient_checkpointing_replays_the_dropout_mask():
 
 
 def test_attention_under_mask_uses_the_kernel_unless_turned_off(monkeypatch):
+    monkeypatch.setenv("TF_FAMILY_NATIVE", "force")  # the kernel wherever it runs, whatever the calibration says
     tensors = _inputs()
     allowed = _masks(3, 2, 5, 7)["full"]
     calls = []
@@ -161,3 +163,39 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
         assert native.extension() is None  # no second warning
         tensors = _inputs()
         assert attention_under_mask(*tensors, torch.ones(3, 2, 5, 7, dtype=torch.bool)).shape == (3, 2, 5, 4)
+
+
+def test_the_kernel_is_taken_only_where_measured_faster_and_measured_once(monkeypatch, tmp_path):
+    from tf_family.attention import attention_backend
+
+    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
+    monkeypatch.setattr(native, "_decisions", {})
+    measured = []
+
+    def timed(native_s, pytorch_s):
+        return lambda *args: measured.append(args[0].shape) or {"native": native_s, "pytorch": pytorch_s}
+
+    slow, fast = _inputs((3, 2, 5, 7, 4)), _inputs((3, 2, 6, 9, 4))
+    monkeypatch.setattr(native, "_time_paths", timed(2.0, 1.0))  # the kernel slower at this shape: not taken
+    assert attention_backend(*slow, 0.0) == "masked"
+    monkeypatch.setattr(native, "_time_paths", timed(1.0, 2.0))  # faster at that one: taken
+    assert attention_backend(*fast, 0.0) == "native"
+    assert attention_backend(*slow, 0.0) == "masked" and len(measured) == 2  # decided once per shape
+    table = json.loads((tmp_path / "calibration.json").read_text())
+    assert sorted(record["native"] for record in table.values()) == [False, True]
+    # a new process reads the file beside the kernel instead of measuring again
+    monkeypatch.setattr(native, "_decisions", {})
+    monkeypatch.setattr(native, "_time_paths", lambda *args: pytest.fail("measured again"))
+    assert attention_backend(*slow, 0.0) == "masked" and attention_backend(*fast, 0.0) == "native"
+    monkeypatch.setenv("TF_FAMILY_NATIVE", "force")
+    assert attention_backend(*slow, 0.0) == "native"
+
+
+def test_calibration_times_both_paths_and_leaves_the_random_state_alone():
+    query, key, value = _inputs((2, 2, 8, 12, 4))
+    allowed = torch.rand(2, 2, 8, 12, generator=torch.Generator().manual_seed(0)) > 0.3
+    allowed[..., 0] = True
+    state = torch.get_rng_state()
+    times = native._time_paths(query, key, value, allowed, 0.1)
+    assert torch.equal(state, torch.get_rng_state())
+    assert set(times) == {"native", "pytorch"} and all(t > 0 for t in times.values())

@@ -4,12 +4,14 @@ import torch
 from tf_family.attention import (
     build_causal_memory_mask,
     build_key_padding_mask,
+    cached_position_embedding,
     rel_shift,
     rel_shift_reference,
     relative_attention_scores,
     relative_position_sequence,
     sinusoid_position_embedding,
 )
+from tf_family.layers import RelativeMultiHeadAttention
 
 
 @pytest.mark.parametrize(("query_length", "memory_length"), [(1, 0), (4, 0), (5, 3), (3, 7), (6, 6)])
@@ -82,3 +84,56 @@ def test_position_sequence_and_sinusoid():
     torch.testing.assert_close(embedding[1, 0], torch.tensor(1.0).sin())
     with pytest.raises(ValueError, match="even"):
         sinusoid_position_embedding(torch.tensor([0.0]), 3)
+
+
+@pytest.mark.parametrize(("query_length", "memory_length"), [(1, 0), (4, 0), (5, 3), (3, 7), (6, 6)])
+def test_rel_shift_without_autograd_is_a_view_equal_to_the_reference(query_length, memory_length):
+    scores = torch.randn(2, 3, query_length, query_length + memory_length)
+    visible = build_causal_memory_mask(query_length, memory_length)
+    fast = rel_shift(scores)
+    assert fast.untyped_storage().data_ptr() == scores.untyped_storage().data_ptr()  # no copy
+    torch.testing.assert_close(fast * visible, rel_shift_reference(scores) * visible, rtol=0, atol=0)
+
+
+def test_position_projection_is_kept_only_while_its_inputs_are_unchanged():
+    torch.manual_seed(0)
+    layer = RelativeMultiHeadAttention(8, 2, 4, 0.0, 0.0, False, 1e-5, True).eval()
+    embedding = cached_position_embedding(6, 0, 8, None, torch.float32)
+    assert cached_position_embedding(6, 0, 8, None, torch.float32) is embedding
+    positions = relative_position_sequence(6, 0)
+    torch.testing.assert_close(embedding, sinusoid_position_embedding(positions, 8), rtol=0, atol=0)
+    with torch.no_grad():
+        first = layer._projected_positions(embedding)
+        assert layer._projected_positions(embedding) is first
+        layer.position_proj.weight.add_(1.0)  # weights changed in place: projected again
+        second = layer._projected_positions(embedding)
+        torch.testing.assert_close(second, layer.position_proj(embedding), rtol=0, atol=0)
+        assert not torch.equal(first, second)
+        assert layer._projected_positions(embedding.clone()) is not second  # another embedding tensor
+    projected = layer._projected_positions(embedding)  # with autograd: not cached, the gradient flows
+    projected.sum().backward()
+    assert layer.position_proj.weight.grad is not None
+
+
+def test_transfo_xl_evaluation_is_the_same_with_and_without_autograd():
+    """No grad takes the cached projections and the strided shift; with autograd, the plain path."""
+    from tf_family import create_model
+
+    model = create_model("transfo_xl", mem_len=6).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 15), generator=torch.Generator().manual_seed(0))
+
+    def run():
+        mems, outputs = None, []
+        for start in range(0, 15, 5):
+            segment = ids[:, start : start + 5]
+            scored = model(input_ids=segment, labels=segment, mems=mems)  # tail clusters: losses, no logits
+            out = model(input_ids=segment, mems=mems)
+            mems = out.mems
+            outputs += [out.logits.detach(), scored.losses.detach()]
+        return outputs
+
+    with torch.no_grad():
+        fast = run()
+    slow = run()
+    for a, b in zip(fast, slow, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

@@ -51,6 +51,7 @@ from .masked import masked_attention, masked_attention_reference
 from .masks import build_causal_memory_mask, build_key_padding_mask
 from .native import fused_attention, fused_keep_mask
 from .relative import (
+    cached_position_embedding,
     rel_shift,
     rel_shift_reference,
     relative_attention_scores,
@@ -112,6 +113,7 @@ __all__ = [
     "rel_shift_reference",
     "relative_attention_scores",
     "relative_position_scores",
+    "cached_position_embedding",
     "relative_position_sequence",
     "seeded_generator",
     "shared_qk_attention",

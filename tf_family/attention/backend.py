@@ -42,16 +42,33 @@ def takes_masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
 
 
-def attention_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> str:
+def native_candidate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
+    """Whether the native kernel could take this call (our CPU path, 4-D inputs, the kernel built), before the
+    calibration (`native.faster_than_pytorch`) decides whether it does."""
+    return takes_masked_attention(query, key, value, dropout_p) and query.dim() == 4 and native.extension() is not None
+
+
+def attention_backend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float,
+    allowed: torch.Tensor | None = None,
+) -> str:
     """Which function the ``"sdpa"`` implementation computes with: ``"sdpa"`` (PyTorch's), or where our own is faster
-    (`takes_masked_attention`) ``"native"`` (the fused kernel, `native.fused_attention`; 4-D inputs, when built) or
+    (`takes_masked_attention`) ``"native"`` (the fused kernel, `native.fused_attention`; 4-D inputs, when built and
+    measured faster than the PyTorch path at these shapes on this machine: `native.faster_than_pytorch`) or
     ``"masked"`` (`masked_attention`)."""
     if not takes_masked_attention(query, key, value, dropout_p):
         return "sdpa"
-    return "native" if query.dim() == 4 and native.extension() is not None else "masked"
+    if native_candidate(query, key, value, dropout_p) and native.faster_than_pytorch(
+        query, key, value, allowed, dropout_p
+    ):
+        return "native"
+    return "masked"
 
 
-def _backend(query, key, value, dropout_p: float, implementation: str | None, cpu_kernels: bool) -> str:
+def _backend(query, key, value, dropout_p: float, implementation: str | None, cpu_kernels: bool, allowed=None) -> str:
     if implementation == "eager":
         return "eager"
     if implementation == FLEX:  # the dense parts of the flex route: PyTorch's SDPA
@@ -61,7 +78,7 @@ def _backend(query, key, value, dropout_p: float, implementation: str | None, cp
             f"attention implementation must be one of {IMPLEMENTATIONS} (config._attn_implementation), got "
             f"{implementation!r}; load the model with attn_implementation='sdpa', 'eager' or 'flex_attention'."
         )
-    return attention_backend(query, key, value, dropout_p) if cpu_kernels else "sdpa"
+    return attention_backend(query, key, value, dropout_p, allowed) if cpu_kernels else "sdpa"
 
 
 def attend(
@@ -93,7 +110,11 @@ def attend(
     Returns:
         ``(..., T, Dh)`` and, for ``"eager"``, the ``(..., T, S)`` probabilities (``None`` otherwise).
     """
-    backend = _backend(query, key, value, dropout_p, implementation, cpu_kernels and bias is None)
+    own_cpu_path = cpu_kernels and bias is None and implementation != "eager"
+    own_cpu_path = own_cpu_path and takes_masked_attention(query, key, value, dropout_p)
+    if own_cpu_path and allowed is not None and bool(allowed.all()):
+        allowed = None  # nothing masked: no pass over the scores for it (and one calibration for the shape)
+    backend = _backend(query, key, value, dropout_p, implementation, cpu_kernels and bias is None, allowed)
     if backend == "eager":
         return dense_attention(query, key, value, allowed, dropout_p, key_bias=bias)
     if backend == "sdpa":
@@ -101,11 +122,10 @@ def attend(
         if bias is not None:
             mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p), None
-    everything = allowed is None or bool(allowed.all())
     if backend == "native":
-        return native.fused_attention(query, key, value, None if everything else allowed, dropout_p), None
+        return native.fused_attention(query, key, value, allowed, dropout_p), None
     scores_bias = None  # nothing masked (e.g. BigBird's middle blocks without padding): no pass over the scores for it
-    if not everything:
+    if allowed is not None:
         scores_bias = allowed.view(torch.uint8).to(query.dtype).log_()  # 0 where allowed, -inf elsewhere
     kept, scale = None, 1.0
     if dropout_p > 0.0:
@@ -135,8 +155,13 @@ def preferred_chunk(
     efficient on 128 rows than on 64, which outweighs the wasted scores of longer spans: 47 vs 51 ms per layer at
     window 256, 2 cores); the functions that hold the whole score tile in memory (`masked_attention`, the eager dense
     twin) do best with half a window (7 % per step for `masked_attention`)."""
-    unfused = _backend(query, key, value, dropout_p, implementation, True) in ("masked", "eager")
-    return max(window // 2 if unfused else window, 64)
+    if implementation == "eager":
+        return max(window // 2, 64)
+    _backend(query, key, value, dropout_p, implementation, False)  # checks the implementation's name
+    candidate = not takes_masked_attention(query, key, value, dropout_p) or native_candidate(
+        query, key, value, dropout_p
+    )  # PyTorch's SDPA, or the native kernel unless its calibration at the chunk's shape says otherwise
+    return max(window if candidate else window // 2, 64)
 
 
 __all__ = [
@@ -145,6 +170,7 @@ __all__ = [
     "attend",
     "attention_backend",
     "attention_under_mask",
+    "native_candidate",
     "preferred_chunk",
     "takes_masked_attention",
 ]

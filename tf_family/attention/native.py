@@ -21,13 +21,22 @@ inside PyTorch's CPU build (Intel MKL on x86-64 Linux). When the build or the lo
 
 `fused_attention` is the entry point; its dense twin is `masked_attention_reference` given the same dropout mask
 (`fused_keep_mask`).
+
+The kernel is not faster everywhere: on one Intel machine BigBird's tiles ran slower through it than through the
+PyTorch path (`masked_attention`) it replaces. So `backend.attend` takes it only where `faster_than_pytorch` says
+so: the first call at a given shape (tile sizes, mask or not, dropout or not, dtype, thread count) times both paths,
+forward and backward, on random tensors of that shape, interleaved, and keeps the faster; the decision is cached in
+memory and in ``calibration.json`` beside the built kernel, so each machine and build measures once.
+``TF_FAMILY_NATIVE=force`` takes the kernel wherever it runs, without calibrating (tests of the kernel).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
+import statistics
 import sys
 import time
 import warnings
@@ -144,7 +153,7 @@ def _build():
 
 def extension():
     """The compiled kernel module, building it on first call; ``None`` when it is off or cannot be built/loaded."""
-    if os.environ.get("TF_FAMILY_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+    if _native_setting() in ("0", "false", "no", "off"):
         return None
     if "module" not in _state:
         module = None
@@ -162,6 +171,112 @@ def extension():
                 )
         _state["module"] = module
     return _state["module"]
+
+
+def _native_setting() -> str:
+    return os.environ.get("TF_FAMILY_NATIVE", "1").strip().lower()
+
+
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_ROUNDS = 5
+_decisions: dict[str, dict] = {}
+
+
+def calibration_path() -> Path:
+    """Where this build's calibration is kept: beside the compiled kernel."""
+    return build_directory() / CALIBRATION_FILE
+
+
+def _calibration_key(query: torch.Tensor, key: torch.Tensor, masked: bool, dropout_p: float) -> str:
+    return (
+        f"{str(query.dtype).removeprefix('torch.')} q{tuple(query.shape)} k{tuple(key.shape)} "
+        f"mask={int(masked)} dropout={int(dropout_p > 0)} threads={torch.get_num_threads()}"
+    )
+
+
+def _load_calibration() -> dict:
+    try:
+        return json.loads(calibration_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_calibration(key: str, record: dict) -> None:
+    """Add ``record`` under ``key`` to the file (re-read first: another process may have added its own), written
+    beside and renamed, so a reader never sees half a file."""
+    try:
+        path = calibration_path()
+        table = _load_calibration()
+        table[key] = record
+        partial = path.with_name(f".{CALIBRATION_FILE}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(partial, path)
+    except OSError:  # a read-only build folder: the decision still holds for this process
+        pass
+
+
+def _time_paths(query, key, value, allowed, dropout_p: float) -> dict[str, float]:
+    """Median seconds of forward + backward through the kernel and through the PyTorch path, on random tensors of
+    the call's shapes and its mask, interleaved; PyTorch's random state is left as it was."""
+    from .dropout import dropout_mask
+    from .masked import masked_attention
+
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        generator = torch.Generator().manual_seed(0)
+        tensors = [
+            torch.randn(t.shape, dtype=t.dtype, generator=generator).requires_grad_() for t in (query, key, value)
+        ]
+        grad = torch.randn(query.shape, dtype=query.dtype, generator=generator)
+        mask = None if allowed is None else allowed.detach()
+        scores_bias = None if mask is None else mask.to(torch.bool).view(torch.uint8).to(query.dtype).log_()
+
+        def native_path():
+            fused_attention(*tensors, mask, dropout_p, seed=1).backward(grad)
+
+        def pytorch_path():
+            kept, scale = None, 1.0
+            if dropout_p > 0.0:
+                kept, scale = dropout_mask((*query.shape[:-1], key.shape[-2]), dropout_p, query.device)
+            masked_attention(*tensors, scores_bias, kept, scale).backward(grad)
+
+        paths = {"native": native_path, "pytorch": pytorch_path}
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for path in paths.values():  # warm-up
+            path()
+        for round_index in range(CALIBRATION_ROUNDS):
+            for name in paths if round_index % 2 == 0 else reversed(paths):
+                started = time.perf_counter()
+                paths[name]()
+                times[name].append(time.perf_counter() - started)
+                for tensor in tensors:
+                    tensor.grad = None
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def faster_than_pytorch(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, dropout_p: float
+) -> bool:
+    """Whether the native kernel is measured faster than the PyTorch path (`masked_attention`) for a call of these
+    shapes on this machine (see the module's notes): measured once per shape and build, then cached. ``True``
+    without measuring under ``TF_FAMILY_NATIVE=force``; ``False`` when the kernel is not available."""
+    if extension() is None:
+        return False
+    if _native_setting() == "force":
+        return True
+    key_ = _calibration_key(query, key, allowed is not None, dropout_p)
+    decision = _decisions.get(key_)
+    if decision is None:
+        decision = _load_calibration().get(key_)
+        if decision is None:
+            times = _time_paths(query, key, value, allowed, dropout_p)
+            decision = {
+                "native_s": round(times["native"], 6),
+                "pytorch_s": round(times["pytorch"], 6),
+                "native": times["native"] < times["pytorch"],
+            }
+            _save_calibration(key_, decision)
+        _decisions[key_] = decision
+    return bool(decision["native"])
 
 
 def float32_cpu_extension(*tensors: torch.Tensor):
@@ -245,7 +360,10 @@ def fused_keep_mask(shape: tuple[int, ...] | torch.Size, dropout_p: float, seed:
 
 
 __all__ = [
+    "CALIBRATION_FILE",
     "build_directory",
+    "calibration_path",
+    "faster_than_pytorch",
     "build_key",
     "extension",
     "float32_cpu_extension",

@@ -41,6 +41,33 @@ def sinusoid_position_embedding(positions: torch.Tensor, dim: int) -> torch.Tens
     return torch.cat([angles.sin(), angles.cos()], dim=-1).to(positions.dtype)  # (R, D)
 
 
+_EMBEDDING_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def cached_position_embedding(
+    key_length: int, clamp_len: int, dim: int, device: torch.device | str | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """``sinusoid_position_embedding(relative_position_sequence(...), dim)`` ``(S, D)``, computed once per shape,
+    clamp, device and dtype (and per inference mode: an inference tensor cannot enter autograd) and the same tensor
+    object afterwards, so that the layers can keep their projection of it (`RelativeMultiHeadAttention`). Not
+    cached while compiling or exporting. The tensor is shared: do not modify it in place."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        positions = relative_position_sequence(key_length, clamp_len, device, dtype)
+        return sinusoid_position_embedding(positions, dim)
+    key = (key_length, clamp_len, dim, torch.device(device) if device is not None else None, dtype,
+           torch.is_inference_mode_enabled())  # fmt: skip
+    embedding = _EMBEDDING_CACHE.get(key)
+    if embedding is None:
+        with torch.no_grad():
+            embedding = sinusoid_position_embedding(
+                relative_position_sequence(key_length, clamp_len, device, dtype), dim
+            )
+        if len(_EMBEDDING_CACHE) >= 64:
+            _EMBEDDING_CACHE.clear()
+        _EMBEDDING_CACHE[key] = embedding
+    return embedding
+
+
 def rel_shift(position_scores: torch.Tensor) -> torch.Tensor:
     """Re-index scores against relative distances into scores against key positions.
 
@@ -49,9 +76,25 @@ def rel_shift(position_scores: torch.Tensor) -> torch.Tensor:
     ``j``, i.e. ``position_scores[..., i, j + T - 1 - i]``, for every ``j <= S - T + i``. Entries with ``j`` after
     the query (future keys, always masked by the causal mask) hold arbitrary values.
 
-    Implemented with the zero-pad-and-reshape trick of the original code: one copy, no gather.
+    Implemented with the zero-pad-and-reshape trick of the original code (one copy, no gather) where autograd
+    records it; otherwise (evaluation) as a strided view of ``position_scores`` itself, no copy at all:
+    ``out[..., i, j]`` sits at offset ``(T - 1) + i * (S - 1) + j`` of each ``(T, S)`` block, so the view has row
+    stride ``S - 1`` (the entries after the query read the next row's first scores: arbitrary, as above).
     """
     *batch, query_length, key_length = position_scores.shape
+    if (
+        not position_scores.requires_grad
+        and position_scores.is_contiguous()
+        and query_length <= key_length
+        and position_scores.numel() > 0
+        and not torch.compiler.is_compiling()
+    ):
+        strides = position_scores.stride()
+        return position_scores.as_strided(
+            position_scores.shape,
+            (*strides[:-2], key_length - 1, 1),
+            position_scores.storage_offset() + query_length - 1,
+        )
     padded = torch.nn.functional.pad(position_scores, (1, 0))  # (..., T, S + 1)
     if torch.compiler.is_exporting():
         # the same elements (the first T of the flat (S + 1) * T dropped): viewing (T, S + 1) as (S + 1, T) makes

@@ -171,6 +171,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         head_size = self.bounds[1]
         head_logprobs = F.log_softmax(self._cluster_logits(hidden, 0).float(), dim=-1)  # (N, head + clusters)
         if labels is None:
+            if not self.num_tail_clusters:
+                return head_logprobs  # (N, V): one cluster, nothing to join
             pieces = [head_logprobs[:, :head_size]]
             for cluster in range(1, self.num_tail_clusters + 1):
                 tail = F.log_softmax(self._cluster_logits(hidden, cluster).float(), dim=-1)
@@ -211,9 +213,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             if labels.shape != (batch, length):
                 raise ValueError(f"labels must have shape {(batch, length)}, got {tuple(labels.shape)}.")
             targets = labels[:, 1:].reshape(-1)  # (B*(T-1),)
-            if logits is not None:
-                flat = logits[:, :-1].reshape(-1, logits.shape[-1])
-                losses = F.nll_loss(flat, targets.clamp(min=0), reduction="none") * (targets != -100)
+            if logits is not None:  # the targets' log-probabilities, read in place (no copy of the logits)
+                picked = logits[:, :-1].gather(-1, labels[:, 1:, None].clamp(min=0)).reshape(-1)  # (B*(T-1),)
+                losses = -picked * (targets != -100)
             else:
                 losses = self(hidden[:, :-1].reshape(-1, width), targets)
             losses = losses.view(batch, length - 1)  # (B, T-1)

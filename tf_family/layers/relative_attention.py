@@ -70,6 +70,26 @@ class RelativeMultiHeadAttention(nn.Module):
         value = value.reshape(batch, key_length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
         return query, key, value
 
+    def _projected_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
+        """``position_proj(position_embedding)`` ``(S, H*Dh)``. Without autograd, kept for the next call with the
+        same embedding tensor (a model's cached one, `cached_position_embedding`) and unchanged weights: evaluating
+        segment after segment projects the same distances each time."""
+        weight = self.position_proj.weight
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            self._position_keys_cache = None
+            return self.position_proj(position_embedding)
+        key = (position_embedding, weight, weight._version)
+        cached = getattr(self, "_position_keys_cache", None)
+        if (
+            cached is not None
+            and all(a is b for a, b in zip(cached[0][:2], key[:2], strict=True))
+            and (cached[0][2] == key[2])
+        ):
+            return cached[1]
+        projected = self.position_proj(position_embedding)
+        self._position_keys_cache = (key, projected)
+        return projected
+
     def position_scores(
         self,
         query: torch.Tensor,
@@ -80,7 +100,7 @@ class RelativeMultiHeadAttention(nn.Module):
         """The scaled position term, masked with ``finfo.min`` where ``allowed`` is False, ``(B, H, T, S)``, and the
         content bias ``u`` ``(H, Dh)`` to fold into the query."""
         key_length = position_embedding.shape[0]
-        position_keys = self.position_proj(position_embedding)  # (S, H*Dh)
+        position_keys = self._projected_positions(position_embedding)  # (S, H*Dh)
         position_keys = position_keys.view(key_length, self.num_heads, self.head_dim).transpose(0, 1)  # (H, S, Dh)
         content_bias, position_bias = shared_biases or (self.content_bias, self.position_bias)
         position = relative_position_scores(query, position_keys, position_bias)  # (B, H, T, S)

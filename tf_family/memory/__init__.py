@@ -68,7 +68,7 @@ def _unflatten_fields(cls: type, names: tuple[str, ...]):
 def register_pytree_nodes() -> None:
     """Make `SegmentMemory` and `CompressiveMemory` pytree nodes (idempotent), so that `torch.export` traces the
     models that return them (Transformer-XL, the Compressive Transformer) with their memory. Called by
-    ``import tf_family``; nothing registers on importing this package alone."""
+    ``import tf_family`` (`tf_family.lazy_auto`) the moment this package is imported."""
     import torch.utils._pytree as pytree
 
     nodes = {SegmentMemory: ("states", "mask"), CompressiveMemory: ("memory", "compressed", "usage")}

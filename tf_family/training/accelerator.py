@@ -17,10 +17,14 @@ from accelerate.utils import DistributedDataParallelKwargs, DistributedType, bro
 
 from .checkpointing import lock_output_dir, unlock_output_dir
 
+from ..allocator import keep_freed_memory
+
 
 def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
     """The recipes' `Accelerator` (gradient accumulation, ``--cpu``, mixed precision, trackers under ``output_dir``),
-    with logging set up per process and the seed set. Rejects ``--merge_lora`` under FSDP / DeepSpeed."""
+    with logging set up per process and the seed set. Rejects ``--merge_lora`` under FSDP / DeepSpeed. Tells the
+    allocator to keep freed memory first (`tf_family.allocator`; ``TF_FAMILY_KEEP_FREED_MEMORY=0`` opts out)."""
+    keep_freed_memory()
     accelerator = Accelerator(
         # DDP's search for parameters without gradient is set per model by `configure_ddp`, before `prepare`
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=False)],

@@ -3,29 +3,20 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .configuration_big_bird import TffBigBirdConfig
-from .convert_big_bird import TRANSFORMERS_BIG_BIRD
-from .modeling_big_bird import (
-    TffBigBirdForMaskedLM,
-    TffBigBirdForMultipleChoice,
-    TffBigBirdForQuestionAnswering,
-    TffBigBirdForSequenceClassification,
-    TffBigBirdForTokenClassification,
-    TffBigBirdModel,
-)
 
 SPEC = ArchSpec(
     name="big_bird",
     title="BigBird (Zaheer et al. 2020)",
-    config_class=TffBigBirdConfig,
-    model_classes=MappingProxyType(
+    model_type="tff_big_bird",
+    config="tf_family.models.big_bird.configuration_big_bird:TffBigBirdConfig",
+    models=MappingProxyType(
         {
-            "base": TffBigBirdModel,
-            "masked_lm": TffBigBirdForMaskedLM,
-            "sequence_classification": TffBigBirdForSequenceClassification,
-            "token_classification": TffBigBirdForTokenClassification,
-            "question_answering": TffBigBirdForQuestionAnswering,
-            "multiple_choice": TffBigBirdForMultipleChoice,
+            "base": "tf_family.models.big_bird.modeling_big_bird:TffBigBirdModel",
+            "masked_lm": "tf_family.models.big_bird.modeling_big_bird:TffBigBirdForMaskedLM",
+            "sequence_classification": "tf_family.models.big_bird.modeling_big_bird:TffBigBirdForSequenceClassification",
+            "token_classification": "tf_family.models.big_bird.modeling_big_bird:TffBigBirdForTokenClassification",
+            "question_answering": "tf_family.models.big_bird.modeling_big_bird:TffBigBirdForQuestionAnswering",
+            "multiple_choice": "tf_family.models.big_bird.modeling_big_bird:TffBigBirdForMultipleChoice",
         }
     ),
     variants=MappingProxyType(
@@ -67,7 +58,7 @@ SPEC = ArchSpec(
     parity="outputs within 1e-4 in eval, block-sparse and full paths (random blocks as transformers draws them in eval)",
     card="big_bird.md",
     paper="2007.14062",
-    foreign_formats=(TRANSFORMERS_BIG_BIRD,),
+    foreign=("tf_family.models.big_bird.convert_big_bird:TRANSFORMERS_BIG_BIRD",),
 )
 
 __all__ = ["SPEC"]

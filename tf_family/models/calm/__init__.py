@@ -3,17 +3,20 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .configuration_calm import TffCalmConfig
-from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA
-from .modeling_calm import TffCalmForCausalLM, TffCalmModel
 
 _DECODER = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 
 SPEC = ArchSpec(
     name="calm",
     title="CALM early exit (Schuster et al. 2022)",
-    config_class=TffCalmConfig,
-    model_classes=MappingProxyType({"base": TffCalmModel, "causal_lm": TffCalmForCausalLM}),
+    model_type="tff_calm",
+    config="tf_family.models.calm.configuration_calm:TffCalmConfig",
+    models=MappingProxyType(
+        {
+            "base": "tf_family.models.calm.modeling_calm:TffCalmModel",
+            "causal_lm": "tf_family.models.calm.modeling_calm:TffCalmForCausalLM",
+        }
+    ),
     variants=MappingProxyType(
         {
             "tiny": MappingProxyType(
@@ -51,7 +54,10 @@ SPEC = ArchSpec(
     ),
     card="calm.md",
     paper="2207.07061",
-    foreign_formats=(TRANSFORMERS_LLAMA, TRANSFORMERS_GPT2),
+    foreign=(
+        "tf_family.models.calm.convert_calm:TRANSFORMERS_LLAMA",
+        "tf_family.models.calm.convert_calm:TRANSFORMERS_GPT2",
+    ),
 )
 
 __all__ = ["SPEC"]

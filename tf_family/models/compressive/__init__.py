@@ -3,14 +3,18 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .configuration_compressive import TffCompressiveConfig
-from .modeling_compressive import TffCompressiveLMHeadModel, TffCompressiveModel
 
 SPEC = ArchSpec(
     name="compressive",
     title="Compressive Transformer (Rae et al. 2019)",
-    config_class=TffCompressiveConfig,
-    model_classes=MappingProxyType({"base": TffCompressiveModel, "causal_lm": TffCompressiveLMHeadModel}),
+    model_type="tff_compressive",
+    config="tf_family.models.compressive.configuration_compressive:TffCompressiveConfig",
+    models=MappingProxyType(
+        {
+            "base": "tf_family.models.compressive.modeling_compressive:TffCompressiveModel",
+            "causal_lm": "tf_family.models.compressive.modeling_compressive:TffCompressiveLMHeadModel",
+        }
+    ),
     variants=MappingProxyType(
         {
             "tiny": MappingProxyType(

@@ -3,15 +3,15 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .configuration_decision_transformer import TffDecisionTransformerConfig
-from .convert_decision_transformer import TRANSFORMERS_DECISION_TRANSFORMER
-from .modeling_decision_transformer import TffDecisionTransformerModel
 
 SPEC = ArchSpec(
     name="decision_transformer",
     title="Decision Transformer (Chen et al. 2021)",
-    config_class=TffDecisionTransformerConfig,
-    model_classes=MappingProxyType({"action": TffDecisionTransformerModel}),
+    model_type="tff_decision_transformer",
+    config="tf_family.models.decision_transformer.configuration_decision_transformer:TffDecisionTransformerConfig",
+    models=MappingProxyType(
+        {"action": "tf_family.models.decision_transformer.modeling_decision_transformer:TffDecisionTransformerModel"}
+    ),
     variants=MappingProxyType(
         {
             "tiny": MappingProxyType(
@@ -72,7 +72,7 @@ SPEC = ArchSpec(
     parity="state/action/return predictions within 1e-5 (random tiny model, converted folder)",
     card="decision_transformer.md",
     paper="2106.01345",
-    foreign_formats=(TRANSFORMERS_DECISION_TRANSFORMER,),
+    foreign=("tf_family.models.decision_transformer.convert_decision_transformer:TRANSFORMERS_DECISION_TRANSFORMER",),
 )
 
 __all__ = ["SPEC"]

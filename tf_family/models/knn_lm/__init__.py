@@ -3,8 +3,6 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .configuration_knn_lm import TffKNNLMConfig
-from .modeling_knn_lm import TffKNNLMForCausalLM
 
 _TINY_LLAMA = {
     "model_type": "llama",
@@ -21,8 +19,9 @@ _TINY_LLAMA = {
 SPEC = ArchSpec(
     name="knn_lm",
     title="kNN-LM (Khandelwal et al. 2020)",
-    config_class=TffKNNLMConfig,
-    model_classes=MappingProxyType({"causal_lm": TffKNNLMForCausalLM}),
+    model_type="tff_knn_lm",
+    config="tf_family.models.knn_lm.configuration_knn_lm:TffKNNLMConfig",
+    models=MappingProxyType({"causal_lm": "tf_family.models.knn_lm.modeling_knn_lm:TffKNNLMForCausalLM"}),
     variants=MappingProxyType(
         {
             "tiny": MappingProxyType({"base_config": _TINY_LLAMA, "k": 8, "lmbda": 0.25}),

@@ -3,31 +3,21 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .configuration_longformer import TffLongformerConfig
-from .convert_longformer import TRANSFORMERS_LONGFORMER
-from .modeling_longformer import (
-    TffLongformerForCausalLM,
-    TffLongformerForMaskedLM,
-    TffLongformerForMultipleChoice,
-    TffLongformerForQuestionAnswering,
-    TffLongformerForSequenceClassification,
-    TffLongformerForTokenClassification,
-    TffLongformerModel,
-)
 
 SPEC = ArchSpec(
     name="longformer",
     title="Longformer (Beltagy et al. 2020)",
-    config_class=TffLongformerConfig,
-    model_classes=MappingProxyType(
+    model_type="tff_longformer",
+    config="tf_family.models.longformer.configuration_longformer:TffLongformerConfig",
+    models=MappingProxyType(
         {
-            "base": TffLongformerModel,
-            "masked_lm": TffLongformerForMaskedLM,
-            "causal_lm": TffLongformerForCausalLM,
-            "sequence_classification": TffLongformerForSequenceClassification,
-            "token_classification": TffLongformerForTokenClassification,
-            "question_answering": TffLongformerForQuestionAnswering,
-            "multiple_choice": TffLongformerForMultipleChoice,
+            "base": "tf_family.models.longformer.modeling_longformer:TffLongformerModel",
+            "masked_lm": "tf_family.models.longformer.modeling_longformer:TffLongformerForMaskedLM",
+            "causal_lm": "tf_family.models.longformer.modeling_longformer:TffLongformerForCausalLM",
+            "sequence_classification": "tf_family.models.longformer.modeling_longformer:TffLongformerForSequenceClassification",
+            "token_classification": "tf_family.models.longformer.modeling_longformer:TffLongformerForTokenClassification",
+            "question_answering": "tf_family.models.longformer.modeling_longformer:TffLongformerForQuestionAnswering",
+            "multiple_choice": "tf_family.models.longformer.modeling_longformer:TffLongformerForMultipleChoice",
         }
     ),
     variants=MappingProxyType(
@@ -69,7 +59,7 @@ SPEC = ArchSpec(
     parity="outputs within 1e-4 in eval (windows, global tokens, odd lengths, padding)",
     card="longformer.md",
     paper="2004.05150",
-    foreign_formats=(TRANSFORMERS_LONGFORMER,),
+    foreign=("tf_family.models.longformer.convert_longformer:TRANSFORMERS_LONGFORMER",),
 )
 
 __all__ = ["SPEC"]

@@ -3,14 +3,18 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .configuration_memorizing import TffMemorizingConfig
-from .modeling_memorizing import TffMemorizingForCausalLM, TffMemorizingModel
 
 SPEC = ArchSpec(
     name="memorizing",
     title="Memorizing Transformer (Wu et al. 2022)",
-    config_class=TffMemorizingConfig,
-    model_classes=MappingProxyType({"base": TffMemorizingModel, "causal_lm": TffMemorizingForCausalLM}),
+    model_type="tff_memorizing",
+    config="tf_family.models.memorizing.configuration_memorizing:TffMemorizingConfig",
+    models=MappingProxyType(
+        {
+            "base": "tf_family.models.memorizing.modeling_memorizing:TffMemorizingModel",
+            "causal_lm": "tf_family.models.memorizing.modeling_memorizing:TffMemorizingForCausalLM",
+        }
+    ),
     variants=MappingProxyType(
         {
             "tiny": MappingProxyType(

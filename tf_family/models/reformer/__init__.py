@@ -3,28 +3,19 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .cache_reformer import TffReformerCache
-from .configuration_reformer import TffReformerConfig
-from .convert_reformer import TRANSFORMERS_REFORMER
-from .modeling_reformer import (
-    TffReformerForCausalLM,
-    TffReformerForMaskedLM,
-    TffReformerForQuestionAnswering,
-    TffReformerForSequenceClassification,
-    TffReformerModel,
-)
 
 SPEC = ArchSpec(
     name="reformer",
     title="Reformer (Kitaev et al. 2020)",
-    config_class=TffReformerConfig,
-    model_classes=MappingProxyType(
+    model_type="tff_reformer",
+    config="tf_family.models.reformer.configuration_reformer:TffReformerConfig",
+    models=MappingProxyType(
         {
-            "base": TffReformerModel,
-            "causal_lm": TffReformerForCausalLM,
-            "masked_lm": TffReformerForMaskedLM,
-            "sequence_classification": TffReformerForSequenceClassification,
-            "question_answering": TffReformerForQuestionAnswering,
+            "base": "tf_family.models.reformer.modeling_reformer:TffReformerModel",
+            "causal_lm": "tf_family.models.reformer.modeling_reformer:TffReformerForCausalLM",
+            "masked_lm": "tf_family.models.reformer.modeling_reformer:TffReformerForMaskedLM",
+            "sequence_classification": "tf_family.models.reformer.modeling_reformer:TffReformerForSequenceClassification",
+            "question_answering": "tf_family.models.reformer.modeling_reformer:TffReformerForQuestionAnswering",
         }
     ),
     variants=MappingProxyType(
@@ -110,7 +101,7 @@ SPEC = ArchSpec(
     parity="eval logits, training loss and gradients within 1e-5 (chunk_wrap_around)",
     card="reformer.md",
     paper="2001.04451",
-    foreign_formats=(TRANSFORMERS_REFORMER,),
+    foreign=("tf_family.models.reformer.convert_reformer:TRANSFORMERS_REFORMER",),
 )
 
-__all__ = ["SPEC", "TffReformerCache"]
+__all__ = ["SPEC"]

@@ -3,20 +3,17 @@
 from types import MappingProxyType
 
 from ...spec import ArchSpec
-from .configuration_transfo_xl import TffTransfoXLConfig
-from .convert_transfo_xl import LEGACY_TRANSFO_XL, TffTransfoXLLegacyConfig
-from .convert_vocab import TRANSFO_XL_VOCAB
-from .modeling_transfo_xl import TffTransfoXLForSequenceClassification, TffTransfoXLLMHeadModel, TffTransfoXLModel
 
 SPEC = ArchSpec(
     name="transfo_xl",
     title="Transformer-XL (Dai et al. 2019)",
-    config_class=TffTransfoXLConfig,
-    model_classes=MappingProxyType(
+    model_type="tff_transfo_xl",
+    config="tf_family.models.transfo_xl.configuration_transfo_xl:TffTransfoXLConfig",
+    models=MappingProxyType(
         {
-            "base": TffTransfoXLModel,
-            "causal_lm": TffTransfoXLLMHeadModel,
-            "sequence_classification": TffTransfoXLForSequenceClassification,
+            "base": "tf_family.models.transfo_xl.modeling_transfo_xl:TffTransfoXLModel",
+            "causal_lm": "tf_family.models.transfo_xl.modeling_transfo_xl:TffTransfoXLLMHeadModel",
+            "sequence_classification": "tf_family.models.transfo_xl.modeling_transfo_xl:TffTransfoXLForSequenceClassification",
         }
     ),
     variants=MappingProxyType(
@@ -79,8 +76,12 @@ SPEC = ArchSpec(
     parity="logits within 1e-5 over 3 segments with memory (3 configs)",
     card="transfo_xl.md",
     paper="1901.02860",
-    legacy_configs=(TffTransfoXLLegacyConfig,),
-    foreign_formats=(LEGACY_TRANSFO_XL, TRANSFO_XL_VOCAB),
+    legacy_model_types=("transfo-xl",),
+    legacy=("tf_family.models.transfo_xl.convert_transfo_xl:TffTransfoXLLegacyConfig",),
+    foreign=(
+        "tf_family.models.transfo_xl.convert_transfo_xl:LEGACY_TRANSFO_XL",
+        "tf_family.models.transfo_xl.convert_vocab:TRANSFO_XL_VOCAB",
+    ),
 )
 
 __all__ = ["SPEC"]
