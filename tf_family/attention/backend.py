@@ -152,9 +152,9 @@ def preferred_chunk(
     """Queries per `attend` call for a sliding window of one-sided width ``window`` (at least 64).
 
     One window suits PyTorch's fused attention (eval) and the native kernel (CPU training; its products are more
-    efficient on 128 rows than on 64, which outweighs the wasted scores of longer spans: 47 vs 51 ms per layer at
-    window 256, 2 cores); the functions that hold the whole score tile in memory (`masked_attention`, the eager dense
-    twin) do best with half a window (7 % per step for `masked_attention`)."""
+    efficient on 128 rows than on 64, which outweighs the wasted scores of longer spans, as
+    `bench/bench_sparse_attention.py` measures); the functions that hold the whole score tile in memory
+    (`masked_attention`, the eager dense twin) do best with half a window."""
     if implementation == "eager":
         return max(window // 2, 64)
     _backend(query, key, value, dropout_p, implementation, False)  # checks the implementation's name

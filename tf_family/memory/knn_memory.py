@@ -60,8 +60,8 @@ def gather_blocks(memory: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tens
 
     Why blocks: a training step gathers the keys and the values retrieved from the memory (at 8k entries, batch 2
     x 256 tokens, 8 heads x 64: 32 MiB each). Tensors that large sit at glibc's mmap threshold, so each was mapped
-    anew and page-faulted in at every step (about 20 ms apiece on this CPU, three quarters of the gather); blocks
-    of a few MiB reuse freed heap memory."""
+    anew and page-faulted in at every step (most of the gather's time); blocks of a few MiB reuse freed heap memory
+    (`bench/bench_memorizing.py` measures it)."""
     batch, heads, slots, width = memory.shape
     pairs, length, top = batch * heads, index.shape[2], index.shape[3]
     flat = memory.reshape(pairs * slots, width)
@@ -101,8 +101,7 @@ def _pair_mix(weights: torch.Tensor, blocks: Sequence[torch.Tensor]) -> torch.Te
 class _PairScores(torch.autograd.Function):
     """`_pair_scores` with a gradient for the queries only (the memory's pairs have none). Written out because
     autograd's backward of the batched product received the gradient in the layout of the layer's output (heads
-    transposed), which sent `torch.bmm` down its slow path: one small product and copy per query (about 25 ms per
-    training step at 8k entries on this CPU)."""
+    transposed), which sent `torch.bmm` down its slow path: one small product and copy per query."""
 
     @staticmethod
     def forward(ctx, query: torch.Tensor, *blocks: torch.Tensor) -> torch.Tensor:
@@ -698,7 +697,7 @@ class MemorizingMemory:
 
     def clone(self) -> MemorizingMemory:
         """A copy that later writes leave unchanged (to read the same memory twice with ``knn_write="in_place"``)."""
-        return MemorizingMemory(None if self.segment is None else self.segment, self.knn.clone())
+        return MemorizingMemory(self.segment, self.knn.clone())
 
     def index_select(self, index: torch.Tensor) -> MemorizingMemory:
         """Reorder or repeat batch rows of both memories (beam search)."""

@@ -15,9 +15,8 @@ import transformers
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list, set_seed
 
-from .checkpointing import lock_output_dir, unlock_output_dir
-
 from ..allocator import keep_freed_memory
+from .checkpointing import lock_output_dir, unlock_output_dir
 
 
 def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
