@@ -72,6 +72,7 @@ from ...early_exit import (
     softmax_max_confidence,
     state_confidence,
 )
+from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import (
@@ -446,7 +447,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
-class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
+class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
     """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
 
     ``exit_training = True`` tells the causal-LM recipe to pass its aligned targets as ``exit_labels`` (the anytime
@@ -515,6 +516,7 @@ class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGen
         return model[0] if isinstance(model, tuple) else model
 
     # --------------------------------------------------------------------------------------------------- forward
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,

@@ -50,6 +50,7 @@ from ...attention import (
     relative_position_sequence,
     sinusoid_position_embedding,
 )
+from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
 from ...losses import IGNORE_INDEX, NumItems, batch_share
 from ...memory import (
@@ -375,7 +376,9 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffCompressiveLMHeadModel(MemoryGenerationMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin):
+class TffCompressiveLMHeadModel(
+    FusedLMHeadMixin, MemoryGenerationMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin
+):
     """Compressive Transformer with an adaptive (or, with no `cutoffs`, plain) softmax head. `logits` are
     log-probabilities; `loss` is the language-model loss plus the weighted auxiliary losses."""
 
@@ -406,6 +409,7 @@ class TffCompressiveLMHeadModel(MemoryGenerationMixin, TffCompressivePreTrainedM
     def get_output_embeddings(self):
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,

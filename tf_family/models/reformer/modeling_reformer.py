@@ -66,6 +66,7 @@ from ...attention import (
 )
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import ForeignCheckpointMixin
+from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers.reversible import reversible_stack
 from ...losses import causal_lm_loss, cross_entropy, sequence_classification_loss
 from ...modeling_heads import CLASSIFIER_KEY_MAPPING, ClassificationHead, question_answering_output
@@ -608,12 +609,13 @@ class _TffReformerWithLMHead(TffReformerPreTrainedModel):
         self.lm_head.decoder = new_embeddings
 
 
-class TffReformerForCausalLM(_TffReformerWithLMHead, ValidatedGenerationMixin):
+class TffReformerForCausalLM(FusedLMHeadMixin, _TffReformerWithLMHead, ValidatedGenerationMixin):
     """A causal Reformer language model (the paper's enwik8 / imagenet64 setting). Builds its stack with
     ``causal=True`` whatever the given config says. Generates with a `TffReformerCache`."""
 
     causal = True
 
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,
