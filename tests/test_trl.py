@@ -172,7 +172,9 @@ def test_sft_packed_and_completion_only(name, tmp_path):
     batch = next(iter(completion.get_train_dataloader()))
     prompt_length = len(tokenizer("the cat ")["input_ids"])
     row = int((batch["input_ids"][:, 0] == tokenizer("the cat ")["input_ids"][0]).nonzero()[0])
-    assert (batch["labels"][row, :prompt_length] == -100).all() and (batch["labels"][row, prompt_length:] != -100).any()
+    assert (batch["labels"][row, :prompt_length] == -100).all() and (
+        batch["labels"][row, prompt_length:] != -100
+    ).any()
     _assert_trained_and_reloads(completion, before, _train(completion), tmp_path / "completion_saved")
 
 

@@ -564,8 +564,9 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and cache is None:
             cache = GrowingCache(self.config)
-        if not use_cache:
-            cache = None
+        # a cache passed in is read even without use_cache (PEFT prefix tuning passes its learned prefix as one, as
+        # transformers' decoders read it); use_cache only decides whether the cache is returned
+        returned_cache = cache if use_cache else None
         base = self.model
         depth = base.depth
         if exit_layer is not None:
@@ -635,7 +636,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         output = EarlyExitCausalLMOutput(
             loss=loss,
             logits=logits,
-            cache=cache,
+            cache=returned_cache,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
             exit_layers=exit_layers,

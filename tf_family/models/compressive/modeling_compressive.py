@@ -65,7 +65,7 @@ from ...memory import (
 from ...modeling_heads import MemoryGenerationMixin
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, accepts_past_key_values
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
 from .configuration_compressive import TffCompressiveConfig
 
 logger = logging.get_logger(__name__)
@@ -153,6 +153,7 @@ class TffCompressivePreTrainedModel(
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> CompressiveMemory | None:
     if mems is None:
         return None
+    refuse_key_value_cache("mems (cache)", mems, "the Compressive Transformer", "a memory of hidden states")
     if isinstance(mems, SegmentMemory):
         mems = CompressiveMemory(mems, SegmentMemory(tuple(s[:, :0] for s in mems.states), mems.mask[:, :0]))
     elif isinstance(mems, (list, tuple)) and mems and all(isinstance(m, torch.Tensor) for m in mems):

@@ -84,6 +84,7 @@ from ...validation import (
     check_memory_states,
     check_positive_int,
     check_seed,
+    refuse_key_value_cache,
 )
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
@@ -443,6 +444,8 @@ class TffReformerModel(TffReformerPreTrainedModel):
             check_seed("hash_seed", hash_seed)
         if (cache is not None or use_cache) and not config.causal:
             raise ValueError("cache / use_cache need a causal model (TffReformerForCausalLM).")
+        if not isinstance(cache, TffReformerCache):
+            refuse_key_value_cache("cache", cache, "Reformer", "the hidden states its LSH attention rehashes")
         if cache is not None and not isinstance(cache, TffReformerCache):
             raise TypeError(f"cache must be a TffReformerCache, got {type(cache).__name__}.")
         cached_rows = getattr(cache, "key_valid", None)
