@@ -128,7 +128,8 @@ def test_sft_on_plain_text_trains_reloads_and_accumulates_exactly(name, tmp_path
     before = {key: value.detach().clone() for key, value in model.state_dict().items()}
     twin = copy.deepcopy(model)
 
-    trainer = SFTTrainer(model=model, args=_sft_args(tmp_path, max_steps=1), train_dataset=dataset,
+    # float32 here (TRL's default is bf16 autocast, which the other tests keep) so that the comparison is tight
+    trainer = SFTTrainer(model=model, args=_sft_args(tmp_path, max_steps=1, bf16=False), train_dataset=dataset,
                          processing_class=tokenizer)  # fmt: skip
     losses = _train(trainer)
     _assert_trained_and_reloads(trainer, before, losses, tmp_path / "saved")
@@ -136,19 +137,19 @@ def test_sft_on_plain_text_trains_reloads_and_accumulates_exactly(name, tmp_path
     # the same two examples as two micro-batches of one: the same update (the loss sums over num_items_in_batch)
     accumulated = SFTTrainer(
         model=twin,
-        args=_sft_args(tmp_path / "accumulated", max_steps=1, per_device_train_batch_size=1,
+        args=_sft_args(tmp_path / "accumulated", max_steps=1, bf16=False, per_device_train_batch_size=1,
                        gradient_accumulation_steps=2),
         train_dataset=dataset,
         processing_class=tokenizer,
     )  # fmt: skip
     accumulated_losses = _train(accumulated)
     torch.testing.assert_close(accumulated_losses[0], losses[0], rtol=1e-4, atol=1e-5)
-    # the updates agree within 1 % (float rounding: about 0.15 % for Llama too); a loss averaged per micro-batch
-    # would weigh the short example's 8 labels like the long one's 32
+    # the updates agree to float rounding; a loss averaged per micro-batch would weigh the short example's 8 labels
+    # like the long one's 32
     one, two = trainer.model.state_dict(), accumulated.model.state_dict()
     update = torch.cat([(one[key] - before[key]).flatten() for key in before])
     difference = torch.cat([(two[key] - one[key]).flatten() for key in before])
-    assert difference.norm() <= 1e-2 * update.norm(), (difference.norm(), update.norm())
+    assert difference.norm() <= 1e-4 * update.norm(), (difference.norm(), update.norm())
 
 
 @pytest.mark.parametrize("name", [*CAUSAL, CONTROL])

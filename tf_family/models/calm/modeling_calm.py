@@ -546,8 +546,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             exit_labels: ``(B, T)`` targets already aligned with the positions (the recipes' packed blocks):
                 ``aux_loss`` is what turns the last layer's cross entropy into that same total.
             cache / use_cache: a `transformers.Cache` (a new `GrowingCache`, a `DynamicCache` that writes in place, when
-                ``use_cache`` and none); the cache is
-                also accepted under its name before transformers 5.24, ``past_key_values``.
+                ``use_cache`` and none; one given is read even without); also ``past_key_values`` (before 5.24).
             exit_layer: force every token of this call to exit after this many layers (keys and values of the
                 layers above propagated from the exit state).
             exit_log: a list; each call appends its ``(B, T)`` exit layers (so a `generate` call reports the exit
@@ -564,9 +563,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and cache is None:
             cache = GrowingCache(self.config)
-        # a cache passed in is read even without use_cache (PEFT prefix tuning passes its learned prefix as one, as
-        # transformers' decoders read it); use_cache only decides whether the cache is returned
-        returned_cache = cache if use_cache else None
+        returned_cache = cache if use_cache else None  # one passed in is read anyway (PEFT prefix tuning's prefix)
         base = self.model
         depth = base.depth
         if exit_layer is not None:
