@@ -1,5 +1,5 @@
 """The shape of the house (DESIGN §1): no import cycle inside tf_family/, no model folder importing another,
-no recipe importing another recipe, no file over 800 lines.
+no recipe importing another recipe, no file over 1,200 lines (STYLE: aim for 800).
 
 Imports are read from the source with `ast` (module-level and inside functions alike: a lazy import that closes a
 circle is still a circle). Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` too; those implicit edges are
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tf_family"
-MAX_LINES = 800
+MAX_LINES = 1200
 
 
 def _module_name(path: Path) -> str:
@@ -109,7 +109,7 @@ def test_no_model_folder_imports_another():
 
 
 @pytest.mark.parametrize("folder", ["tf_family", "recipes"])
-def test_no_file_over_800_lines(folder):
+def test_no_file_over_1200_lines(folder):
     long_files = {
         str(path.relative_to(ROOT)): count
         for path in sorted((ROOT / folder).rglob("*.py"))

@@ -284,3 +284,22 @@ def test_two_processes_with_accumulation_equal_one_large_batch(name, task, tmp_p
 
 if __name__ == "__main__":  # a rank of test_two_processes_with_accumulation_equal_one_large_batch
     _ddp_worker(*sys.argv[1:4])
+
+
+CAUSAL = [name for name, spec in ARCHITECTURES.items() if "causal_lm" in spec.model_classes]
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_evaluate_returns_eval_loss(name, tmp_path):
+    """`Trainer.evaluate()` reports ``eval_loss`` for every causal LM. `Trainer` counts as labels every ``forward``
+    argument whose name holds "label" and computes no loss unless all are given: CALM's aligned-targets argument
+    once was ``exit_labels`` (now ``exit_targets``), so its evaluation came back without a loss."""
+    model = _tiny_model(name, "causal_lm")
+    examples = _examples(name, "causal_lm", model)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=2, report_to=[], use_cpu=True, disable_tqdm=True
+    )
+    trainer = Trainer(model=model, args=args, eval_dataset=examples, data_collator=_collate)
+    assert trainer.label_names == ["labels"]
+    metrics = trainer.evaluate()
+    assert "eval_loss" in metrics and metrics["eval_loss"] > 0, metrics

@@ -8,6 +8,8 @@ tf-family push DIR REPO_ID [--private] [--remote_code]
                                                  upload a trained folder (weights, config, tokenizer, card)
 tf-family export DIR                             add the model's code to a saved folder, so that plain transformers
                                                  loads it with trust_remote_code=True where tf_family is not installed
+tf-family export --format onnx DIR OUT           write OUT/model.onnx (the eval forward, dynamic batch and length)
+                                                 with the config and tokenizer, for onnxruntime
 tf-family list                                   the zoo as a table
 tf-family build-kernels                          compile the native CPU attention kernel now (else on first use)
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
@@ -127,7 +129,9 @@ def train_defaults(recipe_args: Sequence[str]) -> dict[str, object]:
         model = Path(known.model_name_or_path.rstrip("/")).name or "model"
     else:
         model = known.arch or str(MAIN_JOB_MODEL["arch"])
-    defaults["output_dir"] = f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from .training.arguments import timestamped_run_dir
+
+    defaults["output_dir"] = timestamped_run_dir(model)  # the same folder in every process of a launch
     return defaults
 
 
@@ -157,10 +161,7 @@ def _train(recipe_args: list[str]) -> int:
         )
     write = sys.stdout.write
     write("\n")
-    write(
-        f"validation perplexity  {results['perplexity']:.1f}   (unigram perplexity of the same data: "
-        f"{results['unigram_perplexity']:.1f})\n"
-    )
+    write("".join(line + "\n" for line in evaluation_summary(results)))
     write(f"bits per character     {results['bits_per_character']:.3f}\n")
     write(
         f"saved to               {folder}  (weights, config, tokenizer, model card; push with "
@@ -169,6 +170,32 @@ def _train(recipe_args: list[str]) -> int:
     write(f"reloaded with          AutoModelForCausalLM.from_pretrained -> {type(model).__name__}\n")
     write(f"sample                 {tokenizer.decode(sample[0], skip_special_tokens=True)}\n")
     return 0
+
+
+def evaluation_summary(results: dict) -> list[str]:
+    """The lines `tf-family train` ends with about the evaluation: the perplexity beside the unigram perplexity of
+    the same data (and a kNN-LM's base model's), and, for a short run, that it is one and what it scored."""
+    from .training.arguments import SMOKE_RUN_STEPS
+
+    lines = [f"validation perplexity  {results['perplexity']:.1f}"]
+    if "unigram_perplexity" in results:
+        lines[0] += f"   (unigram perplexity of the same data: {results['unigram_perplexity']:.1f})"
+    if "base_perplexity" in results:
+        lines.append(f"base model perplexity  {results['base_perplexity']:.1f}   (the kNN-LM without its datastore)")
+    steps, scored, available = (
+        results.get("train_steps"),
+        results.get("eval_documents"),
+        results.get("validation_documents"),
+    )
+    if steps is not None and steps < SMOKE_RUN_STEPS:
+        of = f"the first {scored} of {available} validation documents" if scored != available else "every document"
+        lines.append(
+            f"{'short run':<23}{steps} steps (under {SMOKE_RUN_STEPS}): a smoke test, not a trained model; "
+            f"scored on {of} (--max_eval_samples 0: all)"
+        )
+    elif scored is not None and available is not None and scored < available:
+        lines.append(f"{'scored on':<23}the first {scored} of {available} validation documents")
+    return lines
 
 
 def _build_kernels() -> int:
@@ -190,6 +217,16 @@ def _build_kernels() -> int:
     return 0
 
 
+def export_summary(folder: str, written: Sequence[str]) -> str:
+    """What `tf-family export` says it did, and why the code files lie beside the weights."""
+    return (
+        f"wrote {len(written)} code files and auto_map into {folder}: AutoModel*.from_pretrained(folder, "
+        "trust_remote_code=True) loads it without tf_family.\n"
+        "  (They must lie beside config.json, one flat file per module: transformers' remote-code loader copies only "
+        "files named by `from .module import` in the same folder, never a sub-folder.)\n"
+    )
+
+
 def _is_main_process() -> bool:
     from accelerate import PartialState
 
@@ -197,7 +234,11 @@ def _is_main_process() -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tf-family", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="tf-family",
+        description=__doc__.split("\n")[0],
+        epilog="A mistake in the arguments prints one line (error: ...); --debug anywhere shows the full traceback.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "train",
@@ -223,6 +264,19 @@ def build_parser() -> argparse.ArgumentParser:
         "trust_remote_code=True) then loads it where tf_family is not installed",
     )
     export.add_argument("folder")
+    export.add_argument("output_dir", nargs="?", help="--format onnx: the folder to write model.onnx into")
+    export.add_argument(
+        "--format",
+        choices=["remote-code", "onnx"],
+        default="remote-code",
+        help="remote-code (default): the code into DIR; onnx: OUT/model.onnx, config and tokenizer",
+    )
+    export.add_argument(
+        "--with-datastore",
+        action="store_true",
+        help="--format onnx, kNN-LM: include the datastore search (refused: it cannot be exported; without this "
+        "flag the base LM path, lmbda=0, is exported)",
+    )
     commands.add_parser("list", help="print the zoo as a table")
     commands.add_parser(
         "build-kernels",
@@ -251,10 +305,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:  # the recipe parses its own options (and its own --help)
+    """The ``tf-family`` command: a user's mistake prints one line ``error: ...`` and exits with 2 (the traceback
+    only with ``--debug``; `tf_family.user_errors.run_main`)."""
+    from .user_errors import run_main
+
+    return run_main(_run, list(sys.argv[1:] if argv is None else argv), prog="tf-family")
+
+
+def _check_folder(args: argparse.Namespace) -> None:
+    """The saved folder a command reads exists (else one clear error naming it)."""
+    from .user_errors import check_local_path
+
+    if getattr(args, "folder", None) is not None:
+        check_local_path(args.folder, f"tf-family {args.command}", always_local=True)
+
+
+def _run(argv: list[str]) -> int:
+    if argv[:1] == ["train"]:  # the recipe parses its own options (and its own --help, --debug)
         return _train(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args([arg for arg in argv if arg != "--debug"])
+    _check_folder(args)
     if args.command == "card":
         from .cards import write_model_card
 
@@ -273,14 +343,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         sys.stdout.write(f"pushed {', '.join(pushed)} to https://huggingface.co/{args.repo_id}\n")
         return 0
+    if args.command == "export" and args.format == "onnx":
+        from .onnx_export import OnnxExportError, export_onnx
+
+        if args.output_dir is None:
+            sys.stderr.write("tf-family export --format onnx: pass the output folder: DIR OUT.\n")
+            return 2
+        try:
+            path = export_onnx(args.folder, args.output_dir, include_datastore=args.with_datastore)
+        except OnnxExportError as error:
+            sys.stderr.write(f"tf-family export --format onnx: {error}\n")
+            return 1
+        sys.stdout.write(f"wrote {path} (with its config and tokenizer); run it with onnxruntime.InferenceSession\n")
+        return 0
     if args.command == "export":
         from .remote_code import export_remote_code
 
+        if args.output_dir is not None:
+            sys.stderr.write("tf-family export: the remote-code export writes into DIR; OUT is for --format onnx.\n")
+            return 2
+
         written = export_remote_code(args.folder)
-        sys.stdout.write(
-            f"wrote {len(written)} code files and auto_map into {args.folder}: AutoModel*.from_pretrained(folder, "
-            "trust_remote_code=True) loads it without tf_family\n"
-        )
+        sys.stdout.write(export_summary(args.folder, written))
         return 0
     if args.command == "list":
         sys.stdout.write(zoo_table() + "\n")

@@ -121,7 +121,7 @@ class EarlyExitCausalLMOutput(ModelOutput):
         hidden_states: embeddings and every layer's output (full-depth calls with ``output_hidden_states``).
         attentions: per layer ``(B, H, T, S)`` (full-depth calls, eager attention, ``output_attentions``).
         exit_layers: ``(B, T)`` how many layers each token ran before it exited.
-        aux_loss: with ``exit_labels``: what the caller adds to the last layer's cross entropy to get ``loss``.
+        aux_loss: with ``exit_targets``: what the caller adds to the last layer's cross entropy to get ``loss``.
         lm_loss: the last layer's cross entropy (when targets are given).
         meta_loss: the meta classifier's class-balanced loss (when targets are given).
     """

@@ -89,8 +89,19 @@ def test_eager_returns_probabilities_and_keeps_pytorch_dropout():
 
 def test_unknown_implementation_is_named():
     (query, key, value), allowed, _ = _inputs()
-    with pytest.raises(ValueError, match="attention implementation must be one of .*'flex_attention'"):
-        attend(query, key, value, allowed, implementation="flex_attention")
+    with pytest.raises(ValueError, match="attention implementation must be one of .*'flash_attention_2'"):
+        attend(query, key, value, allowed, implementation="flash_attention_2")
+
+
+def test_flex_attention_computes_dense_calls_with_pytorch_sdpa():
+    """A dense call of the ``"flex_attention"`` route (the sparse kernels take FlexAttention themselves,
+    tests/attention/test_flex.py) is PyTorch's SDPA, never our CPU functions."""
+    tensors, allowed, weights = _inputs()
+    assert backend._backend(*tensors, 0.0, "flex_attention", True) == "sdpa"
+    _assert_same(
+        _values_and_grads(tensors, weights, allowed=allowed, implementation="flex_attention"),
+        _values_and_grads(tensors, weights, allowed=allowed, cpu_kernels=False),
+    )
 
 
 def test_preferred_chunk_follows_the_path():

@@ -74,6 +74,53 @@ def test_lsh_attention_matches_dense_twin(length, num_hashes, num_buckets, causa
     _compare(fast, reference, (query, value), valid)
 
 
+@pytest.mark.parametrize(
+    ("length", "num_hashes", "num_buckets", "before", "correct_duplicates"),
+    [(23, 2, 4, 1, False), (23, 4, [2, 4], 1, True), (30, 2, 4, 2, False), (9, 1, 2, 1, True)],
+)
+def test_causal_buckets_kernel_matches_dense_twin(length, num_hashes, num_buckets, before, correct_duplicates):
+    query, value, valid = _inputs(length)
+    buckets = hash_vectors(query, lsh_rotations(3, H, DH, num_hashes, num_buckets, torch.float64), num_buckets)
+    pattern = ChunkPattern(4, before=before, causal=True, causal_buckets=True)
+
+    def fast(q, v):
+        return lsh_attention(q, normalize_shared_keys(q), v, buckets, pattern, valid, correct_duplicates)
+
+    def reference(q, v):
+        return lsh_attention_reference(q, normalize_shared_keys(q), v, buckets, pattern, valid, correct_duplicates)[0]
+
+    _compare(fast, reference, (query, value), valid)
+
+
+@pytest.mark.parametrize("causal_buckets", [True, False])
+def test_causal_buckets_make_outputs_independent_of_later_tokens(causal_buckets):
+    """Changing every token after ``t`` (their vectors, hence their buckets, and how many there are) leaves the
+    outputs up to ``t`` unchanged with ``causal_buckets``: later tokens sort after every earlier token of their bucket.
+    The chunked rule is causal only in what it attends to: later tokens move the chunk boundaries."""
+    query, value, _ = _inputs(40)
+    cut = 17
+    changed_query, changed_value, _ = _inputs(48, seed=5)
+    changed_query = torch.cat([query[:, :, :cut], changed_query[:, :, cut:]], dim=2).detach()
+    changed_value = torch.cat([value[:, :, :cut], changed_value[:, :, cut:]], dim=2).detach()
+    pattern = ChunkPattern(4, before=1, causal=True, causal_buckets=causal_buckets)
+    rotations = lsh_rotations(3, H, DH, 2, 8, torch.float64)
+    outputs = []
+    for q, v in ((query.detach(), value.detach()), (changed_query, changed_value)):
+        buckets = hash_vectors(q, rotations, 8)
+        outputs.append(lsh_attention(q, normalize_shared_keys(q), v, buckets, pattern)[:, :, :cut])
+    if causal_buckets:
+        torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-12, atol=1e-12)
+    else:
+        assert not torch.allclose(outputs[1], outputs[0])
+
+
+def test_causal_buckets_needs_causal_chunks_kept_apart():
+    with pytest.raises(ValueError, match="causal_buckets needs causal=True"):
+        ChunkPattern(4, causal=False, causal_buckets=True)
+    with pytest.raises(ValueError, match="causal_buckets needs causal=True"):
+        ChunkPattern(4, causal=True, wrap_around=True, causal_buckets=True)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_bucket_is_full_shared_qk_attention(causal):
     """With every position in one bucket and a chunk covering the input, LSH attention is full shared-QK attention,

@@ -113,7 +113,7 @@ def _mutate(value: torch.Tensor, kind: str, high: int):
 
 
 def _upper_bound(arch: str, task: str, name: str, config) -> int:
-    if name in ("input_ids", "exit_labels") or (name == "labels" and task in ("causal_lm", "masked_lm")):
+    if name in ("input_ids", "exit_targets") or (name == "labels" and task in ("causal_lm", "masked_lm")):
         return config.vocab_size
     if name == "labels" and task == "multiple_choice":
         return 2
@@ -151,7 +151,7 @@ def _extra_tensors(arch: str, task: str, inputs: dict) -> dict:
         if "reset_mems" in signature:
             extras["reset_mems"] = torch.zeros(batch, dtype=torch.bool)
         if arch == "calm" and task == "causal_lm":
-            extras["exit_labels"] = inputs["input_ids"].clone()
+            extras["exit_targets"] = inputs["input_ids"].clone()
         if arch == "big_bird" and task == "question_answering":
             extras["question_lengths"] = torch.ones(batch, dtype=torch.long)
     return extras

@@ -601,3 +601,29 @@ def test_fused_knn_attention_reading_pairs_by_slot_equals_the_gathered_pairs(mon
     del out, grads
     gc.collect()
     assert not knn_reader._READERS.get(id(memory.keys[0]))  # the graph is gone, and so is its reader
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_fused_knn_attention_under_bf16_autocast_computes_in_the_query_dtype(reuse):
+    """Under autocast the fused attention computes in its inputs' dtype, as without it (on CUDA an autocast product
+    made the attended values bf16 and the in-place segment product then refused its float32 operands)."""
+    import dataclasses
+
+    from tf_family.memory import fused_knn_attention
+
+    query = unit(2, 3, 6, 8).float().requires_grad_()
+    memory = (unit(2, 3, 11, 8, seed=1).float(), unit(2, 3, 11, 8, seed=2).float())
+    segment = (unit(2, 3, 6, 8, seed=3).float(), unit(2, 3, 6, 8, seed=4).float())
+    segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None]
+    retrieved = retrieve("exact", query, memory, random_allowed(2, 6, 11), segment, segment_allowed, 5)
+    if not reuse:
+        retrieved = dataclasses.replace(retrieved, scores=None, segment_scores=None)
+    scale = torch.tensor([1.0, 5.0, 20.0])
+    expected = fused_knn_attention(query, retrieved, scale)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), query)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fused_knn_attention(query, retrieved, scale)
+    (grad,) = torch.autograd.grad(out.sum(), query)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grad, expected_grad)

@@ -34,7 +34,7 @@ def test_causal_lm_recipe_trains_every_exit(tmp_path, corpus, monkeypatch):
     def spy(self, *args, **kwargs):
         outputs = forward(self, *args, **kwargs)
         if self.training:
-            seen.append((kwargs.get("exit_labels") is not None, outputs.aux_loss))
+            seen.append((kwargs.get("exit_targets") is not None, outputs.aux_loss))
         return outputs
 
     monkeypatch.setattr(TffCalmForCausalLM, "forward", spy)

@@ -13,6 +13,7 @@ Shape vocabulary used in every shape comment of the package:
     (lsh.py, Reformer: C chunk length, R hashing rounds)
 """
 
+from . import flex
 from .backend import (
     IMPLEMENTATIONS,
     attend,
@@ -92,6 +93,7 @@ __all__ = [
     "dropout",
     "dropout_mask",
     "fused_attention",
+    "flex",
     "fused_keep_mask",
     "global_attention",
     "global_attention_reference",

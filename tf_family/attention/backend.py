@@ -6,7 +6,10 @@ The implementation is a plain string (a model passes ``config._attn_implementati
 - ``"sdpa"`` (and ``None``, transformers' default): PyTorch's `scaled_dot_product_attention`, except where our own
   CPU path is measured faster (`attention_backend`): for a CPU forward in float32/64 under dropout or a gradient,
   the native fused kernel (`native.fused_attention`, compiled on first use) or, where that cannot be built or
-  ``TF_FAMILY_NATIVE=0``, `masked.masked_attention` with a `dropout.dropout_mask`.
+  ``TF_FAMILY_NATIVE=0``, `masked.masked_attention` with a `dropout.dropout_mask`;
+- ``"flex_attention"``: the sparse kernels (sliding window, BigBird blocks, Reformer's chunks) hand their whole
+  pattern to one FlexAttention call (`flex`, compiled on CUDA); a dense call here (global rows, short inputs,
+  cached steps) is PyTorch's `scaled_dot_product_attention`, never our CPU functions.
 
 `preferred_chunk` says how many queries a chunked kernel (the sliding window) should give each call, since the
 best tile depends on which function the call will reach.
@@ -22,7 +25,8 @@ from .dense import dense_attention
 from .dropout import dropout_mask
 from .masked import masked_attention
 
-IMPLEMENTATIONS = ("eager", "sdpa")
+IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
+FLEX = "flex_attention"
 
 
 def takes_masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
@@ -50,10 +54,12 @@ def attention_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 def _backend(query, key, value, dropout_p: float, implementation: str | None, cpu_kernels: bool) -> str:
     if implementation == "eager":
         return "eager"
+    if implementation == FLEX:  # the dense parts of the flex route: PyTorch's SDPA
+        return "sdpa"
     if implementation is not None and implementation != "sdpa":
         raise ValueError(
             f"attention implementation must be one of {IMPLEMENTATIONS} (config._attn_implementation), got "
-            f"{implementation!r}; load the model with attn_implementation='sdpa' or 'eager'."
+            f"{implementation!r}; load the model with attn_implementation='sdpa', 'eager' or 'flex_attention'."
         )
     return attention_backend(query, key, value, dropout_p) if cpu_kernels else "sdpa"
 
@@ -79,7 +85,8 @@ def attend(
             key, as Transformer-XL's relative-position scores with ``finfo.min`` do). A call with a bias stays on
             PyTorch's SDPA: our CPU functions pass no gradient back to it.
         dropout_p: dropout on the probabilities (0 in eval).
-        implementation: ``"eager"`` or ``"sdpa"`` (``None`` counts as ``"sdpa"``): ``config._attn_implementation``.
+        implementation: ``"eager"``, ``"sdpa"`` (``None`` counts as ``"sdpa"``) or ``"flex_attention"`` (here
+            PyTorch's SDPA): ``config._attn_implementation``.
         cpu_kernels: let ``"sdpa"`` use our CPU functions where `attention_backend` says they are faster; False keeps
             PyTorch's SDPA (a caller whose shapes were not measured, and whose seeded dropout masks stay PyTorch's).
 
@@ -133,6 +140,7 @@ def preferred_chunk(
 
 
 __all__ = [
+    "FLEX",
     "IMPLEMENTATIONS",
     "attend",
     "attention_backend",

@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import attend
+from .backend import FLEX, attend
 from .dense import dense_attention
+from .flex import flex_block_sparse_attention
 
 # CPU score buffers are kept under this size: glibc hands larger fresh allocations out as new pages (mmap), and
 # faulting them in cost more than the products that fill them (a 31 MiB bmm output: 12.8 ms, 6,000 page faults per
@@ -155,7 +156,8 @@ def block_sparse_attention(
         window_blocks: one-sided window in blocks.
         key_padding_mask: ``(B, T)`` bool/0-1, True at real tokens.
         dropout_p: dropout on the attention probabilities.
-        implementation: ``"sdpa"`` or ``"eager"``, how each slab of query blocks attends (`backend.attend`).
+        implementation: ``"sdpa"`` or ``"eager"``, how each slab of query blocks attends (`backend.attend`);
+            ``"flex_attention"``: the whole pattern in one FlexAttention call (`flex.flex_block_sparse_attention`).
 
     Returns:
         ``(B, H, T, Dh)``, equal to `block_sparse_attention_reference` up to float rounding.
@@ -168,6 +170,10 @@ def block_sparse_attention(
             f"random_blocks must have shape ({heads}, {num_blocks}, R) for {heads} heads and {num_blocks} blocks, got "
             f"{tuple(random_blocks.shape)}."
         )
+    if implementation == FLEX and num_blocks > 2:  # the whole pattern in one FlexAttention call
+        counts = build_block_sparse_counts(num_blocks, random_blocks, window_blocks, heads)  # (H, N, N)
+        out = flex_block_sparse_attention(query, key, value, block_size, counts.to(query.device), valid, dropout_p)
+        return out[:, :, :length]
     if num_blocks <= 2:  # every block is global
         out = attend(query, key, value, valid[:, None, None, :], None, dropout_p, implementation)[0]
         return out[:, :, :length]

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import attend
+from .backend import FLEX, attend
 from .chunked import chunked_window_attention, pad_chunks, window_view
 from .dense import dense_attention
+from .flex import _check_dropout, flex_chunked_local_attention, flex_lsh_attention
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ class ChunkPattern:
             over all rounds, and LSH scores use its arithmetic (masked / self-only scores -1e9 / -1e5 in float32 and
             float64, probabilities ``exp(score - lse)``, rounds weighted by ``exp(lse - logsumexp(lse))``; a query with only itself then gets
             ``~0.998 v`` over 2 rounds instead of ``v``). For parity only.
+        causal_buckets: LSH only, with ``causal`` (not ``wrap_around``): in each round a query sees the keys of its
+            own bucket among the ``before * chunk_length`` slots before it in sorted order (the nearest earlier
+            keys of its bucket), instead of whole neighbouring chunks. A later token sorts after every earlier
+            token of its bucket, so nothing a query sees depends on later tokens (or on right padding given as
+            tokens): outputs are causal in the strict sense, and a row's outputs do not depend on its batch.
     """
 
     chunk_length: int
@@ -59,8 +65,14 @@ class ChunkPattern:
     after: int = 0
     causal: bool = False
     wrap_around: bool = False
+    causal_buckets: bool = False
 
     def __post_init__(self):
+        if self.causal_buckets and (not self.causal or self.wrap_around):
+            raise ValueError(
+                "causal_buckets needs causal=True and wrap_around=False (it makes causal LSH attention independent "
+                "of later tokens; the transformers-compatible chunking is not)."
+            )
         if not isinstance(self.chunk_length, int) or self.chunk_length < 1:
             raise ValueError(f"chunk_length must be an int >= 1, got {self.chunk_length!r}.")
         for name in ("before", "after"):
@@ -103,11 +115,24 @@ def lsh_rotations(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Random rotations ``(H, Dh, R, sum(factors) / 2)`` drawn on the CPU from ``torch.Generator().manual_seed(seed)``
-    (the global RNG is untouched; the same numbers as transformers' ``torch.manual_seed(hash_seed); torch.randn``)."""
+    (the global RNG is untouched; the same numbers as transformers' ``torch.manual_seed(hash_seed); torch.randn``).
+
+    Memoised per arguments (a pure function of them; callers never write to the result): `torch.export` and
+    `torch.compile` then see a constant, where a draw traced inside them would keep the generator but not its seed
+    (the second call of the exported program would hash with other rotations). A model warms the memo when built."""
     width = sum(bucket_factors(num_buckets)) // 2
-    generator = torch.Generator().manual_seed(seed)
-    rotations = torch.randn((num_heads, head_dim, num_hashes, width), generator=generator, dtype=dtype)
+    key = (seed, num_heads, head_dim, num_hashes, width, dtype)
+    rotations = _ROTATIONS.get(key)
+    if rotations is None:
+        generator = torch.Generator().manual_seed(seed)
+        shape = (num_heads, head_dim, num_hashes, width)
+        rotations = torch.randn(shape, generator=generator, dtype=dtype, device="cpu")
+        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and len(_ROTATIONS) < 256:
+            _ROTATIONS[key] = rotations
     return rotations.to(device)
+
+
+_ROTATIONS: dict[tuple, torch.Tensor] = {}  # lsh_rotations' memo
 
 
 def hash_vectors(vectors: torch.Tensor, rotations: torch.Tensor, num_buckets: int | Sequence[int]) -> torch.Tensor:
@@ -149,6 +174,10 @@ def _score_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+# the sort bucket of padding (dummy slots: one more): past every bucket id, and data-independent (torch.export)
+_PAD_BUCKET = 2**31
+
+
 def _valid(key_valid: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
     if key_valid is None:
         return torch.ones(batch, length, dtype=torch.bool, device=device)
@@ -159,9 +188,8 @@ def _sort_order(buckets: torch.Tensor, valid: torch.Tensor, padded_length: int) 
     """Per round, the positions sorted by (bucket, position), padding and the ``padded_length - T`` dummy
     positions last: ``(B, H, R, Tp)``."""
     batch, heads, rounds, length = buckets.shape
-    last = int(buckets.max()) + 1 if buckets.numel() else 1
-    keys = torch.where(valid[:, None, None, :], buckets, last)  # (B, H, R, T)
-    keys = torch.nn.functional.pad(keys, (0, padded_length - length), value=last + 1)
+    keys = _position_bucket_keys(buckets, valid)  # (B, H, R, T)
+    keys = torch.nn.functional.pad(keys, (0, padded_length - length), value=_PAD_BUCKET + 1)
     position = torch.arange(padded_length, device=buckets.device)
     return (keys * padded_length + position).argsort(dim=-1)  # unique keys: the order is stable
 
@@ -183,6 +211,7 @@ def lsh_attention(
     key_valid: torch.Tensor | None = None,
     correct_duplicates: bool = False,
     dropout_p: float = 0.0,
+    implementation: str | None = "sdpa",
 ) -> torch.Tensor:
     """Chunked LSH attention (module docstring): linear in ``T`` for a fixed chunk length.
 
@@ -195,10 +224,14 @@ def lsh_attention(
         correct_duplicates: subtract ``log`` of how many times a query met a key (over rounds), so each distinct
             key counts once (not in wrap-around mode, where rounds see each other's chunks).
         dropout_p: dropout on the attention probabilities (training).
+        implementation: ``"flex_attention"`` attends over the sorted rounds in one FlexAttention call
+            (`flex.flex_lsh_attention`, in the input's dtype); anything else, `chunked.chunked_window_attention`.
 
     Returns:
         ``(B, H, T, Dh)``. A padded query's output is finite and meaningless.
     """
+    if implementation == FLEX:
+        _check_dropout(dropout_p)
     if correct_duplicates and pattern.wrap_around:
         raise NotImplementedError(
             "correct_duplicates is only defined for rounds kept apart; set wrap_around=False (the transformers-"
@@ -225,34 +258,54 @@ def lsh_attention(
         return _RowGather.apply(work, sort_index, slot_index, rounds).view(batch, rows, chunks, size, head_dim)
 
     positions = torch.where(order < length, order, -1).view(batch, rows, chunks, size)
-    key_positions = _window_positions(positions, pattern)  # (B, rows, chunks, K)
-    key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(key_positions.shape)
-    query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
-    blocked = ~key_ok[..., None, :]
-    if pattern.causal:
-        blocked = blocked | (key_pos > query_pos)
-    bias = None
-    if correct_duplicates:
-        counts = _duplicate_counts(order, positions.view(batch, heads, rounds, num_chunks, size),
-                                   key_positions.view(batch, heads, rounds, num_chunks, -1), pattern, length)  # fmt: skip
-    work_dtype = _score_dtype(query.dtype)
-    if correct_duplicates:
-        bias = -counts.to(work_dtype).log().view(batch, rows, chunks, size, -1)
-    masked, self_only = _mask_values(work_dtype, pattern.wrap_around)
-    out, lse = chunked_window_attention(
-        sort(query),
-        sort(key),
-        sort(value),
-        pattern.before,
-        pattern.after,
-        pattern.wrap_around,
-        blocked,
-        key_pos == query_pos if pattern.wrap_around else "diagonal",
-        bias,
-        masked,
-        self_only,
-        dropout_p,
-    )  # fmt: skip  (B, rows, chunks, C, Dh), (B, rows, chunks, C)
+    # the sorted rows in one FlexAttention call, no chunk tensors; bucket-causal rounds (causal_buckets) have no
+    # block mask yet and take the chunked path below, which computes the same attention
+    if implementation == FLEX and not pattern.causal_buckets:
+        self_only = _mask_values(_score_dtype(query.dtype), pattern.wrap_around)[1]
+
+        def sort_rows(tensor):  # (B, H, T, Dh) -> (B, rows, chunks * C, Dh), in the input's dtype
+            return _RowGather.apply(tensor, sort_index, slot_index, rounds).view(batch, rows, chunks * size, head_dim)
+
+        out, lse = flex_lsh_attention(
+            sort_rows(query), sort_rows(key), sort_rows(value), positions.view(batch, rows, chunks * size),
+            inverse, size, pattern.before, pattern.after, pattern.causal, pattern.wrap_around, valid, self_only,
+            correct_duplicates,
+        )  # fmt: skip
+        out, lse = out.view(batch, rows, chunks, size, head_dim), lse.view(batch, rows, chunks, size)
+    else:
+        key_positions = _window_positions(positions, pattern)  # (B, rows, chunks, K)
+        key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(
+            key_positions.shape
+        )
+        query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
+        blocked = ~key_ok[..., None, :]
+        if pattern.causal:
+            blocked = blocked | (key_pos > query_pos)
+        if pattern.causal_buckets:
+            blocked = blocked | _outside_causal_bucket(order, buckets, valid, pattern, rows, chunks)
+        bias = None
+        if correct_duplicates:
+            counts = _duplicate_counts(order, positions.view(batch, heads, rounds, num_chunks, size),
+                                       key_positions.view(batch, heads, rounds, num_chunks, -1), pattern, length,
+                                       _position_bucket_keys(buckets, valid))  # fmt: skip
+        work_dtype = _score_dtype(query.dtype)
+        if correct_duplicates:
+            bias = -counts.to(work_dtype).log().view(batch, rows, chunks, size, -1)
+        masked, self_only = _mask_values(work_dtype, pattern.wrap_around)
+        out, lse = chunked_window_attention(
+            sort(query),
+            sort(key),
+            sort(value),
+            pattern.before,
+            pattern.after,
+            pattern.wrap_around,
+            blocked,
+            key_pos == query_pos if pattern.wrap_around else "diagonal",
+            bias,
+            masked,
+            self_only,
+            dropout_p,
+        )  # fmt: skip  (B, rows, chunks, C, Dh), (B, rows, chunks, C)
 
     # back to the original order, per round, then combine the rounds by their log-sum-exp weights
     def unsort(tensor, width):  # (B, rows, chunks, C[, Dh]) -> (B, H, R, T, width)
@@ -296,20 +349,54 @@ def _select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return flat.view(batch, heads, index.shape[-1], width)
 
 
-def _duplicate_counts(order, positions, key_positions, pattern: ChunkPattern, length: int) -> torch.Tensor:
-    """For every (query, key) slot of the chunked scores, in how many rounds that pair met (>= 1 where they meet in
-    this slot; rounds kept apart)."""
-    batch, heads, rounds, padded = order.shape
-    chunk_of = (order.argsort(dim=-1) // pattern.chunk_length)[..., :length]  # (B, H, R, T): chunk per round
-    chunk_of = torch.nn.functional.pad(chunk_of, (0, 1), value=-(10**9))  # position -1 -> never meets
+def _position_bucket_keys(buckets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(B, H, R, T)`` the bucket each position sorts by: its own, or one past every bucket for padding."""
+    return torch.where(valid[:, None, None, :], buckets, _PAD_BUCKET)
 
-    def chunks_at(slot_positions):  # (B, H, R, N, X) -> (B, H, R, N, X, R): the position's chunk in every round
+
+def _sorted_bucket_keys(order: torch.Tensor, buckets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(B, H, R, Tp)`` the sort key's bucket of each sorted slot (padding and dummy slots: ids past every
+    bucket), so equal values mean the same bucket of real tokens."""
+    keys = _position_bucket_keys(buckets, valid)
+    keys = torch.nn.functional.pad(keys, (0, order.shape[-1] - buckets.shape[-1]), value=_PAD_BUCKET + 1)
+    return keys.gather(-1, order)
+
+
+def _outside_causal_bucket(order, buckets, valid, pattern: ChunkPattern, rows: int, chunks: int) -> torch.Tensor:
+    """``(B, rows, chunks, C, span*C)`` True where a key slot is not one of the query's ``before * C`` nearest
+    earlier slots of its own bucket (``causal_buckets``)."""
+    batch, size = order.shape[0], pattern.chunk_length
+    slot_buckets = _sorted_bucket_keys(order, buckets, valid).view(batch, rows, chunks, size)
+    slots = torch.arange(chunks * size, device=order.device).view(1, 1, chunks, size).expand(batch, rows, -1, -1)
+    key_buckets, key_slots = _window_positions(slot_buckets, pattern), _window_positions(slots, pattern)
+    distance = slots[..., :, None] - key_slots[..., None, :]  # (B, rows, chunks, C, span*C)
+    same = slot_buckets[..., :, None] == key_buckets[..., None, :]
+    return ~same | (distance < 0) | (distance > pattern.before * size) | (key_slots[..., None, :] < 0)
+
+
+def _duplicate_counts(
+    order, positions, key_positions, pattern: ChunkPattern, length: int, bucket_keys: torch.Tensor
+) -> torch.Tensor:
+    """For every (query, key) slot of the chunked scores, in how many rounds that pair met (>= 1 where they meet in
+    this slot; rounds kept apart). ``bucket_keys`` ``(B, H, R, T)``: each position's sort bucket per round."""
+    batch, heads, rounds, padded = order.shape
+    rank = order.argsort(dim=-1)[..., :length]  # (B, H, R, T): slot per round
+
+    def per_round(table, slot_positions):  # (B, H, R, T+1) at (B, H, R, N, X) -> (B, H, R, N, X, R): every round
         flat = torch.where(slot_positions < 0, length, slot_positions).flatten(2)  # (B, H, R*N*X)
-        gathered = chunk_of.gather(3, flat[:, :, None, :].expand(-1, -1, rounds, -1))  # (B, H, R, R*N*X)
+        gathered = table.gather(3, flat[:, :, None, :].expand(-1, -1, rounds, -1))  # (B, H, R, R*N*X)
         return gathered.view(batch, heads, rounds, *slot_positions.shape[2:]).movedim(2, -1)
 
-    query_chunks = chunks_at(positions)[..., :, None, :]  # (B, H, R, N, C, 1, R)
-    key_chunks = chunks_at(key_positions)[..., None, :, :]  # (B, H, R, N, 1, span*C, R)
+    if pattern.causal_buckets:  # same bucket, and the key among the query's before * C nearest earlier slots
+        slot_of = torch.nn.functional.pad(rank, (0, 1), value=-(10**9))  # position -1 -> never meets
+        bucket_of = torch.nn.functional.pad(bucket_keys, (0, 1), value=-1)
+        distance = per_round(slot_of, positions)[..., :, None, :] - per_round(slot_of, key_positions)[..., None, :, :]
+        same = per_round(bucket_of, positions)[..., :, None, :] == per_round(bucket_of, key_positions)[..., None, :, :]
+        meets = same & (distance >= 0) & (distance <= pattern.before * pattern.chunk_length)
+        return meets.sum(dim=-1).clamp(min=1).to(torch.float32)
+    chunk_of = torch.nn.functional.pad(rank // pattern.chunk_length, (0, 1), value=-(10**9))  # -1 -> never meets
+    query_chunks = per_round(chunk_of, positions)[..., :, None, :]  # (B, H, R, N, C, 1, R)
+    key_chunks = per_round(chunk_of, key_positions)[..., None, :, :]  # (B, H, R, N, 1, span*C, R)
     offset = key_chunks - query_chunks
     meets = (offset >= -pattern.before) & (offset <= pattern.after)
     return meets.sum(dim=-1).clamp(min=1).to(torch.float32)  # (B, H, R, N, C, span*C)
@@ -326,7 +413,16 @@ def lsh_meeting_counts(
     num_chunks = -(-length // size)
     padded = num_chunks * size
     valid = _valid(key_valid, batch, length, buckets.device)
+    if not pattern.wrap_around and torch.compiler.is_exporting():
+        # the dummy positions sort after every real one, so leaving them out changes no rank (and keeps a graph
+        # with a dynamic length free of a branch on the length)
+        padded = length
     rank = _sort_order(buckets, valid, padded).argsort(dim=-1)[..., :length]  # (B, H, R, T): slot per position
+    if pattern.causal_buckets:  # same bucket, and the key among the query's before * C nearest earlier slots
+        keys = _position_bucket_keys(buckets, valid)
+        distance = rank[..., :, None] - rank[..., None, :]  # (B, H, R, Tq, Tk)
+        meets = (keys[..., :, None] == keys[..., None, :]) & (distance >= 0) & (distance <= pattern.before * size)
+        return meets.sum(dim=2).to(torch.float32)
     if not pattern.wrap_around:
         chunk = rank // size  # (B, H, R, T)
         offset = chunk[..., None, :] - chunk[..., :, None]  # (B, H, R, Tq, Tk)
@@ -438,7 +534,13 @@ def chunked_local_attention(
     chunks. ``(B, H, T, Dh)`` in and out; any ``T`` (the last chunk is padded inside). ``implementation`` ``"sdpa"``
     (or ``None``) runs `chunked.chunked_window_attention` on float32 / float64 (windows read in place; on this
     project's CPU it measures faster than one `backend.attend` call over copied windows); ``"eager"`` and other
-    dtypes go through `backend.attend` (``"eager"``: the dense softmax per chunk)."""
+    dtypes go through `backend.attend` (``"eager"``: the dense softmax per chunk); ``"flex_attention"``: one
+    FlexAttention call (`flex.flex_chunked_local_attention`)."""
+    if implementation == FLEX:
+        return flex_chunked_local_attention(
+            query, key, value, pattern.chunk_length, pattern.before, pattern.after, pattern.causal,
+            pattern.wrap_around, key_valid, dropout_p,
+        )  # fmt: skip
     batch, heads, length, head_dim = query.shape
     size = pattern.chunk_length
     num_chunks = -(-length // size)

@@ -53,6 +53,10 @@ def rel_shift(position_scores: torch.Tensor) -> torch.Tensor:
     """
     *batch, query_length, key_length = position_scores.shape
     padded = torch.nn.functional.pad(position_scores, (1, 0))  # (..., T, S + 1)
+    if torch.compiler.is_exporting():
+        # the same elements (the first T of the flat (S + 1) * T dropped): viewing (T, S + 1) as (S + 1, T) makes
+        # the exporter branch on whether T divides S, which a graph with a dynamic length cannot
+        return padded.flatten(-2)[..., query_length:].reshape(*batch, query_length, key_length)  # (..., T, S)
     padded = padded.view(*batch, key_length + 1, query_length)  # (..., S + 1, T)
     return padded[..., 1:, :].reshape(*batch, query_length, key_length)  # (..., T, S)
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .backend import attend, preferred_chunk
+from .backend import FLEX, attend, preferred_chunk
 from .dense import dense_attention
+from .flex import flex_sliding_window_attention
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,10 @@ class GlobalTokens:
             if num_slots == 0:
                 return None
         length = mask.shape[1]
-        # stable sort puts the global positions first, in order
-        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices  # (B, T)
+        # the global positions first, in order: sorting unique keys (non-global positions count from T up) is the
+        # stable sort of the 0/1 mask, and exports to ONNX (which has no stable sort)
+        positions = torch.arange(length, device=mask.device)
+        order = ((~mask).to(torch.long) * length + positions).argsort(dim=1)  # (B, T)
         indices = order[:, :num_slots]  # (B, G)
         valid = torch.arange(num_slots, device=mask.device)[None, :] < counts[:, None]  # (B, G)
         indices = torch.where(valid, indices, torch.zeros_like(indices)).clamp(max=length - 1)
@@ -314,11 +317,25 @@ def sliding_window_attention(
             computed like any other here; replace them with `global_attention` (Longformer uses separate
             projections for them).
         dropout_p: dropout on the attention probabilities.
-        implementation: ``"sdpa"`` or ``"eager"``, how each chunk attends (`backend.attend`).
+        implementation: ``"sdpa"`` or ``"eager"``, how each chunk attends (`backend.attend`); ``"flex_attention"``:
+            the whole pattern in one FlexAttention call (`flex.flex_sliding_window_attention`).
 
     Returns:
         ``(B, H, T, Dh)``, equal to `sliding_window_attention_reference` up to float rounding.
     """
+    if implementation == FLEX:
+        global_mask = None if global_tokens is None else global_tokens.mask
+        return flex_sliding_window_attention(
+            query,
+            key,
+            value,
+            pattern.window,
+            pattern.dilation,
+            pattern.causal,
+            key_padding_mask,
+            global_mask,
+            dropout_p,
+        )
     batch, heads, length, head_dim = query.shape
     device = query.device
     key_valid = _key_valid(key_padding_mask, batch, length, device)

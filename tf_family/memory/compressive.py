@@ -39,7 +39,7 @@ def evicted_length(memory_length: int, new_length: int, mem_len: int, rate: int 
         return overflow
     if rate < 1:
         raise ValueError(f"rate must be >= 1 or None, got {rate}.")
-    return overflow - overflow % rate
+    return rate * (overflow // rate)  # (written so, a traced length is a known multiple of the rate)
 
 
 def split_memory(

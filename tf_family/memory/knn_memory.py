@@ -67,6 +67,8 @@ def gather_blocks(memory: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tens
     flat = memory.reshape(pairs * slots, width)
     index = (index + torch.arange(pairs, device=index.device).view(batch, heads, 1, 1) * slots).view(pairs, -1)
     per_pair = max(1, length * top * width * memory.element_size())
+    if torch.compiler.is_exporting():  # one block: the block count would be a branch on a dynamic size
+        return (flat.index_select(0, index.reshape(-1)).view(-1, length, top, width),)
     step = max(1, GATHER_BLOCK_BYTES // per_pair)
     return tuple(
         flat.index_select(0, index[start : start + step].reshape(-1)).view(-1, length, top, width)
@@ -304,6 +306,11 @@ class _RetrievedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        with torch.autocast(grad.device.type, enabled=False):  # as the forward: in the inputs' dtype
+            return _RetrievedAttention._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         saved = ctx.saved_tensors  # read once: checkpointing allows a single unpack
         query, scale, segment_keys, segment_values, memory_scores, memory_probs, segment_scores, segment_probs = saved[
             :8
@@ -357,10 +364,12 @@ def fused_knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.
     if retrieved.segment is not None:
         segment_keys, segment_values = (part.to(query.dtype) for part in retrieved.segment)
         segment_found, segment_scores = retrieved.segment_found, _same_dtype(retrieved.segment_scores, query)
-    return _RetrievedAttention.apply(
-        query, scale.to(query.dtype), segment_keys, segment_values, retrieved.memory_found, segment_found,
-        _same_dtype(retrieved.scores, query), segment_scores, reader, len(keys), *keys, *values,
-    )  # fmt: skip
+    # every input is in the query's dtype: autocast must not switch some products to bf16 inside the Function
+    with torch.autocast(query.device.type, enabled=False):
+        return _RetrievedAttention.apply(
+            query, scale.to(query.dtype), segment_keys, segment_values, retrieved.memory_found, segment_found,
+            _same_dtype(retrieved.scores, query), segment_scores, reader, len(keys), *keys, *values,
+        )  # fmt: skip
 
 
 def _same_dtype(scores: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
@@ -481,7 +490,8 @@ class KNNMemory:
                 f"KNNMemory.keys and .values must all be (B, H, N, Dh) with (B, N) = {tuple(self.mask.shape)}."
             )
         self.mask = self.mask.to(torch.bool)
-        self.next_slot = int(self.next_slot)
+        if not isinstance(self.next_slot, torch.SymInt):  # (a traced write's slot stays symbolic in the graph)
+            self.next_slot = int(self.next_slot)
         # memories that share buffers (a reset, a write in place) share this counter of writes in place; a memory
         # whose own count is behind it is stale (`consumed`)
         self._writes, self._seen = [0], 0
@@ -614,7 +624,7 @@ class KNNMemory:
             mask = torch.ones(self.batch_size, length, dtype=torch.bool, device=self.mask.device)
         if mask.shape != (self.batch_size, length):
             raise ValueError(f"the write mask must have shape {(self.batch_size, length)}, got {tuple(mask.shape)}.")
-        kept = min(length, self.capacity)
+        kept = length if length <= self.capacity else self.capacity  # min, decided from ranges when traced
         slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
         with torch.no_grad():
             if in_place:  # a backward still to come may read these slots by index (`MemoryReader`)

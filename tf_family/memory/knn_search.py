@@ -103,9 +103,10 @@ def select_top_k(scores: torch.Tensor, k: int, sorted: bool = True) -> tuple[tor
     group choice at 8k slots, 1 thread, ~20 -> ~17 ms per step against ``g ~ sqrt(n / k)`` and two selections).
     The same values; the indices may differ only between equal scores."""
     width = scores.shape[-1]
-    k = min(k, width)
+    k = k if k <= width else width  # min(k, width), decided from the sizes' ranges when traced
     groups = round(width / max(4 * k, 1))
-    if width <= DIRECT_SELECT or groups < 2:
+    # (an exported graph selects directly: the grouping is sized from the width, a branch on a dynamic length)
+    if torch.compiler.is_exporting() or width <= DIRECT_SELECT or groups < 2:
         return scores.topk(k, dim=-1, sorted=sorted)
     # a chunk count near g that divides the width saves padding (a copy of the scores); G stays >= k
     divisors = [count for count in range(max(2, groups // 2), 2 * groups + 1) if width % count == 0]
@@ -138,7 +139,7 @@ def select_top_k_above(
     if bound is None:
         return select_top_k(scores, k, sorted)
     width = scores.shape[-1]
-    k = min(k, width)
+    k = k if k <= width else width  # min(k, width), decided from the sizes' ranges when traced
     rows = scores.reshape(-1, width)
     keep = rows >= bound.expand(*scores.shape[:-1], 1).reshape(-1, 1)  # (R, n)
     flat = keep.view(-1).nonzero().squeeze(1)  # the kept (row, column) pairs, row by row, columns in order
@@ -206,7 +207,8 @@ def exact_candidates(
         return found
     batch, heads, length, _ = queries.shape
     slots = keys.shape[2]
-    if slots <= 4 * k or batch * heads * length * slots < DIRECT_SEARCH_SCORES:
+    # (an exported graph scores every slot: the choice would be a branch on a dynamic size)
+    if torch.compiler.is_exporting() or slots <= 4 * k or batch * heads * length * slots < DIRECT_SEARCH_SCORES:
         return _masked_scores(queries, keys, allowed, expired), None
     return grouped_candidates(queries, keys, allowed, k, expired)
 

@@ -218,6 +218,31 @@ def test_per_row_exits_with_left_padding_equal_row_alone():
     assert torch.equal(torch.cat(log[1:], 1)[1], alone_exits[0, 1:])
 
 
+@pytest.mark.parametrize("exits", [False, True])
+def test_static_cache_generation_equals_the_dynamic_cache(exits):
+    """``generate(cache_implementation="static")``: the cache hands back its whole fixed-size buffer, whose empty
+    slots the mask covers (it once failed with a size mismatch); same scores and exits as the growing cache, with
+    left padding and per-row exits."""
+    model = build()
+    ids = prompt(2, 6)
+    if exits:
+        model.config.exit_threshold = threshold_with_mixed_exits(model, prompt())
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    runs = []
+    for cache in ("dynamic", "static"):
+        log = []
+        with torch.no_grad():
+            out = model.generate(
+                ids, attention_mask=mask, max_new_tokens=5, exit_log=log, cache_implementation=cache, **GREEDY
+            )
+        runs.append((out, torch.cat(log[1:], 1)))
+    (dynamic, dynamic_exits), (static, static_exits) = runs
+    assert torch.equal(static.sequences, dynamic.sequences) and torch.equal(static_exits, dynamic_exits)
+    for a, b in zip(static.scores, dynamic.scores, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 def test_eager_and_sdpa_give_the_same_tokens():
     model = build(dtype=torch.float32)
     ids = prompt()
@@ -261,12 +286,12 @@ def test_sampling_with_exits_runs_and_reports_exits():
 
 
 def test_recipe_loss_split_equals_the_anytime_loss():
-    """``exit_labels`` (aligned targets) + the last layer's CE == ``labels`` (shifted inside)."""
+    """``exit_targets`` (aligned targets) + the last layer's CE == ``labels`` (shifted inside)."""
     model = build(dtype=torch.float32, aggregation="geometric")
     ids = prompt(2, 8)
     with_labels = model(ids, labels=ids)
     aligned = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=-100)
-    split = model(ids, exit_labels=aligned)
+    split = model(ids, exit_targets=aligned)
     torch.testing.assert_close(split.lm_loss + split.aux_loss, with_labels.loss)
     # by hand: geometric weights 1, 2, 4, 8 over the 4 exits
     logits = [

@@ -47,7 +47,14 @@ from ...modeling_heads import (
     GenericForTokenClassification,
     question_answering_output,
 )
-from ...modeling_utils import Dropout, RemoteCodeMixin, build_activation, find_first_real_token, fused_projections
+from ...modeling_utils import (
+    Dropout,
+    RemoteCodeMixin,
+    build_activation,
+    find_first_real_token,
+    fused_projections,
+    real_tensors_while_exporting,
+)
 from ...validation import InputValidationMixin, check_seed, check_tensor
 from .configuration_big_bird import TffBigBirdConfig
 from .convert_big_bird import TRANSFORMERS_BIG_BIRD
@@ -128,6 +135,35 @@ class TffBigBirdAttention(nn.Module):
         )
         return chosen.to(device)
 
+    def _count_table(self, seed: int) -> torch.Tensor:
+        """``(N_max + 1, H, N_max, N_max)`` uint8: for every number of blocks ``N`` an input can have, how many times
+        each query block sees each key block (random blocks included; 1 everywhere where ``N`` is too short for the
+        sparse path, i.e. full attention). Computed with real tensors even while tracing: it becomes a constant."""
+        max_blocks = -(-self.config.max_position_embeddings // self.block_size)
+        with real_tensors_while_exporting(), torch.no_grad():
+            table = torch.ones(max_blocks + 1, self.num_heads, max_blocks, max_blocks, dtype=torch.uint8)
+            for num_blocks in range(max_blocks + 1):
+                if self.uses_sparse(num_blocks * self.block_size):
+                    random_blocks = self.random_blocks(num_blocks, seed, "cpu")
+                    counts = build_block_sparse_counts(num_blocks, random_blocks, self.window_blocks, self.num_heads)
+                    table[num_blocks, :, :num_blocks, :num_blocks] = counts.to(torch.uint8)
+        return table
+
+    def _exported_attention(self, query, key, value, key_valid, seed: int) -> torch.Tensor:
+        """The attention of an exported graph (ONNX, a dynamic length): the dense twin of both paths, each key
+        weighted by how many times the query's block sees the key's block (the block-sparse path's arithmetic, as
+        for attention maps), the counts picked from `_count_table` by the input's number of blocks. The same
+        values as eager at every length, at the dense path's quadratic cost."""
+        length = query.shape[2]
+        table = self._count_table(seed).to(query.device)
+        block = torch.arange(length, device=query.device) // self.block_size  # (T,)
+        # the table's entry for N = last block + 1, picked by a tensor index (a graph input's length, not a number)
+        counts = table.index_select(0, block[-1:] + 1)[0]  # (H, N_max, N_max)
+        counts = counts[:, block[:, None], block[None, :]]  # (H, T, T)
+        bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
+        allowed = (counts > 0)[None] & key_valid[:, None, None, :]  # (B, H, T, T)
+        return attend(query, key, value, allowed, bias[None], 0.0, "eager")[0]
+
     def forward(
         self, hidden: torch.Tensor, key_valid: torch.Tensor, seed: int, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -140,7 +176,9 @@ class TffBigBirdAttention(nn.Module):
             for projected in fused_projections(hidden, self.query, self.key, self.value)
         )  # (B, H, T, Dh)
         probs = None
-        if self.uses_sparse(length):
+        if torch.compiler.is_exporting() and not output_attentions:
+            attended = self._exported_attention(query, key, value, key_valid, seed)
+        elif self.uses_sparse(length):
             num_blocks = -(-length // self.block_size)
             random_blocks = self.random_blocks(num_blocks, seed, hidden.device)
             if output_attentions:
@@ -196,6 +234,7 @@ class TffBigBirdPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCh
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffBigBirdLayer"]
     _supports_sdpa = True  # eager (the dense twin per slab of blocks) and sdpa agree: tests/attention/test_backend.py
+    _supports_flex_attn = True  # the sparse pattern as a FlexAttention block mask: tests/attention/test_flex.py
     # the attention reads config._attn_implementation at every call, so switching it later is safe
     _can_set_attn_implementation_cached_value = True
 

@@ -380,8 +380,9 @@ class TffCalmModel(TffCalmPreTrainedModel):
             check_tensor("attention_mask", attention_mask, dim=2)
         check_cache(cache, batch, self.config.num_key_value_heads, self.config.head_dim)
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        past = cache.get_seq_length() if cache is not None else 0
+        past = int(cache.get_seq_length()) if cache is not None else 0
         total, device = past + length, hidden.device
+        slots = max(total, int(cache.get_mask_sizes(length, 0)[0])) if cache is not None else total
         if attention_mask is not None and tuple(attention_mask.shape) != (batch, total):
             raise ValueError(
                 f"attention_mask must have shape {(batch, total)} (the {past} cached positions plus the {length} new "
@@ -393,16 +394,16 @@ class TffCalmModel(TffCalmPreTrainedModel):
             else:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
         allowed = None
-        padded = attention_mask is not None and not bool(attention_mask.all())
-        if length > 1 or padded:
+        padded = attention_mask is not None and (torch.compiler.is_exporting() or not bool(attention_mask.all()))
+        if length > 1 or padded or slots > total:
             query_at = torch.arange(past, total, device=device)[:, None]  # (T, 1)
-            key_at = torch.arange(total, device=device)[None, :]  # (1, S)
+            key_at = torch.arange(slots, device=device)[None, :]  # (1, S): a static cache returns empty slots too
             allowed = (key_at <= query_at)[None, None]  # (1, 1, T, S)
-            if padded:
-                # a padded query still sees itself, so no row of the mask is empty (its output is never used)
-                allowed = (allowed & attention_mask.bool()[:, None, None, :]) | (key_at == query_at)
+            if padded:  # a padded query still sees itself, so no row of the mask is empty (its output is never used)
+                real = F.pad(attention_mask.bool(), (0, slots - total))[:, None, None]  # (B, 1, 1, S)
+                allowed = (allowed & real) | (key_at == query_at)
         if self.embed_positions is not None:
-            if int(position_ids.max()) >= self.config.max_position_embeddings:
+            if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.config.max_position_embeddings:
                 raise ValueError(
                     f"position {int(position_ids.max())} is beyond max_position_embeddings="
                     f"{self.config.max_position_embeddings} (learned positions); shorten the input."
@@ -450,7 +451,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
 class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
     """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
 
-    ``exit_training = True`` tells the causal-LM recipe to pass its aligned targets as ``exit_labels`` (the anytime
+    ``exit_training = True`` tells the causal-LM recipe to pass its aligned targets as ``exit_targets`` (the anytime
     loss then comes back as ``aux_loss``)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -531,7 +532,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         exit_layer: int | None = None,
-        exit_labels: torch.LongTensor | None = None,
+        exit_targets: torch.LongTensor | None = None,
         exit_log: list | None = None,
         num_items_in_batch: NumItems = None,
         logits_to_keep: int = 0,
@@ -543,8 +544,8 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             attention_mask: ``(B, P + T)``, 1 for real tokens (left or right padding), ``P`` cached positions.
             labels: ``(B, T)`` usually ``input_ids`` (shifted inside; -100 ignored): ``loss`` is the anytime loss
                 plus ``meta_loss_weight`` times the meta classifier's loss.
-            exit_labels: ``(B, T)`` targets already aligned with the positions (the recipes' packed blocks):
-                ``aux_loss`` is what turns the last layer's cross entropy into that same total.
+            exit_targets: ``(B, T)`` targets aligned with the positions (packed blocks; `Trainer` wants every ``*labels``
+                argument before it reports ``eval_loss``): ``aux_loss`` turns the last layer's CE into that same total.
             cache / use_cache: a `transformers.Cache` (a new `GrowingCache`, a `DynamicCache` that writes in place, when
                 ``use_cache`` and none; one given is read even without); also ``past_key_values`` (before 5.24).
             exit_layer: force every token of this call to exit after this many layers (keys and values of the
@@ -554,7 +555,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             num_items_in_batch: `Trainer`'s count of ``labels[:, 1:]`` over the accumulated batch (see the module
                 docstring for how each loss uses it).
             logits_to_keep: only the last that many positions' logits (0: all); `generate` passes 1, so a prompt's
-                forward does not project every position onto the vocabulary. Not with ``labels`` / ``exit_labels``
+                forward does not project every position onto the vocabulary. Not with ``labels`` / ``exit_targets``
                 (the losses need every position).
 
         With ``config.exit_threshold`` set and one new token per row (decoding), rows exit early (module docstring).
@@ -570,9 +571,9 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             fix = f"force an exit after 1 to {depth} layers (config.num_hidden_layers), or pass None"
             check_int("exit_layer", exit_layer, minimum=1, maximum=depth, fix=fix)
         check_int("logits_to_keep", logits_to_keep, minimum=0, fix="pass 0 (every position) or how many to keep")
-        if logits_to_keep and (labels is not None or exit_labels is not None):
+        if logits_to_keep and (labels is not None or exit_targets is not None):
             raise ValueError(
-                f"logits_to_keep={logits_to_keep} with labels or exit_labels: the losses need every position's "
+                f"logits_to_keep={logits_to_keep} with labels or exit_targets: the losses need every position's "
                 "logits; pass logits_to_keep=0 when training."
             )
         if exit_log is not None and not isinstance(exit_log, list):
@@ -584,8 +585,8 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         )
         batch, length = hidden.shape[:2]
         self._check_lm_labels(labels, batch, length)
-        if exit_labels is not None:
-            check_class_labels("exit_labels", exit_labels, self.config.vocab_size, (batch, length), "vocab_size")
+        if exit_targets is not None:
+            check_class_labels("exit_targets", exit_targets, self.config.vocab_size, (batch, length), "vocab_size")
         threshold = self.config.exit_threshold
         dynamic = (
             exit_layer is None
@@ -593,7 +594,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             and not math.isinf(threshold)
             and length == 1
             and labels is None
-            and exit_labels is None
+            and exit_targets is None
         )
         loss = aux_loss = lm_loss = meta_loss = None
         all_hidden = all_attentions = None
@@ -617,8 +618,8 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             targets = None
             if labels is not None:
                 targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t predicts t + 1
-            elif exit_labels is not None:
-                targets = exit_labels
+            elif exit_targets is not None:
+                targets = exit_targets
             if targets is not None:
                 targets = targets.to(logits.device)
                 anytime, lm_loss, meta_loss = self._exit_losses(all_hidden, logits, targets, num_items_in_batch)
@@ -730,7 +731,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         decay_length = config.decay_length or config.max_position_embeddings
         threshold = decayed_threshold(
             config.exit_threshold, positions[:, 0], decay_length, config.position_temperature
-        )  # (B,)
+        )
         batch = hidden.shape[0]
         checked = {point for point in points[:-1] if point >= config.min_exit}
         exit_layers = None  # (B,) once a row has left (None: every row runs the full depth so far)
@@ -788,9 +789,8 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
         if use_cache:
             model_inputs["cache"] = cache
-        model_inputs.update(
-            decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
-        )
+        step = decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
+        model_inputs.update(step)
         for name in ("exit_layer", "exit_log"):
             if kwargs.get(name) is not None:
                 model_inputs[name] = kwargs[name]

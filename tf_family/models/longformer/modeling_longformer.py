@@ -191,10 +191,12 @@ class TffLongformerAttention(nn.Module):
 
     def use_dense(self, length: int, output_attentions: bool) -> bool:
         """Decided per call: the dense path when asked for, for attention maps, or when the window covers a
-        short input (then it is the same computation, done in one piece)."""
+        short input (then it is the same computation, done in one piece). An exported graph (ONNX) takes the dense
+        path at every length: the chunked path's shapes branch on the length, which a graph with a dynamic length
+        cannot."""
         if self.mode != "auto" or output_attentions:
             return self.mode == "dense" or output_attentions
-        return self.pattern.window * self.pattern.dilation >= length - 1
+        return torch.compiler.is_exporting() or self.pattern.window * self.pattern.dilation >= length - 1
 
     def _attend_with_cache(
         self, query, key, value, key_valid, global_tokens, output_attentions, cache: Cache, past_length: int
@@ -262,7 +264,7 @@ class TffLongformerAttention(nn.Module):
                     global_query, global_key, global_value, allowed[:, None], None, dropout_p, implementation
                 )
                 probs = global_tokens.scatter(probs, global_probs)
-            elif self.num_heads * global_tokens.num_slots < hidden.shape[-1]:
+            elif not torch.compiler.is_exporting() and self.num_heads * global_tokens.num_slots < hidden.shape[-1]:
                 global_attended = self._folded_global_attention(global_query, hidden, key_valid, global_tokens)
             else:
                 global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
@@ -302,6 +304,7 @@ class TffLongformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, Foreig
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffLongformerLayer"]
     _supports_sdpa = True  # eager (the dense twin per chunk) and sdpa agree: tests/attention/test_backend.py
+    _supports_flex_attn = True  # the sparse pattern as a FlexAttention block mask: tests/attention/test_flex.py
     # the attention reads config._attn_implementation at every call, so switching it later is safe
     _can_set_attn_implementation_cached_value = True
 

@@ -305,7 +305,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         offset = torch.arange(length, device=device)  # position i of the query in the segment
         # A slot of age a is still held before position i when a + i < N (the segment's i entries came after it):
         # only the C = min(T, N) oldest slots, next_slot + j of age N - 1 - j, are gone for some queries (j < i).
-        oldest = torch.arange(min(length, capacity), device=device)
+        oldest = torch.arange(length if length <= capacity else capacity, device=device)  # min(T, N)
         expired = ((knn.next_slot + oldest) % max(capacity, 1), oldest[None, :] < offset[:, None])  # (C,), (T, C)
         distance = offset[:, None] - offset[None, :]  # (T, T): i - j
         segment_allowed = (distance > 0) & (distance <= capacity)  # written before i and not yet evicted

@@ -14,7 +14,7 @@ Parity reference: transformers 5.24 `ReformerModel`, `ReformerModelWithLMHead`, 
 logits within 3e-7 of transformers' cached steps for local layers and LSH layers within one chunk; beyond one LSH
 chunk transformers' cached step leaves its own full recomputation (by 0.10-0.24: it hashes only the new token and
 gathers its chunk from that round, unpadded), and ours match that full recomputation within 5e-7 when the LSH layer
-is the last (below other layers, LSH outputs at earlier positions depend on later tokens: no cache is exact).
+is the last (below other layers, transformers' earlier LSH outputs depend on later tokens; ours do not).
 
 Deviations from transformers' Reformer:
 - the output head has one bias, always applied (transformers 5.23 created ``lm_head.bias`` and never added it;
@@ -23,7 +23,10 @@ Deviations from transformers' Reformer:
   dropout in the reversible backward is replayed from saved RNG states inside `torch.random.fork_rng`;
 - any length trains (no ``prod(axial_pos_shape) == length`` or chunk-multiple rule; the kernels pad inside),
   automatic bucket counts are computed per call and never written into the config;
-- without ``chunk_wrap_around`` neighbouring chunks do not wrap around and hashing rounds stay apart;
+- without ``chunk_wrap_around`` chunks do not wrap around, rounds stay apart, and a causal model's LSH layers see per
+  round the nearest earlier keys of the query's own bucket (`ChunkPattern.causal_buckets`), not chunks whose bounds
+  later tokens move: no output depends on later tokens (lm-eval's right padding included; automatic bucket counts
+  aside, which follow the length);
 - left padding is moved to the right inside the forward (positions count real tokens), so a left-padded row gives
   the same outputs as the row alone (with ``chunk_wrap_around`` only while LSH layers fit in one chunk: the first
   chunk of a round looks back at a last chunk that depends on the batch's padded length); the attention mask is
@@ -77,6 +80,7 @@ from ...modeling_utils import (
     build_activation,
     decoding_step_inputs,
     find_first_real_token,
+    real_tensors_while_exporting,
 )
 from ...validation import (
     InputValidationMixin,
@@ -94,6 +98,11 @@ logger = logging.get_logger(__name__)
 
 
 # -------------------------------------------------------------------------------------------------------- positions
+class AxialWeights(nn.ParameterList):
+    """The axial factors, a module ``_init_weights`` sees (transformers skips custom-code modules without parameters
+    of their own: left at ones, positions drowned the tokens in bfloat16 rounding, logits 11-21 % off float32)."""
+
+
 class AxialPositionEmbeddings(nn.Module):
     """transformers' axial positions: position ``p`` is ``[e1[p // n2], e2[p % n2]]`` on an ``n1 x n2`` grid."""
 
@@ -102,7 +111,7 @@ class AxialPositionEmbeddings(nn.Module):
         rows, cols = config.axial_pos_shape
         first, second = config.axial_pos_embds_dim
         self.columns = cols
-        self.weights = nn.ParameterList(
+        self.weights = AxialWeights(
             [nn.Parameter(torch.ones(rows, 1, first)), nn.Parameter(torch.ones(1, cols, second))]
         )
 
@@ -176,11 +185,14 @@ class TffReformerAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         if self.kind == "lsh":
             self.query_key = nn.Linear(config.hidden_size, inner, bias=False)
+            # causal_buckets (the last argument): nothing a token sees depends on later tokens
             self.pattern = ChunkPattern(
                 config.lsh_attn_chunk_length, config.lsh_num_chunks_before, config.lsh_num_chunks_after,
-                config.causal, config.chunk_wrap_around,
+                config.causal, config.chunk_wrap_around, config.causal and not config.chunk_wrap_around,
             )  # fmt: skip
             self.attention_dropout = config.lsh_attention_probs_dropout_prob
+            if config.num_buckets is not None:  # memoise the default rotations now (a constant to torch.export)
+                lsh_rotations(config.hash_seed, self.num_heads, self.head_dim, config.num_hashes, config.num_buckets)
         else:
             self.query = nn.Linear(config.hidden_size, inner, bias=False)
             self.key = nn.Linear(config.hidden_size, inner, bias=False)
@@ -207,11 +219,11 @@ class TffReformerAttention(nn.Module):
         return auto_num_buckets(length, self.pattern.chunk_length, self.config.max_position_embeddings)
 
     def hash(self, shared: torch.Tensor, num_hashes: int, seed: int) -> torch.Tensor:
-        """``(B, H, R, T)`` buckets of the shared query-key vectors ``(B, H, T, Dh)``."""
+        """``(B, H, R, T)`` buckets of the shared query-key vectors ``(B, H, T, Dh)``, hashed in float32 always."""
         num_buckets = self._num_buckets(shared.shape[2])
-        dtype = shared.dtype if shared.dtype in (torch.float32, torch.float64) else torch.float32
-        rotations = lsh_rotations(seed, self.num_heads, self.head_dim, num_hashes, num_buckets, dtype, shared.device)
-        return hash_vectors(shared.to(dtype), rotations, num_buckets)
+        with real_tensors_while_exporting():  # an exported graph holds the rotations as a constant
+            rotations = lsh_rotations(seed, self.num_heads, self.head_dim, num_hashes, num_buckets, device="cpu")
+        return hash_vectors(shared.float(), rotations.to(shared.device), num_buckets)
 
     def forward(
         self,
@@ -241,7 +253,10 @@ class TffReformerAttention(nn.Module):
         if self.kind == "lsh":
             shared = self._rotary(self._heads(self.query_key(states)), position_ids)
             key = normalize_shared_keys(shared)
-            if states.shape[1] <= self.pattern.chunk_length:  # one chunk: the dense shared-QK attention
+            # one chunk: dense shared-QK attention (not with causal_buckets, whose buckets matter at any length; an
+            # exported graph takes the dense twin below at every length: in one chunk it is shared-QK too)
+            exporting = torch.compiler.is_exporting() and past_states is None
+            if not exporting and states.shape[1] <= self.pattern.chunk_length and not self.pattern.causal_buckets:
                 implementation = "eager" if output_attentions else self.config._attn_implementation
                 out, probs = (
                     shared_qk_attention(
@@ -254,14 +269,15 @@ class TffReformerAttention(nn.Module):
             else:
                 if buckets is None:
                     buckets = self.hash(shared, num_hashes, seed)
-                if output_attentions:
+                if output_attentions or exporting:
                     out, probs = lsh_attention_reference(
                         shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates
                     )
                 else:
                     out = lsh_attention(
-                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates, dropout_p
-                    )
+                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates, dropout_p,
+                        self.config._attn_implementation,
+                    )  # fmt: skip
                 out = out[:, :, -new:]
         else:
             query = self._rotary(self._heads(self.query(states)), position_ids)[:, :, -new:]
@@ -282,9 +298,11 @@ class TffReformerAttention(nn.Module):
     def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions):
         total, new = key.shape[2], query.shape[2]
         pattern = self.pattern
-        if total <= pattern.chunk_length:  # one chunk: no neighbours (and nothing to wrap around to)
+        # an exported graph takes the dense twin (no wrap-around: one chunk's mask is the same with neighbours)
+        exporting = torch.compiler.is_exporting()
+        if not exporting and total <= pattern.chunk_length:  # one chunk: no neighbours (nothing to wrap around to)
             pattern = ChunkPattern(pattern.chunk_length, 0, 0, pattern.causal, False)
-        if new == total and not output_attentions:
+        if new == total and not output_attentions and not exporting:
             return chunked_local_attention(
                 query, key, value, pattern, key_valid, dropout_p, self.config._attn_implementation
             ), None
@@ -346,6 +364,7 @@ class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignC
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffReformerLayer"]
     _supports_sdpa = True  # eager (the dense twin per chunk) and sdpa agree: tests/attention/test_backend.py
+    _supports_flex_attn = True  # the sparse pattern as a FlexAttention block mask: tests/attention/test_flex.py
     # the attention reads config._attn_implementation at every call, so switching it later is safe
     _can_set_attn_implementation_cached_value = True
     _foreign_formats = (TRANSFORMERS_REFORMER,)
@@ -353,8 +372,8 @@ class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignC
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, AxialPositionEmbeddings):
-            for weight in module.weights:
+        if isinstance(module, AxialWeights):
+            for weight in module:
                 init.normal_(weight, std=self.config.axial_norm_std)
 
 
@@ -368,7 +387,9 @@ def _roll_rows(tensor: torch.Tensor | None, shift: torch.Tensor) -> torch.Tensor
     if tensor is None:
         return None
     length = tensor.shape[1]
-    index = (torch.arange(length, device=tensor.device)[None, :] + shift[:, None]) % length  # (B, T)
+    index = torch.arange(length, device=tensor.device)[None, :] + shift[:, None]  # (B, T), in (-T, 2T)
+    # wrapped without a remainder by the length, which ONNX converters lack when the length is dynamic
+    index = torch.where(index >= length, index - length, torch.where(index < 0, index + length, index))
     index = index.view(*index.shape, *([1] * (tensor.dim() - 2))).expand(*index.shape, *tensor.shape[2:])
     return tensor.gather(1, index)
 
@@ -474,7 +495,9 @@ class TffReformerModel(TffReformerPreTrainedModel):
 
         # left padding moves to the right (the chunks then start at the first real token); undone at the end
         shift = None
-        if past == 0 and attention_mask is not None and bool((~valid[:, 0] & valid.any(dim=1)).any()):
+        # (an exported graph rolls every row: a shift of 0 leaves it as it is, and the graph cannot branch on data)
+        exporting = torch.compiler.is_exporting()
+        if past == 0 and attention_mask is not None and (exporting or bool((~valid[:, 0] & valid.any(dim=1)).any())):
             shift = _first_real(valid)
             input_ids, inputs_embeds, valid = (_roll_rows(t, shift) for t in (input_ids, inputs_embeds, valid))
             position_ids = _roll_rows(position_ids, shift)
