@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -160,3 +161,126 @@ def test_lora_target_registration_is_idempotent_and_keeps_the_users_entries(monk
     register_lora_targets()
     register_lora_targets()
     assert lora_targets["tff_longformer"] == ["query"]
+
+
+# ---------------------------------------------------------------------------------------------- beyond LoRA
+# PEFT methods other than LoRA: IA3 (default targets registered on import), DoRA, LoRA merge, prompt tuning and
+# prefix tuning, wherever the method has a meaning (the table in docs/guides/trl-and-peft.md).
+PROMPT_TASKS = {"causal_lm", "sequence_classification", "question_answering"}  # PEFT pads no token-cls labels
+PROMPT_CASES = [(name, task) for name, task in CASES if task in PROMPT_TASKS]
+# prefix tuning passes keys and values per layer: the causal LMs that attend over a key/value cache read it
+PREFIX_WORKS = ["longformer", "knn_lm", "calm"]
+PREFIX_REFUSED = ["transfo_xl", "compressive", "memorizing", "reformer"]  # their state is not keys and values
+NO_DROPOUT = {"calm": {"meta_loss_weight": 0.0}}
+
+
+def _prompt_dims(model) -> dict:
+    """PEFT reads num_layers / token_dim / num_attention_heads off the top config; kNN-LM's live on its base."""
+    if not hasattr(model.config, "base_config"):
+        return {}
+    base = model.config.base_config
+    return {"num_layers": base.num_hidden_layers, "token_dim": base.hidden_size,
+            "num_attention_heads": base.num_attention_heads}  # fmt: skip
+
+
+def _one_step(peft_model, batch) -> tuple[torch.Tensor, set[str]]:
+    """One SGD step; the loss and the names of the parameters it changed."""
+    before = {key: value.detach().clone() for key, value in peft_model.named_parameters()}
+    trainable = [parameter for parameter in peft_model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.SGD(trainable, lr=0.5)
+    peft_model.train()
+    loss = peft_model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    return loss, {key for key, value in peft_model.named_parameters() if not torch.equal(value, before[key])}
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_ia3_without_target_modules_uses_the_registered_defaults(name):
+    from peft import IA3Config
+    from peft.tuners.ia3 import IA3Layer
+
+    spec = ARCHITECTURES[name]
+    task = spec.tasks[0] if "causal_lm" not in spec.tasks else "causal_lm"
+    model = _tiny_model(name, task, **NO_DROPOUT.get(name, {}))
+    task_type = PEFT_TASK_TYPES.get(task)
+    ia3 = get_peft_model(model, IA3Config(**({"task_type": task_type} if task_type else {})))
+    assert set(ia3.peft_config["default"].target_modules) == set(spec.ia3_target_modules)
+    assert set(ia3.peft_config["default"].feedforward_modules) == set(spec.ia3_feedforward_modules)
+    wrapped = {key.rsplit(".", 1)[-1] for key, module in ia3.named_modules() if isinstance(module, IA3Layer)}
+    assert wrapped == set(spec.ia3_target_modules) & wrapped and spec.ia3_feedforward_modules[0] in wrapped
+    loss, changed = _one_step(ia3, _collate(_examples(name, task, model)))
+    assert torch.isfinite(loss)
+    assert any("ia3_l" in key for key in changed)
+    assert all("ia3_l" in key or "modules_to_save" in key for key in changed), sorted(changed)
+
+
+@pytest.mark.parametrize(("name", "task"), CASES, ids=[f"{name}-{task}" for name, task in CASES])
+def test_dora_trains_and_lora_and_dora_merge_to_the_same_outputs(name, task):
+    model = _tiny_model(name, task, **NO_DROPOUT.get(name, {})).eval()
+    task_type = PEFT_TASK_TYPES.get(task)
+    batch = _collate(_examples(name, task, model))
+    inputs = {key: value for key, value in batch.items() if key not in ("labels", "start_positions", "end_positions")}
+    for use_dora in (False, True):
+        # init_lora_weights=False: B is not zero, so the adapter changes the outputs and merging has work to do
+        config = LoraConfig(
+            r=2, use_dora=use_dora, init_lora_weights=False, **({"task_type": task_type} if task_type else {})
+        )
+        adapted = get_peft_model(copy.deepcopy(model), config).eval()
+        if use_dora:
+            loss, changed = _one_step(adapted, batch)
+            assert torch.isfinite(loss) and any("lora_magnitude_vector" in key for key in changed)
+            adapted.eval()
+        with torch.no_grad():
+            expected = _first_tensor(adapted(**inputs))
+            merged = adapted.merge_and_unload()
+            assert not any(isinstance(module, LoraLayer) for module in merged.modules())
+            torch.testing.assert_close(_first_tensor(merged(**inputs)), expected, rtol=1e-4, atol=1e-5)
+
+
+def _first_tensor(output) -> torch.Tensor:
+    for key in ("logits", "start_logits", "action_preds"):
+        value = output.get(key) if hasattr(output, "get") else None
+        if value is not None:
+            return value
+    return output[0]
+
+
+@pytest.mark.parametrize(("name", "task"), PROMPT_CASES, ids=[f"{name}-{task}" for name, task in PROMPT_CASES])
+def test_prompt_tuning_trains_its_virtual_tokens(name, task):
+    from peft import PromptTuningConfig
+
+    model = _tiny_model(name, task, **NO_DROPOUT.get(name, {}))
+    config = PromptTuningConfig(task_type=PEFT_TASK_TYPES[task], num_virtual_tokens=3, **_prompt_dims(model))
+    prompted = get_peft_model(model, config)
+    loss, changed = _one_step(prompted, _collate(_examples(name, task, model)))
+    assert torch.isfinite(loss)
+    assert "prompt_encoder.default.embedding.weight" in changed
+    assert all(key.startswith("prompt_encoder.") or "modules_to_save" in key for key in changed), sorted(changed)
+
+
+@pytest.mark.parametrize("name", PREFIX_WORKS)
+def test_prefix_tuning_trains_its_prefix_on_the_causal_lms_with_a_key_value_cache(name):
+    from peft import PrefixTuningConfig
+
+    model = _tiny_model(name, "causal_lm", **NO_DROPOUT.get(name, {}))
+    batch = _collate(_examples(name, "causal_lm", model))
+    with torch.no_grad():
+        plain = model.eval()(**batch).loss
+    config = PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3, **_prompt_dims(model))
+    prefixed = get_peft_model(model, config)
+    with torch.no_grad():
+        assert not torch.equal(prefixed.eval()(**batch).loss, plain)  # the prefix is read
+    loss, changed = _one_step(prefixed, batch)
+    assert torch.isfinite(loss)
+    assert changed == {"prompt_encoder.default.embedding.weight"}, sorted(changed)
+
+
+@pytest.mark.parametrize("name", PREFIX_REFUSED)
+def test_prefix_tuning_is_refused_naming_what_works(name):
+    from peft import PrefixTuningConfig
+
+    model = _tiny_model(name, "causal_lm")
+    prefixed = get_peft_model(model, PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
+    with pytest.raises(TypeError, match=r"DynamicCache.*not keys and values.*PromptTuningConfig.*LoraConfig.*IA3"):
+        prefixed(**_collate(_examples(name, "causal_lm", model)))

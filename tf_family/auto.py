@@ -96,9 +96,23 @@ def register_lora_targets() -> None:
             lora_targets.setdefault(model_type, list(spec.lora_target_modules))
 
 
+def register_ia3_targets() -> None:
+    """Each spec's ``ia3_target_modules`` and ``ia3_feedforward_modules`` as PEFT's IA3 defaults for its model types
+    (``TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING`` and ``..._FEEDFORWARD_MODULES_MAPPING``), so that
+    ``IA3Config(task_type=...)`` works without ``target_modules``; an entry already there (the user's) is kept."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as ia3_feedforward
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING as ia3_targets
+
+    for spec in ARCHITECTURES.values():
+        for model_type in spec.model_types:
+            if spec.ia3_target_modules and model_type not in ia3_targets:
+                ia3_targets[model_type] = list(spec.ia3_target_modules)
+                ia3_feedforward[model_type] = list(spec.ia3_feedforward_modules)
+
+
 def register_all() -> None:
     """Register every registry entry (and its legacy model types, e.g. ``transfo-xl``) with AutoConfig and
-    AutoModel*, and its default LoRA targets with PEFT (`register_lora_targets`)."""
+    AutoModel*, and its default LoRA and IA3 targets with PEFT (`register_lora_targets`, `register_ia3_targets`)."""
     for spec in ARCHITECTURES.values():
         _register_config(spec.config_class)
         for task, model_class in spec.model_classes.items():
@@ -110,6 +124,7 @@ def register_all() -> None:
                 if task in AUTO_CLASS_BY_TASK:
                     _register_model(AUTO_CLASS_BY_TASK[task], legacy_config, legacy_model_class(legacy_config, task))
     register_lora_targets()
+    register_ia3_targets()
 
 
-__all__ = ["AUTO_CLASS_BY_TASK", "legacy_model_class", "register_all", "register_lora_targets"]
+__all__ = ["AUTO_CLASS_BY_TASK", "legacy_model_class", "register_all", "register_ia3_targets", "register_lora_targets"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import types
 import typing
+from types import MappingProxyType
 from typing import Any
 
 from transformers import GenerationConfig
@@ -38,6 +39,13 @@ _BASE_CONFIG_KWARGS = frozenset(
         "auto_map",
     }
 )
+
+
+# A tf_family config's ``auto_map`` when its folder names no remote code: empty, not missing, because tools read
+# ``config.auto_map`` directly to find a model class that transformers itself does not define (TRL's
+# ``create_model_from_path``, which DPO uses to load the reference model) and transformers' Auto classes test
+# ``name in config.auto_map``. Read-only: a folder with remote code sets its own (`tf_family.remote_code`).
+NO_AUTO_MAP: MappingProxyType = MappingProxyType({})
 
 
 def check_config_kwargs(config_name: str, kwargs: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import ModelOutput
 
+from .fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from .losses import NumItems, cross_entropy, sequence_classification_loss, span_loss
 from .modeling_utils import Dropout, accepts_past_key_values, build_activation, find_first_real_token
 from .validation import check_class_labels, check_tensor
@@ -388,7 +389,7 @@ class MemoryGenerationMixin:
         return mems.index_select(beam_idx)
 
 
-class SegmentRecurrentForCausalLM(MemoryGenerationMixin):
+class SegmentRecurrentForCausalLM(FusedLMHeadMixin, MemoryGenerationMixin):
     """The causal-LM head of the Transformer-XL family (Transformer-XL, the Memorizing Transformer): the base model
     under ``transformer`` carries its memory as ``mems`` (an object with ``index_select``), and ``lm_head`` is a
     `ProjectedAdaptiveLogSoftmax`. Gives `forward`, `prepare_inputs_for_generation` and `_reorder_cache`; the model
@@ -396,6 +397,7 @@ class SegmentRecurrentForCausalLM(MemoryGenerationMixin):
 
     causal_lm_output_class: type[ModelOutput]
 
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,

@@ -113,6 +113,18 @@ class AdaptiveTokenEmbeddingsMixin:
         self.tie_weights()
         return embeddings
 
+    @property
+    def embeddings(self) -> nn.Module:
+        """A view whose ``word_embeddings`` is the adaptive input embedding (nothing new is registered or saved).
+
+        PEFT's prompt learning (prompt tuning, P-tuning) looks a model's token embedding up as
+        ``embeddings.word_embeddings``, else as the parameter with ``vocab_size`` rows; clustered embeddings have no
+        such parameter (and with one cluster, that parameter without its projection and scale would embed wrongly),
+        so this is where PEFT finds the whole `AdaptiveEmbedding`."""
+        view = nn.Module()
+        view.word_embeddings = self.base_model.get_input_embeddings()  # (the base model defines it)
+        return view
+
 
 def build_activation(name: str) -> nn.Module:
     """transformers' activation ``name``; its Python tanh-approximate GELU (``gelu_new``) becomes PyTorch's fused

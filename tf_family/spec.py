@@ -96,6 +96,10 @@ class ArchSpec:
         lora_target_modules: default PEFT LoRA targets (the attention projections; the Decision Transformer adds its
             MLP): the recipes' ``--lora_r`` default, and PEFT's own default for the model types
             (`tf_family.auto.register_lora_targets`).
+        ia3_target_modules: default PEFT IA3 targets (the key and value projections, fused ``qkv`` where the
+            architecture fuses them, and the feed-forward output), registered like ``lora_target_modules``.
+        ia3_feedforward_modules: those of ``ia3_target_modules`` that are feed-forward layers (IA3 scales their input
+            rather than their output).
         reference: the implementation parity is checked against.
         parity: what the parity tests establish, in a few words.
         card: model card template, relative to the repository's ``model_cards/``.
@@ -123,6 +127,8 @@ class ArchSpec:
     legacy_model_types: tuple[str, ...] = ()
     legacy: tuple[Any, ...] = ()
     foreign: Any = field(default=())
+    ia3_target_modules: tuple[str, ...] = ()
+    ia3_feedforward_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.legacy) != len(self.legacy_model_types):

@@ -363,6 +363,20 @@ def check_cache(
         )
 
 
+def refuse_key_value_cache(name: str, value: Any, model: str, state: str) -> None:
+    """A `transformers.Cache` (keys and values per layer: a generation cache, or the learned prefix PEFT prefix
+    tuning passes) given to a model that carries other ``state`` between calls: a TypeError naming what to use."""
+    from transformers import Cache
+
+    if isinstance(value, Cache):
+        raise TypeError(
+            f"{name} got a {type(value).__name__} (keys and values per layer: a generation cache of another model, or "
+            f"the learned prefix of PEFT prefix tuning), but {model} carries {state} between calls, not keys and "
+            "values. With PEFT, adapt it with prompt tuning (PromptTuningConfig: learned input tokens), LoRA / DoRA "
+            "(LoraConfig) or IA3 (IA3Config) instead of prefix tuning."
+        )
+
+
 class InputValidationMixin:
     """The checks at the top of every tf_family ``forward`` (and so of `generate`, which calls it), each run once per
     call. Listed among the bases of every tf_family ``PreTrainedModel``; the model's ``config`` gives the sizes."""
@@ -510,4 +524,5 @@ __all__ = [
     "check_sequence_labels",
     "check_tensor",
     "check_token_id",
+    "refuse_key_value_cache",
 ]

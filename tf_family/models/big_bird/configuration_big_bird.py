@@ -6,7 +6,7 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...validation import check_nonnegative_int, check_positive_int, check_probability, check_seed
 
 
@@ -53,6 +53,7 @@ class TffBigBirdConfig(PreTrainedConfig):
         tie_word_embeddings (`bool`, defaults to `True`): tie the masked-LM decoder to the input embeddings.
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_big_bird"
 
     vocab_size: int = 50358

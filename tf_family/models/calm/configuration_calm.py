@@ -6,7 +6,7 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...early_exit import AGGREGATIONS, CONFIDENCE_MEASURES, exit_points
 from ...validation import check_choice, check_float, check_int, check_positive_int, check_probability
 
@@ -58,6 +58,7 @@ class TffCalmConfig(PreTrainedConfig):
         calibration (`dict`, *optional*): what `recipes/calm_calibrate.py` certified (δ, ε, the risk, n, p-value).
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_calm"
     # exit_threshold=inf is a documented setting (never exit early); every other float field must be finite
     _infinite_fields = ("exit_threshold",)

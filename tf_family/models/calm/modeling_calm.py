@@ -72,6 +72,7 @@ from ...early_exit import (
     softmax_max_confidence,
     state_confidence,
 )
+from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import (
@@ -447,7 +448,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
-class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
+class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
     """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
 
     ``exit_training = True`` tells the causal-LM recipe to pass its aligned targets as ``exit_targets`` (the anytime
@@ -516,6 +517,7 @@ class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGen
         return model[0] if isinstance(model, tuple) else model
 
     # --------------------------------------------------------------------------------------------------- forward
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,
@@ -545,8 +547,7 @@ class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGen
             exit_targets: ``(B, T)`` targets aligned with the positions (packed blocks; `Trainer` wants every ``*labels``
                 argument before it reports ``eval_loss``): ``aux_loss`` turns the last layer's CE into that same total.
             cache / use_cache: a `transformers.Cache` (a new `GrowingCache`, a `DynamicCache` that writes in place, when
-                ``use_cache`` and none); the cache is
-                also accepted under its name before transformers 5.24, ``past_key_values``.
+                ``use_cache`` and none; one given is read even without); also ``past_key_values`` (before 5.24).
             exit_layer: force every token of this call to exit after this many layers (keys and values of the
                 layers above propagated from the exit state).
             exit_log: a list; each call appends its ``(B, T)`` exit layers (so a `generate` call reports the exit
@@ -563,8 +564,7 @@ class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGen
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and cache is None:
             cache = GrowingCache(self.config)
-        if not use_cache:
-            cache = None
+        returned_cache = cache if use_cache else None  # one passed in is read anyway (PEFT prefix tuning's prefix)
         base = self.model
         depth = base.depth
         if exit_layer is not None:
@@ -634,7 +634,7 @@ class TffCalmForCausalLM(GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGen
         output = EarlyExitCausalLMOutput(
             loss=loss,
             logits=logits,
-            cache=cache,
+            cache=returned_cache,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
             exit_layers=exit_layers,

@@ -7,7 +7,7 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...memory.compression import COMPRESSION_KINDS
 from ...validation import (
     check_choice,
@@ -71,6 +71,7 @@ class TffCompressiveConfig(PreTrainedConfig):
         use_cache (`bool`, defaults to `True`): return both memories (`mems`) from `forward`.
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_compressive"
     keys_to_ignore_at_inference = ["mems"]
     attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}

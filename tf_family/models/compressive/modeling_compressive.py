@@ -50,6 +50,7 @@ from ...attention import (
     relative_position_sequence,
     sinusoid_position_embedding,
 )
+from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
 from ...losses import IGNORE_INDEX, NumItems, batch_share
 from ...memory import (
@@ -64,7 +65,7 @@ from ...memory import (
 from ...modeling_heads import MemoryGenerationMixin
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, accepts_past_key_values
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
 from .configuration_compressive import TffCompressiveConfig
 
 logger = logging.get_logger(__name__)
@@ -152,6 +153,7 @@ class TffCompressivePreTrainedModel(
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> CompressiveMemory | None:
     if mems is None:
         return None
+    refuse_key_value_cache("mems (cache)", mems, "the Compressive Transformer", "a memory of hidden states")
     if isinstance(mems, SegmentMemory):
         mems = CompressiveMemory(mems, SegmentMemory(tuple(s[:, :0] for s in mems.states), mems.mask[:, :0]))
     elif isinstance(mems, (list, tuple)) and mems and all(isinstance(m, torch.Tensor) for m in mems):
@@ -379,7 +381,9 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TffCompressiveLMHeadModel(MemoryGenerationMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin):
+class TffCompressiveLMHeadModel(
+    FusedLMHeadMixin, MemoryGenerationMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin
+):
     """Compressive Transformer with an adaptive (or, with no `cutoffs`, plain) softmax head. `logits` are
     log-probabilities; `loss` is the language-model loss plus the weighted auxiliary losses."""
 
@@ -410,6 +414,7 @@ class TffCompressiveLMHeadModel(MemoryGenerationMixin, TffCompressivePreTrainedM
     def get_output_embeddings(self):
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,

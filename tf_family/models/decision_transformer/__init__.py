@@ -68,6 +68,8 @@ SPEC = ArchSpec(
         }
     ),
     lora_target_modules=("qkv", "out_proj", "fc_in", "fc_out"),
+    ia3_target_modules=("qkv", "fc_out"),
+    ia3_feedforward_modules=("fc_out",),
     reference="transformers 5 DecisionTransformerModel (installed)",
     parity="state/action/return predictions within 1e-5 (random tiny model, converted folder)",
     card="decision_transformer.md",

@@ -7,7 +7,7 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...validation import MAX_SIZE, check_float, check_list_of, check_positive_int, check_probability
 
 
@@ -66,6 +66,7 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
             helper when no environment is given).
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_decision_transformer"
     attribute_map = {"num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
 

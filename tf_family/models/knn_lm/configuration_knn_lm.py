@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...validation import check_float, check_positive_int
 
 INDEX_TYPES = ("exact", "flat", "ivf_flat", "ivf_pq", "hnsw")
@@ -42,6 +42,7 @@ class TffKNNLMConfig(PreTrainedConfig):
             model's (set ``False`` to force one, e.g. after fine-tuning only parts that do not change the keys).
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_knn_lm"
     sub_configs_defaults = {"base_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
 

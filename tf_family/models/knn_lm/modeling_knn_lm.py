@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
+from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...losses import NumItems, nll
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling_utils import RemoteCodeMixin, accepts_past_key_values
@@ -89,7 +90,7 @@ class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, PreTrainedM
         return
 
 
-class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
+class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
     """A causal LM whose next-token distribution is interpolated with a kNN distribution over a datastore.
 
     Build one around a model you have with `from_base`, or from a config (the base is built from
@@ -196,6 +197,7 @@ class TffKNNLMForCausalLM(TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
         return embeddings
 
     # -------------------------------------------------------------------------------------------------- forward
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...validation import MAX_SIZE, check_list_of, check_positive_int, check_probability
 
 
@@ -50,6 +50,7 @@ class TffLongformerConfig(PreTrainedConfig):
             per call: dense when every window covers the whole (short) input, sparse otherwise. Outputs agree.
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_longformer"
 
     vocab_size: int = 50265

@@ -48,6 +48,7 @@ from ...attention import (
     sliding_window_attention,
 )
 from ...conversion import ForeignCheckpointMixin
+from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import BertFeedForward
 from ...losses import causal_lm_loss
 from ...modeling_heads import (
@@ -507,7 +508,7 @@ class TffLongformerForMaskedLM(_TffLongformerHead, GenericForMaskedLM, TffLongfo
     _tied_weights_keys = {"lm_head.decoder.weight": "longformer.embeddings.word_embeddings.weight"}
 
 
-class TffLongformerForCausalLM(TffLongformerPreTrainedModel, ValidatedGenerationMixin):
+class TffLongformerForCausalLM(FusedLMHeadMixin, TffLongformerPreTrainedModel, ValidatedGenerationMixin):
     """A causal Longformer language model (causal, optionally dilated windows; the paper's character-level LM
     setting, section 4). Builds its stack with ``causal=True`` whatever the given config says."""
 
@@ -528,6 +529,7 @@ class TffLongformerForCausalLM(TffLongformerPreTrainedModel, ValidatedGeneration
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,

@@ -7,7 +7,7 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...memory.knn_faiss import FAISS_MEMORY_INDEXES
 from ...memory.knn_search import SEARCH_KINDS
 from ...validation import (
@@ -96,6 +96,7 @@ class TffMemorizingConfig(PreTrainedConfig):
         use_cache (`bool`, defaults to `True`): return the memories (`mems`) from `forward`.
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_memorizing"
     keys_to_ignore_at_inference = ["mems"]
     attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}

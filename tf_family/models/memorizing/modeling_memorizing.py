@@ -63,7 +63,7 @@ from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, fused_knn_atte
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
 from .configuration_memorizing import TffMemorizingConfig
 
 logger = logging.get_logger(__name__)
@@ -266,6 +266,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
     def _as_memory(self, mems, batch_size: int, device, dtype) -> MemorizingMemory:
         if mems is None:
             return self.empty_memory(batch_size, device=device, dtype=dtype)
+        refuse_key_value_cache("mems (cache)", mems, "the Memorizing Transformer", "a MemorizingMemory")
         if not isinstance(mems, MemorizingMemory):
             raise TypeError(
                 f"mems must be the MemorizingMemory a previous call returned (or None to start), got {type(mems)}."

@@ -7,7 +7,7 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...validation import (
     MAX_SIZE,
     check_float,
@@ -84,6 +84,7 @@ class TffReformerConfig(PreTrainedConfig):
         tie_word_embeddings (`bool`, defaults to `False`): share the input embedding with the output projection.
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_reformer"
 
     vocab_size: int = 320

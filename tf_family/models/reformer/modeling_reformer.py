@@ -69,6 +69,7 @@ from ...attention import (
 )
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import ForeignCheckpointMixin
+from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers.reversible import ReversibleChain, reversible_layer
 from ...losses import causal_lm_loss, cross_entropy, sequence_classification_loss
 from ...modeling_heads import CLASSIFIER_KEY_MAPPING, ClassificationHead, question_answering_output
@@ -87,6 +88,7 @@ from ...validation import (
     check_memory_states,
     check_positive_int,
     check_seed,
+    refuse_key_value_cache,
 )
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
@@ -482,6 +484,8 @@ class TffReformerModel(TffReformerPreTrainedModel):
             check_seed("hash_seed", hash_seed)
         if (cache is not None or use_cache) and not config.causal:
             raise ValueError("cache / use_cache need a causal model (TffReformerForCausalLM).")
+        if not isinstance(cache, TffReformerCache):
+            refuse_key_value_cache("cache", cache, "Reformer", "the hidden states its LSH attention rehashes")
         if cache is not None and not isinstance(cache, TffReformerCache):
             raise TypeError(f"cache must be a TffReformerCache, got {type(cache).__name__}.")
         cached_rows = getattr(cache, "key_valid", None)
@@ -639,12 +643,13 @@ class _TffReformerWithLMHead(TffReformerPreTrainedModel):
         self.lm_head.decoder = new_embeddings
 
 
-class TffReformerForCausalLM(_TffReformerWithLMHead, ValidatedGenerationMixin):
+class TffReformerForCausalLM(FusedLMHeadMixin, _TffReformerWithLMHead, ValidatedGenerationMixin):
     """A causal Reformer language model (the paper's enwik8 / imagenet64 setting). Builds its stack with
     ``causal=True`` whatever the given config says. Generates with a `TffReformerCache`."""
 
     causal = True
 
+    @answers_fused_lm_head
     @accepts_past_key_values
     def forward(
         self,

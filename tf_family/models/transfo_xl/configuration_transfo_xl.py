@@ -6,7 +6,7 @@ from dataclasses import field
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import check_config_kwargs, validate_config
+from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...validation import check_int, check_nonnegative_int, check_positive_int, check_probability
 
 
@@ -52,6 +52,7 @@ class TffTransfoXLConfig(PreTrainedConfig):
         use_cache (`bool`, defaults to `True`): return the memory (`mems`) from `forward`.
     """
 
+    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_transfo_xl"
     keys_to_ignore_at_inference = ["mems"]
     attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}

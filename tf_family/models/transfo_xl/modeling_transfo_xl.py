@@ -40,7 +40,7 @@ from ...memory import SegmentMemory
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states
+from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
 from .configuration_transfo_xl import TffTransfoXLConfig
 from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
@@ -96,6 +96,7 @@ class TffTransfoXLPreTrainedModel(
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> SegmentMemory | None:
     if mems is None:
         return None
+    refuse_key_value_cache("mems (cache)", mems, "Transformer-XL", "a memory of the previous segments' hidden states")
     if not isinstance(mems, SegmentMemory):
         if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) for m in mems):
             raise TypeError(f"mems must be a SegmentMemory or a sequence of (B, M, D) tensors, got {type(mems)}.")
