@@ -199,3 +199,23 @@ def test_calibration_times_both_paths_and_leaves_the_random_state_alone():
     times = native._time_paths(query, key, value, allowed, 0.1)
     assert torch.equal(state, torch.get_rng_state())
     assert set(times) == {"native", "pytorch"} and all(t > 0 for t in times.values())
+
+
+def test_a_first_call_inside_a_checkpointed_forward_calibrates_apart(monkeypatch, tmp_path):
+    """The calibration's own forward and backward run in a thread of their own: a first call at a shape inside a
+    `torch.utils.checkpoint` region once saved the calibration's tensors as the forward's, and the recomputation
+    (which found the decision cached) saved fewer: `CheckpointError` under TRL's gradient checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    monkeypatch.delenv("TF_FAMILY_NATIVE", raising=False)
+    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
+    monkeypatch.setattr(native, "_decisions", {})
+    query, key, value = (t.detach().float().requires_grad_() for t in _inputs((2, 2, 8, 12, 4)))
+    allowed = torch.ones(2, 2, 8, 12, dtype=torch.bool)
+    out = checkpoint(
+        lambda q, k, v: attention_under_mask(q, k, v, allowed) * 2, query, key, value, use_reentrant=False
+    )
+    out.sum().backward()
+    assert json.loads((tmp_path / "calibration.json").read_text())  # it did calibrate, inside the region
+    expected = masked_attention_reference(query.detach(), key.detach(), value.detach(), allowed)
+    torch.testing.assert_close(out.detach(), expected * 2)

@@ -253,6 +253,29 @@ def _time_paths(query, key, value, allowed, dropout_p: float) -> dict[str, float
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def _time_paths_apart(query, key, value, allowed, dropout_p: float) -> dict[str, float]:
+    """`_time_paths` in a thread of its own: the first call at a shape may come inside a forward that
+    `torch.utils.checkpoint` records or `torch.autocast` runs, whose hooks and state are per thread; there the
+    calibration's own autograd graphs would be counted as the forward's saved tensors (and the recomputation, which
+    finds the decision cached, would save fewer)."""
+    import threading
+
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            result["times"] = _time_paths(query.detach(), key.detach(), value.detach(), allowed, dropout_p)
+        except BaseException as error:  # handed to the caller's thread
+            result["error"] = error
+
+    worker = threading.Thread(target=run, name="tf_family-native-calibration")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result["times"]
+
+
 def faster_than_pytorch(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, dropout_p: float
 ) -> bool:
@@ -268,7 +291,7 @@ def faster_than_pytorch(
     if decision is None:
         decision = _load_calibration().get(key_)
         if decision is None:
-            times = _time_paths(query, key, value, allowed, dropout_p)
+            times = _time_paths_apart(query, key, value, allowed, dropout_p)
             decision = {
                 "native_s": round(times["native"], 6),
                 "pytorch_s": round(times["pytorch"], 6),
