@@ -9,6 +9,8 @@ tf-family push DIR REPO_ID [--private] [--remote_code]
 tf-family export DIR                             add the model's code to a saved folder, so that plain transformers
                                                  loads it with trust_remote_code=True where tf_family is not installed
 tf-family list                                   the zoo as a table
+tf-family compare [--quick] [OPTIONS]            the family side by side against dense baselines on one corpus:
+                                                 tables, plots and an HTML report (tf_family.compare)
 tf-family build-kernels                          compile the native CPU attention kernel now (else on first use)
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
 tf-family convert longformer IN_DIR OUT_DIR      a transformers 5 longformer checkpoint -> tf_family format
@@ -225,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("folder")
     commands.add_parser("list", help="print the zoo as a table")
     commands.add_parser(
+        "compare",
+        help="measure the family side by side against dense baselines (--quick: ~15 min on 2 CPU cores); every "
+        "option goes to tf_family.compare",
+        add_help=False,
+    )
+    commands.add_parser(
         "build-kernels",
         help=(
             "compile the native CPU kernels (attention for Longformer, BigBird training; the Memorizing "
@@ -254,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # the recipe parses its own options (and its own --help)
         return _train(argv[1:])
+    if argv[:1] == ["compare"]:  # the comparison parses its own options (and its own --help)
+        from .compare import main as compare
+
+        return compare(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "card":
         from .cards import write_model_card
