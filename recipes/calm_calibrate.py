@@ -35,6 +35,7 @@ from tf_family.data import load_text_datasets
 from tf_family.early_exit import CONFIDENCE_MEASURES
 from tf_family.early_exit.calibration import P_VALUE_METHODS
 from tf_family.files import replace_dir
+from tf_family.training.arguments import add_debug_argument, check_local_sources
 from tf_family.training.early_exit import (
     CONSISTENCY_KINDS,
     DEFAULT_GRIDS,
@@ -42,6 +43,7 @@ from tf_family.training.early_exit import (
     generate_with_exits,
     run_calibration,
 )
+from tf_family.user_errors import run_main
 
 logger = logging.get_logger(__name__)
 
@@ -52,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Calibrate a CALM early-exit threshold with Learn-then-Test.")
     parser.add_argument("--model_name_or_path", required=True, help="a trained tff_calm folder")
     parser.add_argument("--tokenizer_name", help="tokenizer folder (default: the model's)")
+    add_debug_argument(parser)
     parser.add_argument("--output_dir", required=True, help="where the calibrated model goes (a new folder)")
     parser.add_argument("--overwrite_output_dir", action="store_true")
     data = parser.add_argument_group("data")
@@ -88,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def validate_args(args: argparse.Namespace) -> list[float]:
     """Refuse, before any work, what cannot run; returns the threshold grid (``None``: the measure's default)."""
+    check_local_sources(args)
     if not 0.0 < args.delta < 1.0:
         raise ValueError(f"--delta must be in (0, 1), got {args.delta}.")
     if not 0.0 < args.epsilon < 1.0:
@@ -212,4 +216,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_main(main))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +73,7 @@ from tf_family.training import (
     save_run,
     validate_run_args,
 )
+from tf_family.training.arguments import HelpFormatter, architectures_with, timestamped_run_dir
 from tf_family.training.language_modeling import (
     DEFAULT_DATASTORE_TOKENS,
     attach_run_datastore,
@@ -85,6 +85,7 @@ from tf_family.training.language_modeling import (
     variant_base_config,
     wraps_base_model,
 )
+from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
 
@@ -95,10 +96,10 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Train or fine-tune a causal LM with accelerate (tf_family).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--arch", help=f"train from scratch: one of {list(ARCHITECTURES)}")
+    model.add_argument("--arch", help=f"train from scratch: one of {architectures_with('causal_lm')}")
     model.add_argument(
         "--variant", help="named size of --arch (tiny, small, base, …; default: 'small' where the arch has it)"
     )
@@ -165,7 +166,7 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
         cpu_help="run on CPU even if a GPU is present (two CPU processes: "
         "accelerate launch --multi_gpu --num_processes 2 … --cpu)",
     )
-    add_run_arguments(parser, default_output_dir="runs/<model>-<data>", logging_steps=10)
+    add_run_arguments(parser, default_output_dir="runs/<model>-<data>-<time>", logging_steps=10)
     add_lora_and_hub_arguments(parser)
     parser.set_defaults(**(defaults or {}))
     return parser
@@ -230,7 +231,7 @@ def validate_args(args: argparse.Namespace) -> None:
 def default_output_dir(args: argparse.Namespace) -> str:
     model = args.arch or Path(args.model_name_or_path.rstrip("/")).name
     data = Path(args.train_file).stem if args.train_file else args.dataset_name.replace("/", "_")
-    return os.path.join("runs", f"{model}-{data}")
+    return timestamped_run_dir(f"{model}-{data}")
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -319,7 +320,7 @@ def main(
     args = parse_args(argv, prog, defaults)
     validate_args(args)
     args.output_dir = args.output_dir or default_output_dir(args)
-    config_overrides = parse_config_overrides(args.config_overrides)
+    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
     output_dir = check_output_dir(args)
 
     accelerator = make_accelerator(args, output_dir)
@@ -349,8 +350,9 @@ def main(
         raw = DatasetDict({split: raw[split] for split in ("train", "validation")})  # a test split is not read here
     if args.max_train_samples and not args.streaming:
         raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
+    validation_documents = len(raw["validation"])  # before a smoke run's cap: the summary says what was scored
     if args.max_eval_samples:
-        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
+        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, validation_documents)))
 
     tokenizer_source = (
         args.tokenizer_name or args.model_name_or_path or args.transfo_xl_checkpoint or str(SOTU_TOKENIZER_DIR)
@@ -626,6 +628,7 @@ def main(
         train_steps=completed_steps, history=log.history,
         **({"datastore": {"folder": DATASTORE_FOLDER, "keys": unwrapped.datastore.size}} if base_metrics else {}),
     )  # fmt: skip
+    summary.update(eval_documents=len(eval_docs), validation_documents=validation_documents)
     # ---- end: the process group goes while the last barrier is held (see final_barrier) -----------------------
     with ending_run(accelerator):
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
@@ -633,4 +636,4 @@ def main(
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_main(main))

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +85,7 @@ from tf_family.training import (
     save_model,
     validate_run_args,
 )
+from tf_family.training.arguments import timestamped_run_dir
 from tf_family.training.offline_rl import (
     check_env_id,
     check_model_fits,
@@ -97,6 +97,7 @@ from tf_family.training.offline_rl import (
     summarise_returns,
     summary_metrics,
 )
+from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
 
@@ -153,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         eval_batches=False,
         batch_help="windows per process",
     )
-    run = add_run_arguments(parser, default_output_dir="runs/dt-<data>", logging_steps=50)
+    run = add_run_arguments(parser, default_output_dir="runs/<model>-<data>-<time>", logging_steps=50)
     run.add_argument("--eval_episodes", type=int, default=10, help="episodes per target return")
     run.add_argument("--eval_target_returns", type=float, nargs="+", help="returns to condition on")
     run.add_argument("--eval_seed", type=int, default=1_500_000_000, help="episode i resets with eval_seed + i")
@@ -210,7 +211,7 @@ def default_output_dir(args: argparse.Namespace) -> str:
     else:
         data = f"{args.env_id}-{args.dataset_tier}"
     model = args.arch or Path(args.model_name_or_path.rstrip("/")).name
-    return os.path.join("runs", f"{model}-{data}")
+    return timestamped_run_dir(f"{model}-{data}")
 
 
 def load_trajectories(args: argparse.Namespace) -> tuple[datasets.Dataset, dict[str, Any]]:
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     validate_args(args)
     args.output_dir = args.output_dir or default_output_dir(args)
-    config_overrides = parse_config_overrides(args.config_overrides)
+    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
     output_dir = check_output_dir(args)
 
     accelerator = make_accelerator(args, output_dir)
@@ -506,4 +507,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_main(main))

@@ -58,6 +58,8 @@ from tf_family.retrieval.datastore import (
     resolve_key_module,
 )
 from tf_family.training import ending_run, publish_run, save_tokenizer
+from tf_family.training.arguments import add_debug_argument, check_local_sources
+from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
 
@@ -89,6 +91,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--module_path", help="dotted module whose input is the key (overrides --key_point)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")
     parser.add_argument("--seed", type=int, default=42)
+    add_debug_argument(parser)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,6 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what cannot run; each message says what to change."""
+    check_local_sources(args)  # --datastore has its own check ("not a datastore folder")
     for name in ("block_size", "per_device_batch_size", "max_samples"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -433,4 +437,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_main(main))

@@ -38,6 +38,7 @@ from tf_family.training import (
     run_hyperparameters,
     save_run,
 )
+from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     validate_args(args)
     args.output_dir = args.output_dir or encoder.default_output_dir(args, TASK)
-    config_overrides = parse_config_overrides(args.config_overrides)
+    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
     output_dir = check_output_dir(args)
     accelerator = make_accelerator(args, output_dir)
 
@@ -252,4 +253,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_main(main))

@@ -40,11 +40,13 @@ def test_readme_zoo_table_is_current():
     assert zoo_table() in readme, "README's zoo table is stale: paste the output of `tf-family list`"
 
 
-def test_convert_says_a_missing_folder_is_missing(tmp_path):
-    with pytest.raises(ValueError, match="no such file or folder '/nonexistent'"):
-        main(["convert", "transfo-xl", "/nonexistent", str(tmp_path / "out")])
-    with pytest.raises(ValueError, match="no such file or folder"):
-        main(["convert", "transfo-xl-vocab", str(tmp_path / "missing" / "vocab.pkl"), str(tmp_path / "out")])
+def test_convert_says_a_missing_folder_is_missing(tmp_path, capsys):
+    assert main(["convert", "transfo-xl", "/nonexistent", str(tmp_path / "out")]) == 2  # one line, exit code 2
+    assert "error: tf-family convert transfo-xl: no such file or folder '/nonexistent'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no such file or folder"):  # --debug: the exception itself
+        main(
+            ["convert", "transfo-xl-vocab", str(tmp_path / "missing" / "vocab.pkl"), str(tmp_path / "out"), "--debug"]
+        )
 
 
 def test_push_errors_are_one_line(tmp_path, capsys, monkeypatch):

@@ -1,7 +1,8 @@
-"""The README's commands work as written: every fenced Python snippet of README.md and recipes/README.md runs, and
-every command line of their fenced shell blocks is accepted by the parser that will read it (the recipe's
-``parse_args``, the ``tf-family`` parser, accelerate's and torchrun's launchers), the files it names that ship
-with tf_family exist, and every ``pip install`` extra it names is declared.
+"""The README's commands work as written: every fenced Python snippet of README.md, recipes/README.md and the
+documentation pages in `DOCS_PAGES` runs, and every command line of their fenced shell blocks is accepted by the
+parser that will read it (the recipe's ``parse_args``, the ``tf-family`` parser, accelerate's and torchrun's
+launchers), the files it names that ship with tf_family exist, and every ``pip install`` extra it names is
+declared.
 
 Shrunk or skipped, and why:
 - the first README snippet loads ``"path/or/hub-id"`` and a transformers 4.x folder: placeholders for the reader's
@@ -24,7 +25,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "recipes" / "README.md"]
+# the documentation pages that repeat or extend the README's snippets and commands are held to the same rule
+DOCS_PAGES = [
+    "index",
+    "getting-started",
+    "guides/recipes",
+    "guides/trainer",
+    "guides/data",
+    "guides/loading-without-tf-family",
+]
+DOCS = [ROOT / "README.md", ROOT / "recipes" / "README.md", *(ROOT / "docs" / f"{page}.md" for page in DOCS_PAGES)]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
 LEGACY_FOLDER = ROOT / "tests" / "fixtures" / "transfo_xl_4x" / "plain_softmax_safetensors"
 

@@ -129,7 +129,9 @@ def train_defaults(recipe_args: Sequence[str]) -> dict[str, object]:
         model = Path(known.model_name_or_path.rstrip("/")).name or "model"
     else:
         model = known.arch or str(MAIN_JOB_MODEL["arch"])
-    defaults["output_dir"] = f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from .training.arguments import timestamped_run_dir
+
+    defaults["output_dir"] = timestamped_run_dir(model)  # the same folder in every process of a launch
     return defaults
 
 
@@ -159,10 +161,7 @@ def _train(recipe_args: list[str]) -> int:
         )
     write = sys.stdout.write
     write("\n")
-    write(
-        f"validation perplexity  {results['perplexity']:.1f}   (unigram perplexity of the same data: "
-        f"{results['unigram_perplexity']:.1f})\n"
-    )
+    write("".join(line + "\n" for line in evaluation_summary(results)))
     write(f"bits per character     {results['bits_per_character']:.3f}\n")
     write(
         f"saved to               {folder}  (weights, config, tokenizer, model card; push with "
@@ -171,6 +170,32 @@ def _train(recipe_args: list[str]) -> int:
     write(f"reloaded with          AutoModelForCausalLM.from_pretrained -> {type(model).__name__}\n")
     write(f"sample                 {tokenizer.decode(sample[0], skip_special_tokens=True)}\n")
     return 0
+
+
+def evaluation_summary(results: dict) -> list[str]:
+    """The lines `tf-family train` ends with about the evaluation: the perplexity beside the unigram perplexity of
+    the same data (and a kNN-LM's base model's), and, for a short run, that it is one and what it scored."""
+    from .training.arguments import SMOKE_RUN_STEPS
+
+    lines = [f"validation perplexity  {results['perplexity']:.1f}"]
+    if "unigram_perplexity" in results:
+        lines[0] += f"   (unigram perplexity of the same data: {results['unigram_perplexity']:.1f})"
+    if "base_perplexity" in results:
+        lines.append(f"base model perplexity  {results['base_perplexity']:.1f}   (the kNN-LM without its datastore)")
+    steps, scored, available = (
+        results.get("train_steps"),
+        results.get("eval_documents"),
+        results.get("validation_documents"),
+    )
+    if steps is not None and steps < SMOKE_RUN_STEPS:
+        of = f"the first {scored} of {available} validation documents" if scored != available else "every document"
+        lines.append(
+            f"{'short run':<23}{steps} steps (under {SMOKE_RUN_STEPS}): a smoke test, not a trained model; "
+            f"scored on {of} (--max_eval_samples 0: all)"
+        )
+    elif scored is not None and available is not None and scored < available:
+        lines.append(f"{'scored on':<23}the first {scored} of {available} validation documents")
+    return lines
 
 
 def _build_kernels() -> int:
@@ -192,6 +217,16 @@ def _build_kernels() -> int:
     return 0
 
 
+def export_summary(folder: str, written: Sequence[str]) -> str:
+    """What `tf-family export` says it did, and why the code files lie beside the weights."""
+    return (
+        f"wrote {len(written)} code files and auto_map into {folder}: AutoModel*.from_pretrained(folder, "
+        "trust_remote_code=True) loads it without tf_family.\n"
+        "  (They must lie beside config.json, one flat file per module: transformers' remote-code loader copies only "
+        "files named by `from .module import` in the same folder, never a sub-folder.)\n"
+    )
+
+
 def _is_main_process() -> bool:
     from accelerate import PartialState
 
@@ -199,7 +234,11 @@ def _is_main_process() -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tf-family", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="tf-family",
+        description=__doc__.split("\n")[0],
+        epilog="A mistake in the arguments prints one line (error: ...); --debug anywhere shows the full traceback.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "train",
@@ -259,14 +298,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:  # the recipe parses its own options (and its own --help)
+    """The ``tf-family`` command: a user's mistake prints one line ``error: ...`` and exits with 2 (the traceback
+    only with ``--debug``; `tf_family.user_errors.run_main`)."""
+    from .user_errors import run_main
+
+    return run_main(_run, list(sys.argv[1:] if argv is None else argv), prog="tf-family")
+
+
+def _check_folder(args: argparse.Namespace) -> None:
+    """The saved folder a command reads exists (else one clear error naming it)."""
+    from .user_errors import check_local_path
+
+    if getattr(args, "folder", None) is not None:
+        check_local_path(args.folder, f"tf-family {args.command}", always_local=True)
+
+
+def _run(argv: list[str]) -> int:
+    if argv[:1] == ["train"]:  # the recipe parses its own options (and its own --help, --debug)
         return _train(argv[1:])
     if argv[:1] == ["compare"]:  # the comparison parses its own options (and its own --help)
         from .compare import main as compare
 
-        return compare(argv[1:])
-    args = build_parser().parse_args(argv)
+        return compare([arg for arg in argv[1:] if arg != "--debug"])
+    args = build_parser().parse_args([arg for arg in argv if arg != "--debug"])
+    _check_folder(args)
     if args.command == "card":
         from .cards import write_model_card
 
@@ -289,10 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .remote_code import export_remote_code
 
         written = export_remote_code(args.folder)
-        sys.stdout.write(
-            f"wrote {len(written)} code files and auto_map into {args.folder}: AutoModel*.from_pretrained(folder, "
-            "trust_remote_code=True) loads it without tf_family\n"
-        )
+        sys.stdout.write(export_summary(args.folder, written))
         return 0
     if args.command == "list":
         sys.stdout.write(zoo_table() + "\n")

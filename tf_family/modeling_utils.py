@@ -29,6 +29,12 @@ class Dropout(nn.Dropout):
         return dropout(tensor, self.p, self.training)
 
 
+def _registered_in_package(cls: type) -> bool:
+    """Whether ``register_for_auto_class`` was called on ``cls``, a class of the tf_family package (not one loaded
+    from exported code, whose flat files transformers copies itself)."""
+    return cls.__dict__.get("_auto_class") is not None and cls.__module__.split(".")[0] == "tf_family"
+
+
 class RemoteCodeMixin:
     """``save_pretrained(..., remote_code=True)``: save, then add the model's code to the folder
     (`tf_family.remote_code.export_remote_code`), so that plain transformers loads it with ``trust_remote_code=True``
@@ -38,13 +44,34 @@ class RemoteCodeMixin:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """transformers' ``from_pretrained``, after checking a local folder's ``config.json`` and safetensors files:
-        a damaged or truncated file, or a shard named outside the folder, is a `ValueError` naming it."""
+        a damaged or truncated file, or a shard named outside the folder, is a `ValueError` naming it; a local path
+        that does not exist (`tf_family.user_errors.looks_local`) is said to be missing at once, where transformers
+        would take it for a Hub id and retry the network."""
+        try:  # by name: an export's code (loaded where tf_family may be missing) carries no user_errors module
+            check_local_path = importlib.import_module("tf_family.user_errors").check_local_path
+        except ImportError:
+            check_local_path = None
+        if check_local_path is not None:
+            check_local_path(pretrained_model_name_or_path, f"{cls.__name__}.from_pretrained")
         if pretrained_model_name_or_path is not None and os.path.isdir(pretrained_model_name_or_path):
             check_checkpoint_folder(os.path.join(pretrained_model_name_or_path, kwargs.get("subfolder") or ""))
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, remote_code: bool = False, **kwargs):
-        super().save_pretrained(save_directory, *args, **kwargs)
+        """transformers' ``save_pretrained``; ``remote_code=True`` also writes the model's code and ``auto_map``.
+        After ``register_for_auto_class()`` (transformers' way to ship custom code, which cannot copy tf_family's
+        package-relative imports: a raw `FileNotFoundError` inside transformers) it does the same as
+        ``remote_code=True``."""
+        registered = [cls for cls in (type(self), type(self.config)) if _registered_in_package(cls)]
+        remote_code = remote_code or bool(registered)
+        saved = {cls: cls.__dict__["_auto_class"] for cls in registered}
+        try:  # the export below writes the code; transformers' own copy of it would fail
+            for cls in registered:
+                cls._auto_class = None
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            for cls, auto_class in saved.items():
+                cls._auto_class = auto_class
         if remote_code and kwargs.get("is_main_process", True):
             try:  # by name: the exporter is not part of an export (the code files a folder carries)
                 exporter = importlib.import_module("tf_family.remote_code")

@@ -24,6 +24,7 @@ from .models.memorizing import SPEC as MEMORIZING
 from .models.reformer import SPEC as REFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
+from .user_errors import did_you_mean
 
 ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
     {
@@ -53,7 +54,10 @@ def get_arch(name: str) -> ArchSpec:
     try:
         return ARCHITECTURES[name]
     except KeyError:
-        raise ValueError(f"Unknown architecture {name!r}; choose one of {list_architectures()}.") from None
+        raise ValueError(
+            f"Unknown architecture {name!r}{did_you_mean(str(name), ARCHITECTURES)}; choose one of "
+            f"{list_architectures()}."
+        ) from None
 
 
 def find_arch(model_type: str | None) -> ArchSpec | None:

@@ -13,7 +13,7 @@ from tf_family.attention import native
 def test_the_build_key_follows_everything_that_changes_the_build(monkeypatch):
     key = native.build_key()
     assert key == native.build_key() and len(key) == 16
-    monkeypatch.setattr(sys, "executable", "/some/other/venv/bin/python")  # another virtual environment
+    monkeypatch.setattr(sys, "prefix", "/some/other/venv")  # another virtual environment
     other_python = native.build_key()
     monkeypatch.setenv("CXX", "clang++")
     other_compiler = native.build_key()

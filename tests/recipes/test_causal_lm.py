@@ -340,7 +340,7 @@ def test_tensorboard_tracking(tmp_path, corpus):
     [
         (["--arch", "nope"], r"Unknown architecture 'nope'; choose one of \['transfo_xl'"),
         (["--arch", "transfo_xl", "--variant", "huge"], "has no variant 'huge'"),
-        (["--arch", "transfo_xl", "--train_file", "/nonexistent/train.txt"], "--train_file='/nonexistent/train.txt'"),
+        (["--arch", "transfo_xl", "--train_file", "/nonexistent/train.txt"], "--train_file '/nonexistent/train.txt': no such file or folder"),
         (["--arch", "transfo_xl", "--lora_r", "4"], "--lora_r adapts a trained model"),
         (["--model_name_or_path", "GPT2", "--lora_r", "2", "--lora_target_modules", "q_proj"],
          r"--lora_target_modules 'q_proj' matches no module of GPT2LMHeadModel; its linear layers are named"),

@@ -1,6 +1,7 @@
 """`tf-family train` (the main job, with tiny overrides), `tf-family card` and `tf-family push`."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def test_train_reports_perplexity_against_unigram_and_samples(tmp_path, corpus, 
     assert "evaluating" in captured.err  # the evaluation's progress bar
     assert "saved to runs/transfo_xl-" in out
     assert "validation perplexity" in out and "unigram perplexity of the same data" in out
+    assert "short run              2 steps (under 100): a smoke test, not a trained model" in out
     assert "reloaded with          AutoModelForCausalLM.from_pretrained -> TffTransfoXLLMHeadModel" in out
     sample = out.split("sample ")[1]
     assert len(sample.strip()) > len(cli.SAMPLE_PROMPT)
@@ -81,6 +83,7 @@ def test_train_knn_lm_from_its_name_trains_the_base_then_builds_the_datastore(tm
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "-> TffKNNLMForCausalLM" in out and "validation perplexity" in out
+    assert re.search(r"base model perplexity  \d+\.\d   \(the kNN-LM without its datastore\)", out)
     (folder,) = (tmp_path / "runs").iterdir()
     assert folder.name.startswith("knn_lm-") and (folder / "datastore" / "datastore.json").is_file()
     model = TffKNNLMForCausalLM.from_pretrained(folder)
@@ -127,8 +130,8 @@ def test_card_and_push_commands(tmp_path, corpus, capsys, monkeypatch):
     assert not any(path.startswith("checkpoints") for path in uploads[0])
     assert 'from_pretrained("org/other")' in (folder / "README.md").read_text()  # the card names the new repo
     capsys.readouterr()
-    with pytest.raises(ValueError, match="training_run.json"):
-        cli.main(["card", str(tmp_path)])
+    assert cli.main(["card", str(tmp_path)]) == 2  # a user's mistake: one line, exit code 2
+    assert "training_run.json" in capsys.readouterr().err
     run = json.loads((folder / "training_run.json").read_text())
     assert run["recipe"] == "recipes/causal_lm.py"
 

@@ -245,7 +245,10 @@ def test_lora_fine_tunes_the_masked_lm_into_a_classifier(tmp_path, trained_mlm, 
         (question_answering, ["--model_name_or_path", "x", "--arch", "longformer"], "exactly one of"),
     ],
 )  # fmt: skip
-def test_bad_arguments_are_refused(recipe, argv, message, tmp_path):
+def test_bad_arguments_are_refused(recipe, argv, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the data files named exist (a missing one is refused first, naming it)
+    for name in ("x.txt", "a.json"):
+        (tmp_path / name).touch()
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
         recipe.main([*argv, "--output_dir", str(tmp_path / "never")])
 

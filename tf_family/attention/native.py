@@ -61,8 +61,10 @@ BUILD_TIME_NOTE = "about 1.5 minutes on 2 CPU cores"
 
 def build_key() -> str:
     """A hash of everything that changes the build: the source, the CPU (``-march=native``), the compiler and its
-    flags, the Python (executable and headers) and torch (version and headers). Two virtual environments get two
-    cached builds instead of rebuilding over each other."""
+    flags, the Python (its environment, ``sys.prefix``, its version and headers) and torch (version and headers).
+    Two virtual environments get two cached builds instead of rebuilding over each other; the ways of starting one
+    environment's Python (``python``, ``python3``, a console script such as ``tf-family``) share one build, which
+    keying on ``sys.executable`` did not."""
     import sysconfig
 
     from torch.utils.cpp_extension import include_paths
@@ -72,7 +74,8 @@ def build_key() -> str:
         _cpu_signature(),
         torch.__version__,
         *include_paths(),
-        sys.executable,
+        sys.prefix,
+        sys.version,
         sysconfig.get_paths()["include"],
         os.environ.get("CXX", "c++"),
         *_CFLAGS,
@@ -98,6 +101,15 @@ def is_built() -> bool:
     return (build_directory() / f"{name}.so").is_file()
 
 
+def say(message: str) -> None:
+    """Write ``message`` as a line of its own on stderr: above an open progress bar (the recipes' training bar, whose
+    line it would otherwise continue), with the bar redrawn below it."""
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+    sys.stderr.flush()
+
+
 def _build():
     from torch.utils.cpp_extension import load
 
@@ -111,11 +123,10 @@ def _build():
     name = _module_name()
     fresh = not is_built()
     if fresh:  # said on stderr, whoever uses the model (a recipe, a plain Trainer, a notebook)
-        sys.stderr.write(
+        say(
             f"tf_family: compiling the native CPU attention kernel for this environment, once ({BUILD_TIME_NOTE}; "
-            f"`tf-family build-kernels` does it ahead of time) into {build_directory()} ...\n"
+            f"`tf-family build-kernels` does it ahead of time) into {build_directory()} ..."
         )
-        sys.stderr.flush()
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the build's own chatter (compiler version notes)
@@ -127,7 +138,7 @@ def _build():
             verbose=False,
         )
     if fresh:
-        sys.stderr.write(f"tf_family: native attention kernel built in {time.perf_counter() - started:.0f} s.\n")
+        say(f"tf_family: native attention kernel built in {time.perf_counter() - started:.0f} s.")
     return module
 
 

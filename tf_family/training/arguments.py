@@ -7,18 +7,68 @@ suit its task; `validate_run_args` then refuses, before any work, what cannot ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
+import os
+import time
 from typing import Any
 
 from ..registry import ARCHITECTURES, get_arch
+from ..user_errors import DEBUG_FLAG, check_local_path, did_you_mean
 
 logger = logging.getLogger(__name__)
 
 SCHEDULERS = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]
 TRACKERS = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}
 CPU_HELP = "run on CPU even if a GPU is present"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default in force, said once: an option whose help already speaks of its
+    default (``default: ...``) is left as written, and an unset default (None, off) is not shown."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if (action.help and "default" in action.help) or action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def add_debug_argument(parser: argparse.ArgumentParser) -> None:
+    """``--debug``: a user's mistake shows its full traceback instead of one ``error: ...`` line
+    (`tf_family.user_errors.run_main` reads it)."""
+    parser.add_argument(
+        DEBUG_FLAG, action="store_true", help="show the full traceback of an error instead of one line"
+    )
+
+
+def _launch_started() -> float:
+    """When this run started: now for one process; for several, the start of their common parent (the launcher),
+    so that every process names the same folder."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        try:
+            with open(f"/proc/{os.getppid()}/stat") as stat:
+                ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            with open("/proc/stat") as boot:
+                booted = next(int(line.split()[1]) for line in boot if line.startswith("btime"))
+            return booted + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    return time.time()
+
+
+def timestamped_run_dir(name: str) -> str:
+    """``runs/<name>-<YYYYmmdd-HHMMSS>``: a fresh folder for each run, so that the same command runs again (one
+    process: ``-2``, ``-3`` … appended to a folder that exists already, two runs in the same second)."""
+    folder = os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(_launch_started()))}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every process must name the same folder: no looking
+        return folder
+    candidate, number = folder, 1
+    while os.path.exists(candidate):
+        number += 1
+        candidate = f"{folder}-{number}"
+    return candidate
 
 
 def add_optimisation_arguments(
@@ -83,6 +133,7 @@ def add_run_arguments(
     )
     run.add_argument("--logging_steps", type=int, default=logging_steps)
     run.add_argument("--report_to", default="none", help="experiment tracking: none, tensorboard, trackio, wandb, all")
+    add_debug_argument(run)
     return run
 
 
@@ -165,10 +216,29 @@ def apply_smoke_eval_cap(args: argparse.Namespace) -> None:
         )
 
 
+# the options that name something to load: a local path among them must exist (data files are always local)
+SOURCE_OPTIONS = ("model_name_or_path", "tokenizer_name", "transfo_xl_checkpoint")
+FILE_OPTIONS = ("train_file", "validation_file", "test_file")
+
+
+def check_local_sources(args: argparse.Namespace) -> None:
+    """Every option that loads a folder or file (`SOURCE_OPTIONS`, `FILE_OPTIONS`, ``--resume_from_checkpoint``
+    unless ``latest``) names one that exists, when it names a local one: said at once, naming the option and path,
+    before a Hub lookup would take it for a repository id and retry the network."""
+    for name in SOURCE_OPTIONS:
+        check_local_path(getattr(args, name, None), f"--{name}")
+    for name in FILE_OPTIONS:
+        check_local_path(getattr(args, name, None), f"--{name}", always_local=True)
+    resume = getattr(args, "resume_from_checkpoint", None)
+    if resume not in (None, "latest"):
+        check_local_path(resume, "--resume_from_checkpoint", always_local=True)
+
+
 def validate_run_args(args: argparse.Namespace) -> None:
-    """The shared groups' checks: cadences and limits, LoRA, Hub, and the trackers, which it resolves into
-    ``args.trackers`` (the installed ones; ``--report_to all`` skips those that are not). Applies the smoke-run
-    evaluation cap (`apply_smoke_eval_cap`)."""
+    """The shared groups' checks: local sources (`check_local_sources`), cadences and limits, LoRA, Hub, and the
+    trackers, which it resolves into ``args.trackers`` (the installed ones; ``--report_to all`` skips those that are
+    not). Applies the smoke-run evaluation cap (`apply_smoke_eval_cap`)."""
+    check_local_sources(args)
     apply_smoke_eval_cap(args)
     check_at_least(
         args, ("gradient_accumulation_steps", "logging_steps", "checkpointing_steps", "checkpoints_total_limit")
@@ -200,13 +270,28 @@ def validate_run_args(args: argparse.Namespace) -> None:
     args.trackers = [t for t in trackers if importlib.util.find_spec(TRACKERS[t]) is not None]
 
 
-def parse_config_overrides(items: list[str]) -> dict[str, Any]:
-    """``["n_layer=2", "cutoffs=[100, 200]", "pre_lnorm=true"]`` → typed values (JSON, else the raw string)."""
+def config_fields(arch: str) -> list[str]:
+    """The fields of ``arch``'s config class (what ``--config_overrides`` may set)."""
+    config_class = get_arch(arch).config_class
+    if dataclasses.is_dataclass(config_class):
+        return [field.name for field in dataclasses.fields(config_class)]
+    return list(config_class().to_dict())
+
+
+def parse_config_overrides(items: list[str], arch: str | None = None) -> dict[str, Any]:
+    """``["n_layer=2", "cutoffs=[100, 200]", "pre_lnorm=true"]`` → typed values (JSON, else the raw string). With
+    ``arch``, a key that is no field of its config is refused, naming the closest field."""
     overrides = {}
+    fields = config_fields(arch) if arch in ARCHITECTURES else None
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--config_overrides {item!r} must look like KEY=VALUE, e.g. n_layer=2.")
+        if fields is not None and key not in fields:
+            raise ValueError(
+                f"--config_overrides {item}: {get_arch(arch).config_class.__name__} has no field {key!r}"
+                f"{did_you_mean(key, fields)}; its fields are listed in its docstring and on its documentation page."
+            )
         try:
             overrides[key] = json.loads(value)
         except json.JSONDecodeError:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,13 +33,15 @@ from transformers import AutoConfig, AutoTokenizer
 
 from ..data import SOTU_TOKENIZER_DIR
 from ..data.packing import EMPTY_BLOCK
-from ..registry import ARCHITECTURES, get_arch
+from ..registry import get_arch
 from .arguments import (
     add_lora_and_hub_arguments,
     add_optimisation_arguments,
     add_run_arguments,
+    architectures_with,
     check_at_least,
     check_model_source,
+    timestamped_run_dir,
     validate_run_args,
 )
 from .checkpointing import resume, save_checkpoint
@@ -55,7 +56,7 @@ ADDED_SPECIAL_TOKENS = {"cls_token": "<cls>", "sep_token": "<sep>", "mask_token"
 def add_common_arguments(parser: argparse.ArgumentParser, task: str, default_dataset: str, max_length: int) -> None:
     """The arguments every encoder recipe takes; ``task`` is the registry task name (e.g. ``masked_lm``)."""
     model = parser.add_argument_group("model")
-    model.add_argument("--arch", help=f"train from scratch: one of {list(ARCHITECTURES)} with a {task} model")
+    model.add_argument("--arch", help=f"train from scratch: one of {architectures_with(task)}")
     model.add_argument("--variant", default="small", help="named size of --arch (tiny, small, base, …)")
     model.add_argument(
         "--config_overrides", nargs="*", default=[], metavar="KEY=VALUE", help="config fields for --arch"
@@ -81,7 +82,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, task: str, default_dat
     add_optimisation_arguments(
         parser, learning_rate=5e-5 if task != "masked_lm" else 5e-4, lr_scheduler_type="linear", num_train_epochs=3
     )
-    add_run_arguments(parser, default_output_dir="runs/<model>-<data>", logging_steps=10)
+    add_run_arguments(parser, default_output_dir="runs/<model>-<task>-<data>-<time>", logging_steps=10)
     add_lora_and_hub_arguments(parser)
 
 
@@ -103,7 +104,7 @@ def validate_common_args(args: argparse.Namespace, task: str, min_length: int = 
 def default_output_dir(args: argparse.Namespace, task: str) -> str:
     model = args.arch or Path(args.model_name_or_path.rstrip("/")).name
     data = Path(args.train_file).stem if args.train_file else args.dataset_name.replace("/", "_")
-    return os.path.join("runs", f"{model}-{task}-{data}")
+    return timestamped_run_dir(f"{model}-{task}-{data}")
 
 
 def load_tokenizer(args: argparse.Namespace, need_mask: bool = False):

@@ -155,6 +155,24 @@ def run_record(
     }
 
 
+def saved_contents(output_dir: Path) -> list[str]:
+    """What a run's folder holds, in words, from the files really there (a run without a tokenizer names none)."""
+    files = {path.name for path in output_dir.iterdir()}
+    contents = []
+    if "adapter_model.safetensors" in files:
+        contents.append("LoRA adapter")
+    elif files & {"model.safetensors", "model.safetensors.index.json"}:
+        contents.append("weights")
+    contents += [
+        what for name, what in (("config.json", "config"), ("tokenizer_config.json", "tokenizer")) if name in files
+    ]
+    if (output_dir / "datastore").is_dir():
+        contents.append("datastore/")
+    if any(name.startswith("modeling_") and name.endswith(".py") for name in files):
+        contents.append("code for loading without tf_family")
+    return [*contents, "model card README.md", RUN_INFO_FILE]
+
+
 def publish_run(output_dir: Path, record: dict[str, Any], args: argparse.Namespace | None = None) -> None:
     """Main process only: write ``training_run.json`` and the model card made from it; push the folder when
     ``args`` asks for it (``--push_to_hub``, ``--hub_model_id``, ``--hub_token``, ``--hub_private``); with
@@ -166,7 +184,7 @@ def publish_run(output_dir: Path, record: dict[str, Any], args: argparse.Namespa
 
         export_remote_code(output_dir)  # before the card, which then says how the folder loads without tf_family
     write_model_card(output_dir, hub_model_id)
-    sys.stdout.write(f"saved to {output_dir} (weights, config, tokenizer, model card README.md, {RUN_INFO_FILE})\n")
+    sys.stdout.write(f"saved to {output_dir} ({', '.join(saved_contents(output_dir))})\n")
     if getattr(args, "push_to_hub", False):
         pushed = push_folder(output_dir, hub_model_id, token=args.hub_token, private=args.hub_private or None)
         sys.stdout.write(f"pushed {len(pushed)} files to https://huggingface.co/{hub_model_id}\n")

@@ -44,8 +44,10 @@ class TffBigBirdConfig(PreTrainedConfig):
         eval_random_blocks (`str`, defaults to `"same"`): random blocks in eval mode: ``"same"`` as in training,
             ``"none"`` no random blocks, ``"first_block"`` every random slot on the first block (what transformers'
             BigBird does in eval; set when a transformers checkpoint is imported, so outputs match).
-        pad_token_id (`int`, defaults to 0), bos_token_id (`int`, defaults to 1), eos_token_id (`int`, defaults to 2),
-        sep_token_id (`int`, defaults to 66): special tokens; `sep_token_id` ends the question in question answering.
+        pad_token_id (`int`, defaults to 0): the padding token.
+        bos_token_id (`int`, defaults to 1): the beginning-of-sequence token.
+        eos_token_id (`int`, defaults to 2): the end-of-sequence token.
+        sep_token_id (`int`, defaults to 66): the separator; it ends the question in question answering.
         classifier_dropout (`float`, *optional*): dropout of the classification heads; defaults to
             `hidden_dropout_prob`.
         tie_word_embeddings (`bool`, defaults to `True`): tie the masked-LM decoder to the input embeddings.

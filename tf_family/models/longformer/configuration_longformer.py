@@ -37,9 +37,11 @@ class TffLongformerConfig(PreTrainedConfig):
             for all (the paper's dilated sliding window; the window then spans ``d * w`` tokens).
         causal (`bool`, defaults to `False`): causal windows and causal global attention (a decoder);
             `TffLongformerForCausalLM` sets it.
-        pad_token_id (`int`, defaults to 1), bos_token_id (`int`, defaults to 0), eos_token_id (`int`, defaults to 2),
-        sep_token_id (`int`, defaults to 2): special tokens; `sep_token_id` ends the question for the question-answering
-            and multiple-choice global-attention rule.
+        pad_token_id (`int`, defaults to 1): the padding token.
+        bos_token_id (`int`, defaults to 0): the beginning-of-sequence token.
+        eos_token_id (`int`, defaults to 2): the end-of-sequence token.
+        sep_token_id (`int`, defaults to 2): the separator; it ends the question for the question-answering and
+            multiple-choice global-attention rule.
         classifier_dropout (`float`, *optional*): dropout of the classification heads; defaults to
             `hidden_dropout_prob`.
         tie_word_embeddings (`bool`, defaults to `True`): tie the language-model decoder to the input embeddings.

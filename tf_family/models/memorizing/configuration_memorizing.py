@@ -60,10 +60,11 @@ class TffMemorizingConfig(PreTrainedConfig):
     pairs retrieved from a kNN memory of the stream's past.
 
     Args:
-        vocab_size, cutoffs, d_model, d_embed, n_head, d_head, d_inner, div_val, pre_lnorm, n_layer, mem_len,
-        clamp_len, same_length, proj_share_all_but_first, untie_r, dropout, dropatt, proj_init_std, init_std,
-        layer_norm_epsilon, tie_word_embeddings: as in `TffTransfoXLConfig` (defaults: a small model, no adaptive
-            softmax: `vocab_size` 32000, `d_model` 512, 8 heads, 12 layers, `mem_len` 512).
+        transfo_xl_fields: `vocab_size`, `cutoffs`, `d_model`, `d_embed`, `n_head`, `d_head`, `d_inner`,
+            `div_val`, `pre_lnorm`, `n_layer`, `mem_len`, `clamp_len`, `same_length`, `proj_share_all_but_first`,
+            `untie_r`, `dropout`, `dropatt`, `proj_init_std`, `init_std`, `layer_norm_epsilon`,
+            `tie_word_embeddings`, as in `TffTransfoXLConfig` (defaults: a small model, no adaptive softmax:
+            `vocab_size` 32000, `d_model` 512, 8 heads, 12 layers, `mem_len` 512).
         knn_layers (`list[int]`, *optional*): indices of the kNN-augmented layers; defaults to the one at three
             quarters of the depth, ``[n_layer * 3 // 4 - 1]`` (meliad: the 9th of 12). An empty list gives
             Transformer-XL.

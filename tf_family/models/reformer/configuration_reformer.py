@@ -75,10 +75,13 @@ class TffReformerConfig(PreTrainedConfig):
             backward, memory flat in depth); `False` keeps every activation (and allows gradient checkpointing).
         reversible_threshold (`int`, defaults to 0): inputs shorter than this train without reversibility (cheaper
             when activations are small).
-        layer_norm_eps (`float`, defaults to 1e-12), initializer_range (`float`, defaults to 0.02).
-        pad_token_id (`int`, defaults to 0), eos_token_id (`int`, defaults to 2), bos_token_id (`int`, *optional*).
+        layer_norm_eps (`float`, defaults to 1e-12): epsilon of the layer norms.
+        initializer_range (`float`, defaults to 0.02): standard deviation of the initial weights.
+        pad_token_id (`int`, defaults to 0): the padding token.
+        eos_token_id (`int`, defaults to 2): the end-of-sequence token.
+        bos_token_id (`int`, *optional*): the beginning-of-sequence token.
         classifier_dropout (`float`, *optional*): dropout of the classification head (else `hidden_dropout_prob`).
-        tie_word_embeddings (`bool`, defaults to `False`).
+        tie_word_embeddings (`bool`, defaults to `False`): share the input embedding with the output projection.
     """
 
     model_type = "tff_reformer"

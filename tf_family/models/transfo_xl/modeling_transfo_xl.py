@@ -291,13 +291,14 @@ class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
         num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> MemorySequenceClassifierOutput | tuple:
-        r"""
+        r"""The representation of a row is the hidden state of its last real token (from `attention_mask`; left or
+        right padding).
+
         Args:
             labels: ``(B,)`` class ids (or floats for regression, ``(B, num_labels)`` for multi-label).
             num_items_in_batch: `Trainer`'s count of labels over the accumulated batch (the loss is then the sum over
                 it, `tf_family.losses.sequence_classification_loss`).
-            Other arguments: see `TffTransfoXLModel.forward`. The representation of a row is the hidden state of
-            its last real token (from `attention_mask`; left or right padding).
+            **kwargs: the other arguments, as in `TffTransfoXLModel.forward`.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.transformer(
