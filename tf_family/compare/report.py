@@ -165,7 +165,9 @@ def tables(rows: list[dict], settings: dict) -> list[Table]:
         metric_table(rows, "passkey accuracy", "2. Passkey retrieval: digit accuracy by distance (tokens)",
                      f"After {settings['passkey_steps']} fine-tuning steps of {settings['passkey_batch']} samples "
                      f"each; {chance}."),
-        metric_table(rows, "training tokens/s", "3a. Training tokens/s by sequence length (batch 1)"),
+        metric_table(rows, "training tokens/s", "3a. Training tokens/s by sequence length (batch 1)",
+                     f"One forward and backward pass; memory models read the sequence in segments of "
+                     f"{settings['segment']} tokens with their memory carried, the others in one block."),
         metric_table(rows, "training peak memory", "3b. Training peak memory (MiB) by sequence length"),
         metric_table(rows, "decoding tokens/s", f"3c. Decoding tokens/s after a prompt ({settings['new_tokens']} "
                      "new tokens, greedy)"),
@@ -191,6 +193,22 @@ def _number(setting: str) -> int:
 def reading(rows: list[dict], settings: dict) -> list[str]:
     """What the numbers show, in sentences computed from them."""
     said = []
+    validation = {m: v[""] for m, v in _values(rows, "validation perplexity").items() if "" in v}
+    validation.update({m: min(v.values()) for m, v in _values(rows, "validation perplexity").items() if "" not in v})
+    unigram = next(iter(v[""] for v in _values(rows, "unigram perplexity").values()), None)
+    if validation and unigram:
+        below = [m for m, p in validation.items() if p < unigram]
+        above = [m for m, p in validation.items() if p >= unigram]
+        little = "their other numbers are those of models that have learned little more than word frequencies"
+        if not below:
+            verdict = f"no model beats it yet ({little})"
+        elif above:
+            verdict = f"{', '.join(below)} beat it; {', '.join(above)} do not yet ({little})"
+        else:
+            verdict = "every model beats it"
+        said.append(
+            f"Training: the unigram model of the training tokens scores {unigram:.0f} on validation; {verdict}."
+        )
     ppl = _values(rows, "perplexity by position")
     if ppl:
         overall = {m: v["overall"] for m, v in ppl.items() if "overall" in v}
@@ -281,7 +299,12 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
             fastest = max(at, key=at.get)
             said.append(
                 f"Training cost: at {longest} tokens {fastest} trains fastest ({at[fastest]:,.0f} tokens/s)"
-                + (f"; the dense baseline runs {at[BASELINE]:,.0f} tokens/s" if BASELINE in at else "")
+                + (
+                    f"; the dense baseline runs {at[BASELINE]:,.0f} tokens/s"
+                    if BASELINE in at and fastest != BASELINE
+                    else ""
+                )
+                + (f"; the slowest, {min(at, key=at.get)}, {min(at.values()):,.0f} tokens/s" if len(at) > 1 else "")
                 + "."
             )
         for m, failed in statuses.items():
