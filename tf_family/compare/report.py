@@ -444,8 +444,12 @@ def write_report(
     markdown = ["# tf-family compare", "", header, "", shape, "", "## Reading", ""]
     markdown += [f"- {s}" for s in said] or ["- (no finished measurement to read)"]
     markdown += ["", "## Tables", ""] + [t.markdown() for t in found]
-    if errors:
-        markdown += ["## Failed cells", ""] + [f"- `{e['cell']}`: {e['error']}" for e in errors] + [""]
+    failed = [e for e in errors if e["error"] != "not run yet"]
+    pending = [e["cell"] for e in errors if e["error"] == "not run yet"]
+    if failed:
+        markdown += ["## Failed cells", ""] + [f"- `{e['cell']}`: {e['error']}" for e in failed] + [""]
+    if pending:
+        markdown += ["## Not run yet", "", ", ".join(f"`{cell}`" for cell in pending), ""]
     markdown += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images]
     paths = {"markdown": folder / "compare.md", "csv": folder / "compare.csv", "json": folder / "compare.json",
              "html": folder / "report.html"}  # fmt: skip
@@ -473,10 +477,12 @@ def write_report(
     parts += [f"<li>{html.escape(s)}</li>" for s in said]
     parts.append("</ul><h2>Tables</h2>")
     parts += [t.html() for t in found]
-    if errors:
+    if failed:
         parts.append("<h2>Failed cells</h2><ul>")
-        parts += [f"<li><code>{html.escape(e['cell'])}</code>: {html.escape(e['error'])}</li>" for e in errors]
+        parts += [f"<li><code>{html.escape(e['cell'])}</code>: {html.escape(e['error'])}</li>" for e in failed]
         parts.append("</ul>")
+    if pending:
+        parts.append(f"<h2>Not run yet</h2><p>{html.escape(', '.join(pending))}</p>")
     parts.append("<h2>Plots</h2>")
     for image in images:
         encoded = base64.b64encode(image.read_bytes()).decode("ascii")
