@@ -732,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         {"argv": argv, **vars(args)},
         time.perf_counter() - started,
     )
-    failed = [k for k, r in results.items() if "error" in r]
+    failed = [k for k, r in results.items() if "error" in r and r["error"] != "not run yet"]
     sys.stdout.write(f"report: {paths['html']}\ntable: {paths['markdown']}\n")
     if failed:
         sys.stdout.write(f"{len(failed)} cell(s) failed (recorded in the report): {', '.join(failed)}\n")
