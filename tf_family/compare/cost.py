@@ -94,17 +94,23 @@ def _train_step(model, length: int, spec: dict, device) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def _decode(model, prompt: int, new_tokens: int, spec: dict, device) -> float:
+def _decode(model, prompt: int, new_tokens: int, spec: dict, device) -> float | None:
+    """Tokens/s of greedy decoding after a ``prompt``-token prompt: the time of ``new_tokens`` generated tokens less
+    that of one (the prompt's forward pass), each the fastest of two runs; None when the difference is lost in
+    timing noise."""
     ids = torch.randint(1, spec["vocab_size"], (1, prompt), device=device)
     kwargs = {"do_sample": False, "pad_token_id": spec["pad_token_id"], "attention_mask": torch.ones_like(ids)}
+    times = {}
     with torch.no_grad():
-        started = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs)
-        prefill = time.perf_counter() - started
-        started = time.perf_counter()
-        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
-        total = time.perf_counter() - started
-    return (new_tokens - 1) / max(total - prefill, 1e-9)
+        for count in (1, new_tokens):
+            runs = []
+            for _ in range(2):
+                started = time.perf_counter()
+                model.generate(ids, max_new_tokens=count, min_new_tokens=count, **kwargs)
+                runs.append(time.perf_counter() - started)
+            times[count] = min(runs)
+    decoding = times[new_tokens] - times[1]
+    return (new_tokens - 1) / decoding if decoding > 0 else None
 
 
 def run(spec: dict, out: Path) -> None:
@@ -151,12 +157,15 @@ def run(spec: dict, out: Path) -> None:
     for prompt in spec.get("prompts", []):
         try:
             meter.start()
-            speed = max(_decode(model, prompt, spec["new_tokens"], spec, device) for _ in range(2))  # the faster
+            speed = _decode(model, prompt, spec["new_tokens"], spec, device)
         except Exception as error:
             if not _is_out_of_memory(error):
                 raise
             write({"kind": "decode", "length": prompt, "status": OUT_OF_MEMORY})
             break
+        if speed is None:
+            write({"kind": "decode", "length": prompt, "status": "unmeasured: lost in timing noise"})
+            continue
         write({"kind": "decode", "length": prompt, "tokens_per_second": speed, "peak_mb": meter.peak()})
 
 
