@@ -243,7 +243,8 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
                     + ", ".join(f"{m} {g:.0f} %" for m, g in gains.items())
                     + ". "
                     + (
-                        f"Far context helps {', '.join(helped)} beyond what the baseline gains from position alone."
+                        f"Perplexity falls with position more for {', '.join(helped)} than for the dense baseline "
+                        "(by more than 5 points)."
                         if helped
                         else "No model gains clearly more from far positions than the dense baseline at this scale "
                         "(differences within 5 points): short training teaches little use of far context."
