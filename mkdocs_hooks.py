@@ -31,6 +31,10 @@ def help_text(name: str) -> str:
         from tf_family.recipes import causal_lm
 
         return causal_lm.build_parser("tf-family train", cli.train_defaults([])).format_help()
+    if name == "tf-family compare":  # it parses its own options, as train does
+        from tf_family.compare import build_parser
+
+        return build_parser().format_help()
     if name == "tf-family":
         return cli.build_parser().format_help()
     if name.startswith("tf-family "):

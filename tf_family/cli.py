@@ -11,6 +11,8 @@ tf-family export DIR                             add the model's code to a saved
 tf-family export --format onnx DIR OUT           write OUT/model.onnx (the eval forward, dynamic batch and length)
                                                  with the config and tokenizer, for onnxruntime
 tf-family list                                   the zoo as a table
+tf-family compare [--quick] [OPTIONS]            the family side by side against dense baselines on one corpus:
+                                                 tables, plots and an HTML report (tf_family.compare)
 tf-family build-kernels                          compile the native CPU attention kernel now (else on first use)
 tf-family convert transfo-xl IN_DIR OUT_DIR      a transformers 4.x transfo-xl checkpoint -> tf_family format
 tf-family convert longformer IN_DIR OUT_DIR      a transformers 5 longformer checkpoint -> tf_family format
@@ -289,6 +291,12 @@ def build_parser(convert_kinds_listed: bool = True) -> argparse.ArgumentParser:
     )
     commands.add_parser("list", help="print the zoo as a table")
     commands.add_parser(
+        "compare",
+        help="measure the family side by side against dense baselines (--quick: ~15 min on 2 CPU cores); every "
+        "option goes to tf_family.compare",
+        add_help=False,
+    )
+    commands.add_parser(
         "build-kernels",
         help=(
             "compile the native CPU kernels (attention for Longformer, BigBird training; the Memorizing "
@@ -336,6 +344,10 @@ def _check_folder(args: argparse.Namespace) -> None:
 def _run(argv: list[str]) -> int:
     if argv[:1] == ["train"]:  # the recipe parses its own options (and its own --help, --debug)
         return _train(argv[1:])
+    if argv[:1] == ["compare"]:  # the comparison parses its own options (and its own --help)
+        from .compare import main as compare
+
+        return compare([arg for arg in argv[1:] if arg != "--debug"])
     argv = [arg for arg in argv if arg != "--debug"]
     args = build_parser(convert_kinds_listed=argv[:1] == ["convert"]).parse_args(argv)
     _check_folder(args)
