@@ -797,4 +797,4 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         return model_inputs
 
 
-__all__ = ["TffCalmForCausalLM", "TffCalmModel", "TffCalmPreTrainedModel", "rotary_cos_sin"]
+__all__ = ["TffCalmForCausalLM", "TffCalmModel", "TffCalmPreTrainedModel"]

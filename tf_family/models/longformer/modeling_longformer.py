@@ -503,7 +503,6 @@ class _TffLongformerHead:
 class TffLongformerForMaskedLM(_TffLongformerHead, GenericForMaskedLM, TffLongformerPreTrainedModel):
     """RoBERTa's masked-LM head (dense, GELU, layer norm, decoder tied to the input embeddings)."""
 
-    base_model_class = TffLongformerModel
     lm_head_activation = "gelu"
     _tied_weights_keys = {"lm_head.decoder.weight": "longformer.embeddings.word_embeddings.weight"}
 
