@@ -268,7 +268,7 @@ class _RetrievedAttention(torch.autograd.Function):
         factor = scale.view(1, heads, 1, 1)
         if scores is None:
             flat_query = query.reshape(batch * heads, length, width)
-            memory_scores = _pair_scores(flat_query, key_blocks) if reader is None else reader.scores(flat_query, 0)
+            memory_scores = _pair_scores(flat_query, key_blocks) if reader is None else reader.key_scores(flat_query)
             memory_scores = memory_scores.view(memory_found.shape)  # (B, H, T, K)
         else:  # the search's: finite where the backward multiplies them by a zero gradient
             memory_scores = scores.masked_fill(~memory_found, 0.0)
@@ -289,7 +289,7 @@ class _RetrievedAttention(torch.autograd.Function):
         inverse = torch.where(total > 0, total.reciprocal(), 0.0)  # 0: attends to nothing
         memory_probs *= inverse
         flat_probs = memory_probs.view(batch * heads, length, -1)
-        attended = _pair_mix(flat_probs, value_blocks) if reader is None else reader.mix(flat_probs, 1)
+        attended = _pair_mix(flat_probs, value_blocks) if reader is None else reader.mix_values(flat_probs)
         attended = attended.view(query.shape)
         if segment_probs is not None:
             segment_probs *= inverse
@@ -318,7 +318,7 @@ class _RetrievedAttention(torch.autograd.Function):
         batch, heads, length, width = query.shape
         grad, reader = grad.contiguous(), ctx.reader
         flat_grad = grad.view(batch * heads, length, width)
-        memory_grad = _pair_scores(flat_grad, value_blocks) if reader is None else reader.scores(flat_grad, 1)
+        memory_grad = _pair_scores(flat_grad, value_blocks) if reader is None else reader.value_scores(flat_grad)
         memory_grad = memory_grad.view(memory_probs.shape)
         dot = (memory_probs * memory_grad).sum(-1, keepdim=True)  # (B, H, T, 1): sum of p * dp
         segment_grad = None
@@ -333,7 +333,7 @@ class _RetrievedAttention(torch.autograd.Function):
         factor = scale.view(1, heads, 1, 1)
         memory_grad *= factor  # d loss / d cosine scores
         flat_memory_grad = memory_grad.view(batch * heads, length, -1)
-        grad_query = _pair_mix(flat_memory_grad, key_blocks) if reader is None else reader.mix(flat_memory_grad, 0)
+        grad_query = _pair_mix(flat_memory_grad, key_blocks) if reader is None else reader.mix_keys(flat_memory_grad)
         grad_query = grad_query.view(query.shape)
         grad_segment_keys = grad_segment_values = None
         if segment_grad is not None:

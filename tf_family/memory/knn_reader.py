@@ -79,21 +79,37 @@ class MemoryReader:
             rows = tuple(torch.cat(pair, 2) for pair in zip(self.stashed, rows, strict=True))
         self.stashed = rows
 
-    def _memory(self, part: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        buffer = (self.keys, self.values)[part].view(self.shape)
-        if self.stashed is None:
-            return buffer, None, None
-        return buffer, self.remap, self.stashed[part].reshape(self.shape[0], -1, self.shape[2])
+    def _operands(self, buffer: torch.Tensor, stashed: torch.Tensor | None):
+        """The kernels' arguments after the product's left operand: ``buffer`` (the memory's keys or values) as
+        ``(R, N, Dh)``, the slots, and the slot remap and the rows stashed before a write in place (None, None
+        while nothing is stashed)."""
+        if stashed is None:
+            return buffer.view(self.shape), self.slots, None, None
+        return buffer.view(self.shape), self.slots, self.remap, stashed.reshape(self.shape[0], -1, self.shape[2])
 
-    def scores(self, x: torch.Tensor, part: int) -> torch.Tensor:
-        """``(R, T, Dh)`` -> ``(R, T, K)``: ``x`` against each query's retrieved keys (``part=0``) or values (1)."""
-        buffer, remap, stash = self._memory(part)
-        return self.extension.knn_pair_scores(x.contiguous(), buffer, self.slots, remap, stash)
+    @property
+    def _keys(self):
+        return self._operands(self.keys, None if self.stashed is None else self.stashed[0])
 
-    def mix(self, weights: torch.Tensor, part: int) -> torch.Tensor:
-        """``(R, T, K)`` -> ``(R, T, Dh)``: each query's weighted sum of its retrieved keys (0) or values (1)."""
-        buffer, remap, stash = self._memory(part)
-        return self.extension.knn_pair_mix(weights.contiguous(), buffer, self.slots, remap, stash)
+    @property
+    def _values(self):
+        return self._operands(self.values, None if self.stashed is None else self.stashed[1])
+
+    def key_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """``(R, T, Dh)`` -> ``(R, T, K)``: ``x`` against each query's retrieved keys."""
+        return self.extension.knn_pair_scores(x.contiguous(), *self._keys)
+
+    def value_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """``(R, T, Dh)`` -> ``(R, T, K)``: ``x`` against each query's retrieved values."""
+        return self.extension.knn_pair_scores(x.contiguous(), *self._values)
+
+    def mix_keys(self, weights: torch.Tensor) -> torch.Tensor:
+        """``(R, T, K)`` -> ``(R, T, Dh)``: each query's weighted sum of its retrieved keys."""
+        return self.extension.knn_pair_mix(weights.contiguous(), *self._keys)
+
+    def mix_values(self, weights: torch.Tensor) -> torch.Tensor:
+        """``(R, T, K)`` -> ``(R, T, Dh)``: each query's weighted sum of its retrieved values."""
+        return self.extension.knn_pair_mix(weights.contiguous(), *self._values)
 
 
 __all__ = ["MemoryReader"]
