@@ -183,13 +183,20 @@ def _legacy_model(legacy_config: type, task: str) -> type:
     return legacy_model_class(legacy_config, task)
 
 
-def register_lora_targets(constants: Any) -> None:
-    """Each spec's ``lora_target_modules`` as PEFT's default LoRA targets for its model types (an entry already
-    there, the user's, is kept): the same as `tf_family.auto.register_lora_targets`, without importing PEFT."""
-    targets = constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+def register_peft_targets(constants: Any) -> None:
+    """Each spec's ``lora_target_modules`` and ``ia3_target_modules`` / ``ia3_feedforward_modules`` as PEFT's
+    defaults for its model types (an entry already there, the user's, is kept): the same as
+    `tf_family.auto.register_lora_targets` and `tf_family.auto.register_ia3_targets`, run when PEFT's constants are
+    imported rather than importing PEFT."""
+    lora = constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    ia3 = constants.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING
+    ia3_feedforward = constants.TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING
     for spec in ARCHITECTURES.values():
         for model_type in spec.model_types:
-            targets.setdefault(model_type, list(spec.lora_target_modules))
+            lora.setdefault(model_type, list(spec.lora_target_modules))
+            if spec.ia3_target_modules and model_type not in ia3:
+                ia3[model_type] = list(spec.ia3_target_modules)
+                ia3_feedforward[model_type] = list(spec.ia3_feedforward_modules)
 
 
 def register_pytree_nodes(memory: Any) -> None:
@@ -201,7 +208,7 @@ def register_pytree_nodes(memory: Any) -> None:
 _HOOKS: dict[str, Callable[[Any], None]] = {
     CONFIG_AUTO: register_configs,
     MODELING_AUTO: register_models,
-    PEFT_CONSTANTS: register_lora_targets,
+    PEFT_CONSTANTS: register_peft_targets,
     MEMORY: register_pytree_nodes,
 }
 _lock = threading.RLock()
@@ -283,4 +290,4 @@ def _importing(module: Any) -> bool:
     return bool(getattr(module.__spec__, "_initializing", False))
 
 
-__all__ = ["Deferred", "ResolvingDict", "install", "register_configs", "register_lora_targets", "register_models"]
+__all__ = ["Deferred", "ResolvingDict", "install", "register_configs", "register_models", "register_peft_targets"]
