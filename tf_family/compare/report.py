@@ -209,6 +209,23 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
         said.append(
             f"Training: the unigram model of the training tokens scores {unigram:.0f} on validation; {verdict}."
         )
+    parameters = {m: v[""] for m, v in _values(rows, "parameters").items() if "" in v}
+    baseline = parameters.get("dense_llama")
+    if baseline:
+        off = {m: count / baseline - 1 for m, count in parameters.items() if abs(count / baseline - 1) > 0.10}
+        if off:
+            listed = ", ".join(f"{m} {share:+.0%}" for m, share in off.items())
+            why = (
+                " (a Reformer's output layer reads both reversible streams, twice the width)"
+                if "reformer" in off
+                else ""
+            )
+            said.append(
+                f"Size: every model is within 10 % of the dense baseline's {baseline:,.0f} parameters except {listed}"
+                f"{why}."
+            )
+        else:
+            said.append(f"Size: every model is within 10 % of the dense baseline's {baseline:,.0f} parameters.")
     ppl = _values(rows, "perplexity by position")
     if ppl:
         overall = {m: v["overall"] for m, v in ppl.items() if "overall" in v}
