@@ -57,6 +57,7 @@ from .relative import (
     relative_attention_scores,
     relative_position_scores,
     relative_position_sequence,
+    segment_position_embedding,
     sinusoid_position_embedding,
 )
 from .sliding_window import (
@@ -114,6 +115,7 @@ __all__ = [
     "relative_attention_scores",
     "relative_position_scores",
     "cached_position_embedding",
+    "segment_position_embedding",
     "relative_position_sequence",
     "seeded_generator",
     "shared_qk_attention",

@@ -11,6 +11,8 @@ with :func:`rel_shift`; :func:`rel_shift_reference` is its slow, index-by-index 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -66,6 +68,23 @@ def cached_position_embedding(
             _EMBEDDING_CACHE.clear()
         _EMBEDDING_CACHE[key] = embedding
     return embedding
+
+
+def segment_position_embedding(
+    key_length: int,
+    clamp_len: int,
+    dim: int,
+    device: torch.device | str | None,
+    dtype: torch.dtype,
+    dropout: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The XL family's ``(S, D)`` relative position embeddings for one segment: with ``dropout`` (training with a
+    dropout rate), a fresh tensor passed through it; without, `cached_position_embedding`'s shared tensor, whose
+    projection the layers keep from segment to segment."""
+    if dropout is None:
+        return cached_position_embedding(key_length, clamp_len, dim, device, dtype)
+    positions = relative_position_sequence(key_length, clamp_len, device, dtype)
+    return dropout(sinusoid_position_embedding(positions, dim))
 
 
 def rel_shift(position_scores: torch.Tensor) -> torch.Tensor:

@@ -46,9 +46,7 @@ from transformers.utils import logging
 from ...attention import (
     build_causal_memory_mask,
     build_key_padding_mask,
-    cached_position_embedding,
-    relative_position_sequence,
-    sinusoid_position_embedding,
+    segment_position_embedding,
 )
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
@@ -298,13 +296,10 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
                 key_padding = torch.cat([memory.compressed.mask, key_padding], dim=1)  # (B, S)
             allowed = allowed & key_padding[:, None, None, :]  # (B, 1, T, S)
 
-        if self.training and self.dropout.p > 0:
-            positions = relative_position_sequence(key_length, config.clamp_len, device, embeddings.dtype)
-            position_embedding = self.dropout(sinusoid_position_embedding(positions, config.d_model))  # (S, D)
-        else:  # one tensor per length: the layers keep their projection of it from segment to segment
-            position_embedding = cached_position_embedding(
-                key_length, config.clamp_len, config.d_model, device, embeddings.dtype
-            )  # (S, D)
+        dropout = self.dropout if self.training and self.dropout.p > 0 else None
+        position_embedding = segment_position_embedding(
+            key_length, config.clamp_len, config.d_model, device, embeddings.dtype, dropout
+        )  # (S, D)
         shared_biases = None if config.untie_r else (self.content_bias, self.position_bias)
         # most-used compression ranks states by the attention they receive, so it needs the probabilities
         need_usage = use_cache and config.cmem_len > 0 and config.compression == "most_used"

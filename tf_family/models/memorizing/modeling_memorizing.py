@@ -48,9 +48,7 @@ from transformers.utils import logging
 from ...attention import (
     build_causal_memory_mask,
     build_key_padding_mask,
-    cached_position_embedding,
-    relative_position_sequence,
-    sinusoid_position_embedding,
+    segment_position_embedding,
 )
 from ...layers import (
     AdaptiveEmbedding,
@@ -371,13 +369,10 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
             allowed = allowed & key_padding[:, None, None, :]  # (B, 1, T, S)
         memory_allowed, segment_allowed = self._knn_masks(state.knn, segment_mask, query_length)
 
-        if self.training and self.dropout.p > 0:
-            positions = relative_position_sequence(key_length, config.clamp_len, device, embeddings.dtype)
-            position_embedding = self.dropout(sinusoid_position_embedding(positions, config.d_model))  # (S, D)
-        else:  # one tensor per length: the layers keep their projection of it from segment to segment
-            position_embedding = cached_position_embedding(
-                key_length, config.clamp_len, config.d_model, device, embeddings.dtype
-            )  # (S, D)
+        dropout = self.dropout if self.training and self.dropout.p > 0 else None
+        position_embedding = segment_position_embedding(
+            key_length, config.clamp_len, config.d_model, device, embeddings.dtype, dropout
+        )  # (S, D)
         shared_biases = None if config.untie_r else (self.content_bias, self.position_bias)
 
         hidden = self.dropout(embeddings)

@@ -29,9 +29,7 @@ from transformers.utils import logging
 from ...attention import (
     build_causal_memory_mask,
     build_key_padding_mask,
-    cached_position_embedding,
-    relative_position_sequence,
-    sinusoid_position_embedding,
+    segment_position_embedding,
 )
 from ...conversion import ForeignCheckpointMixin
 from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
@@ -194,13 +192,10 @@ class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
         if key_padding is not None:
             allowed = allowed & key_padding[:, None, None, :]  # (B, 1, T, S)
 
-        if self.training and self.dropout.p > 0:
-            positions = relative_position_sequence(key_length, self.config.clamp_len, device, embeddings.dtype)
-            position_embedding = self.dropout(sinusoid_position_embedding(positions, self.config.d_model))  # (S, D)
-        else:  # one tensor per length: the layers keep their projection of it from segment to segment
-            position_embedding = cached_position_embedding(
-                key_length, self.config.clamp_len, self.config.d_model, device, embeddings.dtype
-            )  # (S, D)
+        dropout = self.dropout if self.training and self.dropout.p > 0 else None
+        position_embedding = segment_position_embedding(
+            key_length, self.config.clamp_len, self.config.d_model, device, embeddings.dtype, dropout
+        )  # (S, D)
         shared_biases = None if self.config.untie_r else (self.content_bias, self.position_bias)
 
         hidden = self.dropout(embeddings)
