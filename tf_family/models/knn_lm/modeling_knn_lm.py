@@ -258,14 +258,7 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
         # the optional ones only when given: a base model may not take them (or may default them differently)
         optional = {"position_ids": position_ids, "cache": cache, "use_cache": use_cache}
         base_inputs.update({name: value for name, value in optional.items() if value is not None})
-        queries = None
-        if retrieve:
-            _, module = resolve_key_module(self.lm, self.config.key_point, self.config.key_module_path)
-            with capture_module_inputs(module) as captured:
-                outputs = self.lm(**base_inputs)
-            queries = captured[-1]
-        else:
-            outputs = self.lm(**base_inputs)
+        outputs, queries = self._run_base_model(base_inputs, retrieve)
         lm_log_probs = F.log_softmax(outputs.logits.float(), dim=-1)  # (B, T, V)
         log_probs, scores, tokens = lm_log_probs, None, None
         if retrieve:
@@ -301,6 +294,16 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             heads = getattr(base, "num_key_value_heads", None) or getattr(base, "num_attention_heads", None)
             head_dim = getattr(base, "head_dim", None) or (base.hidden_size // heads if heads else None)
             check_cache(cache, batch, heads, head_dim)
+
+    def _run_base_model(self, base_inputs: dict, retrieve: bool):
+        """The base model's output on ``base_inputs`` and, when retrieving, the inputs of its key module (the
+        queries of the search; ``None`` otherwise)."""
+        if not retrieve:
+            return self.lm(**base_inputs), None
+        _, module = resolve_key_module(self.lm, self.config.key_point, self.config.key_module_path)
+        with capture_module_inputs(module) as captured:
+            outputs = self.lm(**base_inputs)
+        return outputs, captured[-1]
 
     def _call_lmbda(self, lmbda) -> float:
         """This call's λ: ``lmbda`` (a number or a one-element tensor) or ``config.lmbda``, checked to be in [0, 1]."""
