@@ -162,7 +162,7 @@ class TffBigBirdAttention(nn.Module):
         counts = counts[:, block[:, None], block[None, :]]  # (H, T, T)
         bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
         allowed = (counts > 0)[None] & key_valid[:, None, None, :]  # (B, H, T, T)
-        return attend(query, key, value, allowed, bias[None], 0.0, "eager")[0]
+        return attend(query, key, value, allowed, bias=bias[None], dropout_p=0.0, implementation="eager")[0]
 
     def forward(
         self, hidden: torch.Tensor, key_valid: torch.Tensor, seed: int, output_attentions: bool = False
@@ -187,21 +187,25 @@ class TffBigBirdAttention(nn.Module):
                 counts = counts[:, :length, :length]  # (H, T, T)
                 bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
                 allowed = (counts > 0)[None] & key_valid[:, None, None, :]
-                attended, probs = attend(query, key, value, allowed, bias[None], 0.0, "eager")
+                attended, probs = attend(
+                    query, key, value, allowed, bias=bias[None], dropout_p=0.0, implementation="eager"
+                )
             else:
                 # no dropout on block-sparse probabilities, as in the reference code and transformers
                 attended = block_sparse_attention(
                     query,
                     key,
                     value,
-                    self.block_size,
-                    random_blocks,
-                    self.window_blocks,
-                    key_valid,
+                    block_size=self.block_size,
+                    random_blocks=random_blocks,
+                    window_blocks=self.window_blocks,
+                    key_padding_mask=key_valid,
                     implementation=implementation,
                 )
         else:
-            attended, probs = attend(query, key, value, key_valid[:, None, None, :], None, dropout_p, implementation)
+            attended, probs = attend(
+                query, key, value, key_valid[:, None, None, :], dropout_p=dropout_p, implementation=implementation
+            )
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 

@@ -202,7 +202,9 @@ class TffCalmAttention(nn.Module):
             repeat = self.num_heads // self.num_kv_heads
             key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
         dropout_p = self.config.attention_dropout if self.training else 0.0
-        attended, probs = attend(query, key, value, allowed, None, dropout_p, self.config._attn_implementation)
+        attended, probs = attend(
+            query, key, value, allowed, dropout_p=dropout_p, implementation=self.config._attn_implementation
+        )
         batch, _, length, _ = attended.shape
         return self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1)), probs
 
@@ -221,7 +223,9 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
     def forward(self, hidden, cos, sin, allowed, cache=None, rows=None):
         """``hidden`` ``(B, T, D)``; with ``rows`` (exited rows present), only those rows are updated and the others
         pass through unchanged, their keys and values propagated from their state."""
-        attended, probs = self.self_attn(self.input_layernorm(hidden), cos, sin, allowed, cache, rows)
+        attended, probs = self.self_attn(
+            self.input_layernorm(hidden), cos=cos, sin=sin, allowed=allowed, cache=cache, rows=rows
+        )
         running = hidden if rows is None else hidden[rows]
         running = running + attended
         running = running + self.mlp(self.post_attention_layernorm(running))

@@ -127,9 +127,8 @@ class TffDecisionTransformerAttention(nn.Module):
             key,
             value,
             allowed,
-            None,
-            self.attention_dropout.p if self.training else 0.0,
-            "eager" if output_attentions else self.config._attn_implementation,
+            dropout_p=self.attention_dropout.p if self.training else 0.0,
+            implementation="eager" if output_attentions else self.config._attn_implementation,
             cpu_kernels=False,
         )  # (B, H, T, Dh), (B, H, T, S) or None
         attended = attended.transpose(1, 2).reshape(batch, length, width)  # (B, T, D)

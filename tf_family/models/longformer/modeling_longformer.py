@@ -209,7 +209,7 @@ class TffLongformerAttention(nn.Module):
         rows = torch.arange(past_length, total, device=query.device)
         allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens, rows)  # (B, t, P + t)
         if output_attentions:  # the probabilities over every cached key
-            return attend(query, keys, values, allowed[:, None], None, dropout_p, "eager")
+            return attend(query, keys, values, allowed[:, None], dropout_p=dropout_p, implementation="eager")
         start = max(0, past_length - self.pattern.window * self.pattern.dilation)  # the oldest key a window reaches
         if global_tokens is not None:  # the global keys first, then the reachable span without them
             span_allowed = allowed[:, :, start:] & ~global_tokens.mask[:, None, start:]
@@ -220,7 +220,9 @@ class TffLongformerAttention(nn.Module):
             values = torch.cat([global_tokens.gather(values, dim=2), values[:, :, start:]], dim=2)
         else:
             allowed, keys, values = allowed[:, :, start:], keys[:, :, start:], values[:, :, start:]
-        return attend(query, keys, values, allowed[:, None], None, dropout_p, self.config._attn_implementation)
+        return attend(
+            query, keys, values, allowed[:, None], dropout_p=dropout_p, implementation=self.config._attn_implementation
+        )
 
     def forward(
         self,
@@ -256,10 +258,17 @@ class TffLongformerAttention(nn.Module):
         probs = None
         if self.use_dense(length, output_attentions):
             allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens)[:, None]  # (B, 1, T, T)
-            attended, probs = attend(query, key, value, allowed, None, dropout_p, implementation)
+            attended, probs = attend(query, key, value, allowed, dropout_p=dropout_p, implementation=implementation)
         else:
             attended = sliding_window_attention(
-                query, key, value, self.pattern, key_valid, global_tokens, dropout_p, implementation
+                query,
+                key,
+                value,
+                self.pattern,
+                key_padding_mask=key_valid,
+                global_tokens=global_tokens,
+                dropout_p=dropout_p,
+                implementation=implementation,
             )  # (B, H, T, Dh)
 
         if global_tokens is not None:
@@ -268,7 +277,12 @@ class TffLongformerAttention(nn.Module):
                 global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
                 allowed = build_global_query_mask(global_tokens, key_valid, self.pattern.causal, length)
                 global_attended, global_probs = attend(
-                    global_query, global_key, global_value, allowed[:, None], None, dropout_p, implementation
+                    global_query,
+                    global_key,
+                    global_value,
+                    allowed[:, None],
+                    dropout_p=dropout_p,
+                    implementation=implementation,
                 )
                 probs = global_tokens.scatter(probs, global_probs)
             elif not torch.compiler.is_exporting() and self.num_heads * global_tokens.num_slots < hidden.shape[-1]:
@@ -277,7 +291,14 @@ class TffLongformerAttention(nn.Module):
                 global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
                 causal = self.pattern.causal
                 global_attended = global_attention(
-                    global_query, global_key, global_value, global_tokens, key_valid, causal, dropout_p, implementation
+                    global_query,
+                    global_key,
+                    global_value,
+                    global_tokens,
+                    key_padding_mask=key_valid,
+                    causal=causal,
+                    dropout_p=dropout_p,
+                    implementation=implementation,
                 )  # (B, H, G, Dh)
             attended = global_tokens.scatter(attended, global_attended)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)

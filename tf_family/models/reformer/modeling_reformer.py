@@ -274,20 +274,31 @@ class TffReformerAttention(nn.Module):
             exporting = torch.compiler.is_exporting() and past_states is None
             if not exporting and states.shape[1] <= self.pattern.chunk_length and not self.pattern.causal_buckets:
                 implementation = "eager" if output_attentions else self.config._attn_implementation
-                out, probs = (
-                    shared_qk_attention(
-                        shared[:, :, -new:], key, value, key_valid, self.pattern.causal, dropout_p, implementation
+                if past_states is None:
+                    out, probs = shared_qk_attention(
+                        shared[:, :, -new:],
+                        key,
+                        value,
+                        key_valid=key_valid,
+                        causal=self.pattern.causal,
+                        dropout_p=dropout_p,
+                        implementation=implementation,
                     )
-                    if past_states is None
-                    else self._cached_shared_qk(shared, key, value, key_valid, new)
-                )
+                else:
+                    out, probs = self._cached_shared_qk(shared, key, value, key_valid, new)
                 buckets = None
             else:
                 if buckets is None:
                     buckets = self.hash(shared, inputs.num_hashes, inputs.seed)
                 if output_attentions or exporting:
                     out, probs = lsh_attention_reference(
-                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates
+                        shared,
+                        key,
+                        value,
+                        buckets,
+                        self.pattern,
+                        key_valid=key_valid,
+                        correct_duplicates=self.config.correct_duplicates,
                     )
                 else:
                     out = lsh_attention(
@@ -305,7 +316,15 @@ class TffReformerAttention(nn.Module):
         else:
             query = self._rotary(self._heads(self.query(states)), position_ids)[:, :, -new:]
             key = self._rotary(self._heads(self.key(states)), position_ids)
-            out, probs = self._local(query, key, value, key_valid, position_ids, dropout_p, output_attentions)
+            out, probs = self._local(
+                query,
+                key,
+                value,
+                key_valid=key_valid,
+                position_ids=position_ids,
+                dropout_p=dropout_p,
+                output_attentions=output_attentions,
+            )
         out = out.transpose(1, 2).reshape(*hidden.shape[:2], -1)  # (B, T, H*Dh)
         return self.dropout(self.output(out)), buckets, probs
 
@@ -316,7 +335,14 @@ class TffReformerAttention(nn.Module):
         columns = torch.arange(total, device=shared.device)
         allowed = (columns[None, :] < rows[:, None]) & key_valid[:, None, :]  # (B, t, P + t): others only
         allowed = allowed | ((columns[None, :] == rows[:, None]) & ~allowed.any(-1, keepdim=True))
-        return attend(shared[:, :, -new:], key, value, allowed[:, None], None, 0.0, self.config._attn_implementation)
+        return attend(
+            shared[:, :, -new:],
+            key,
+            value,
+            allowed[:, None],
+            dropout_p=0.0,
+            implementation=self.config._attn_implementation,
+        )
 
     def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions):
         total, new = key.shape[2], query.shape[2]
@@ -327,10 +353,16 @@ class TffReformerAttention(nn.Module):
             pattern = ChunkPattern(pattern.chunk_length, 0, 0, pattern.causal, False)
         if new == total and not output_attentions and not exporting:
             return chunked_local_attention(
-                query, key, value, pattern, key_valid, dropout_p, self.config._attn_implementation
+                query,
+                key,
+                value,
+                pattern,
+                key_valid=key_valid,
+                dropout_p=dropout_p,
+                implementation=self.config._attn_implementation,
             ), None
         if new == total:
-            return chunked_local_attention_reference(query, key, value, pattern, key_valid)
+            return chunked_local_attention_reference(query, key, value, pattern, key_valid=key_valid)
         # cached step: the window by position (real tokens counted), so left padding does not move the chunks
         size = pattern.chunk_length
         query_chunk = position_ids[:, -new:, None] // size  # (B, t, 1)
@@ -340,7 +372,7 @@ class TffReformerAttention(nn.Module):
         rows = torch.arange(total - new, total, device=query.device)
         allowed &= torch.arange(total, device=query.device)[None, None, :] <= rows[None, :, None]
         implementation = "eager" if output_attentions else self.config._attn_implementation
-        return attend(query, key, value, allowed[:, None], None, 0.0, implementation)
+        return attend(query, key, value, allowed[:, None], dropout_p=0.0, implementation=implementation)
 
 
 class TffReformerFeedForward(nn.Module):
