@@ -290,28 +290,13 @@ class TffReformerAttention(nn.Module):
             else:
                 if buckets is None:
                     buckets = self.hash(shared, inputs.num_hashes, inputs.seed)
-                if output_attentions or exporting:
-                    out, probs = lsh_attention_reference(
-                        shared,
-                        key,
-                        value,
-                        buckets,
-                        self.pattern,
-                        key_valid=key_valid,
-                        correct_duplicates=self.config.correct_duplicates,
-                    )
+                lsh_inputs = (shared, key, value, buckets, self.pattern)
+                options = {"key_valid": key_valid, "correct_duplicates": self.config.correct_duplicates}
+                if output_attentions or exporting:  # the dense twin (attention maps; an exported graph)
+                    out, probs = lsh_attention_reference(*lsh_inputs, **options)
                 else:
-                    out = lsh_attention(
-                        shared,
-                        key,
-                        value,
-                        buckets,
-                        self.pattern,
-                        key_valid=key_valid,
-                        correct_duplicates=self.config.correct_duplicates,
-                        dropout_p=dropout_p,
-                        implementation=self.config._attn_implementation,
-                    )
+                    implementation = self.config._attn_implementation
+                    out = lsh_attention(*lsh_inputs, **options, dropout_p=dropout_p, implementation=implementation)
                 out = out[:, :, -new:]
         else:
             query = self._rotary(self._heads(self.query(states)), position_ids)[:, :, -new:]
