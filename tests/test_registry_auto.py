@@ -89,3 +89,14 @@ def test_the_top_level_names_come_from_the_specs():
     )
     static = {alias.name for node in ast.walk(checking) if isinstance(node, ast.ImportFrom) for alias in node.names}
     assert static <= set(tf_family.__all__), static - set(tf_family.__all__)
+
+
+def test_two_architectures_exporting_one_name_are_refused():
+    import dataclasses
+
+    from tf_family.registry import public_names
+
+    reformer = get_arch("reformer")
+    copy = dataclasses.replace(reformer, name="reformer_copy", config="elsewhere.configuration:TffReformerConfig")
+    with pytest.raises(ValueError, match="'reformer_copy' exports 'TffReformerConfig' from elsewhere.configuration"):
+        public_names([reformer, copy])

@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from . import lazy_auto
-from .registry import ARCHITECTURES, create_model, find_arch, get_arch, list_architectures
+from .registry import ARCHITECTURES, create_model, find_arch, get_arch, list_architectures, public_names
 from .spec import ArchSpec
 
 if TYPE_CHECKING:  # the same names for static tools (type checkers, IDEs, the docs' mkdocstrings)
@@ -95,7 +95,7 @@ _LAZY_NAMES = {
     "SegmentMemory": ".memory",
     "register_all": ".auto",
     "register_pytree_nodes": ".memory",
-    **{name: module for spec in ARCHITECTURES.values() for name, module in spec.public_names().items()},
+    **public_names(),
 }
 # subpackages a bare `import tf_family` does not load, reachable as attributes all the same (`tf_family.data.load_sotu()`)
 _LAZY_SUBMODULES = (
