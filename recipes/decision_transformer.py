@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import gather_object
-from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel
 
 from tf_family.cards import RL_TASK
@@ -71,15 +71,9 @@ from tf_family.training import (
     architectures_with,
     check_arch,
     check_at_least,
-    check_output_dir,
-    configure_ddp,
-    ending_run,
-    make_accelerator,
-    make_optimizer,
     parse_config_overrides,
     publish_run,
     resume,
-    run_hyperparameters,
     run_record,
     save_checkpoint,
     save_model,
@@ -97,6 +91,7 @@ from tf_family.training.offline_rl import (
     summarise_returns,
     summary_metrics,
 )
+from tf_family.training.run import Run, prepare, start_run
 from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
@@ -303,16 +298,38 @@ def evaluate(
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    validate_args(args)
-    args.output_dir = args.output_dir or default_output_dir(args)
-    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
-    output_dir = check_output_dir(args)
+@dataclass
+class OfflineData:
+    """The training trajectories, what is known about them, and the environment they come from (its spaces)."""
 
-    accelerator = make_accelerator(args, output_dir)
+    dataset: datasets.Dataset
+    metadata: dict[str, Any]
+    env_id: str
+    env: dict[str, Any]
+    spaces: dict[str, Any]
+    stats: dict[str, Any]
+    returns: list[float]
 
-    # ---- data -------------------------------------------------------------------------------------------------
+
+@dataclass
+class EvaluationPlan:
+    """Where and how the policy is rolled out: the environment, the target returns and the reference returns (random
+    policy, expert) its scores are normalised by."""
+
+    env_id: str
+    target_returns: list[float]
+    reference: dict[str, float] | None
+
+    def evaluate(self, run: Run) -> dict[str, Any]:
+        args = run.args
+        return evaluate(
+            run.model, self.env_id, self.target_returns, args.eval_episodes, args.eval_seed, self.reference,
+            run.accelerator,
+        )  # fmt: skip
+
+
+def load_offline_data(args: argparse.Namespace) -> OfflineData:
+    """The trajectories (`load_trajectories`) and their environment (``--env_id``, else the data's or the model's)."""
     # generation is deterministic: every process makes the same trajectories
     dataset, metadata = load_trajectories(args)
     env_id = args.env_id or metadata.get("env_id")
@@ -321,12 +338,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if env_id is None:
         raise ValueError("the data does not say which environment it comes from; pass --env_id (a gymnasium id).")
     check_env_id(env_id)
-    env = environment_spaces(env_id)
-    data = data_spaces(dataset)
-    stats = trajectory_statistics(dataset)
+    env, spaces, stats = environment_spaces(env_id), data_spaces(dataset), trajectory_statistics(dataset)
     returns = [sum(rewards) for rewards in dataset["rewards"]]
+    return OfflineData(dataset, metadata, env_id, env, spaces, stats, returns)
 
-    # ---- model ------------------------------------------------------------------------------------------------
+
+def build_policy(args: argparse.Namespace, offline: OfflineData, config_overrides: dict[str, Any]):
+    """A fresh ``--arch`` model shaped by the data and the environment, or the saved one, checked against the data;
+    returns it and how the messages name it."""
+    env, data, stats, env_id = offline.env, offline.spaces, offline.stats, offline.env_id
     if args.arch:
         spec = get_arch(args.arch)
         for name in DATA_FIELDS:
@@ -348,7 +368,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         if "return_scale" not in spec.variants[args.variant] and "return_scale" not in config_overrides:
             # the power of ten nearest the largest episode return: returns-to-go enter the model at order 1
-            largest = max(abs(stats["return_max"]), abs(min(returns)), 1.0)
+            largest = max(abs(stats["return_max"]), abs(min(offline.returns)), 1.0)
             from_data["return_scale"] = 10.0 ** round(math.log10(largest))
         config = spec.make_config(args.variant, **{**from_data, **config_overrides})
         model = spec.model_classes["action"](config)
@@ -371,11 +391,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"the data has episodes of {data['longest_episode']} steps but {source} has max_ep_len="
             f"{model.config.max_ep_len}; raise max_ep_len."
         )
-    reference = metadata.get("reference_returns") if args.reference_episodes else None
-    if reference is None and args.reference_episodes and env_id in ENVIRONMENTS:
-        reference = reference_returns(env_id, args.reference_episodes)
-    context_length = model.config.context_length
-    sampler = TrajectoryWindowSampler(dataset, context_length, discrete=model.config.discrete)
+    return model
+
+
+def plan_evaluation(args: argparse.Namespace, offline: OfflineData) -> EvaluationPlan:
+    """The target returns to evaluate at (``--eval_target_returns``, else the data's mean and best and the expert's)
+    and the reference returns (from the data, else measured with ``--reference_episodes``)."""
+    reference = offline.metadata.get("reference_returns") if args.reference_episodes else None
+    if reference is None and args.reference_episodes and offline.env_id in ENVIRONMENTS:
+        reference = reference_returns(offline.env_id, args.reference_episodes)
+    stats = offline.stats
     target_returns = args.eval_target_returns or sorted(
         {
             round(stats["return_mean"], 1),
@@ -383,49 +408,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             *([round(reference["expert"], 1)] if reference else []),
         }
     )
+    return EvaluationPlan(offline.env_id, target_returns, reference)
 
-    # ---- LoRA -------------------------------------------------------------------------------------------------
-    model = apply_lora(model, args)
 
-    # ---- optimizer, schedule ----------------------------------------------------------------------------------
-    world, per_device = accelerator.num_processes, args.per_device_train_batch_size
-    max_train_steps = args.max_train_steps
-    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
-    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-
-    hyperparameters = run_hyperparameters(
-        args,
-        world,
-        max_train_steps,
-        context_length=context_length,
-        hidden_size=accelerator.unwrap_model(model).config.hidden_size,
-        effective_batch_windows=world * per_device * args.gradient_accumulation_steps,
-    )
-    if args.trackers:
-        accelerator.init_trackers("tf_family_decision_transformer", config=hyperparameters)
-
-    # ---- resume -----------------------------------------------------------------------------------------------
-    completed_steps = 0
+def train(run: Run, sampler: TrajectoryWindowSampler, plan: EvaluationPlan, described: str):
+    """The training loop: windows sampled per micro-batch (a function of seed, micro-batch and process, so a resumed
+    run samples as the uninterrupted one), gradient accumulation, clipping, evaluations and checkpoints; returns the
+    log of training steps and the evaluations made on the way (those before a resumed checkpoint included)."""
+    args, accelerator, model = run.args, run.accelerator, run.model
+    state: dict[str, Any] = {}
     if args.resume_from_checkpoint:
         _, state = resume(accelerator, args)
-        completed_steps = state["completed_steps"]
-
-    # ---- train ------------------------------------------------------------------------------------------------
-    num_parameters = sum(p.numel() for p in model.parameters())
-    logger.info(
-        f"{num_parameters:,} parameters, {len(dataset)} trajectories ({len(sampler)} steps) of {env_id}, "
-        f"{max_train_steps} steps of {world} x {per_device} windows of {context_length} steps",
-        main_process_only=True,
-    )
-    progress = tqdm(
-        total=max_train_steps, initial=completed_steps, disable=not accelerator.is_local_main_process, desc="training"
-    )
-    model.train()
-    log = TrainingLog(accelerator, "windows_per_second")
+        run.completed_steps = state["completed_steps"]
+    progress, log = run.start_training("windows_per_second", described)
     eval_history: list[dict[str, Any]] = []
-    accumulation = args.gradient_accumulation_steps
-    for micro_index in range(completed_steps * accumulation, max_train_steps * accumulation):
+    per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    for micro_index in range(run.completed_steps * accumulation, run.max_train_steps * accumulation):
         generator = micro_batch_generator(args.seed, micro_index, accelerator.process_index)
         batch = {k: v.to(accelerator.device) for k, v in sampler.sample(per_device, generator).items()}
         # accumulate(): gradients are all-reduced and the optimizer steps on every `accumulation`-th micro-batch
@@ -433,77 +431,100 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with accelerator.autocast():
                 outputs = model(**batch)
             loss = outputs.loss
-            accelerator.backward(loss)
-            if accelerator.sync_gradients and args.max_grad_norm > 0:
-                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
+            run.optimizer_step(loss)
         log.add(loss.item(), 1, per_device)
         if not accelerator.sync_gradients:
             continue
-        completed_steps += 1
+        run.completed_steps += 1
         progress.update(1)
 
-        if completed_steps % args.logging_steps == 0 or completed_steps == max_train_steps:
-            record = log.write(completed_steps, scheduler.get_last_lr()[0])
+        if run.completed_steps % args.logging_steps == 0 or run.completed_steps == run.max_train_steps:
+            record = log.write(run.completed_steps, run.scheduler.get_last_lr()[0])
             progress.set_postfix(loss=f"{record['train_loss']:.4f}")
-        if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < max_train_steps:
-            evaluation = evaluate(
-                model, env_id, target_returns, args.eval_episodes, args.eval_seed, reference, accelerator
-            )
-            eval_history.append({"step": completed_steps, "evaluation": evaluation})
-            metrics = summary_metrics(evaluation)
-            accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
-            logger.info(f"step {completed_steps}: {metrics}", main_process_only=True)
-        if args.checkpointing_steps and completed_steps % args.checkpointing_steps == 0:
-            save_checkpoint(
-                accelerator,
-                args.output_dir,
-                {"completed_steps": completed_steps, "eval_history": eval_history},
-                None,
-                args.checkpoints_total_limit,
-            )
+        if (
+            args.eval_steps
+            and run.completed_steps % args.eval_steps == 0
+            and run.completed_steps < run.max_train_steps
+        ):
+            evaluation = plan.evaluate(run)
+            eval_history.append({"step": run.completed_steps, "evaluation": evaluation})
+            run.log_metrics(summary_metrics(evaluation), label=f"step {run.completed_steps}")
+        if args.checkpointing_steps and run.completed_steps % args.checkpointing_steps == 0:
+            checkpoint_state = {"completed_steps": run.completed_steps, "eval_history": eval_history}
+            save_checkpoint(accelerator, args.output_dir, checkpoint_state, None, args.checkpoints_total_limit)
     progress.close()
-    if args.resume_from_checkpoint:  # the evaluations before the checkpoint belong to this run's record
-        eval_history = state.get("eval_history", []) + eval_history
+    # the evaluations before the checkpoint belong to this run's record
+    return log, state.get("eval_history", []) + eval_history
 
-    # ---- evaluate ---------------------------------------------------------------------------------------------
-    evaluation = evaluate(model, env_id, target_returns, args.eval_episodes, args.eval_seed, reference, accelerator)
+
+def save(
+    run: Run,
+    offline: OfflineData,
+    plan: EvaluationPlan,
+    evaluation: dict[str, Any],
+    eval_history: list,
+    log: TrainingLog,
+) -> dict:
+    """The weights (every process: their fingerprints), then on the main process the return plot, the run record
+    and the model card; returns the recipe's summary."""
+    args, accelerator, output_dir = run.args, run.accelerator, run.output_dir
     metrics = summary_metrics(evaluation)
-    accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
-    logger.info(f"evaluation: {metrics}", main_process_only=True)
-
-    # ---- save -------------------------------------------------------------------------------------------------
-    fingerprints = save_model(accelerator, model, output_dir, args.merge_lora)
+    fingerprints = save_model(accelerator, run.model, output_dir, args.merge_lora)
     if accelerator.is_main_process:
+        stats, reference = offline.stats, plan.reference
         data_returns = {"data mean": stats["return_mean"], "data best": stats["return_max"]}
         if reference:
             data_returns.update({"random policy": reference["random"], "expert": reference["expert"]})
         if args.plot:
-            plot_returns(
-                output_dir / PLOT_FILE, evaluation, eval_history, data_returns, f"{env_id}, step {completed_steps}"
-            )
+            title = f"{offline.env_id}, step {run.completed_steps}"
+            plot_returns(output_dir / PLOT_FILE, evaluation, eval_history, data_returns, title)
             evaluation["plot"] = PLOT_FILE
-        info = describe_dataset(args, dataset, metadata, stats, env_id)
+        info = describe_dataset(args, offline.dataset, offline.metadata, stats, offline.env_id)
         record = run_record(
-            args, accelerator.unwrap_model(model), recipe="decision_transformer", task=RL_TASK, dataset=info,
-            hyperparameters=hyperparameters, metrics=metrics, evaluation=evaluation, eval_history=eval_history,
-            num_parameters=num_parameters, train_steps=completed_steps, world_size=world, fingerprints=fingerprints,
-            history=log.history,
+            args, accelerator.unwrap_model(run.model), recipe="decision_transformer", task=RL_TASK, dataset=info,
+            hyperparameters=run.hyperparameters, metrics=metrics, evaluation=evaluation, eval_history=eval_history,
+            num_parameters=run.num_parameters, train_steps=run.completed_steps, world_size=run.world,
+            fingerprints=fingerprints, history=log.history,
         )  # fmt: skip
         publish_run(output_dir, record, args)
-    # ---- end: the process group goes while the last barrier is held (see final_barrier) -----------------------
-    with ending_run(accelerator):
-        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
     return {
         **metrics,
         "evaluation": evaluation,
         "output_dir": str(output_dir),
-        "world_size": world,
+        "world_size": run.world,
         "rank_weight_sha256": fingerprints,
-        "train_steps": completed_steps,
+        "train_steps": run.completed_steps,
     }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """parse → trajectories → policy → prepare → train (evaluating on the way) → evaluate → save."""
+    args = parse_args(argv)
+    validate_args(args)
+    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
+    run = start_run(args, lambda: default_output_dir(args))
+    offline = load_offline_data(args)
+    model = build_policy(args, offline, config_overrides)
+    plan = plan_evaluation(args, offline)
+    context_length = model.config.context_length
+    sampler = TrajectoryWindowSampler(offline.dataset, context_length, discrete=model.config.discrete)
+    model = apply_lora(model, args)
+    per_device = args.per_device_train_batch_size
+    prepare(
+        run, model, args.max_train_steps, "tf_family_decision_transformer", context_length=context_length,
+        hidden_size=model.config.hidden_size,
+        effective_batch_windows=run.world * per_device * args.gradient_accumulation_steps,
+    )  # fmt: skip
+    described = (
+        f"{len(offline.dataset)} trajectories ({len(sampler)} steps) of {offline.env_id}, "
+        f"{run.max_train_steps} steps of {run.world} x {per_device} windows of {context_length} steps"
+    )
+    log, eval_history = train(run, sampler, plan, described)
+    evaluation = plan.evaluate(run)
+    run.log_metrics(summary_metrics(evaluation), label="evaluation")
+    summary = save(run, offline, plan, evaluation, eval_history, log)
+    run.end()  # the process group goes while the last barrier is held (see final_barrier)
+    return summary
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import tf_family
-from tf_family.data import SOTU_TOKENIZER_DIR, load_text_datasets, pack_into_blocks
+from tf_family.data import SOTU_TOKENIZER_DIR, pack_into_blocks
 from tf_family.data.packing import IGNORE_INDEX
 from tf_family.files import atomic_write_text
 from tf_family.hub import hub_id_of, portable_reference
@@ -59,6 +59,12 @@ from tf_family.retrieval.datastore import (
 )
 from tf_family.training import ending_run, publish_run, save_tokenizer
 from tf_family.training.arguments import add_debug_argument, check_local_sources
+from tf_family.training.language_modeling import (
+    add_text_data_arguments,
+    document_separator,
+    language_model_metrics,
+    load_lm_datasets,
+)
 from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
@@ -73,17 +79,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tokenizer_name", help="tokenizer folder or Hub id (default: the model's, else the bundled)")
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset_name", default="sotu", help="'sotu' (bundled corpus) or a Hub dataset id")
-    data.add_argument("--dataset_config_name")
-    data.add_argument("--train_file", help="local .txt/.json/.jsonl/.csv/.parquet file (overrides --dataset_name)")
-    data.add_argument("--validation_file")
-    data.add_argument("--text_column")
-    data.add_argument(
-        "--sample_by",
-        choices=["document", "paragraph", "line"],
-        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
-    )
-    data.add_argument("--validation_split_percentage", type=int, default=5)
+    add_text_data_arguments(data)
     data.add_argument("--block_size", type=int, default=128, help="tokens per block the model reads")
     data.add_argument("--max_samples", type=int, help="use only the first N documents of each split")
     data.add_argument("--per_device_batch_size", type=int, default=8)
@@ -163,20 +159,8 @@ def validate_args(args: argparse.Namespace) -> None:
 
 def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[str, Any]:
     """The requested splits (those the data has) as `LMBlocks`, with their character counts."""
-    raw, text_column = load_text_datasets(
-        args.dataset_name,
-        args.dataset_config_name,
-        args.train_file,
-        args.validation_file,
-        args.text_column,
-        args.validation_split_percentage,
-        args.sample_by,
-    )
-    separator_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
-    if separator_id is None:
-        raise ValueError(
-            "the tokenizer has neither an eos nor a pad token to separate documents; pass --tokenizer_name."
-        )
+    raw, text_column = load_lm_datasets(args)
+    separator_id = document_separator(tokenizer)
     out = {}
     for split in splits:
         if split not in raw:
@@ -301,13 +285,7 @@ def score_grid(
 
 
 def metrics_of(nll: float, count: int, characters: int) -> dict[str, float]:
-    loss = nll / max(count, 1)
-    return {
-        "loss": loss,
-        "perplexity": math.exp(min(loss, 50.0)),
-        "bits_per_token": loss / math.log(2),
-        "bits_per_character": nll / math.log(2) / max(characters, 1),
-    }
+    return language_model_metrics(nll, count, characters)
 
 
 def grid_table(results: dict[str, Any], ks: list[int], lmbdas: list[float]) -> str:

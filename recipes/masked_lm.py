@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,19 +26,9 @@ import torch.nn.functional as F
 from accelerate.logging import get_logger
 from transformers import AutoModelForMaskedLM
 
-from tf_family.data import load_text_datasets
-from tf_family.training import (
-    apply_lora,
-    check_output_dir,
-    configure_ddp,
-    encoder,
-    ending_run,
-    make_accelerator,
-    make_optimizer,
-    parse_config_overrides,
-    run_hyperparameters,
-    save_run,
-)
+from tf_family.training import apply_lora, encoder, parse_config_overrides
+from tf_family.training.language_modeling import add_text_data_arguments, load_lm_datasets
+from tf_family.training.run import prepare, start_run
 from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
@@ -50,13 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train or fine-tune a masked language model (tf_family).")
     encoder.add_common_arguments(parser, TASK, default_dataset="sotu", max_length=512)
     data = parser.add_argument_group("masked-LM data")
-    data.add_argument("--text_column", help="column holding the text (default: 'text' or the first string column)")
-    data.add_argument(
-        "--sample_by",
-        choices=["document", "paragraph", "line"],
-        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
-    )
-    data.add_argument("--validation_split_percentage", type=int, default=5)
+    add_text_data_arguments(data, sources=False)  # --dataset_name and the files are the encoder recipes' own
     data.add_argument("--mlm_probability", type=float, default=0.15, help="fraction of the tokens to predict")
     return parser.parse_args(argv)
 
@@ -127,129 +112,114 @@ def evaluate(
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    validate_args(args)
-    args.output_dir = args.output_dir or encoder.default_output_dir(args, TASK)
-    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
-    output_dir = check_output_dir(args)
-    accelerator = make_accelerator(args, output_dir)
+def load_data(args: argparse.Namespace):
+    """The train and validation splits (capped by --max_train_samples / --max_eval_samples) and the text column."""
+    raw, text_column = load_lm_datasets(args)
+    raw["train"] = encoder.first_rows(raw["train"], args.max_train_samples)
+    raw["validation"] = encoder.first_rows(raw["validation"], args.max_eval_samples)
+    return raw, text_column
 
-    # ---- data -------------------------------------------------------------------------------------------------
-    raw, text_column = load_text_datasets(
-        args.dataset_name,
-        args.dataset_config_name,
-        args.train_file,
-        args.validation_file,
-        args.text_column,
-        args.validation_split_percentage,
-        args.sample_by,
-    )
-    if args.max_train_samples:
-        raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
-    if args.max_eval_samples:
-        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
-    tokenizer = encoder.load_tokenizer(args, need_mask=True)
 
-    # ---- model ------------------------------------------------------------------------------------------------
-    model = encoder.build_model(args, TASK, tokenizer, config_overrides, AutoModelForMaskedLM)
-    encoder.check_max_length(args, model)
+@dataclass
+class MaskedData:
+    """The tokenized documents, their blocks, the fixed validation masks and the tokens masking draws from."""
 
-    cls_id, sep_id, pad_id, mask_id = (
-        tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id, tokenizer.mask_token_id,
-    )  # fmt: skip
-    special_ids = set(tokenizer.all_special_ids)
-    vocab = [i for i in range(len(tokenizer)) if i not in special_ids]
-    with accelerator.main_process_first():
-        documents = {
-            split: tokenizer(list(raw[split][text_column]), add_special_tokens=False)["input_ids"]
-            for split in ("train", "validation")
-        }
-    train_blocks = make_blocks(documents["train"], args.max_length, cls_id, sep_id)
-    eval_blocks = make_blocks(documents["validation"], args.max_length, cls_id, sep_id)
-    masked_eval = [
-        mask_block(b, args.mlm_probability, block_seed(args.seed, EVAL_EPOCH, i), special_ids, mask_id, vocab)
-        for i, b in enumerate(eval_blocks)
-    ]
-    world = accelerator.num_processes
-    updates_per_epoch = (
-        len(train_blocks) // (world * args.per_device_train_batch_size) // args.gradient_accumulation_steps
-    )
-    if updates_per_epoch == 0:
-        raise ValueError(
-            f"the training data fills {len(train_blocks)} blocks of {args.max_length} tokens, fewer than one optimizer "
-            f"step of {world} × {args.per_device_train_batch_size} × {args.gradient_accumulation_steps}; lower the "
-            "batch size, --gradient_accumulation_steps or --max_length."
-        )
+    args: argparse.Namespace
+    documents: dict[str, list[list[int]]]
+    train_blocks: list[list[int]]
+    masked_eval: list[tuple[list[int], list[int]]]
+    special_ids: set[int]
+    vocab: list[int]
+    mask_id: int
+    pad_id: int
 
-    model = apply_lora(model, args)
-    max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
-    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
-    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    hyperparameters = run_hyperparameters(
-        args, world, max_train_steps, max_length=args.max_length, mlm_probability=args.mlm_probability
-    )
-    if args.trackers:
-        accelerator.init_trackers("tf_family_masked_lm", config=hyperparameters)
+    @classmethod
+    def tokenize(cls, run, raw, text_column: str, tokenizer) -> MaskedData:
+        args = run.args
+        cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        special_ids = set(tokenizer.all_special_ids)
+        vocab = [i for i in range(len(tokenizer)) if i not in special_ids]
+        with run.accelerator.main_process_first():
+            documents = {
+                split: tokenizer(list(raw[split][text_column]), add_special_tokens=False)["input_ids"]
+                for split in ("train", "validation")
+            }
+        eval_blocks = make_blocks(documents["validation"], args.max_length, cls_id, sep_id)
+        mask_id = tokenizer.mask_token_id
+        masked_eval = [
+            mask_block(b, args.mlm_probability, block_seed(args.seed, EVAL_EPOCH, i), special_ids, mask_id, vocab)
+            for i, b in enumerate(eval_blocks)
+        ]
+        train_blocks = make_blocks(documents["train"], args.max_length, cls_id, sep_id)
+        return cls(args, documents, train_blocks, masked_eval, special_ids, vocab, mask_id, tokenizer.pad_token_id)
 
-    def collate(indices, train=True, epoch=0, **_):
+    def collate(self, indices, train=True, epoch=0, **_):
+        args = self.args
         pairs = [
             mask_block(
-                train_blocks[i], args.mlm_probability, block_seed(args.seed, epoch, i), special_ids, mask_id, vocab
+                self.train_blocks[i], args.mlm_probability, block_seed(args.seed, epoch, i), self.special_ids,
+                self.mask_id, self.vocab,
             )
             for i in indices
-        ]
-        return encoder.pad_batch([p[0] for p in pairs], pad_id, {"labels": [p[1] for p in pairs]})
+        ]  # fmt: skip
+        return encoder.pad_batch([p[0] for p in pairs], self.pad_id, {"labels": [p[1] for p in pairs]})
 
-    def run_evaluation() -> dict[str, float]:
-        return evaluate(accelerator, model, masked_eval, args, pad_id)
+    def evaluate(self, run) -> dict[str, float]:
+        return evaluate(run.accelerator, run.model, self.masked_eval, self.args, self.pad_id)
 
-    parameters = encoder.num_parameters(model)
-    logger.info(
-        f"{parameters:,} parameters, {len(train_blocks)} training blocks of up to {args.max_length} tokens, "
-        f"{max_train_steps} steps on {world} process(es)",
-        main_process_only=True,
+    def describe(self, text_column: str) -> dict[str, Any]:
+        """The data as the run record and model card state it."""
+        args = self.args
+        bundled = not args.train_file and args.dataset_name in ("sotu", "brown")
+        titles = {
+            "sotu": "State of the Union addresses 1790-2021 (bundled with tf_family)",
+            "brown": "The Brown Corpus (bundled with tf_family)",
+        }
+        return {
+            "name": None if args.train_file else args.dataset_name,
+            "title": titles[args.dataset_name]
+            if bundled
+            else (args.dataset_name if not args.train_file else "local files"),
+            "on_hub": bool(not args.train_file and not bundled),
+            "train_file": args.train_file,
+            "validation_file": args.validation_file,
+            "text_column": text_column,
+            "train_documents": len(self.documents["train"]),
+            "train_tokens": int(sum(map(len, self.documents["train"]))),
+            "eval_documents": len(self.documents["validation"]),
+            "eval_tokens": int(sum(map(len, self.documents["validation"]))),
+            "eval_split": "validation",
+        }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse → data → model and blocks → train → evaluate → save (each step below)."""
+    args = parse_args(argv)
+    validate_args(args)
+    config_overrides = parse_config_overrides(args.config_overrides, args.arch)
+    run = start_run(args, lambda: encoder.default_output_dir(args, TASK))
+    raw, text_column = load_data(args)
+    tokenizer = encoder.load_tokenizer(args, need_mask=True)
+    model = encoder.build_model(args, TASK, tokenizer, config_overrides, AutoModelForMaskedLM)
+    encoder.check_max_length(args, model)
+    data = MaskedData.tokenize(run, raw, text_column, tokenizer)
+    updates = encoder.updates_per_epoch(
+        run, len(data.train_blocks), f"the training data fills {len(data.train_blocks)} blocks of {args.max_length} "
+        "tokens", "the batch size, --gradient_accumulation_steps or --max_length",
+    )  # fmt: skip
+    model = apply_lora(model, args)
+    hyperparameters = {"max_length": args.max_length, "mlm_probability": args.mlm_probability}
+    prepare(
+        run, model, args.max_train_steps or args.num_train_epochs * updates, f"tf_family_{TASK}", **hyperparameters
     )
-    completed_steps, history = encoder.train(
-        accelerator, args, model, optimizer, scheduler, max_train_steps, len(train_blocks), collate,
-        run_evaluation, output_dir,
+    history = encoder.train(
+        run, len(data.train_blocks), data.collate, lambda: data.evaluate(run),
+        f"{len(data.train_blocks)} training blocks of up to {args.max_length} tokens",
     )  # fmt: skip
-
-    # ---- evaluate ---------------------------------------------------------------------------------------------
-    metrics = run_evaluation()
-    accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
-    logger.info(f"validation: {metrics}", main_process_only=True)
-
-    # ---- save -------------------------------------------------------------------------------------------------
-    bundled = not args.train_file and args.dataset_name in ("sotu", "brown")
-    titles = {
-        "sotu": "State of the Union addresses 1790-2021 (bundled with tf_family)",
-        "brown": "The Brown Corpus (bundled with tf_family)",
-    }
-    data = {
-        "name": None if args.train_file else args.dataset_name,
-        "title": titles[args.dataset_name]
-        if bundled
-        else (args.dataset_name if not args.train_file else "local files"),
-        "on_hub": bool(not args.train_file and not bundled),
-        "train_file": args.train_file,
-        "validation_file": args.validation_file,
-        "text_column": text_column,
-        "train_documents": len(documents["train"]),
-        "train_tokens": int(sum(map(len, documents["train"]))),
-        "eval_documents": len(documents["validation"]),
-        "eval_tokens": int(sum(map(len, documents["validation"]))),
-        "eval_split": "validation",
-    }
-    summary = save_run(
-        accelerator, args, model, output_dir, tokenizer, recipe="masked_lm", task=TASK, dataset=data,
-        hyperparameters=hyperparameters, metrics=metrics, num_parameters=parameters, train_steps=completed_steps,
-        history=history,
-    )  # fmt: skip
-    with ending_run(accelerator):
-        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
-    return summary
+    metrics = data.evaluate(run)
+    run.log_metrics(metrics)
+    dataset = data.describe(text_column)
+    return run.finish(tokenizer, recipe="masked_lm", task=TASK, dataset=dataset, metrics=metrics, history=history)
 
 
 if __name__ == "__main__":

@@ -32,19 +32,8 @@ from datasets import Dataset, DatasetDict, load_dataset
 from transformers import AutoModelForQuestionAnswering
 
 from tf_family.metrics import squad_scores
-from tf_family.training import (
-    apply_lora,
-    check_lora_head,
-    check_output_dir,
-    configure_ddp,
-    encoder,
-    ending_run,
-    make_accelerator,
-    make_optimizer,
-    parse_config_overrides,
-    run_hyperparameters,
-    save_run,
-)
+from tf_family.training import apply_lora, check_lora_head, encoder, parse_config_overrides
+from tf_family.training.run import prepare, start_run
 from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
@@ -244,50 +233,31 @@ def evaluate(accelerator, model, examples: Dataset, features: list[dict], args, 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse → data → model and windows → train → evaluate → save."""
     args = parse_args(argv)
     validate_args(args)
-    args.output_dir = args.output_dir or encoder.default_output_dir(args, TASK)
     config_overrides = parse_config_overrides(args.config_overrides, args.arch)
-    output_dir = check_output_dir(args)
-    accelerator = make_accelerator(args, output_dir)
-
-    # ---- data -------------------------------------------------------------------------------------------------
+    run = start_run(args, lambda: encoder.default_output_dir(args, TASK))
     raw = load_data(args)
-    if args.max_train_samples:
-        raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
-    if args.max_eval_samples:
-        raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
+    raw["train"] = encoder.first_rows(raw["train"], args.max_train_samples)
+    raw["validation"] = encoder.first_rows(raw["validation"], args.max_eval_samples)
     tokenizer = encoder.load_tokenizer(args)
-
-    # ---- model ------------------------------------------------------------------------------------------------
     model = encoder.build_model(args, TASK, tokenizer, config_overrides, AutoModelForQuestionAnswering)
     encoder.check_max_length(args, model)
-    with accelerator.main_process_first():
+    with run.accelerator.main_process_first():
         train_features = build_features(raw["train"], tokenizer, args, train=True)
         eval_features = build_features(raw["validation"], tokenizer, args, train=False)
-    world = accelerator.num_processes
-    updates_per_epoch = (
-        len(train_features) // (world * args.per_device_train_batch_size) // args.gradient_accumulation_steps
-    )
-    if updates_per_epoch == 0:
-        raise ValueError(
-            f"{len(train_features)} training windows make fewer than one optimizer step of {world} × "
-            f"{args.per_device_train_batch_size} × {args.gradient_accumulation_steps}; lower the batch size or "
-            "--gradient_accumulation_steps."
-        )
-
-    model = apply_lora(model, args, train_head=True)
-    max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
-    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
-    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    pad_id = tokenizer.pad_token_id
-    hyperparameters = run_hyperparameters(
-        args, world, max_train_steps, max_length=args.max_length, doc_stride=args.doc_stride,
-        max_question_length=args.max_question_length, max_answer_length=args.max_answer_length,
+    updates = encoder.updates_per_epoch(
+        run, len(train_features), f"{len(train_features)} training windows make", "the batch size or "
+        "--gradient_accumulation_steps",
     )  # fmt: skip
-    if args.trackers:
-        accelerator.init_trackers("tf_family_question_answering", config=hyperparameters)
+    model = apply_lora(model, args, train_head=True)
+    pad_id = tokenizer.pad_token_id
+    prepare(
+        run, model, args.max_train_steps or args.num_train_epochs * updates, f"tf_family_{TASK}",
+        max_length=args.max_length, doc_stride=args.doc_stride, max_question_length=args.max_question_length,
+        max_answer_length=args.max_answer_length,
+    )  # fmt: skip
 
     def collate(indices, train=True, **_):
         rows = [train_features[i] for i in indices]
@@ -298,25 +268,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return encoder.pad_batch([r["input_ids"] for r in rows], pad_id, targets)
 
     def run_evaluation() -> dict[str, float]:
-        return evaluate(accelerator, model, raw["validation"], eval_features, args, pad_id)
+        return evaluate(run.accelerator, run.model, raw["validation"], eval_features, args, pad_id)
 
-    parameters = encoder.num_parameters(model)
-    logger.info(
-        f"{parameters:,} parameters, {len(raw['train'])} training questions in {len(train_features)} windows, "
-        f"{max_train_steps} steps on {world} process(es)",
-        main_process_only=True,
-    )
-    completed_steps, history = encoder.train(
-        accelerator, args, model, optimizer, scheduler, max_train_steps, len(train_features), collate,
-        run_evaluation, output_dir,
-    )  # fmt: skip
-
-    # ---- evaluate ---------------------------------------------------------------------------------------------
+    described = f"{len(raw['train'])} training questions in {len(train_features)} windows"
+    history = encoder.train(run, len(train_features), collate, run_evaluation, described)
     metrics = run_evaluation()
-    accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
-    logger.info(f"validation: {metrics}", main_process_only=True)
-
-    # ---- save -------------------------------------------------------------------------------------------------
+    run.log_metrics(metrics)
     data = {
         "name": None if args.train_file else args.dataset_name,
         "title": "local files" if args.train_file else args.dataset_name,
@@ -329,14 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "eval_windows": len(eval_features),
         "eval_split": "validation",
     }
-    summary = save_run(
-        accelerator, args, model, output_dir, tokenizer, recipe="question_answering", task=TASK, dataset=data,
-        hyperparameters=hyperparameters, metrics=metrics, num_parameters=parameters, train_steps=completed_steps,
-        history=history,
-    )  # fmt: skip
-    with ending_run(accelerator):
-        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
-    return summary
+    return run.finish(
+        tokenizer, recipe="question_answering", task=TASK, dataset=data, metrics=metrics, history=history
+    )
 
 
 if __name__ == "__main__":

@@ -29,19 +29,8 @@ from transformers import AutoModelForSequenceClassification
 
 from tf_family.data import load_brown
 from tf_family.metrics import accuracy, macro_f1
-from tf_family.training import (
-    apply_lora,
-    check_lora_head,
-    check_output_dir,
-    configure_ddp,
-    encoder,
-    ending_run,
-    make_accelerator,
-    make_optimizer,
-    parse_config_overrides,
-    run_hyperparameters,
-    save_run,
-)
+from tf_family.training import apply_lora, check_lora_head, encoder, parse_config_overrides
+from tf_family.training.run import prepare, start_run
 from tf_family.user_errors import run_main
 
 logger = get_logger(__name__)
@@ -139,28 +128,21 @@ def evaluate(accelerator, model, examples: list[list[int]], labels: list[int], a
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse → data → model and inputs → train → evaluate (validation, test) → save."""
     args = parse_args(argv)
     validate_args(args)
-    args.output_dir = args.output_dir or encoder.default_output_dir(args, TASK)
     config_overrides = parse_config_overrides(args.config_overrides, args.arch)
-    output_dir = check_output_dir(args)
-    accelerator = make_accelerator(args, output_dir)
-
-    # ---- data -------------------------------------------------------------------------------------------------
+    run = start_run(args, lambda: encoder.default_output_dir(args, TASK))
     raw, text_column, label_column = load_data(args)
-    if args.max_train_samples:
-        raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
-    if args.max_eval_samples:
-        for split in ("validation", "test"):
-            if split in raw:
-                raw[split] = raw[split].select(range(min(args.max_eval_samples, len(raw[split]))))
+    raw["train"] = encoder.first_rows(raw["train"], args.max_train_samples)
+    for split in ("validation", "test"):
+        if split in raw:
+            raw[split] = encoder.first_rows(raw[split], args.max_eval_samples)
     names = label_names(raw, label_column)
     if len(names) < 2:
         raise ValueError(f"--label_column {label_column!r} holds {len(names)} class(es); classification needs 2+.")
     labels = label_ids(raw, label_column, names)
     tokenizer = encoder.load_tokenizer(args)
-
-    # ---- model ------------------------------------------------------------------------------------------------
     head = {
         "num_labels": len(names),
         "id2label": dict(enumerate(names)),
@@ -168,33 +150,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     model = encoder.build_model(args, TASK, tokenizer, config_overrides, AutoModelForSequenceClassification, **head)
     encoder.check_max_length(args, model)
-
-    with accelerator.main_process_first():
+    with run.accelerator.main_process_first():
         encoded, truncated = {}, {}
         for split in raw:
             encoded[split], truncated[split] = encode(list(raw[split][text_column]), tokenizer, args.max_length)
-    train_examples = encoded["train"]
-    world = accelerator.num_processes
-    micro_per_epoch = len(train_examples) // (world * args.per_device_train_batch_size)
-    updates_per_epoch = micro_per_epoch // args.gradient_accumulation_steps
-    if updates_per_epoch == 0:
-        raise ValueError(
-            f"{len(train_examples)} training examples make fewer than one optimizer step of "
-            f"{world} × {args.per_device_train_batch_size} × {args.gradient_accumulation_steps}; lower the batch size "
-            "or --gradient_accumulation_steps."
-        )
-
+    train_examples, pad_id = encoded["train"], tokenizer.pad_token_id
+    updates = encoder.updates_per_epoch(
+        run, len(train_examples), f"{len(train_examples)} training examples make", "the batch size or "
+        "--gradient_accumulation_steps",
+    )  # fmt: skip
     model = apply_lora(model, args, train_head=True)
-    max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
-    optimizer, scheduler = make_optimizer(model, args, max_train_steps, world)
-    configure_ddp(accelerator, model)  # DDP searches for unused parameters only where a model can leave some
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    pad_id = tokenizer.pad_token_id
-    hyperparameters = run_hyperparameters(
-        args, world, max_train_steps, max_length=args.max_length, num_labels=len(names)
-    )
-    if args.trackers:
-        accelerator.init_trackers("tf_family_sequence_classification", config=hyperparameters)
+    max_train_steps = args.max_train_steps or args.num_train_epochs * updates
+    prepare(run, model, max_train_steps, f"tf_family_{TASK}", max_length=args.max_length, num_labels=len(names))
 
     def collate(indices, train=True, **_):
         return encoder.pad_batch(
@@ -202,27 +169,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
 
     def run_evaluation(split: str = "validation") -> dict[str, float]:
-        return evaluate(accelerator, model, encoded[split], labels[split], args, pad_id, names)
+        return evaluate(run.accelerator, run.model, encoded[split], labels[split], args, pad_id, names)
 
-    parameters = encoder.num_parameters(model)
-    logger.info(
-        f"{parameters:,} parameters, {len(train_examples)} training examples ({truncated['train']} cut to "
-        f"{args.max_length} tokens), {len(names)} classes, {max_train_steps} steps on {world} process(es)",
-        main_process_only=True,
+    described = (
+        f"{len(train_examples)} training examples ({truncated['train']} cut to {args.max_length} tokens), "
+        f"{len(names)} classes"
     )
-    completed_steps, history = encoder.train(
-        accelerator, args, model, optimizer, scheduler, max_train_steps, len(train_examples), collate,
-        run_evaluation, output_dir,
-    )  # fmt: skip
-
-    # ---- evaluate ---------------------------------------------------------------------------------------------
+    history = encoder.train(run, len(train_examples), collate, run_evaluation, described)
     metrics = {f"eval_{k}": v for k, v in run_evaluation("validation").items()}
     if "test" in encoded:
         metrics.update({f"test_{k}": v for k, v in run_evaluation("test").items()})
-    accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
-    logger.info(f"evaluation: {metrics}", main_process_only=True)
+    run.log_metrics(metrics, label="evaluation")
+    data = describe_data(args, text_column, label_column, names, encoded, truncated)
+    summary = run.finish(
+        tokenizer, recipe="sequence_classification", task=TASK, dataset=data, metrics=metrics, history=history
+    )
+    return {**summary, "truncated_inputs": truncated}
 
-    # ---- save -------------------------------------------------------------------------------------------------
+
+def describe_data(args, text_column: str, label_column: str, names: list[str], encoded, truncated) -> dict[str, Any]:
+    """The data as the run record and model card state it."""
     lengths = {split: [len(row) for row in rows] for split, rows in encoded.items()}
     bundled = not args.train_file and args.dataset_name in BUNDLED
     data = {
@@ -237,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "text_column": text_column,
         "label_column": label_column,
         "labels": names,
-        "train_documents": len(train_examples),
+        "train_documents": len(encoded["train"]),
         "eval_documents": len(encoded["validation"]),
         "test_documents": len(encoded.get("test", [])) or None,
         "truncated_inputs": truncated,
@@ -249,14 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "Genre classification (15 genres) of the Brown Corpus documents, bundled with tf_family "
             "(`tf_family.data.load_brown`, fixed stratified split)."
         )
-    summary = save_run(
-        accelerator, args, model, output_dir, tokenizer, recipe="sequence_classification", task=TASK, dataset=data,
-        hyperparameters=hyperparameters, metrics=metrics, num_parameters=parameters, train_steps=completed_steps,
-        history=history,
-    )  # fmt: skip
-    with ending_run(accelerator):
-        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)  # DDP holds the group
-    return {**summary, "truncated_inputs": truncated}
+    return data
 
 
 if __name__ == "__main__":

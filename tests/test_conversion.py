@@ -200,10 +200,14 @@ def test_convert_kinds_come_from_the_specs():
     from tf_family.cli import build_parser, convert_kinds
 
     kinds = convert_kinds()
-    assert set(kinds) == {
-        "transfo-xl", "transfo-xl-vocab", "longformer", "big-bird", "decision-transformer", "calm-llama",
-        "calm-gpt2", "reformer",
-    }  # fmt: skip
+    # every checkpoint format has its reference folder above (REFERENCES), every tokenizer format is a convert kind
+    tokenizers = {
+        record.name
+        for spec in ARCHITECTURES.values()
+        for record in spec.foreign_formats
+        if not isinstance(record, ForeignFormat)
+    }
+    assert tokenizers and set(kinds) == set(REFERENCES) | tokenizers
     for name, (spec, record) in kinds.items():
         assert record in spec.foreign_formats
         assert build_parser().parse_args(["convert", name, "in", "out"]).kind == name

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import mkdocs_hooks
 from tf_family import cli
 from tf_family.registry import ARCHITECTURES
 
@@ -42,8 +43,11 @@ def nav_pages(entries) -> list[str]:
 
 
 def mkdocs_config() -> dict:
+    """mkdocs.yml, with the nav as the build sees it (the hook adds every architecture's page from the registry)."""
     # mkdocs.yml is plain YAML apart from python/name tags, which it does not use
-    return yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    config["nav"] = mkdocs_hooks.architecture_nav(config["nav"])
+    return config
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +73,8 @@ def test_every_architecture_has_a_page_in_the_nav_with_its_config_fields():
         page = f"architectures/{name}.md"
         assert page in pages, f"{page} is not in mkdocs.yml's nav"
         text = (DOCS / page).read_text()
-        assert f"::: tf_family.{spec.config_class.__name__}" in text, f"{page} does not render its config's fields"
+        configs = (f"::: tf_family.{spec.config_class.__name__}", f"::: {spec.config.replace(':', '.')}")
+        assert any(config in text for config in configs), f"{page} does not render its config's fields"
         assert "## Benchmarks" in text and "## Recipes and clients" in text
     assert sorted(p.stem for p in (DOCS / "architectures").glob("*.md")) == sorted([*ARCHITECTURES, "index"])
 
@@ -115,3 +120,13 @@ def test_pages_render_with_navigation_in_a_headless_browser(site, page, tmp_path
     result = subprocess.run([browser, *flags, f"--screenshot={shot}", url], capture_output=True, timeout=120)
     assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
     assert _png_colours(shot) > 50  # text, header, navigation: not a blank page
+
+
+def test_the_generated_tables_have_every_architecture():
+    """The hook writes the architectures table from each page's front matter and the API reference from the specs:
+    every architecture has its row and its section (a page without the front matter fails, naming the fix)."""
+    table = mkdocs_hooks.architecture_table()
+    reference = mkdocs_hooks.model_reference()
+    for name, spec in ARCHITECTURES.items():
+        assert f"]({name}.md) |" in table
+        assert f"## {spec.title}" in reference and spec.config.replace(":", ".") in reference

@@ -66,3 +66,37 @@ def test_bf16_weights_forward():
     assert torch.isfinite(out.logits).all()
     out2 = model(torch.randint(0, 128, (2, 6)), mems=out.mems)
     assert out2.mems.states[0].dtype == torch.bfloat16
+
+
+def test_the_top_level_names_come_from_the_specs():
+    """`tf_family.TffXModel` and friends are each architecture's config, model classes and `ArchSpec.exports`, read
+    from the registry (a new architecture adds nothing to tf_family/__init__.py); every one resolves to the class its
+    spec names, and the names listed for static tools (the TYPE_CHECKING block) are among them."""
+    import ast
+    from pathlib import Path
+
+    from tf_family.spec import import_object
+
+    for spec in ARCHITECTURES.values():
+        for name, module in spec.public_names().items():
+            assert name in tf_family.__all__
+            assert getattr(tf_family, name) is import_object(f"{module}:{name}"), name
+        assert spec.public_names()[spec.config_class.__name__]  # the config is public
+        assert {cls.__name__ for cls in spec.model_classes.values()} <= set(spec.public_names())
+    tree = ast.parse(Path(tf_family.__file__).read_text())
+    checking = next(
+        node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    static = {alias.name for node in ast.walk(checking) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert static <= set(tf_family.__all__), static - set(tf_family.__all__)
+
+
+def test_two_architectures_exporting_one_name_are_refused():
+    import dataclasses
+
+    from tf_family.registry import public_names
+
+    reformer = get_arch("reformer")
+    copy = dataclasses.replace(reformer, name="reformer_copy", config="elsewhere.configuration:TffReformerConfig")
+    with pytest.raises(ValueError, match="'reformer_copy' exports 'TffReformerConfig' from elsewhere.configuration"):
+        public_names([reformer, copy])

@@ -4,14 +4,18 @@ Importing the package registers every architecture with the transformers Auto cl
 imports neither torch nor transformers (``tf-family --help`` starts in well under 2 s); its entries join
 transformers' Auto tables when those are imported, and each class is imported the first time transformers reads it
 (`tf_family.lazy_auto`). The public names below (``tf_family.TffLongformerModel``...) are imported on first use
-(PEP 562). ``tf_family.register_all()`` registers everything now.
+(PEP 562), each architecture's from its `ArchSpec` (config, model classes, ``exports``): a new architecture adds
+nothing here (its names may join the ``TYPE_CHECKING`` block below for IDEs). ``tf_family.register_all()``
+registers everything now.
 """
+
+# ruff: noqa: F401 (the TYPE_CHECKING names are for static tools; ``__all__`` is built from the registry at run time)
 
 import importlib
 from typing import TYPE_CHECKING
 
 from . import lazy_auto
-from .registry import ARCHITECTURES, create_model, find_arch, get_arch, list_architectures
+from .registry import ARCHITECTURES, create_model, find_arch, get_arch, list_architectures, public_names
 from .spec import ArchSpec
 
 if TYPE_CHECKING:  # the same names for static tools (type checkers, IDEs, the docs' mkdocstrings)
@@ -82,63 +86,16 @@ __version__ = "0.1.0"
 
 lazy_auto.install()
 
-# public name -> the module (relative to this package) that defines it, imported on first use
+# public name -> the module that defines it, imported on first use: each architecture's names come from its spec
+# (config, model classes and `ArchSpec.exports`), so a new architecture adds none here
 _LAZY_NAMES = {
     "CompressiveMemory": ".memory",
     "KNNMemory": ".memory",
     "MemorizingMemory": ".memory",
     "SegmentMemory": ".memory",
-    "TffBigBirdConfig": ".models.big_bird.configuration_big_bird",
-    "TffBigBirdForMaskedLM": ".models.big_bird.modeling_big_bird",
-    "TffBigBirdForMultipleChoice": ".models.big_bird.modeling_big_bird",
-    "TffBigBirdForQuestionAnswering": ".models.big_bird.modeling_big_bird",
-    "TffBigBirdForSequenceClassification": ".models.big_bird.modeling_big_bird",
-    "TffBigBirdForTokenClassification": ".models.big_bird.modeling_big_bird",
-    "TffBigBirdModel": ".models.big_bird.modeling_big_bird",
-    "TffBigBirdPreTrainedModel": ".models.big_bird.modeling_big_bird",
-    "TffCalmConfig": ".models.calm.configuration_calm",
-    "TffCalmForCausalLM": ".models.calm.modeling_calm",
-    "TffCalmModel": ".models.calm.modeling_calm",
-    "TffCalmPreTrainedModel": ".models.calm.modeling_calm",
-    "TffCompressiveConfig": ".models.compressive.configuration_compressive",
-    "TffCompressiveLMHeadModel": ".models.compressive.modeling_compressive",
-    "TffCompressiveModel": ".models.compressive.modeling_compressive",
-    "TffCompressivePreTrainedModel": ".models.compressive.modeling_compressive",
-    "TffDecisionTransformerConfig": ".models.decision_transformer.configuration_decision_transformer",
-    "TffDecisionTransformerModel": ".models.decision_transformer.modeling_decision_transformer",
-    "TffDecisionTransformerPreTrainedModel": ".models.decision_transformer.modeling_decision_transformer",
-    "TffKNNLMConfig": ".models.knn_lm.configuration_knn_lm",
-    "TffKNNLMForCausalLM": ".models.knn_lm.modeling_knn_lm",
-    "TffKNNLMPreTrainedModel": ".models.knn_lm.modeling_knn_lm",
-    "TffLongformerConfig": ".models.longformer.configuration_longformer",
-    "TffLongformerForCausalLM": ".models.longformer.modeling_longformer",
-    "TffLongformerForMaskedLM": ".models.longformer.modeling_longformer",
-    "TffLongformerForMultipleChoice": ".models.longformer.modeling_longformer",
-    "TffLongformerForQuestionAnswering": ".models.longformer.modeling_longformer",
-    "TffLongformerForSequenceClassification": ".models.longformer.modeling_longformer",
-    "TffLongformerForTokenClassification": ".models.longformer.modeling_longformer",
-    "TffLongformerModel": ".models.longformer.modeling_longformer",
-    "TffLongformerPreTrainedModel": ".models.longformer.modeling_longformer",
-    "TffMemorizingConfig": ".models.memorizing.configuration_memorizing",
-    "TffMemorizingForCausalLM": ".models.memorizing.modeling_memorizing",
-    "TffMemorizingModel": ".models.memorizing.modeling_memorizing",
-    "TffMemorizingPreTrainedModel": ".models.memorizing.modeling_memorizing",
-    "TffReformerCache": ".models.reformer.cache_reformer",
-    "TffReformerConfig": ".models.reformer.configuration_reformer",
-    "TffReformerForCausalLM": ".models.reformer.modeling_reformer",
-    "TffReformerForMaskedLM": ".models.reformer.modeling_reformer",
-    "TffReformerForQuestionAnswering": ".models.reformer.modeling_reformer",
-    "TffReformerForSequenceClassification": ".models.reformer.modeling_reformer",
-    "TffReformerModel": ".models.reformer.modeling_reformer",
-    "TffReformerPreTrainedModel": ".models.reformer.modeling_reformer",
-    "TffTransfoXLConfig": ".models.transfo_xl.configuration_transfo_xl",
-    "TffTransfoXLForSequenceClassification": ".models.transfo_xl.modeling_transfo_xl",
-    "TffTransfoXLLMHeadModel": ".models.transfo_xl.modeling_transfo_xl",
-    "TffTransfoXLModel": ".models.transfo_xl.modeling_transfo_xl",
-    "TffTransfoXLPreTrainedModel": ".models.transfo_xl.modeling_transfo_xl",
-    "TrajectoryContext": ".models.decision_transformer.modeling_decision_transformer",
     "register_all": ".auto",
     "register_pytree_nodes": ".memory",
+    **public_names(),
 }
 # subpackages a bare `import tf_family` does not load, reachable as attributes all the same (`tf_family.data.load_sotu()`)
 _LAZY_SUBMODULES = (
@@ -159,7 +116,7 @@ _LAZY_SUBMODULES = (
 
 def __getattr__(name: str):
     if name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(_LAZY_NAMES[name], __name__), name)
+        value = getattr(importlib.import_module(_LAZY_NAMES[name], __package__), name)
         globals()[name] = value
         return value
     if name in _LAZY_SUBMODULES:
@@ -171,66 +128,12 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY_NAMES, *_LAZY_SUBMODULES})
 
 
-__all__ = [
+__all__ = [  # built from the registry, as `_LAZY_NAMES` is
     "ARCHITECTURES",
     "ArchSpec",
-    "CompressiveMemory",
-    "KNNMemory",
-    "MemorizingMemory",
-    "SegmentMemory",
-    "TffCalmConfig",
-    "TffCalmForCausalLM",
-    "TffCalmModel",
-    "TffCalmPreTrainedModel",
-    "TffCompressiveConfig",
-    "TffCompressiveLMHeadModel",
-    "TffCompressiveModel",
-    "TffCompressivePreTrainedModel",
-    "TffDecisionTransformerConfig",
-    "TffDecisionTransformerModel",
-    "TffDecisionTransformerPreTrainedModel",
-    "TffBigBirdConfig",
-    "TffBigBirdForMaskedLM",
-    "TffBigBirdForMultipleChoice",
-    "TffBigBirdForQuestionAnswering",
-    "TffBigBirdForSequenceClassification",
-    "TffBigBirdForTokenClassification",
-    "TffBigBirdModel",
-    "TffBigBirdPreTrainedModel",
-    "TffLongformerConfig",
-    "TffReformerCache",
-    "TffReformerConfig",
-    "TffReformerForCausalLM",
-    "TffReformerForMaskedLM",
-    "TffReformerForQuestionAnswering",
-    "TffReformerForSequenceClassification",
-    "TffReformerModel",
-    "TffReformerPreTrainedModel",
-    "TffLongformerForCausalLM",
-    "TffLongformerForMaskedLM",
-    "TffLongformerForMultipleChoice",
-    "TffLongformerForQuestionAnswering",
-    "TffLongformerForSequenceClassification",
-    "TffLongformerForTokenClassification",
-    "TffLongformerModel",
-    "TffLongformerPreTrainedModel",
-    "TffKNNLMConfig",
-    "TffKNNLMForCausalLM",
-    "TffKNNLMPreTrainedModel",
-    "TffMemorizingConfig",
-    "TffMemorizingForCausalLM",
-    "TffMemorizingModel",
-    "TffMemorizingPreTrainedModel",
-    "TffTransfoXLConfig",
-    "TffTransfoXLForSequenceClassification",
-    "TffTransfoXLLMHeadModel",
-    "TffTransfoXLModel",
-    "TffTransfoXLPreTrainedModel",
-    "TrajectoryContext",
     "create_model",
     "find_arch",
     "get_arch",
     "list_architectures",
-    "register_all",
-    "register_pytree_nodes",
+    *sorted(_LAZY_NAMES),
 ]

@@ -8,7 +8,7 @@ joins the zoo by adding its ``SPEC`` here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,20 @@ def find_arch(model_type: str | None) -> ArchSpec | None:
     return next((spec for spec in ARCHITECTURES.values() if model_type in spec.model_types), None)
 
 
+def public_names(specs: Iterable[ArchSpec] | None = None) -> dict[str, str]:
+    """``Name -> module`` of every architecture's public names (`ArchSpec.public_names`), which ``tf_family`` offers
+    at its top level; two architectures that export one name from different modules are refused."""
+    names: dict[str, str] = {}
+    for spec in ARCHITECTURES.values() if specs is None else specs:
+        for name, module in spec.public_names().items():
+            if names.setdefault(name, module) != module:
+                raise ValueError(
+                    f"ArchSpec {spec.name!r} exports {name!r} from {module}, but another architecture exports it from "
+                    f"{names[name]}; rename one of the two classes."
+                )
+    return names
+
+
 def create_model(
     name: str, task: str = "causal_lm", variant: str = "tiny", **config_overrides: Any
 ) -> PreTrainedModel:
@@ -77,4 +91,13 @@ def create_model(
     return spec.model_classes[task](spec.make_config(variant, **config_overrides))
 
 
-__all__ = ["ARCHITECTURES", "ArchSpec", "Task", "create_model", "find_arch", "get_arch", "list_architectures"]
+__all__ = [
+    "ARCHITECTURES",
+    "ArchSpec",
+    "Task",
+    "create_model",
+    "find_arch",
+    "get_arch",
+    "list_architectures",
+    "public_names",
+]

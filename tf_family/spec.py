@@ -111,6 +111,9 @@ class ArchSpec:
         foreign: what ``tf-family convert`` reads from other implementations (`foreign_formats`), as a tuple or a
             ``"module:NAME"`` reference to one: checkpoint formats that the models' ``from_pretrained`` also reads
             (`tf_family.conversion.ForeignFormat`) and tokenizer files (`tf_family.conversion.ForeignTokenizer`).
+        exports: further public names of the architecture as ``"module:Name"`` references (its
+            ``PreTrainedModel`` base, a cache class...): with the config and model classes they are the names
+            ``tf_family`` offers at its top level (``tf_family.TffLongformerModel``; `public_names`).
     """
 
     name: str
@@ -129,6 +132,7 @@ class ArchSpec:
     foreign: Any = field(default=())
     ia3_target_modules: tuple[str, ...] = ()
     ia3_feedforward_modules: tuple[str, ...] = ()
+    exports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.legacy) != len(self.legacy_model_types):
@@ -168,6 +172,22 @@ class ArchSpec:
     def foreign_formats(self) -> tuple[Any, ...]:
         foreign = import_object(self.foreign)  # a reference to a tuple, or a tuple of records or references
         return tuple(import_object(record) for record in foreign)
+
+    def public_names(self) -> dict[str, str]:
+        """``Name -> module`` of every public name of the architecture (config, model classes, `exports`), read
+        from the references without importing anything: ``tf_family``'s top-level names are built from these."""
+        references = [self.config, *self.models.values(), *self.exports]
+        names: dict[str, str] = {}
+        for reference in references:
+            if not isinstance(reference, str):
+                reference = f"{reference.__module__}:{reference.__qualname__}"
+            module, colon, name = reference.partition(":")
+            if not colon or not module or not name:
+                raise ValueError(
+                    f"ArchSpec {self.name!r}: {reference!r} is not a 'package.module:Name' reference; write it so."
+                )
+            names[name] = module
+        return names
 
     @property
     def model_types(self) -> tuple[str, ...]:

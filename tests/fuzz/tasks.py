@@ -29,7 +29,7 @@ def _vocab(config) -> int:
 def valid_inputs(arch: str, task: str, config, batch: int = 2, length: int = 12, labels: bool = True) -> dict:
     """Sound keyword arguments for ``forward`` of the (``arch``, ``task``) model built from ``config``."""
     generator = torch.Generator().manual_seed(batch * 1000 + length)
-    if arch == "decision_transformer":
+    if task == "action":  # trajectories: (return-to-go, state, action) steps
         steps = min(length, config.context_length)
         inputs = {
             "states": torch.randn(batch, steps, config.state_dim, generator=generator),

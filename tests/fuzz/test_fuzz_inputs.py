@@ -51,21 +51,27 @@ def model(arch: str, task: str):
     return ARCHITECTURES[arch].model_classes[task](ARCHITECTURES[arch].tiny_config()).eval()
 
 
+# the overrides that build an architecture at another width (for those that carry a memory or a cache between calls,
+# whose state then no longer fits), keyed by registry name: an architecture that carries state must have its entry
+OTHER_WIDTH = {
+    "transfo_xl": {"d_model": 16, "d_embed": 16, "d_head": 8},
+    "compressive": {"d_model": 16, "d_embed": 16, "d_head": 8},
+    "memorizing": {"d_model": 16, "d_embed": 16, "d_head": 8},
+    "calm": {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 2},
+    "longformer": {"hidden_size": 16},
+    "reformer": {"hidden_size": 16, "axial_pos_embds_dim": [8, 8], "attention_head_size": 8},
+    "knn_lm": {"base_config": {**_TINY_LLAMA, "hidden_size": 16}},
+}
+
+
 @functools.cache
 def other_width_model(arch: str, task: str):
     """The same architecture at another width (its memories / caches do not fit the first)."""
     spec = ARCHITECTURES[arch]
-    overrides = {
-        "transfo_xl": {"d_model": 16, "d_embed": 16, "d_head": 8},
-        "compressive": {"d_model": 16, "d_embed": 16, "d_head": 8},
-        "memorizing": {"d_model": 16, "d_embed": 16, "d_head": 8},
-        "calm": {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 2},
-        "longformer": {"hidden_size": 16},
-        "reformer": {"hidden_size": 16, "axial_pos_embds_dim": [8, 8], "attention_head_size": 8},
-        "knn_lm": {"base_config": {**_TINY_LLAMA, "hidden_size": 16}},
-    }[arch]
+    if arch not in OTHER_WIDTH:
+        raise KeyError(f"{arch} carries a memory or cache: add the overrides of a narrower {arch} to OTHER_WIDTH")
     torch.manual_seed(0)
-    return spec.model_classes[task](spec.tiny_config(**overrides)).eval()
+    return spec.model_classes[task](spec.tiny_config(**OTHER_WIDTH[arch])).eval()
 
 
 def _mutate(value: torch.Tensor, kind: str, high: int):

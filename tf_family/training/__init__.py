@@ -9,11 +9,15 @@ takes its helpers from ``timm.utils``. A recipe keeps its data, model and traini
   `resume`, and the state a model carries between steps (its class attribute ``carried_state``);
 - `lora`: optional PEFT LoRA adapters on the registry's targets;
 - `loop`: AdamW with its schedule, and the logged window of training steps (`TrainingLog`);
+- `run`: one run as the recipes' named steps pass it along (`start_run` → `prepare` → the loop's
+  `Run.optimizer_step` → `Run.log_metrics` → `Run.finish`);
 - `saving`: the weights, the run record (``training_run.json``), the model card and the optional push;
 - `early_exit`: what the CALM calibration recipe and benchmark share (prompts, generation with exits, consistency
   losses, Learn-then-Test over a threshold grid);
 - `encoder`: what the encoder task recipes (sequence classification, masked LM, question answering) share, their
-  training loop included.
+  training loop included;
+- `language_modeling`: what the causal-LM, masked-LM and kNN-LM recipes share (text options and loading, the
+  document separator, perplexity metrics, the model to train and its block size).
 
 Nothing in ``tf_family`` imports this package: it is for the recipes (and scripts written like them).
 """

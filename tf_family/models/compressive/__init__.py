@@ -78,6 +78,7 @@ SPEC = ArchSpec(
     lora_target_modules=("qkv", "out_proj"),
     ia3_target_modules=("qkv", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
+    exports=("tf_family.models.compressive.modeling_compressive:TffCompressivePreTrainedModel",),
     reference="none released; cmem_len=0 reproduces tf_family Transformer-XL",
     parity="cmem_len=0 equals TffTransfoXLLMHeadModel on mapped weights (3 segments with memory)",
     card="compressive.md",

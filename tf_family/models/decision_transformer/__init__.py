@@ -70,6 +70,10 @@ SPEC = ArchSpec(
     lora_target_modules=("qkv", "out_proj", "fc_in", "fc_out"),
     ia3_target_modules=("qkv", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
+    exports=(
+        "tf_family.models.decision_transformer.modeling_decision_transformer:TffDecisionTransformerPreTrainedModel",
+        "tf_family.models.decision_transformer.modeling_decision_transformer:TrajectoryContext",
+    ),
     reference="transformers 5 DecisionTransformerModel (installed)",
     parity="state/action/return predictions within 1e-5 (random tiny model, converted folder)",
     card="decision_transformer.md",

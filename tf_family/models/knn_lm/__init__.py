@@ -32,6 +32,7 @@ SPEC = ArchSpec(
     lora_target_modules=("q_proj", "v_proj"),
     ia3_target_modules=("k_proj", "v_proj", "down_proj"),
     ia3_feedforward_modules=("down_proj",),
+    exports=("tf_family.models.knn_lm.modeling_knn_lm:TffKNNLMPreTrainedModel",),
     reference="none (wraps any AutoModelForCausalLM); lmbda=0 reproduces the base model",
     parity="lmbda=0 equals the base log-probs exactly; faiss Flat equals the exact torch search",
     card="knn_lm.md",

@@ -57,6 +57,7 @@ SPEC = ArchSpec(
     lora_target_modules=("query", "key", "value", "out_proj"),
     ia3_target_modules=("key", "value", "global_key", "global_value", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
+    exports=("tf_family.models.longformer.modeling_longformer:TffLongformerPreTrainedModel",),
     reference="transformers 5.24 LongformerModel and heads (random tiny checkpoints)",
     parity="outputs within 1e-4 in eval (windows, global tokens, odd lengths, padding)",
     card="longformer.md",

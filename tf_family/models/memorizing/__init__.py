@@ -71,6 +71,7 @@ SPEC = ArchSpec(
     lora_target_modules=("qkv", "out_proj"),
     ia3_target_modules=("qkv", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
+    exports=("tf_family.models.memorizing.modeling_memorizing:TffMemorizingPreTrainedModel",),
     reference="google-research/meliad and lucidrains/memorizing-transformers-pytorch (read; no shared weights)",
     parity="gate closed equals TffTransfoXLLMHeadModel on the same weights; k >= memory equals dense attention",
     card="memorizing.md",

@@ -99,6 +99,10 @@ SPEC = ArchSpec(
     lora_target_modules=("query_key", "query", "key", "value", "output"),
     ia3_target_modules=("query_key", "key", "value", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
+    exports=(
+        "tf_family.models.reformer.cache_reformer:TffReformerCache",
+        "tf_family.models.reformer.modeling_reformer:TffReformerPreTrainedModel",
+    ),
     reference="transformers 5.24 ReformerModel and heads (random tiny checkpoints)",
     parity="eval logits, training loss and gradients within 1e-5 (chunk_wrap_around)",
     card="reformer.md",

@@ -74,6 +74,7 @@ SPEC = ArchSpec(
     lora_target_modules=("qkv", "out_proj"),
     ia3_target_modules=("qkv", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
+    exports=("tf_family.models.transfo_xl.modeling_transfo_xl:TffTransfoXLPreTrainedModel",),
     reference="transformers 4.35.2 TransfoXLLMHeadModel (committed fixtures)",
     parity="logits within 1e-5 over 3 segments with memory (3 configs)",
     card="transfo_xl.md",
