@@ -275,8 +275,9 @@ class TffReformerAttention(nn.Module):
                     )
                 else:
                     out = lsh_attention(
-                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates, dropout_p,
-                        self.config._attn_implementation,
+                        shared, key, value, buckets, self.pattern, key_valid,
+                        correct_duplicates=self.config.correct_duplicates, dropout_p=dropout_p,
+                        implementation=self.config._attn_implementation,
                     )  # fmt: skip
                 out = out[:, :, -new:]
         else:
