@@ -212,8 +212,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         main_process_only=True,
     )
     completed_steps, history = encoder.train(
-        accelerator, args, model, optimizer, scheduler, max_train_steps, len(train_blocks), collate,
-        run_evaluation, output_dir,
+        accelerator, args, model, optimizer, scheduler, max_train_steps=max_train_steps, num_examples=len(train_blocks),
+        collate=collate, evaluate=run_evaluation, output_dir=output_dir,
     )  # fmt: skip
 
     # ---- evaluate ---------------------------------------------------------------------------------------------

@@ -268,6 +268,7 @@ class _RetrievedAttention(torch.autograd.Function):
         ctx, query, scale, segment_keys, segment_values, memory_found, segment_found, scores, segment_scores, reader,
         blocks, *pairs,
     ):  # fmt: skip
+        """Ten inputs and the pairs, positionally: `apply` takes no keywords (see the class docstring)."""
         key_blocks, value_blocks = pairs[:blocks], pairs[blocks:]
         batch, heads, length, width = query.shape
         factor = scale.view(1, heads, 1, 1)

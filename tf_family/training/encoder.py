@@ -270,6 +270,7 @@ def train(
     model,
     optimizer,
     scheduler,
+    *,
     max_train_steps: int,
     num_examples: int,
     collate: Callable,
@@ -277,7 +278,10 @@ def train(
     output_dir: Path,
 ) -> tuple[int, list[dict[str, float]]]:
     """The training loop: ``collate(indices, train=True, epoch=…, step=…)`` builds a batch with its targets (the
-    model computes the loss); returns the optimizer steps done and the logged history."""
+    model computes the loss); returns the optimizer steps done and the logged history.
+
+    Ten parameters: the prepared run (accelerator, arguments, model, optimizer, scheduler), then by keyword the
+    five things each recipe supplies."""
     world, per_device, accumulation = (
         accelerator.num_processes,
         args.per_device_train_batch_size,
