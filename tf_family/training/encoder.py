@@ -264,6 +264,15 @@ def model_input_names(model, batch: dict) -> set[str]:
     return {k for k in batch if k in parameters}
 
 
+def _start_position(accelerator: Accelerator, args: argparse.Namespace) -> tuple[int, int, int]:
+    """Where the loop starts: the optimizer steps done, the epoch and the update within it (all 0 unless
+    ``--resume_from_checkpoint``)."""
+    if not args.resume_from_checkpoint:
+        return 0, 0, 0
+    _, state = resume(accelerator, args)
+    return state["completed_steps"], state["epoch"], state["update_in_epoch"]
+
+
 def train(
     accelerator: Accelerator,
     args: argparse.Namespace,
@@ -280,8 +289,7 @@ def train(
     """The training loop: ``collate(indices, train=True, epoch=…, step=…)`` builds a batch with its targets (the
     model computes the loss); returns the optimizer steps done and the logged history.
 
-    Ten parameters: the prepared run (accelerator, arguments, model, optimizer, scheduler), then by keyword the
-    five things each recipe supplies."""
+    Ten parameters: the prepared run, then by keyword the five things each recipe supplies."""
     world, per_device, accumulation = (
         accelerator.num_processes,
         args.per_device_train_batch_size,
@@ -289,15 +297,7 @@ def train(
     )
     updates_per_epoch = len(epoch_batches(num_examples, world * per_device, args.seed, 0)) // accumulation
     num_epochs = math.ceil(max_train_steps / updates_per_epoch)
-    completed_steps, start_epoch, resume_update = 0, 0, 0
-    if args.resume_from_checkpoint:
-        _, state = resume(accelerator, args)
-        completed_steps, start_epoch, resume_update = (
-            state["completed_steps"],
-            state["epoch"],
-            state["update_in_epoch"],
-        )
-
+    completed_steps, start_epoch, resume_update = _start_position(accelerator, args)
     input_names = None
     progress = tqdm(
         total=max_train_steps, initial=completed_steps, disable=not accelerator.is_local_main_process, desc="training"
