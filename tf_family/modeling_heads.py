@@ -108,7 +108,8 @@ class _Head:
         num_items_in_batch: NumItems = None,
         **kwargs,
     ):
-        r"""
+        r"""transformers' head signature (`Trainer` and pipelines pass these by name), hence more than ~6 parameters.
+
         Args:
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds: as the base model takes them.
             labels: see the head's `_loss`.
@@ -117,24 +118,26 @@ class _Head:
             kwargs: everything else (``output_attentions``, ``output_hidden_states``, the model's own inputs)
                 goes to the base model by name.
         """
-        outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
-        return self._finish(outputs, self._logits(outputs, attention_mask), labels, return_dict, num_items_in_batch)
-
-    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict):
-        """The base model's output (a `ModelOutput`), called by keyword; ``kwargs`` (``output_attentions``,
-        ``output_hidden_states``, the model's own inputs) go to it as they are."""
-        return self.base_model(
+        outputs = self._encode(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            return_dict=True,
             **kwargs,
         )
+        logits = self._logits(outputs, attention_mask)
+        return self._finish(
+            outputs, logits, labels=labels, return_dict=return_dict, num_items_in_batch=num_items_in_batch
+        )
+
+    def _encode(self, **inputs):
+        """The base model's output (a `ModelOutput`), called by keyword with ``inputs`` as they are (the token
+        inputs, ``output_attentions``, ``output_hidden_states``, the model's own inputs)."""
+        return self.base_model(**inputs, return_dict=True)
 
     def _finish(
-        self, outputs: ModelOutput, logits: torch.Tensor, labels, return_dict: bool | None, num_items_in_batch=None
+        self, outputs: ModelOutput, logits: torch.Tensor, *, labels, return_dict: bool | None, num_items_in_batch=None
     ):
         """The head's ``output_class`` (a tuple when ``return_dict`` is false), with the loss when labels are given."""
         output = self.output_class(
@@ -234,7 +237,7 @@ class GenericForTokenClassification(_Head):
 
 
 def question_answering_output(
-    logits: torch.Tensor, start_positions, end_positions, outputs: ModelOutput, num_items_in_batch: NumItems = None
+    logits: torch.Tensor, start_positions, end_positions, *, outputs: ModelOutput, num_items_in_batch: NumItems = None
 ) -> QuestionAnsweringModelOutput:
     """Start / end logits from ``(B, T, 2)`` span ``logits``, with `tf_family.losses.span_loss` when both positions
     are given; hidden states and attentions from the base model's ``outputs``."""
@@ -273,12 +276,23 @@ class GenericForQuestionAnswering(_Head):
         num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> QuestionAnsweringModelOutput | tuple:
-        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span (`Trainer` passes no
+        r"""transformers' head signature (`Trainer` and pipelines pass these by name), hence more than ~6 parameters.
+
+        start_positions, end_positions: ``(B,)`` token indices of the answer span (`Trainer` passes no
         ``num_items_in_batch`` for them and scales for accumulation itself). Other keyword arguments go to the base
         model."""
-        outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+        outputs = self._encode(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
         logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
-        output = question_answering_output(logits, start_positions, end_positions, outputs, num_items_in_batch)
+        output = question_answering_output(
+            logits, start_positions, end_positions, outputs=outputs, num_items_in_batch=num_items_in_batch
+        )
         return output if self._returns_dict(return_dict) else output.to_tuple()
 
 
@@ -310,7 +324,8 @@ class GenericForMultipleChoice(_Head):
         num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> MultipleChoiceModelOutput | tuple:
-        r"""
+        r"""transformers' head signature (`Trainer` and pipelines pass these by name), hence more than ~6 parameters.
+
         Args:
             input_ids, attention_mask and the other tensors: ``(B, C, T)``, one row per choice (``inputs_embeds``:
                 ``(B, C, T, D)``).
@@ -324,8 +339,12 @@ class GenericForMultipleChoice(_Head):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
         source = input_ids if input_ids is not None else inputs_embeds
         num_choices = source.shape[1]
-        for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
-                            ("position_ids", position_ids)):  # fmt: skip
+        per_choice = (
+            ("attention_mask", attention_mask),
+            ("token_type_ids", token_type_ids),
+            ("position_ids", position_ids),
+        )
+        for name, value in per_choice:
             if value is None:
                 continue
             check_tensor(name, value)
@@ -337,13 +356,19 @@ class GenericForMultipleChoice(_Head):
         def flat(value):
             return value.flatten(0, 1) if isinstance(value, torch.Tensor) else value  # (B*C, T, ...)
 
-        flat_kwargs = {name: flat(value) for name, value in kwargs.items()}
-        outputs = self._encode(
-            flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids), flat(inputs_embeds),
-            flat_kwargs,
-        )  # fmt: skip
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+            "position_ids": position_ids,
+            "inputs_embeds": inputs_embeds,
+            **kwargs,
+        }
+        outputs = self._encode(**{name: flat(value) for name, value in inputs.items()})
         logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)  # (B, C)
-        return self._finish(outputs, logits, labels, return_dict, num_items_in_batch)
+        return self._finish(
+            outputs, logits, labels=labels, return_dict=return_dict, num_items_in_batch=num_items_in_batch
+        )
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: NumItems) -> torch.Tensor:
         check_class_labels("labels", labels, logits.shape[-1], (logits.shape[0],), "num_choices")
@@ -415,7 +440,9 @@ class SegmentRecurrentForCausalLM(FusedLMHeadMixin, MemoryGenerationMixin):
         num_items_in_batch: NumItems = None,
         **kwargs,
     ):
-        r"""
+        r"""transformers' language-model signature (`generate` and `Trainer` pass these by name), hence more than ~6
+        parameters.
+
         Args:
             labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
                 (the shift happens inside), ``-100`` is ignored. With ``num_items_in_batch`` (`Trainer`: the counted
@@ -429,7 +456,7 @@ class SegmentRecurrentForCausalLM(FusedLMHeadMixin, MemoryGenerationMixin):
         if mems is None:
             mems = cache
         outputs = self.transformer(
-            input_ids,
+            input_ids=input_ids,
             mems=mems,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,

@@ -90,8 +90,17 @@ class TffBigBirdConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size", "block_size", "window_blocks"):  # fmt: skip
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "block_size",
+            "window_blocks",
+        ):
             check_positive_int(name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(

@@ -18,12 +18,33 @@ from .configuration_big_bird import TffBigBirdConfig
 MODEL_TYPE = "big_bird"
 
 _COPIED_CONFIG_KEYS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-    "initializer_range", "layer_norm_eps", "use_bias", "rescale_embeddings", "attention_type", "block_size",
-    "num_random_blocks", "pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "classifier_dropout",
-    "tie_word_embeddings", "id2label", "label2id", "problem_type",
-)  # fmt: skip
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "use_bias",
+    "rescale_embeddings",
+    "attention_type",
+    "block_size",
+    "num_random_blocks",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "sep_token_id",
+    "classifier_dropout",
+    "tie_word_embeddings",
+    "id2label",
+    "label2id",
+    "problem_type",
+)
 # keys that carry nothing tf_family needs (besides every config's bookkeeping)
 _IGNORED_CONFIG_KEYS = frozenset(
     {"position_embedding_type", "use_cache", "gradient_checkpointing", "is_decoder", "add_cross_attention"}

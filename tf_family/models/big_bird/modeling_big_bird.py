@@ -162,7 +162,7 @@ class TffBigBirdAttention(nn.Module):
         counts = counts[:, block[:, None], block[None, :]]  # (H, T, T)
         bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
         allowed = (counts > 0)[None] & key_valid[:, None, None, :]  # (B, H, T, T)
-        return attend(query, key, value, allowed, bias[None], 0.0, "eager")[0]
+        return attend(query, key, value, allowed, bias=bias[None], dropout_p=0.0, implementation="eager")[0]
 
     def forward(
         self, hidden: torch.Tensor, key_valid: torch.Tensor, seed: int, output_attentions: bool = False
@@ -187,21 +187,25 @@ class TffBigBirdAttention(nn.Module):
                 counts = counts[:, :length, :length]  # (H, T, T)
                 bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
                 allowed = (counts > 0)[None] & key_valid[:, None, None, :]
-                attended, probs = attend(query, key, value, allowed, bias[None], 0.0, "eager")
+                attended, probs = attend(
+                    query, key, value, allowed, bias=bias[None], dropout_p=0.0, implementation="eager"
+                )
             else:
                 # no dropout on block-sparse probabilities, as in the reference code and transformers
                 attended = block_sparse_attention(
                     query,
                     key,
                     value,
-                    self.block_size,
-                    random_blocks,
-                    self.window_blocks,
-                    key_valid,
+                    block_size=self.block_size,
+                    random_blocks=random_blocks,
+                    window_blocks=self.window_blocks,
+                    key_padding_mask=key_valid,
                     implementation=implementation,
                 )
         else:
-            attended, probs = attend(query, key, value, key_valid[:, None, None, :], None, dropout_p, implementation)
+            attended, probs = attend(
+                query, key, value, key_valid[:, None, None, :], dropout_p=dropout_p, implementation=implementation
+            )
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 
@@ -220,7 +224,7 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
         )
 
     def forward(self, hidden, key_valid, seed, output_attentions=False):
-        hidden, probs = self.attention(hidden, key_valid, seed, output_attentions)
+        hidden, probs = self.attention(hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions)
         return self.feed_forward(hidden), probs
 
 
@@ -295,6 +299,9 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
             random_seed: seed of this call's random blocks (defaults to ``config.random_seed``); e.g. pass the
                 training step to draw a new pattern every step.
             output_attentions: return ``(B, H, T, T)`` probabilities per layer (runs the dense twin).
+
+        transformers' encoder signature plus the random-block seed (heads pass them by name), hence more than ~6
+        parameters.
         """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
@@ -325,7 +332,7 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden += (hidden,)
-            hidden, probs = layer(hidden, key_valid, seed, output_attentions)
+            hidden, probs = layer(hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions)
             if output_attentions:
                 all_attentions += (probs,)
         if output_hidden_states:
@@ -414,8 +421,36 @@ class TffBigBirdForQuestionAnswering(TffBigBirdPreTrainedModel):
             question_lengths: ``(B,)`` or ``(B, 1)`` tokens of each row's question, counted from its first real
                 token; defaults to the tokens up to and including the first `sep_token_id`.
             start_positions, end_positions: ``(B,)`` token indices of the answer span.
+
+        transformers' BigBird QA signature (`Trainer` and pipelines pass these by name), hence more than ~6
+        parameters.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        question_mask, question_types = self._question_mask(input_ids, attention_mask, inputs_embeds, question_lengths)
+        if token_type_ids is None:
+            token_type_ids = question_types
+        outputs = self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            random_seed=random_seed,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.qa_head(outputs.last_hidden_state)  # (B, T, 2)
+        if question_mask is not None:
+            logits = logits - question_mask[..., None] * 1e6
+        output = question_answering_output(
+            logits, start_positions, end_positions, outputs=outputs, num_items_in_batch=num_items_in_batch
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _question_mask(self, input_ids, attention_mask, inputs_embeds, question_lengths):
+        """The positions that cannot be an answer ``(B, T)`` (the question but its first token; ``None`` when no
+        question is known) and the default token types (0 in the question, 1 after; ``None`` likewise)."""
         # the question rule reads the inputs: check them first (the base model checks them again, cheaply)
         batch, length = self._check_token_inputs(input_ids, inputs_embeds)
         self._check_mask("attention_mask", attention_mask, batch, length)
@@ -432,28 +467,10 @@ class TffBigBirdForQuestionAnswering(TffBigBirdPreTrainedModel):
             is_separator = (input_ids == self.config.sep_token_id) & (position >= 0)
             separator = is_separator.int().argmax(dim=-1)  # (B,)
             question_lengths = torch.where(is_separator.any(dim=-1), separator - first + 1, 1)
-        question_mask = None
-        if question_lengths is not None:
-            question_mask = (position >= 0) & (position < question_lengths.view(batch, 1))  # (B, T)
-            if token_type_ids is None:
-                token_type_ids = (~question_mask).long()
-            question_mask = question_mask & (position != 0)
-        outputs = self.bert(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            random_seed=random_seed,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        logits = self.qa_head(outputs.last_hidden_state)  # (B, T, 2)
-        if question_mask is not None:
-            logits = logits - question_mask[..., None] * 1e6
-        output = question_answering_output(logits, start_positions, end_positions, outputs, num_items_in_batch)
-        return output if return_dict else output.to_tuple()
+        if question_lengths is None:
+            return None, None
+        question = (position >= 0) & (position < question_lengths.view(batch, 1))  # (B, T)
+        return question & (position != 0), (~question).long()
 
 
 class TffBigBirdForMultipleChoice(GenericForMultipleChoice, TffBigBirdPreTrainedModel):

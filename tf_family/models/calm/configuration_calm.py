@@ -115,8 +115,15 @@ class TffCalmConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "max_position_embeddings"):  # fmt: skip
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        ):
             check_positive_int(name, getattr(self, name))
         derived = (
             f" (unset, it is hidden_size // num_attention_heads = {self.hidden_size} // {self.num_attention_heads})"

@@ -27,11 +27,26 @@ from .configuration_calm import TffCalmConfig
 REFERENCE_MODEL_TYPE = "llama"
 
 _COPIED_CONFIG_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "attention_bias",
-    "attention_dropout", "mlp_bias", "initializer_range", "tie_word_embeddings", "pad_token_id", "bos_token_id",
-    "eos_token_id", "use_cache",
-)  # fmt: skip
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "attention_bias",
+    "attention_dropout",
+    "mlp_bias",
+    "initializer_range",
+    "tie_word_embeddings",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "use_cache",
+)
 _IGNORED_CONFIG_KEYS = frozenset(
     {"rope_parameters", "rope_theta", "rope_scaling", "pretraining_tp", "id2label", "label2id", "problem_type"}
 )
@@ -74,17 +89,21 @@ def translate_gpt2_config(reference: dict[str, Any], **overrides: Any) -> TffCal
             raise NotImplementedError(f"{key}={reference[key]}: TffCalmConfig implements GPT-2 with {key}={required}.")
     hidden = reference.get("n_embd", 768)
     kwargs = {
-        "decoder_style": "gpt2", "attention_bias": True, "mlp_bias": True,
-        "vocab_size": reference.get("vocab_size", 50257), "hidden_size": hidden,
+        "decoder_style": "gpt2",
+        "attention_bias": True,
+        "mlp_bias": True,
+        "vocab_size": reference.get("vocab_size", 50257),
+        "hidden_size": hidden,
         "intermediate_size": reference.get("n_inner") or 4 * hidden,
-        "num_hidden_layers": reference.get("n_layer", 12), "num_attention_heads": reference.get("n_head", 12),
+        "num_hidden_layers": reference.get("n_layer", 12),
+        "num_attention_heads": reference.get("n_head", 12),
         "hidden_act": reference.get("activation_function", "gelu_new"),
         "max_position_embeddings": reference.get("n_positions", 1024),
         "layer_norm_eps": reference.get("layer_norm_epsilon", 1e-5),
         "attention_dropout": reference.get("attn_pdrop", 0.0),
         "initializer_range": reference.get("initializer_range", 0.02),
         "tie_word_embeddings": reference.get("tie_word_embeddings", True),
-    }  # fmt: skip
+    }
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if reference.get(name) is not None:
             kwargs[name] = reference[name]

@@ -48,6 +48,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -201,7 +202,9 @@ class TffCalmAttention(nn.Module):
             repeat = self.num_heads // self.num_kv_heads
             key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
         dropout_p = self.config.attention_dropout if self.training else 0.0
-        attended, probs = attend(query, key, value, allowed, None, dropout_p, self.config._attn_implementation)
+        attended, probs = attend(
+            query, key, value, allowed, dropout_p=dropout_p, implementation=self.config._attn_implementation
+        )
         batch, _, length, _ = attended.shape
         return self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1)), probs
 
@@ -220,7 +223,9 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
     def forward(self, hidden, cos, sin, allowed, cache=None, rows=None):
         """``hidden`` ``(B, T, D)``; with ``rows`` (exited rows present), only those rows are updated and the others
         pass through unchanged, their keys and values propagated from their state."""
-        attended, probs = self.self_attn(self.input_layernorm(hidden), cos, sin, allowed, cache, rows)
+        attended, probs = self.self_attn(
+            self.input_layernorm(hidden), cos=cos, sin=sin, allowed=allowed, cache=cache, rows=rows
+        )
         running = hidden if rows is None else hidden[rows]
         running = running + attended
         running = running + self.mlp(self.post_attention_layernorm(running))
@@ -262,6 +267,16 @@ class TffCalmPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheck
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+
+
+class CalmLayerInputs(NamedTuple):
+    """What `TffCalmModel.prepare` makes of a call's inputs, read by every layer."""
+
+    hidden: torch.Tensor  # (B, T, D) embeddings (plus learned positions in the "gpt2" style)
+    cos: torch.Tensor | None  # rotary tables (None with learned positions)
+    sin: torch.Tensor | None
+    allowed: torch.Tensor | None  # (B, 1, T, S) bool mask (None: nothing masked)
+    positions: torch.Tensor  # (B, T)
 
 
 class TffCalmModel(TffCalmPreTrainedModel):
@@ -368,7 +383,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
         self._folded_cache = (key, folded)
         return folded
 
-    def prepare(self, input_ids, inputs_embeds, attention_mask, position_ids, cache):
+    def prepare(self, input_ids, inputs_embeds, attention_mask, position_ids, cache) -> CalmLayerInputs:
         """Embeddings ``(B, T, D)``, rotary tables, the bool mask ``(B, 1, T, S)`` (``None``: nothing masked) and
         the positions ``(B, T)``. Positions count real tokens (left padding starts at 0)."""
         batch, length = self._check_token_inputs(input_ids, inputs_embeds)
@@ -408,9 +423,21 @@ class TffCalmModel(TffCalmPreTrainedModel):
                     f"position {int(position_ids.max())} is beyond max_position_embeddings="
                     f"{self.config.max_position_embeddings} (learned positions); shorten the input."
                 )
-            return hidden + self.embed_positions(position_ids), None, None, allowed, position_ids
+            return CalmLayerInputs(hidden + self.embed_positions(position_ids), None, None, allowed, position_ids)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, hidden.dtype)
-        return hidden, cos, sin, allowed, position_ids
+        return CalmLayerInputs(hidden, cos, sin, allowed, position_ids)
+
+    def run_layers(self, inputs: CalmLayerInputs, cache: Cache | None, depth: int | None = None):
+        """The first ``depth`` layers (default: the active depth) on the prepared ``inputs``: the last hidden state
+        ``(B, T, D)`` (un-normed), the embeddings and every layer's output, and every layer's attention
+        probabilities (``None`` entries unless eager)."""
+        hidden, cos, sin, allowed, _ = inputs
+        all_hidden, all_attentions = (hidden,), ()
+        for layer in self.layers[: self.depth if depth is None else depth]:
+            hidden, probs = layer(hidden, cos, sin, allowed, cache)
+            all_hidden += (hidden,)
+            all_attentions += (probs,)
+        return hidden, all_hidden, all_attentions
 
     @accepts_past_key_values
     def forward(
@@ -427,17 +454,15 @@ class TffCalmModel(TffCalmPreTrainedModel):
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         """Full depth (``config.num_hidden_layers`` layers). ``last_hidden_state`` is after the final norm;
-        ``hidden_states`` (with ``output_hidden_states``) are the embeddings and every layer's output, un-normed."""
+        ``hidden_states`` (with ``output_hidden_states``) are the embeddings and every layer's output, un-normed.
+
+        transformers' decoder signature (heads, PEFT and `generate` pass these by name), hence more than ~6 parameters."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and cache is None:
             cache = GrowingCache(self.config)
-        hidden, cos, sin, allowed, _ = self.prepare(input_ids, inputs_embeds, attention_mask, position_ids, cache)
-        all_hidden, all_attentions = (hidden,), ()
-        for layer in self.layers[: self.depth]:
-            hidden, probs = layer(hidden, cos, sin, allowed, cache if use_cache else None)
-            all_hidden += (hidden,)
-            all_attentions += (probs,)
+        inputs = self.prepare(input_ids, inputs_embeds, attention_mask, position_ids, cache)
+        hidden, all_hidden, all_attentions = self.run_layers(inputs, cache if use_cache else None)
         output = BaseModelOutputWithPast(
             last_hidden_state=self.norm(hidden),
             cache=cache if use_cache else None,
@@ -559,14 +584,55 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
                 (the losses need every position).
 
         With ``config.exit_threshold`` set and one new token per row (decoding), rows exit early (module docstring).
+
+        transformers' language-model signature plus CALM's exit options (`generate` and `Trainer` pass them by
+        name), hence more than ~6 parameters.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache and cache is None:
             cache = GrowingCache(self.config)
         returned_cache = cache if use_cache else None  # one passed in is read anyway (PEFT prefix tuning's prefix)
-        base = self.model
-        depth = base.depth
+        self._check_exit_options(exit_layer, logits_to_keep, labels, exit_targets, exit_log)
+        inputs = self.model.prepare(input_ids, inputs_embeds, attention_mask, position_ids, cache)
+        batch, length = inputs.hidden.shape[:2]
+        self._check_lm_labels(labels, batch, length)
+        if exit_targets is not None:
+            check_class_labels("exit_targets", exit_targets, self.config.vocab_size, (batch, length), "vocab_size")
+        training = labels is not None or exit_targets is not None
+        losses = {}
+        all_hidden = all_attentions = None
+        if exit_layer is None and not training and self._exits_while_decoding(length):
+            logits, exit_layers = self._decode_with_exits(inputs, cache)
+        else:  # full depth, or every token forced out after exit_layer layers
+            hidden, all_hidden, all_attentions = self.model.run_layers(inputs, cache, depth=exit_layer)
+            if exit_layer is not None and cache is not None:
+                self.model.propagate(hidden, inputs.cos, inputs.sin, cache, exit_layer)
+            logits = self.lm_head(self.model.norm(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
+            depth = self.model.depth if exit_layer is None else exit_layer
+            exit_layers = torch.full((batch, length), depth, dtype=torch.long, device=hidden.device)
+            if exit_layer is None and training:
+                losses = self._training_losses(all_hidden, logits, labels, exit_targets, num_items_in_batch)
+            if exit_layer is not None:  # forced exits report no per-layer states
+                all_hidden = all_attentions = None
+        if exit_log is not None:
+            exit_log.append(exit_layers)
+        output = EarlyExitCausalLMOutput(
+            loss=losses.get("loss"),
+            logits=logits,
+            cache=returned_cache,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+            exit_layers=exit_layers,
+            aux_loss=losses.get("aux_loss"),
+            lm_loss=losses.get("lm_loss"),
+            meta_loss=losses.get("meta_loss"),
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _check_exit_options(self, exit_layer, logits_to_keep, labels, exit_targets, exit_log) -> None:
+        """`forward`'s own options checked at the edge (the token inputs are checked by `TffCalmModel.prepare`)."""
+        depth = self.model.depth
         if exit_layer is not None:
             fix = f"force an exit after 1 to {depth} layers (config.num_hidden_layers), or pass None"
             check_int("exit_layer", exit_layer, minimum=1, maximum=depth, fix=fix)
@@ -580,69 +646,27 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             raise TypeError(
                 f"exit_log must be a list (each call appends its exit layers), got {type(exit_log).__name__}."
             )
-        hidden, cos, sin, allowed, positions = base.prepare(
-            input_ids, inputs_embeds, attention_mask, position_ids, cache
-        )
-        batch, length = hidden.shape[:2]
-        self._check_lm_labels(labels, batch, length)
-        if exit_targets is not None:
-            check_class_labels("exit_targets", exit_targets, self.config.vocab_size, (batch, length), "vocab_size")
+
+    def _exits_while_decoding(self, length: int) -> bool:
+        """Whether rows may exit early in this call: a threshold is set and one new token per row (decoding)."""
         threshold = self.config.exit_threshold
-        dynamic = (
-            exit_layer is None
-            and threshold is not None
-            and not math.isinf(threshold)
-            and length == 1
-            and labels is None
-            and exit_targets is None
-        )
-        loss = aux_loss = lm_loss = meta_loss = None
-        all_hidden = all_attentions = None
-        if dynamic:
-            logits, exit_layers = self._decode_with_exits(hidden, cos, sin, allowed, cache, positions)
-        elif exit_layer is not None:
-            for layer in base.layers[:exit_layer]:
-                hidden, _ = layer(hidden, cos, sin, allowed, cache)
-            if cache is not None:
-                base.propagate(hidden, cos, sin, cache, exit_layer)
-            logits = self.lm_head(base.norm(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
-            exit_layers = torch.full((batch, length), exit_layer, dtype=torch.long, device=hidden.device)
+        return threshold is not None and not math.isinf(threshold) and length == 1
+
+    def _training_losses(self, all_hidden, logits, labels, exit_targets, num_items_in_batch: NumItems) -> dict:
+        """The losses of a full-depth call with ``labels`` (``loss``) or aligned ``exit_targets`` (``aux_loss``,
+        the same total less the last layer's cross entropy), plus ``lm_loss`` and ``meta_loss``."""
+        # (B, T): position t predicts t + 1
+        targets = F.pad(labels[:, 1:], (0, 1), value=-100) if labels is not None else exit_targets
+        targets = targets.to(logits.device)
+        anytime, lm_loss, meta_loss = self._exit_losses(all_hidden, logits, targets, num_items_in_batch)
+        counted = (targets != IGNORE_INDEX).sum()
+        total = anytime + self.config.meta_loss_weight * batch_share(meta_loss, counted, num_items_in_batch)
+        losses = {"lm_loss": lm_loss, "meta_loss": meta_loss}
+        if labels is not None:
+            losses["loss"] = total
         else:
-            all_hidden, all_attentions = (hidden,), ()
-            for layer in base.layers[:depth]:
-                hidden, probs = layer(hidden, cos, sin, allowed, cache)
-                all_hidden += (hidden,)
-                all_attentions += (probs,)
-            logits = self.lm_head(base.norm(hidden[:, -logits_to_keep:] if logits_to_keep else hidden))
-            exit_layers = torch.full((batch, length), depth, dtype=torch.long, device=hidden.device)
-            targets = None
-            if labels is not None:
-                targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): position t predicts t + 1
-            elif exit_targets is not None:
-                targets = exit_targets
-            if targets is not None:
-                targets = targets.to(logits.device)
-                anytime, lm_loss, meta_loss = self._exit_losses(all_hidden, logits, targets, num_items_in_batch)
-                counted = (targets != IGNORE_INDEX).sum()
-                total = anytime + self.config.meta_loss_weight * batch_share(meta_loss, counted, num_items_in_batch)
-                if labels is not None:
-                    loss = total
-                else:
-                    aux_loss = total - lm_loss
-        if exit_log is not None:
-            exit_log.append(exit_layers)
-        output = EarlyExitCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            cache=returned_cache,
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=all_attentions if output_attentions else None,
-            exit_layers=exit_layers,
-            aux_loss=aux_loss,
-            lm_loss=lm_loss,
-            meta_loss=meta_loss,
-        )
-        return output if return_dict else output.to_tuple()
+            losses["aux_loss"] = total - lm_loss
+        return losses
 
     # ----------------------------------------------------------------------------------------------------- losses
     def _exit_losses(self, all_hidden, final_logits, targets, num_items_in_batch: NumItems = None):
@@ -712,8 +736,8 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         score = softmax_diff_confidence if measure == "softmax_diff" else softmax_max_confidence
         return score(logits)[:, 0], logits, normed
 
-    def _decode_with_exits(self, hidden, cos, sin, allowed, cache, positions):
-        """One new token per row (``hidden`` ``(B, 1, D)``): per-row exits, state propagation for exited rows.
+    def _decode_with_exits(self, inputs: CalmLayerInputs, cache: Cache | None):
+        """One new token per row (``inputs.hidden`` ``(B, 1, D)``): per-row exits, state propagation for exited rows.
         Returns the logits ``(B, 1, V)`` (each from its row's exit) and the exit layers ``(B, 1)``.
 
         A row that leaves keeps its exit state, and every layer above still writes its keys and values: the layer's
@@ -725,6 +749,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         per exit check (how many rows leave); no per-row Python work. Until a row leaves, a check adds nothing to the
         layers above (no ``torch.where``, no bookkeeping): a token that runs the full depth pays only its checks."""
         config, base = self.config, self.model
+        hidden, cos, sin, allowed, positions = inputs
         depth = base.depth
         points = config.exit_points(depth)
         measure = config.confidence_measure
@@ -797,4 +822,4 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         return model_inputs
 
 
-__all__ = ["TffCalmForCausalLM", "TffCalmModel", "TffCalmPreTrainedModel"]
+__all__ = ["CalmLayerInputs", "TffCalmForCausalLM", "TffCalmModel", "TffCalmPreTrainedModel"]

@@ -29,17 +29,44 @@ from .configuration_decision_transformer import TffDecisionTransformerConfig
 REFERENCE_MODEL_TYPE = "decision_transformer"
 
 _COPIED_CONFIG_KEYS = (
-    "state_dim", "act_dim", "hidden_size", "max_ep_len", "action_tanh", "n_layer", "n_head", "n_inner",
-    "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range",
-)  # fmt: skip
+    "state_dim",
+    "act_dim",
+    "hidden_size",
+    "max_ep_len",
+    "action_tanh",
+    "n_layer",
+    "n_head",
+    "n_inner",
+    "activation_function",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "layer_norm_epsilon",
+    "initializer_range",
+)
 # keys of transformers' config that carry nothing this model needs (GPT-2 text settings, besides every config's
 # bookkeeping)
-_IGNORED_CONFIG_KEYS = frozenset({
-    "vocab_size", "n_positions", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
-    "reorder_and_upcast_attn", "tie_word_embeddings", "id2label", "label2id", "problem_type",
-    "max_position_embeddings", "num_attention_heads", "num_hidden_layers", "scale_attn_weights",
-    "scale_attn_by_inverse_layer_idx", "add_cross_attention",
-})  # fmt: skip
+_IGNORED_CONFIG_KEYS = frozenset(
+    {
+        "vocab_size",
+        "n_positions",
+        "use_cache",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "reorder_and_upcast_attn",
+        "tie_word_embeddings",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "max_position_embeddings",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "scale_attn_weights",
+        "scale_attn_by_inverse_layer_idx",
+        "add_cross_attention",
+    }
+)
 # settings of transformers' GPT-2 this model does not implement, with the value it must have
 _REQUIRED_CONFIG_VALUES = {
     "scale_attn_weights": True,

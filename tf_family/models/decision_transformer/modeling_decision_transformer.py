@@ -127,9 +127,8 @@ class TffDecisionTransformerAttention(nn.Module):
             key,
             value,
             allowed,
-            None,
-            self.attention_dropout.p if self.training else 0.0,
-            "eager" if output_attentions else self.config._attn_implementation,
+            dropout_p=self.attention_dropout.p if self.training else 0.0,
+            implementation="eager" if output_attentions else self.config._attn_implementation,
             cpu_kernels=False,
         )  # (B, H, T, Dh), (B, H, T, S) or None
         attended = attended.transpose(1, 2).reshape(batch, length, width)  # (B, T, D)
@@ -335,6 +334,9 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
             labels: the target actions, shaped like continuous ``actions`` or, for discrete actions, ids ``(B, T)``
                 (``-100`` ignored). Padded steps never count.
             rewards: accepted for compatibility with transformers' `DecisionTransformerModel`; unused (as there).
+
+        transformers' `DecisionTransformerModel` signature (the recipe and `Trainer` pass these by name), hence more
+        than ~6 parameters.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
@@ -343,16 +345,44 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
         )
         self._check_inputs(states, actions, returns_to_go, timesteps, attention_mask)
         batch, steps = states.shape[:2]
-        width = self.config.hidden_size
-        device = states.device
         step_mask = (
-            torch.ones(batch, steps, dtype=torch.bool, device=device)
+            torch.ones(batch, steps, dtype=torch.bool, device=states.device)
             if attention_mask is None
-            else attention_mask.to(device=device, dtype=torch.bool)
+            else attention_mask.to(device=states.device, dtype=torch.bool)
         )  # (B, T)
         if returns_to_go.dim() == 2:
             returns_to_go = returns_to_go[..., None]  # (B, T, 1)
+        hidden = self._embed_trajectory(states, actions, returns_to_go, timesteps)  # (B, 3T, D)
+        allowed = build_trajectory_attention_mask(step_mask)  # (B, 1, 3T, 3T)
+        hidden, all_hidden, all_attentions = self._run_layers(hidden, allowed, output_attentions, output_hidden_states)
 
+        per_step = hidden.view(batch, steps, 3, self.config.hidden_size)  # (B, T, 3, D): each step's R, s, a tokens
+        action_preds = self.predict_action(per_step[:, :, 1])  # from s_t: (B, T, act_dim)
+        if self.config.action_tanh:
+            action_preds = torch.tanh(action_preds)
+        state_preds = self.predict_state(per_step[:, :, 2]) if self.predict_state is not None else None
+        return_preds = self.predict_return(per_step[:, :, 2]) if self.predict_return is not None else None
+
+        loss = action_loss = None
+        if labels is not None:
+            action_loss = self._action_loss(action_preds, labels, step_mask)
+            loss = self._add_next_step_losses(action_loss, state_preds, return_preds, states, returns_to_go, step_mask)
+        output = TffDecisionTransformerOutput(
+            loss=loss,
+            action_loss=action_loss,
+            action_preds=action_preds,
+            state_preds=state_preds,
+            return_preds=return_preds,
+            last_hidden_state=hidden,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _embed_trajectory(self, states, actions, returns_to_go, timesteps) -> torch.Tensor:
+        """The interleaved token sequence ``(R_1, s_1, a_1, R_2, ...)`` ``(B, 3T, D)``, after the embedding norm and
+        dropout (``returns_to_go`` ``(B, T, 1)``)."""
+        batch, steps = states.shape[:2]
         dtype = self.embed_state.weight.dtype
         time = self.embed_timestep(timesteps)  # (B, T, D)
         normalized_states = self.normalize_states(states.to(dtype))
@@ -365,52 +395,36 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
         action_tokens = self.embed_action(self.action_features(actions)) + time
         return_tokens = self.embed_return(scaled_returns) + time
         # (R_1, s_1, a_1, R_2, ...): stack on a new axis after T, then merge the two
-        tokens = torch.stack([return_tokens, state_tokens, action_tokens], dim=2).reshape(batch, 3 * steps, width)
-        hidden = self.dropout(self.embed_ln(tokens))  # (B, 3T, D)
+        tokens = torch.stack([return_tokens, state_tokens, action_tokens], dim=2)
+        return self.dropout(self.embed_ln(tokens.reshape(batch, 3 * steps, self.config.hidden_size)))
 
-        allowed = build_trajectory_attention_mask(step_mask)  # (B, 1, 3T, 3T)
+    def _run_layers(self, hidden, allowed, output_attentions: bool, output_hidden_states: bool):
+        """Every layer, then the final norm: the last hidden state ``(B, 3T, D)``, the hidden states (every
+        layer's input and the normed output, when asked for) and every layer's probabilities (when asked for)."""
         all_hidden, all_attentions = (), ()
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden += (hidden,)
-            hidden, probs = layer(hidden, allowed, output_attentions)
+            hidden, probs = layer(hidden, allowed, output_attentions=output_attentions)
             if output_attentions:
                 all_attentions += (probs,)
         hidden = self.final_norm(hidden)  # (B, 3T, D)
         if output_hidden_states:
             all_hidden += (hidden,)
+        return hidden, all_hidden, all_attentions
 
-        per_step = hidden.view(batch, steps, 3, width)  # (B, T, 3, D): the R, s, a tokens of each step
-        action_preds = self.predict_action(per_step[:, :, 1])  # from s_t: (B, T, act_dim)
-        if self.config.action_tanh:
-            action_preds = torch.tanh(action_preds)
-        state_preds = self.predict_state(per_step[:, :, 2]) if self.predict_state is not None else None
-        return_preds = self.predict_return(per_step[:, :, 2]) if self.predict_return is not None else None
-
-        loss = action_loss = None
-        if labels is not None:
-            action_loss = self._action_loss(action_preds, labels, step_mask)
-            loss = action_loss
-            # next-step targets exist where steps t and t + 1 are both real
-            pair_mask = step_mask[:, :-1] & step_mask[:, 1:]  # (B, T-1)
-            if self.config.state_loss_weight > 0:
-                target = self.normalize_states(states.to(dtype))[:, 1:]
-                loss = loss + self.config.state_loss_weight * _masked_mse(state_preds[:, :-1], target, pair_mask)
-            if self.config.return_loss_weight > 0:
-                target = returns_to_go.to(dtype)[:, 1:] / self.config.return_scale
-                loss = loss + self.config.return_loss_weight * _masked_mse(return_preds[:, :-1], target, pair_mask)
-
-        output = TffDecisionTransformerOutput(
-            loss=loss,
-            action_loss=action_loss,
-            action_preds=action_preds,
-            state_preds=state_preds,
-            return_preds=return_preds,
-            last_hidden_state=hidden,
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=all_attentions if output_attentions else None,
-        )
-        return output if return_dict else output.to_tuple()
+    def _add_next_step_losses(self, loss, state_preds, return_preds, states, returns_to_go, step_mask) -> torch.Tensor:
+        """``loss`` plus the weighted next-state and next-return mean squared errors (those with a weight above 0);
+        targets exist where steps t and t + 1 are both real."""
+        dtype = self.embed_state.weight.dtype
+        pair_mask = step_mask[:, :-1] & step_mask[:, 1:]  # (B, T-1)
+        if self.config.state_loss_weight > 0:
+            target = self.normalize_states(states.to(dtype))[:, 1:]
+            loss = loss + self.config.state_loss_weight * _masked_mse(state_preds[:, :-1], target, pair_mask)
+        if self.config.return_loss_weight > 0:
+            target = returns_to_go.to(dtype)[:, 1:] / self.config.return_scale
+            loss = loss + self.config.return_loss_weight * _masked_mse(return_preds[:, :-1], target, pair_mask)
+        return loss
 
     def _action_loss(self, action_preds: torch.Tensor, labels: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
         batch, steps = step_mask.shape
@@ -462,6 +476,21 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
             ``(B, act_dim)`` continuous actions or ``(B,)`` discrete action ids (no batch dimension for unbatched
             input).
         """
+        history, unbatched = self._check_history(states, actions, returns_to_go, timesteps, attention_mask)
+        outputs = self(**self._acting_window(*history), return_dict=True)
+        prediction = outputs.action_preds[:, -1]  # (B, act_dim)
+        if self.config.discrete:
+            if do_sample:
+                probs = prediction.float().softmax(-1)
+                prediction = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            else:
+                prediction = prediction.argmax(-1)  # (B,)
+        return prediction[0] if unbatched else prediction
+
+    def _check_history(self, states, actions, returns_to_go, timesteps, attention_mask) -> tuple[tuple, bool]:
+        """`get_action`'s history checked and made batched: ``states`` ``(B, t, state_dim)``, ``actions`` over the
+        ``t`` steps (the placeholder of the action to predict appended), ``returns_to_go`` ``(B, t)``,
+        ``timesteps`` ``(B, t)`` and the step mask ``(B, t)`` bool; and whether it was one unbatched trajectory."""
         for name, value in (("states", states), ("actions", actions), ("returns_to_go", returns_to_go)):
             check_tensor(name, value)
         check_tensor("timesteps", timesteps, integer=True)
@@ -470,11 +499,10 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
                 f"states must be a non-empty history (t, state_dim) or (B, t, state_dim), got shape {tuple(states.shape)}."
             )
         unbatched = states.dim() == 2
-        if unbatched:
+        if unbatched:  # one trajectory
             states, actions = states[None], actions[None]
             returns_to_go, timesteps = returns_to_go[None], timesteps[None]
             attention_mask = None if attention_mask is None else attention_mask[None]
-        device = states.device
         batch, length = states.shape[:2]
         if returns_to_go.dim() not in (2, 3) or tuple(returns_to_go.shape[:2]) != (batch, length):
             raise ValueError(
@@ -493,10 +521,16 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
         if actions.shape[1] != length:
             raise ValueError(f"actions must cover {length - 1} or {length} steps (states cover {length}).")
         mask = (
-            torch.ones(batch, length, dtype=torch.bool, device=device)
+            torch.ones(batch, length, dtype=torch.bool, device=states.device)
             if attention_mask is None
             else attention_mask.to(torch.bool)
         )
+        return (states, actions, returns_to_go, timesteps, mask), unbatched
+
+    def _acting_window(self, states, actions, returns_to_go, timesteps, mask) -> dict:
+        """The model's inputs for acting: the last ``K = config.context_length`` steps of a checked history, left
+        padded up to ``K`` (padded steps masked; discrete ids there mean "no action"), timesteps clamped to
+        ``max_ep_len - 1``."""
         context = self.config.context_length
         states, actions = states[:, -context:], actions[:, -context:]
         returns_to_go, timesteps, mask = returns_to_go[:, -context:], timesteps[:, -context:], mask[:, -context:]
@@ -509,23 +543,13 @@ class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
                 actions = F.pad(actions, (pad, 0), value=IGNORE_INDEX)
             returns_to_go, timesteps = F.pad(returns_to_go, (pad, 0)), F.pad(timesteps, (pad, 0))
             mask = F.pad(mask, (pad, 0), value=False)
-        timesteps = timesteps.long().clamp(0, self.config.max_ep_len - 1)
-        outputs = self(
-            states=states,
-            actions=actions,
-            returns_to_go=returns_to_go,
-            timesteps=timesteps,
-            attention_mask=mask,
-            return_dict=True,
-        )
-        prediction = outputs.action_preds[:, -1]  # (B, act_dim)
-        if self.config.discrete:
-            if do_sample:
-                probs = prediction.float().softmax(-1)
-                prediction = torch.multinomial(probs, 1, generator=generator)[:, 0]
-            else:
-                prediction = prediction.argmax(-1)  # (B,)
-        return prediction[0] if unbatched else prediction
+        return {
+            "states": states,
+            "actions": actions,
+            "returns_to_go": returns_to_go,
+            "timesteps": timesteps.long().clamp(0, self.config.max_ep_len - 1),
+            "attention_mask": mask,
+        }
 
 
 def _masked_mse(prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -227,31 +227,16 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
                 datastore object; to use an unverified one, attach it with ``allow_unverified=True`` first).
             lmbda / k: override ``config.lmbda`` / ``config.k`` for this call (e.g. a λ sweep); ``lmbda`` must be a
                 finite number in [0, 1].
+
+        transformers' language-model signature plus the retrieval options (`generate`, `Trainer` and
+        lm-evaluation-harness pass them by name), hence more than ~6 parameters.
         """
         if datastore is not None and datastore is not self.datastore:
             self._check_datastore(datastore)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        # the wrapped model's inputs, checked against its vocabulary and width before it reads them
-        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
-        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True, dims=(2, 4))
-        self._check_lm_labels(labels, batch, length)
-        if k is not None:
-            check_positive_int("k", k, fix="pass k >= 1 neighbours, or None for config.k")
-        if cache is not None and self.lm._supports_default_dynamic_cache():
-            # a key/value cache of this batch and of the base model's heads (a memory model checks its own memory)
-            base = self.config.base_config
-            heads = getattr(base, "num_key_value_heads", None) or getattr(base, "num_attention_heads", None)
-            head_dim = getattr(base, "head_dim", None) or (base.hidden_size // heads if heads else None)
-            check_cache(cache, batch, heads, head_dim)
+        self._check_inputs(input_ids, inputs_embeds, attention_mask, labels, k, cache)
         datastore = self.datastore if datastore is None else datastore
-        lmbda = self.config.lmbda if lmbda is None else lmbda
-        if isinstance(lmbda, torch.Tensor) and lmbda.numel() == 1:
-            lmbda = lmbda.item()
-        if isinstance(lmbda, bool) or not isinstance(lmbda, (int, float)) or not 0.0 <= lmbda <= 1.0:
-            source = "config.lmbda" if lmbda is self.config.lmbda else "lmbda"
-            raise ValueError(
-                f"{source}={lmbda!r} must be a number in [0, 1] (the weight of the kNN distribution; 0 is the base LM)."
-            )
+        lmbda = self._call_lmbda(lmbda)
         k = self.config.k if k is None else k
         retrieve = datastore is not None and lmbda > 0
         if retrieve and torch.compiler.is_exporting():
@@ -261,7 +246,7 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
                 "(model.lm), or this model with lmbda=0 or no datastore (set_datastore(None)), and interpolate "
                 "with the search results outside the exported graph."
             )
-        base_kwargs = {
+        base_inputs = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "inputs_embeds": inputs_embeds,
@@ -270,29 +255,14 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             "return_dict": True,
             **kwargs,
         }
-        if position_ids is not None:
-            base_kwargs["position_ids"] = position_ids
-        if cache is not None:
-            base_kwargs["cache"] = cache
-        if use_cache is not None:
-            base_kwargs["use_cache"] = use_cache
-        if retrieve:
-            _, module = resolve_key_module(self.lm, self.config.key_point, self.config.key_module_path)
-            with capture_module_inputs(module) as captured:
-                outputs = self.lm(**base_kwargs)
-        else:
-            outputs = self.lm(**base_kwargs)
+        # the optional ones only when given: a base model may not take them (or may default them differently)
+        optional = {"position_ids": position_ids, "cache": cache, "use_cache": use_cache}
+        base_inputs.update({name: value for name, value in optional.items() if value is not None})
+        outputs, queries = self._run_base_model(base_inputs, retrieve)
         lm_log_probs = F.log_softmax(outputs.logits.float(), dim=-1)  # (B, T, V)
         log_probs, scores, tokens = lm_log_probs, None, None
         if retrieve:
-            batch, length = lm_log_probs.shape[:2]
-            queries = captured[-1].detach().reshape(batch * length, -1)  # (B*T, D); some heads see (B*T, D) already
-            scores, tokens = datastore.search(
-                queries, k, self.config.distance, self.config.recompute_distances
-            )  # (B*T, K) each
-            knn = knn_log_probs(scores, tokens, lm_log_probs.shape[-1], self.config.knn_temperature)  # (B*T, V)
-            log_probs = interpolate_log_probs(lm_log_probs, knn.view_as(lm_log_probs), lmbda)
-            scores, tokens = scores.view(batch, length, -1), tokens.view(batch, length, -1)
+            log_probs, scores, tokens = self._interpolate_with_neighbours(lm_log_probs, queries, datastore, lmbda, k)
         loss = None
         if labels is not None:
             loss = nll(
@@ -310,6 +280,54 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             attentions=getattr(outputs, "attentions", None),
         )
         return output if return_dict else output.to_tuple()
+
+    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, labels, k, cache) -> None:
+        """The wrapped model's inputs, checked against its vocabulary and width before it reads them, and ``k``."""
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True, dims=(2, 4))
+        self._check_lm_labels(labels, batch, length)
+        if k is not None:
+            check_positive_int("k", k, fix="pass k >= 1 neighbours, or None for config.k")
+        if cache is not None and self.lm._supports_default_dynamic_cache():
+            # a key/value cache of this batch and of the base model's heads (a memory model checks its own memory)
+            base = self.config.base_config
+            heads = getattr(base, "num_key_value_heads", None) or getattr(base, "num_attention_heads", None)
+            head_dim = getattr(base, "head_dim", None) or (base.hidden_size // heads if heads else None)
+            check_cache(cache, batch, heads, head_dim)
+
+    def _run_base_model(self, base_inputs: dict, retrieve: bool):
+        """The base model's output on ``base_inputs`` and, when retrieving, the inputs of its key module (the
+        queries of the search; ``None`` otherwise)."""
+        if not retrieve:
+            return self.lm(**base_inputs), None
+        _, module = resolve_key_module(self.lm, self.config.key_point, self.config.key_module_path)
+        with capture_module_inputs(module) as captured:
+            outputs = self.lm(**base_inputs)
+        return outputs, captured[-1]
+
+    def _call_lmbda(self, lmbda) -> float:
+        """This call's λ: ``lmbda`` (a number or a one-element tensor) or ``config.lmbda``, checked to be in [0, 1]."""
+        lmbda = self.config.lmbda if lmbda is None else lmbda
+        if isinstance(lmbda, torch.Tensor) and lmbda.numel() == 1:
+            lmbda = lmbda.item()
+        if isinstance(lmbda, bool) or not isinstance(lmbda, (int, float)) or not 0.0 <= lmbda <= 1.0:
+            source = "config.lmbda" if lmbda is self.config.lmbda else "lmbda"
+            raise ValueError(
+                f"{source}={lmbda!r} must be a number in [0, 1] (the weight of the kNN distribution; 0 is the base LM)."
+            )
+        return lmbda
+
+    def _interpolate_with_neighbours(self, lm_log_probs, queries, datastore: KNNDatastore, lmbda: float, k: int):
+        """The base LM's ``(B, T, V)`` log-probabilities mixed with the kNN distribution of the ``k`` nearest keys
+        to ``queries`` (the key module's inputs), and the neighbours' scores and tokens ``(B, T, K)``."""
+        batch, length = lm_log_probs.shape[:2]
+        queries = queries.detach().reshape(batch * length, -1)  # (B*T, D); some heads see (B*T, D) already
+        scores, tokens = datastore.search(
+            queries, k, self.config.distance, self.config.recompute_distances
+        )  # (B*T, K) each
+        knn = knn_log_probs(scores, tokens, lm_log_probs.shape[-1], self.config.knn_temperature)  # (B*T, V)
+        log_probs = interpolate_log_probs(lm_log_probs, knn.view_as(lm_log_probs), lmbda)
+        return log_probs, scores.view(batch, length, -1), tokens.view(batch, length, -1)
 
     # ------------------------------------------------------------------------------------------------ generation
     @accepts_past_key_values

@@ -17,17 +17,43 @@ from .configuration_longformer import TffLongformerConfig
 MODEL_TYPE = "longformer"
 
 _COPIED_CONFIG_KEYS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-    "initializer_range", "layer_norm_eps", "attention_window", "pad_token_id", "bos_token_id", "eos_token_id",
-    "sep_token_id", "tie_word_embeddings", "id2label", "label2id", "problem_type", "classifier_dropout",
-)  # fmt: skip
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "attention_window",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "sep_token_id",
+    "tie_word_embeddings",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "classifier_dropout",
+)
 # keys that carry nothing tf_family needs (besides every config's bookkeeping), or settings with one fixed meaning
 # here
-_IGNORED_CONFIG_KEYS = frozenset({
-    "onnx_export", "position_embedding_type", "use_cache", "gradient_checkpointing", "ignore_attention_mask",
-    "attention_mode", "is_decoder", "add_cross_attention",
-})  # fmt: skip
+_IGNORED_CONFIG_KEYS = frozenset(
+    {
+        "onnx_export",
+        "position_embedding_type",
+        "use_cache",
+        "gradient_checkpointing",
+        "ignore_attention_mask",
+        "attention_mode",
+        "is_decoder",
+        "add_cross_attention",
+    }
+)
 
 _KEY_RULES = (
     (r"^(longformer\.)?embeddings\.LayerNorm\.", r"\1embeddings.layer_norm."),

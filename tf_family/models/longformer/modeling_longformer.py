@@ -209,7 +209,7 @@ class TffLongformerAttention(nn.Module):
         rows = torch.arange(past_length, total, device=query.device)
         allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens, rows)  # (B, t, P + t)
         if output_attentions:  # the probabilities over every cached key
-            return attend(query, keys, values, allowed[:, None], None, dropout_p, "eager")
+            return attend(query, keys, values, allowed[:, None], dropout_p=dropout_p, implementation="eager")
         start = max(0, past_length - self.pattern.window * self.pattern.dilation)  # the oldest key a window reaches
         if global_tokens is not None:  # the global keys first, then the reachable span without them
             span_allowed = allowed[:, :, start:] & ~global_tokens.mask[:, None, start:]
@@ -220,7 +220,9 @@ class TffLongformerAttention(nn.Module):
             values = torch.cat([global_tokens.gather(values, dim=2), values[:, :, start:]], dim=2)
         else:
             allowed, keys, values = allowed[:, :, start:], keys[:, :, start:], values[:, :, start:]
-        return attend(query, keys, values, allowed[:, None], None, dropout_p, self.config._attn_implementation)
+        return attend(
+            query, keys, values, allowed[:, None], dropout_p=dropout_p, implementation=self.config._attn_implementation
+        )
 
     def forward(
         self,
@@ -240,7 +242,14 @@ class TffLongformerAttention(nn.Module):
         query, key, value = (self._heads(x) for x in fused_projections(hidden, self.query, self.key, self.value))
         if past_length > 0:
             attended, probs = self._attend_with_cache(
-                query, key, value, key_valid, global_tokens, output_attentions, cache, past_length
+                query,
+                key,
+                value,
+                key_valid=key_valid,
+                global_tokens=global_tokens,
+                output_attentions=output_attentions,
+                cache=cache,
+                past_length=past_length,
             )
             attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, t, D)
             return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
@@ -249,10 +258,17 @@ class TffLongformerAttention(nn.Module):
         probs = None
         if self.use_dense(length, output_attentions):
             allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens)[:, None]  # (B, 1, T, T)
-            attended, probs = attend(query, key, value, allowed, None, dropout_p, implementation)
+            attended, probs = attend(query, key, value, allowed, dropout_p=dropout_p, implementation=implementation)
         else:
             attended = sliding_window_attention(
-                query, key, value, self.pattern, key_valid, global_tokens, dropout_p, implementation
+                query,
+                key,
+                value,
+                self.pattern,
+                key_padding_mask=key_valid,
+                global_tokens=global_tokens,
+                dropout_p=dropout_p,
+                implementation=implementation,
             )  # (B, H, T, Dh)
 
         if global_tokens is not None:
@@ -261,7 +277,12 @@ class TffLongformerAttention(nn.Module):
                 global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
                 allowed = build_global_query_mask(global_tokens, key_valid, self.pattern.causal, length)
                 global_attended, global_probs = attend(
-                    global_query, global_key, global_value, allowed[:, None], None, dropout_p, implementation
+                    global_query,
+                    global_key,
+                    global_value,
+                    allowed[:, None],
+                    dropout_p=dropout_p,
+                    implementation=implementation,
                 )
                 probs = global_tokens.scatter(probs, global_probs)
             elif not torch.compiler.is_exporting() and self.num_heads * global_tokens.num_slots < hidden.shape[-1]:
@@ -270,7 +291,14 @@ class TffLongformerAttention(nn.Module):
                 global_key, global_value = self._heads(self.global_key(hidden)), self._heads(self.global_value(hidden))
                 causal = self.pattern.causal
                 global_attended = global_attention(
-                    global_query, global_key, global_value, global_tokens, key_valid, causal, dropout_p, implementation
+                    global_query,
+                    global_key,
+                    global_value,
+                    global_tokens,
+                    key_padding_mask=key_valid,
+                    causal=causal,
+                    dropout_p=dropout_p,
+                    implementation=implementation,
                 )  # (B, H, G, Dh)
             attended = global_tokens.scatter(attended, global_attended)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
@@ -290,7 +318,14 @@ class TffLongformerLayer(GradientCheckpointingLayer):
         )
 
     def forward(self, hidden, key_valid, global_tokens=None, output_attentions=False, cache=None, past_length=0):
-        hidden, probs = self.attention(hidden, key_valid, global_tokens, output_attentions, cache, past_length)
+        hidden, probs = self.attention(
+            hidden,
+            key_valid=key_valid,
+            global_tokens=global_tokens,
+            output_attentions=output_attentions,
+            cache=cache,
+            past_length=past_length,
+        )
         return self.feed_forward(hidden), probs
 
 
@@ -377,12 +412,90 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
                 causal models only. The new tokens attend to the last ``window * dilation`` cached positions and the
                 global ones, so a generation step costs the same at any length.
             use_cache: return the cache (a new `GrowingCache`, a `DynamicCache`, when none is given); causal models only.
+
+        transformers' encoder signature (heads and `Trainer` pass these by name), hence more than ~6 parameters.
         """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        batch, length, use_cache = self._check_inputs(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            global_attention_mask=global_attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+        )
+        if use_cache and cache is None:
+            cache = GrowingCache(self.config)  # a DynamicCache whose decoding steps are written in place
+        past_length = cache.get_seq_length() if cache is not None else 0
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        key_valid = (
+            torch.ones(batch, past_length + length, dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask.to(torch.bool)
+        )
+        global_tokens = GlobalTokens.from_mask(global_attention_mask, key_valid)
+        if position_ids is None and past_length:
+            real = key_valid.long()
+            position_ids = (real.cumsum(dim=1) * real + self.config.pad_token_id)[:, past_length:]  # (B, T)
+
+        new_mask = attention_mask[:, past_length:] if attention_mask is not None else None
+        hidden = self.embeddings(input_ids, inputs_embeds, new_mask, token_type_ids, position_ids)
+        layer_inputs = {
+            "key_valid": key_valid,
+            "global_tokens": global_tokens,
+            "output_attentions": output_attentions,
+            "cache": cache,
+            "past_length": past_length,
+        }
+        hidden, all_hidden, all_attentions = self._run_layers(hidden, layer_inputs, output_hidden_states)
+        pooled = None
+        if self.pooler is not None:
+            first = find_first_real_token(new_mask, batch, device)
+            pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=device), first]))  # (B, D)
+        output = BaseModelOutputWithPoolingAndCrossAttentions(
+            last_hidden_state=hidden,
+            pooler_output=pooled,
+            cache=cache,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _run_layers(self, hidden: torch.Tensor, layer_inputs: dict, output_hidden_states: bool):
+        """Every layer, called with ``hidden`` and the keyword arguments ``layer_inputs`` (the same for each): the
+        last hidden state, the hidden states (the input of every layer and the last output, when asked for) and the
+        attention probabilities of every layer (when asked for)."""
+        all_hidden, all_attentions = (), ()
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            hidden, probs = layer(hidden, **layer_inputs)
+            if layer_inputs["output_attentions"]:
+                all_attentions += (probs,)
+        if output_hidden_states:
+            all_hidden += (hidden,)
+        return hidden, all_hidden, all_attentions
+
+    def _check_inputs(
+        self,
+        *,
+        input_ids,
+        inputs_embeds,
+        attention_mask,
+        global_attention_mask,
+        token_type_ids,
+        position_ids,
+        cache,
+        use_cache,
+    ) -> tuple[int, int, bool]:
+        """`forward`'s inputs checked once, at the edge: ``(B, T)`` and whether to build a cache (turned off, with a
+        warning, under gradient checkpointing in training). Every argument is `forward`'s, by name."""
         batch, length = self._check_token_inputs(input_ids, inputs_embeds)
         config = self.config
         self._check_index_inputs(
@@ -406,10 +519,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
                 raise ValueError("cache cannot be used with gradient checkpointing in training mode.")
             logger.warning_once("use_cache=True is incompatible with gradient checkpointing in training; not caching.")
             use_cache = False
-        if use_cache and cache is None:
-            cache = GrowingCache(self.config)  # a DynamicCache whose decoding steps are written in place
         past_length = cache.get_seq_length() if cache is not None else 0
-        device = (input_ids if input_ids is not None else inputs_embeds).device
         total = past_length + length
         for name, mask in (("attention_mask", attention_mask), ("global_attention_mask", global_attention_mask)):
             if mask is not None and tuple(mask.shape) != (batch, total):
@@ -422,40 +532,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
                 "global_attention_mask marks a new token as global while a key/value cache is in use; global tokens "
                 "must be in the prompt (the first call). Run without a cache to make later tokens global."
             )
-        key_valid = (
-            torch.ones(batch, total, dtype=torch.bool, device=device)
-            if attention_mask is None
-            else attention_mask.to(torch.bool)
-        )
-        global_tokens = GlobalTokens.from_mask(global_attention_mask, key_valid)
-        if position_ids is None and past_length:
-            real = key_valid.long()
-            position_ids = (real.cumsum(dim=1) * real + self.config.pad_token_id)[:, past_length:]  # (B, T)
-
-        new_mask = attention_mask[:, past_length:] if attention_mask is not None else None
-        hidden = self.embeddings(input_ids, inputs_embeds, new_mask, token_type_ids, position_ids)
-        all_hidden, all_attentions = (), ()
-        for layer in self.layers:
-            if output_hidden_states:
-                all_hidden += (hidden,)
-            hidden, probs = layer(hidden, key_valid, global_tokens, output_attentions, cache, past_length)
-            if output_attentions:
-                all_attentions += (probs,)
-        if output_hidden_states:
-            all_hidden += (hidden,)
-
-        pooled = None
-        if self.pooler is not None:
-            first = find_first_real_token(new_mask, batch, device)
-            pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=device), first]))  # (B, D)
-        output = BaseModelOutputWithPoolingAndCrossAttentions(
-            last_hidden_state=hidden,
-            pooler_output=pooled,
-            cache=cache,
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=all_attentions if output_attentions else None,
-        )
-        return output if return_dict else output.to_tuple()
+        return batch, length, use_cache
 
 
 class _TffLongformerHead:
@@ -480,20 +557,34 @@ class _TffLongformerHead:
     ):
         """``global_attention_mask``: 1 for tokens with global attention (see every token and are seen by every
         token), or ``None`` for the head's rule. The rest as in the shared head (`tf_family.modeling_heads`);
-        ``output_attentions``, ``output_hidden_states`` go to `TffLongformerModel`."""
-        return super().forward(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, labels, return_dict,
-            num_items_in_batch, global_attention_mask=global_attention_mask, **kwargs,
-        )  # fmt: skip
+        ``output_attentions``, ``output_hidden_states`` go to `TffLongformerModel`.
 
-    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs: dict):
-        if kwargs.get("global_attention_mask") is None:
+        transformers' head signature plus ``global_attention_mask`` (`Trainer` passes them by name), hence more than ~6
+        parameters."""
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            return_dict=return_dict,
+            num_items_in_batch=num_items_in_batch,
+            global_attention_mask=global_attention_mask,
+            **kwargs,
+        )
+
+    def _encode(self, **inputs):
+        if inputs.get("global_attention_mask") is None:
             # the rule reads the inputs: check them first (the base model checks them again, cheaply)
+            input_ids, attention_mask, inputs_embeds = (
+                inputs.get(name) for name in ("input_ids", "attention_mask", "inputs_embeds")
+            )
             batch, length = self._check_token_inputs(input_ids, inputs_embeds)
             self._check_mask("attention_mask", attention_mask, batch, length)
             rule = self.default_global_attention_mask(input_ids, attention_mask, inputs_embeds)
-            kwargs = {**kwargs, "global_attention_mask": rule}
-        return super()._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs)
+            inputs = {**inputs, "global_attention_mask": rule}
+        return super()._encode(**inputs)
 
     def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
         """The global tokens when none are given (inputs as the base model sees them): none by default."""
@@ -550,7 +641,10 @@ class TffLongformerForCausalLM(FusedLMHeadMixin, TffLongformerPreTrainedModel, V
         r"""labels: ``(B, T)``, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1`` (the
         shift happens inside), -100 is ignored; with ``num_items_in_batch`` (`Trainer`'s count of ``labels[:, 1:]``
         over the accumulated batch) the loss is the sum over it. ``cache`` / ``use_cache``: a key/value cache, as in
-        `TffLongformerModel` (`generate` uses one unless ``use_cache=False``)."""
+        `TffLongformerModel` (`generate` uses one unless ``use_cache=False``).
+
+        transformers' language-model signature plus ``global_attention_mask`` (`generate` and `Trainer` pass them by
+        name), hence more than ~6 parameters."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.longformer(
             input_ids=input_ids,
@@ -638,11 +732,24 @@ class TffLongformerForQuestionAnswering(_TffLongformerHead, GenericForQuestionAn
         num_items_in_batch=None,
         **kwargs,
     ):
-        """As `GenericForQuestionAnswering.forward`, with Longformer's ``global_attention_mask``."""
+        """As `GenericForQuestionAnswering.forward`, with Longformer's ``global_attention_mask``.
+
+        transformers' QA signature plus ``global_attention_mask`` (`Trainer` and pipelines pass them by name), hence
+        more than ~6 parameters."""
         return GenericForQuestionAnswering.forward(
-            self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, start_positions,
-            end_positions, return_dict, num_items_in_batch, global_attention_mask=global_attention_mask, **kwargs,
-        )  # fmt: skip
+            self,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            start_positions=start_positions,
+            end_positions=end_positions,
+            return_dict=return_dict,
+            num_items_in_batch=num_items_in_batch,
+            global_attention_mask=global_attention_mask,
+            **kwargs,
+        )
 
     def default_global_attention_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
         if input_ids is None or self.config.sep_token_id is None:

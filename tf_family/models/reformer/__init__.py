@@ -80,7 +80,7 @@ SPEC = ArchSpec(
                         "local",
                         "lsh",
                         "local",
-                    ],  # fmt: skip
+                    ],
                     "num_attention_heads": 8,
                     "attention_head_size": 128,
                     "feed_forward_size": 4096,

@@ -171,12 +171,27 @@ class TffReformerConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("vocab_size", "hidden_size", "num_attention_heads", "attention_head_size", "feed_forward_size",
-                     "lsh_attn_chunk_length", "local_attn_chunk_length", "num_hashes", "max_position_embeddings"):  # fmt: skip
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_attention_heads",
+            "attention_head_size",
+            "feed_forward_size",
+            "lsh_attn_chunk_length",
+            "local_attn_chunk_length",
+            "num_hashes",
+            "max_position_embeddings",
+        ):
             check_positive_int(name, getattr(self, name))
-        for name in ("lsh_num_chunks_before", "lsh_num_chunks_after", "local_num_chunks_before",
-                     "local_num_chunks_after", "chunk_size_feed_forward", "chunk_size_lm_head",
-                     "reversible_threshold"):  # fmt: skip
+        for name in (
+            "lsh_num_chunks_before",
+            "lsh_num_chunks_after",
+            "local_num_chunks_before",
+            "local_num_chunks_after",
+            "chunk_size_feed_forward",
+            "chunk_size_lm_head",
+            "reversible_threshold",
+        ):
             check_nonnegative_int(name, getattr(self, name))
         check_positive_int("num_hashes", self.num_hashes, maximum=1024)  # rounds of hashing: each one a pass
         check_seed("hash_seed", self.hash_seed)

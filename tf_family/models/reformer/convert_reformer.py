@@ -25,17 +25,53 @@ logger = logging.get_logger(__name__)
 MODEL_TYPE = "reformer"
 
 _COPIED_CONFIG_KEYS = (
-    "vocab_size", "hidden_size", "attn_layers", "num_attention_heads", "attention_head_size", "feed_forward_size",
-    "hidden_act", "hidden_dropout_prob", "lsh_attention_probs_dropout_prob", "local_attention_probs_dropout_prob",
-    "lsh_attn_chunk_length", "lsh_num_chunks_before", "lsh_num_chunks_after", "local_attn_chunk_length",
-    "local_num_chunks_before", "local_num_chunks_after", "num_hashes", "num_buckets", "axial_pos_shape",
-    "axial_pos_embds_dim", "axial_norm_std", "max_position_embeddings", "chunk_size_lm_head",
-    "chunk_size_feed_forward", "layer_norm_eps", "initializer_range", "pad_token_id", "eos_token_id", "bos_token_id",
-    "tie_word_embeddings", "id2label", "label2id", "problem_type", "classifier_dropout",
-)  # fmt: skip
+    "vocab_size",
+    "hidden_size",
+    "attn_layers",
+    "num_attention_heads",
+    "attention_head_size",
+    "feed_forward_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "lsh_attention_probs_dropout_prob",
+    "local_attention_probs_dropout_prob",
+    "lsh_attn_chunk_length",
+    "lsh_num_chunks_before",
+    "lsh_num_chunks_after",
+    "local_attn_chunk_length",
+    "local_num_chunks_before",
+    "local_num_chunks_after",
+    "num_hashes",
+    "num_buckets",
+    "axial_pos_shape",
+    "axial_pos_embds_dim",
+    "axial_norm_std",
+    "max_position_embeddings",
+    "chunk_size_lm_head",
+    "chunk_size_feed_forward",
+    "layer_norm_eps",
+    "initializer_range",
+    "pad_token_id",
+    "eos_token_id",
+    "bos_token_id",
+    "tie_word_embeddings",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "classifier_dropout",
+)
 # translated below, or settings with one fixed meaning here
-_IGNORED_CONFIG_KEYS = frozenset({"hash_seed", "is_decoder", "axial_pos_embds", "use_cache", "num_hidden_layers",
-                                  "add_cross_attention", "target_mapping"})  # fmt: skip
+_IGNORED_CONFIG_KEYS = frozenset(
+    {
+        "hash_seed",
+        "is_decoder",
+        "axial_pos_embds",
+        "use_cache",
+        "num_hidden_layers",
+        "add_cross_attention",
+        "target_mapping",
+    }
+)
 
 _LAYER = r"^(reformer\.)?encoder\.layers\.(\d+)\."
 _KEY_RULES = (
@@ -47,7 +83,7 @@ _KEY_RULES = (
     (_LAYER + r"feed_forward\.output\.dense\.", r"\1layers.\2.feed_forward.fc_out."),
     (r"^(reformer\.)?encoder\.layer_norm\.", r"\1layer_norm."),
     (r"^lm_head\.bias$", "lm_head.decoder.bias"),
-)  # fmt: skip
+)
 
 
 def translate_config(values: dict[str, Any], **overrides: Any) -> TffReformerConfig:

@@ -40,6 +40,8 @@ Config field <-> paper symbol: `lsh_attn_chunk_length` = m, `num_hashes` = n_rou
 from __future__ import annotations
 
 import copy
+import dataclasses
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +173,18 @@ class TffReformerEmbeddings(nn.Module):
 
 
 # -------------------------------------------------------------------------------------------------------- attention
+@dataclasses.dataclass(frozen=True)
+class ReformerLayerInputs:
+    """What every layer of one call reads besides its residual streams (one object per `TffReformerModel` call)."""
+
+    key_valid: torch.Tensor  # (B, P + T) bool: real tokens, over the cached positions and the new ones
+    position_ids: torch.Tensor  # (B, P + T)
+    num_hashes: int  # hashing rounds of this call
+    seed: int  # seed of this call's rotations
+    output_attentions: bool = False
+    cache: TffReformerCache | None = None
+
+
 class TffReformerAttention(nn.Module):
     """Layer norm, then LSH or local self-attention, output projection and dropout (the ``f`` of a reversible
     layer)."""
@@ -185,11 +199,15 @@ class TffReformerAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         if self.kind == "lsh":
             self.query_key = nn.Linear(config.hidden_size, inner, bias=False)
-            # causal_buckets (the last argument): nothing a token sees depends on later tokens
             self.pattern = ChunkPattern(
-                config.lsh_attn_chunk_length, config.lsh_num_chunks_before, config.lsh_num_chunks_after,
-                config.causal, config.chunk_wrap_around, config.causal and not config.chunk_wrap_around,
-            )  # fmt: skip
+                chunk_length=config.lsh_attn_chunk_length,
+                before=config.lsh_num_chunks_before,
+                after=config.lsh_num_chunks_after,
+                causal=config.causal,
+                wrap_around=config.chunk_wrap_around,
+                # nothing a token sees depends on later tokens
+                causal_buckets=config.causal and not config.chunk_wrap_around,
+            )
             self.attention_dropout = config.lsh_attention_probs_dropout_prob
             if config.num_buckets is not None:  # memoise the default rotations now (a constant to torch.export)
                 lsh_rotations(config.hash_seed, self.num_heads, self.head_dim, config.num_hashes, config.num_buckets)
@@ -197,9 +215,12 @@ class TffReformerAttention(nn.Module):
             self.query = nn.Linear(config.hidden_size, inner, bias=False)
             self.key = nn.Linear(config.hidden_size, inner, bias=False)
             self.pattern = ChunkPattern(
-                config.local_attn_chunk_length, config.local_num_chunks_before, config.local_num_chunks_after,
-                config.causal, config.chunk_wrap_around,
-            )  # fmt: skip
+                chunk_length=config.local_attn_chunk_length,
+                before=config.local_num_chunks_before,
+                after=config.local_num_chunks_after,
+                causal=config.causal,
+                wrap_around=config.chunk_wrap_around,
+            )
             self.attention_dropout = config.local_attention_probs_dropout_prob
         self.value = nn.Linear(config.hidden_size, inner, bias=False)
         self.output = nn.Linear(inner, config.hidden_size, bias=False)
@@ -226,20 +247,15 @@ class TffReformerAttention(nn.Module):
         return hash_vectors(shared.float(), rotations.to(shared.device), num_buckets)
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        key_valid: torch.Tensor,
-        position_ids: torch.Tensor,
-        num_hashes: int,
-        seed: int,
-        buckets: torch.Tensor | None = None,
-        output_attentions: bool = False,
-        cache: TffReformerCache | None = None,
+        self, hidden: torch.Tensor, inputs: ReformerLayerInputs, buckets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Args: ``hidden`` ``(B, T, D)`` (the new tokens); ``key_valid`` / ``position_ids`` ``(B, P + T)`` over the
-        ``P`` positions of the ``cache`` (normalised inputs of earlier calls; generation) and the new tokens;
-        ``buckets`` ``(B, H, R, T)`` to reuse (the reversible backward). Returns the output ``(B, T, D)``, the buckets
-        (LSH chunked path) and, with ``output_attentions``, ``(B, H, T, P + T)`` probabilities."""
+        """Args: ``hidden`` ``(B, T, D)`` (the new tokens); ``inputs``: the call's ``key_valid`` / ``position_ids``
+        ``(B, P + T)`` over the ``P`` positions of its ``cache`` (normalised inputs of earlier calls; generation)
+        and the new tokens, hashing rounds and seed; ``buckets`` ``(B, H, R, T)`` to reuse (the reversible
+        backward). Returns the output ``(B, T, D)``, the buckets (LSH chunked path) and, with
+        ``inputs.output_attentions``, ``(B, H, T, P + T)`` probabilities."""
+        key_valid, position_ids, cache = inputs.key_valid, inputs.position_ids, inputs.cache
+        output_attentions = inputs.output_attentions
         normed = self.layer_norm(hidden)
         past_states = None
         if cache is not None:
@@ -258,32 +274,42 @@ class TffReformerAttention(nn.Module):
             exporting = torch.compiler.is_exporting() and past_states is None
             if not exporting and states.shape[1] <= self.pattern.chunk_length and not self.pattern.causal_buckets:
                 implementation = "eager" if output_attentions else self.config._attn_implementation
-                out, probs = (
-                    shared_qk_attention(
-                        shared[:, :, -new:], key, value, key_valid, self.pattern.causal, dropout_p, implementation
+                if past_states is None:
+                    out, probs = shared_qk_attention(
+                        shared[:, :, -new:],
+                        key,
+                        value,
+                        key_valid=key_valid,
+                        causal=self.pattern.causal,
+                        dropout_p=dropout_p,
+                        implementation=implementation,
                     )
-                    if past_states is None
-                    else self._cached_shared_qk(shared, key, value, key_valid, new)
-                )
+                else:
+                    out, probs = self._cached_shared_qk(shared, key, value, key_valid, new)
                 buckets = None
             else:
                 if buckets is None:
-                    buckets = self.hash(shared, num_hashes, seed)
-                if output_attentions or exporting:
-                    out, probs = lsh_attention_reference(
-                        shared, key, value, buckets, self.pattern, key_valid, self.config.correct_duplicates
-                    )
+                    buckets = self.hash(shared, inputs.num_hashes, inputs.seed)
+                lsh_inputs = (shared, key, value, buckets, self.pattern)
+                options = {"key_valid": key_valid, "correct_duplicates": self.config.correct_duplicates}
+                if output_attentions or exporting:  # the dense twin (attention maps; an exported graph)
+                    out, probs = lsh_attention_reference(*lsh_inputs, **options)
                 else:
-                    out = lsh_attention(
-                        shared, key, value, buckets, self.pattern, key_valid,
-                        correct_duplicates=self.config.correct_duplicates, dropout_p=dropout_p,
-                        implementation=self.config._attn_implementation,
-                    )  # fmt: skip
+                    implementation = self.config._attn_implementation
+                    out = lsh_attention(*lsh_inputs, **options, dropout_p=dropout_p, implementation=implementation)
                 out = out[:, :, -new:]
         else:
             query = self._rotary(self._heads(self.query(states)), position_ids)[:, :, -new:]
             key = self._rotary(self._heads(self.key(states)), position_ids)
-            out, probs = self._local(query, key, value, key_valid, position_ids, dropout_p, output_attentions)
+            out, probs = self._local(
+                query,
+                key,
+                value,
+                key_valid=key_valid,
+                position_ids=position_ids,
+                dropout_p=dropout_p,
+                output_attentions=output_attentions,
+            )
         out = out.transpose(1, 2).reshape(*hidden.shape[:2], -1)  # (B, T, H*Dh)
         return self.dropout(self.output(out)), buckets, probs
 
@@ -294,7 +320,14 @@ class TffReformerAttention(nn.Module):
         columns = torch.arange(total, device=shared.device)
         allowed = (columns[None, :] < rows[:, None]) & key_valid[:, None, :]  # (B, t, P + t): others only
         allowed = allowed | ((columns[None, :] == rows[:, None]) & ~allowed.any(-1, keepdim=True))
-        return attend(shared[:, :, -new:], key, value, allowed[:, None], None, 0.0, self.config._attn_implementation)
+        return attend(
+            shared[:, :, -new:],
+            key,
+            value,
+            allowed[:, None],
+            dropout_p=0.0,
+            implementation=self.config._attn_implementation,
+        )
 
     def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions):
         total, new = key.shape[2], query.shape[2]
@@ -305,10 +338,16 @@ class TffReformerAttention(nn.Module):
             pattern = ChunkPattern(pattern.chunk_length, 0, 0, pattern.causal, False)
         if new == total and not output_attentions and not exporting:
             return chunked_local_attention(
-                query, key, value, pattern, key_valid, dropout_p, self.config._attn_implementation
+                query,
+                key,
+                value,
+                pattern,
+                key_valid=key_valid,
+                dropout_p=dropout_p,
+                implementation=self.config._attn_implementation,
             ), None
         if new == total:
-            return chunked_local_attention_reference(query, key, value, pattern, key_valid)
+            return chunked_local_attention_reference(query, key, value, pattern, key_valid=key_valid)
         # cached step: the window by position (real tokens counted), so left padding does not move the chunks
         size = pattern.chunk_length
         query_chunk = position_ids[:, -new:, None] // size  # (B, t, 1)
@@ -318,7 +357,7 @@ class TffReformerAttention(nn.Module):
         rows = torch.arange(total - new, total, device=query.device)
         allowed &= torch.arange(total, device=query.device)[None, None, :] <= rows[None, :, None]
         implementation = "eager" if output_attentions else self.config._attn_implementation
-        return attend(query, key, value, allowed[:, None], None, 0.0, implementation)
+        return attend(query, key, value, allowed[:, None], dropout_p=0.0, implementation=implementation)
 
 
 class TffReformerFeedForward(nn.Module):
@@ -352,19 +391,16 @@ class TffReformerLayer(nn.Module):
         self.attention = TffReformerAttention(config, layer_idx)
         self.feed_forward = TffReformerFeedForward(config)
 
-    def forward(
-        self, first, second, key_valid, position_ids, num_hashes, seed, buckets=None, reversible=None, **kwargs
-    ):
-        """``(X1, X2)`` -> ``(Y1, Y2)``, the hash buckets and the attention probabilities. With a `ReversibleChain`
-        as ``reversible``, the layer keeps no activations and its backward recomputes it (`reversible_layer`), inside
-        this call's gradient, so that FSDP has gathered this layer's weights for the recomputation."""
+    def forward(self, first, second, inputs: ReformerLayerInputs, buckets=None, reversible=None):
+        """``(X1, X2)`` -> ``(Y1, Y2)``, the hash buckets and the attention probabilities (``inputs``: the call's
+        `ReformerLayerInputs`). With a `ReversibleChain` as ``reversible``, the layer keeps no activations and its
+        backward recomputes it (`reversible_layer`), inside this call's gradient, so that FSDP has gathered this
+        layer's weights for the recomputation."""
         if reversible is not None:
             memo = {}
 
             def attention(x):
-                out, found, probs = self.attention(
-                    x, key_valid, position_ids, num_hashes, seed, memo.get("buckets", buckets), **kwargs
-                )
+                out, found, probs = self.attention(x, inputs, memo.get("buckets", buckets))
                 memo.setdefault("buckets", found)  # the backward reuses the forward's buckets
                 memo.setdefault("probs", probs)
                 return out
@@ -372,7 +408,7 @@ class TffReformerLayer(nn.Module):
             parameters = [p for p in self.parameters() if p.requires_grad]
             first, second = reversible_layer(first, second, attention, self.feed_forward, reversible, parameters)
             return first, second, memo["buckets"], memo["probs"]
-        attended, buckets, probs = self.attention(second, key_valid, position_ids, num_hashes, seed, buckets, **kwargs)
+        attended, buckets, probs = self.attention(second, inputs, buckets)
         first = first + attended
         return first, second + self.feed_forward(first), buckets, probs
 
@@ -395,6 +431,15 @@ class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignC
         if isinstance(module, AxialWeights):
             for weight in module:
                 init.normal_(weight, std=self.config.axial_norm_std)
+
+
+class _ReformerTokens(NamedTuple):
+    """A call's new tokens as the embeddings read them (``(B, T)`` each; ``inputs_embeds`` ``(B, T, D)``)."""
+
+    input_ids: torch.Tensor | None
+    inputs_embeds: torch.Tensor | None
+    valid: torch.Tensor  # bool: real tokens
+    position_ids: torch.Tensor | None
 
 
 def _first_real(valid: torch.Tensor) -> torch.Tensor:
@@ -469,6 +514,9 @@ class TffReformerModel(TffReformerPreTrainedModel):
             hash_seed: seed of this call's rotations (default ``config.hash_seed``).
             cache: a `TffReformerCache` of earlier calls (generation); causal models only.
             use_cache: return the cache (a new one when none is given).
+
+        transformers' encoder signature plus the hashing options (heads and `generate` pass them by name), hence
+        more than ~6 parameters.
         """
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
@@ -476,6 +524,52 @@ class TffReformerModel(TffReformerPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
+        _, length = self._check_inputs(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            num_hashes=num_hashes,
+            hash_seed=hash_seed,
+            cache=cache,
+            use_cache=use_cache,
+        )
+        if use_cache and cache is None:
+            cache = TffReformerCache()
+        tokens, shift = self._align_tokens(input_ids, inputs_embeds, attention_mask, position_ids, cache)
+        tokens = self._pad_to_chunk_multiple(tokens, bool(use_cache))
+        hidden = self.embeddings(tokens.input_ids, tokens.inputs_embeds, tokens.position_ids)  # (B, T, D)
+        key_valid, key_positions = tokens.valid, tokens.position_ids
+        if cache is not None:
+            key_valid, key_positions = cache.extend(tokens.valid, tokens.position_ids)
+        layer_inputs = ReformerLayerInputs(
+            key_valid=key_valid,
+            position_ids=key_positions,
+            num_hashes=num_hashes if num_hashes is not None else config.num_hashes,
+            seed=hash_seed if hash_seed is not None else config.hash_seed,
+            output_attentions=output_attentions,
+            cache=cache,
+        )
+        first, second, all_hidden, all_attentions = self._layers(hidden, layer_inputs, output_hidden_states)
+        sequence = self.dropout(self.layer_norm(torch.cat([first, second], dim=-1)))  # (B, T, 2D)
+
+        def restore(tensor):  # drop transformers' padding, undo the roll
+            tensor = tensor[:, :length]
+            return _roll_rows(tensor, -shift) if shift is not None else tensor
+
+        output = BaseModelOutputWithPast(
+            last_hidden_state=restore(sequence),
+            cache=cache,
+            hidden_states=tuple(restore(h) for h in all_hidden) if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _check_inputs(
+        self, *, input_ids, inputs_embeds, attention_mask, position_ids, num_hashes, hash_seed, cache, use_cache
+    ) -> tuple[int, int]:
+        """`forward`'s inputs checked once, at the edge; returns ``(B, T)``. Every argument is `forward`'s, by name."""
+        config = self.config
         batch, length = self._check_token_inputs(input_ids, inputs_embeds)
         self._check_mask("attention_mask", attention_mask, batch, length, at_least=True)
         self._check_index_inputs("position_ids", position_ids, batch, length, config.max_positions, "positions")
@@ -497,111 +591,97 @@ class TffReformerModel(TffReformerPreTrainedModel):
             )
         if cache is not None:
             check_memory_states("cache", cache.states, config.hidden_size)
-        if use_cache and cache is None:
-            cache = TffReformerCache()
-        source = input_ids if input_ids is not None else inputs_embeds
-        device = source.device
         past = cache.get_seq_length() if cache is not None else 0
         if attention_mask is not None and attention_mask.shape[1] not in (length, past + length):
             raise ValueError(
                 f"attention_mask has {attention_mask.shape[1]} columns; expected {length} (the input) or "
                 f"{past + length} (cached positions + input)."
             )
+        return batch, length
+
+    def _align_tokens(self, input_ids, inputs_embeds, attention_mask, position_ids, cache):
+        """The new tokens as `_ReformerTokens`, with left padding moved to the right (the chunks then start at the
+        first real token) and positions counted over real tokens when not given; and each row's shift (``None``
+        when nothing moved), which `forward` undoes at the end."""
+        source = input_ids if input_ids is not None else inputs_embeds
+        batch, length = source.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
         valid = (
-            torch.ones(batch, length, dtype=torch.bool, device=device)
+            torch.ones(batch, length, dtype=torch.bool, device=source.device)
             if attention_mask is None
             else attention_mask[:, -length:].to(torch.bool)
         )
-
-        # left padding moves to the right (the chunks then start at the first real token); undone at the end
+        tokens = _ReformerTokens(input_ids, inputs_embeds, valid, position_ids)
         shift = None
         # (an exported graph rolls every row: a shift of 0 leaves it as it is, and the graph cannot branch on data)
         exporting = torch.compiler.is_exporting()
         if past == 0 and attention_mask is not None and (exporting or bool((~valid[:, 0] & valid.any(dim=1)).any())):
             shift = _first_real(valid)
-            input_ids, inputs_embeds, valid = (_roll_rows(t, shift) for t in (input_ids, inputs_embeds, valid))
-            position_ids = _roll_rows(position_ids, shift)
-        if position_ids is None:
-            start = cache.next_position() if past else torch.zeros(batch, 1, dtype=torch.long, device=device)
-            position_ids = (start + valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+            tokens = _ReformerTokens(*(_roll_rows(tensor, shift) for tensor in tokens))
+        if tokens.position_ids is None:
+            start = cache.next_position() if past else torch.zeros(batch, 1, dtype=torch.long, device=source.device)
+            tokens = tokens._replace(position_ids=(start + tokens.valid.long().cumsum(dim=1) - 1).clamp(min=0))
+        return tokens, shift
 
-        padding = self._compat_padding(length, bool(use_cache))
-        if padding:  # transformers' padding to a chunk multiple (pad tokens, masked, positions continuing)
-            logger.warning_once(f"Padding the input from {length} to {length + padding} tokens (chunk_wrap_around).")
-            pad_ids = torch.full((batch, padding), config.pad_token_id or 0, dtype=torch.long, device=device)
-            if input_ids is not None:
-                input_ids = torch.cat([input_ids, pad_ids], dim=1)
-            else:
-                inputs_embeds = torch.cat([inputs_embeds, self.embeddings.word_embeddings(pad_ids)], dim=1)
-            valid = F.pad(valid, (0, padding), value=False)
-            tail = torch.arange(length, length + padding, device=device).expand(batch, -1)
-            position_ids = torch.cat([position_ids, tail], dim=1)
-
-        hidden = self.embeddings(input_ids, inputs_embeds, position_ids)  # (B, T, D)
-        key_valid, key_positions = valid, position_ids
-        if cache is not None:
-            key_valid, key_positions = cache.extend(valid, position_ids)
-        num_hashes = num_hashes if num_hashes is not None else config.num_hashes
-        seed = hash_seed if hash_seed is not None else config.hash_seed
-        first, second, all_hidden, all_attentions = self._layers(
-            hidden, key_valid, key_positions, num_hashes, seed, output_attentions, output_hidden_states,
-            cache,
-        )  # fmt: skip
-        sequence = self.dropout(self.layer_norm(torch.cat([first, second], dim=-1)))  # (B, T, 2D)
-
-        def restore(tensor):  # drop transformers' padding, undo the roll
-            tensor = tensor[:, :length]
-            return _roll_rows(tensor, -shift) if shift is not None else tensor
-
-        output = BaseModelOutputWithPast(
-            last_hidden_state=restore(sequence),
-            cache=cache,
-            hidden_states=tuple(restore(h) for h in all_hidden) if output_hidden_states else None,
-            attentions=all_attentions if output_attentions else None,
+    def _pad_to_chunk_multiple(self, tokens: _ReformerTokens, use_cache: bool) -> _ReformerTokens:
+        """transformers' padding of the input to a chunk multiple (pad tokens, masked, positions continuing), when
+        `_compat_padding` asks for it."""
+        batch, length = tokens.valid.shape
+        padding = self._compat_padding(length, use_cache)
+        if not padding:
+            return tokens
+        logger.warning_once(f"Padding the input from {length} to {length + padding} tokens (chunk_wrap_around).")
+        device = tokens.valid.device
+        pad_ids = torch.full((batch, padding), self.config.pad_token_id or 0, dtype=torch.long, device=device)
+        input_ids, inputs_embeds = tokens.input_ids, tokens.inputs_embeds
+        if input_ids is not None:
+            input_ids = torch.cat([input_ids, pad_ids], dim=1)
+        else:
+            inputs_embeds = torch.cat([inputs_embeds, self.embeddings.word_embeddings(pad_ids)], dim=1)
+        tail = torch.arange(length, length + padding, device=device).expand(batch, -1)
+        return _ReformerTokens(
+            input_ids,
+            inputs_embeds,
+            F.pad(tokens.valid, (0, padding), value=False),
+            torch.cat([tokens.position_ids, tail], dim=1),
         )
-        return output if return_dict else output.to_tuple()
 
-    def _layers(
-        self, hidden, key_valid, position_ids, num_hashes, seed, output_attentions, output_hidden_states, cache
-    ):
+    def _layers(self, hidden, inputs: ReformerLayerInputs, output_hidden_states: bool):
         """Run the layers on ``(X1, X2) = (hidden, hidden)``: reversibly when training with gradients (and the input
         is at least ``reversible_threshold`` long), else as a plain loop (optionally checkpointed)."""
         all_hidden, all_attentions = [], []
         first = second = hidden
         reversible = (
-            self.config.reversible and self.training and torch.is_grad_enabled() and cache is None
+            self.config.reversible
+            and self.training
+            and torch.is_grad_enabled()
+            and inputs.cache is None
             and hidden.shape[1] >= self.config.reversible_threshold
-        )  # fmt: skip
+        )
         if reversible:
             # the last layer keeps its graph (plain backprop): recomputing it would rebuild the activations that the
             # backward holds first anyway, so the peak memory stays and one layer's recomputation is saved
             *recomputed, last = self.layers
             chain = ReversibleChain()
             for layer in recomputed:  # each through its own call (FSDP gathers its weights there)
-                first, second, _, probs = layer(
-                    first, second, key_valid, position_ids, num_hashes, seed,
-                    reversible=chain, output_attentions=output_attentions,
-                )  # fmt: skip
+                first, second, _, probs = layer(first, second, inputs, reversible=chain)
                 all_attentions.append(probs)
-            first, second, _, probs = last(
-                first, second, key_valid, position_ids, num_hashes, seed, output_attentions=output_attentions
-            )
+            first, second, _, probs = last(first, second, inputs)
             all_attentions.append(probs)
             if output_hidden_states:
                 logger.warning_once("Reversible training returns only the last hidden states.")
             return first, second, [second], all_attentions
+        # a checkpointed layer is recomputed: it writes no cache and keeps no attention maps
+        checkpointed = dataclasses.replace(inputs, output_attentions=False, cache=None)
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden.append(second)
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 first, second, _, probs = self._gradient_checkpointing_func(
-                    layer.__call__, first, second, key_valid, position_ids, num_hashes, seed
+                    layer.__call__, first, second, checkpointed
                 )
             else:
-                first, second, _, probs = layer(
-                    first, second, key_valid, position_ids, num_hashes, seed,
-                    output_attentions=output_attentions, cache=cache,
-                )  # fmt: skip
+                first, second, _, probs = layer(first, second, inputs)
             all_attentions.append(probs)
         if output_hidden_states:
             all_hidden.append(second)
@@ -673,13 +753,24 @@ class TffReformerForCausalLM(FusedLMHeadMixin, _TffReformerWithLMHead, Validated
         r"""labels: ``(B, T)``, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1`` (the
         shift happens inside), -100 is ignored; with ``num_items_in_batch`` (`Trainer`'s count of ``labels[:, 1:]``
         over the accumulated batch) the loss is the sum over it. ``logits_to_keep``: only the last that many
-        positions' logits."""
+        positions' logits.
+
+        transformers' language-model signature plus the hashing options (`generate` and `Trainer` pass them by name),
+        hence more than ~6 parameters."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            num_hashes=num_hashes, hash_seed=hash_seed, cache=cache, use_cache=use_cache,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions, return_dict=True,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            num_hashes=num_hashes,
+            hash_seed=hash_seed,
+            cache=cache,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+        )
         hidden = outputs.last_hidden_state
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)  # (B, T, V)
         loss = None
@@ -733,13 +824,22 @@ class TffReformerForMaskedLM(_TffReformerWithLMHead):
         **kwargs,
     ) -> MaskedLMOutput | tuple:
         r"""labels: ``(B, T)`` token ids to predict at masked positions, -100 elsewhere (with
-        ``num_items_in_batch``, `Trainer`'s count over the accumulated batch, the loss is the sum over it)."""
+        ``num_items_in_batch``, `Trainer`'s count over the accumulated batch, the loss is the sum over it).
+
+        transformers' masked-LM signature plus the hashing options (`Trainer` passes them by name), hence more than ~6
+        parameters."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            num_hashes=num_hashes, hash_seed=hash_seed, output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions, return_dict=True,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            num_hashes=num_hashes,
+            hash_seed=hash_seed,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+        )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
@@ -767,15 +867,28 @@ class TffReformerForSequenceClassification(TffReformerPreTrainedModel):
         )
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                return_dict=None, num_items_in_batch=None, **kwargs) -> SequenceClassifierOutput | tuple:  # fmt: skip
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        return_dict=None,
+        num_items_in_batch=None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
         r"""labels: ``(B,)`` class ids (floats for regression); ``num_items_in_batch``: `Trainer`'s count of labels
         over the accumulated batch; other keyword arguments go to the base model."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            return_dict=True, **kwargs,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
         hidden = outputs.last_hidden_state
         first = find_first_real_token(attention_mask, hidden.shape[0], hidden.device)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, 2D)
@@ -800,17 +913,33 @@ class TffReformerForQuestionAnswering(TffReformerPreTrainedModel):
         self.qa_outputs = nn.Linear(2 * config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                start_positions=None, end_positions=None, return_dict=None, num_items_in_batch=None,
-                **kwargs):  # fmt: skip
-        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span."""
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        return_dict=None,
+        num_items_in_batch=None,
+        **kwargs,
+    ):
+        r"""start_positions, end_positions: ``(B,)`` token indices of the answer span.
+
+        transformers' QA signature (`Trainer` and pipelines pass these by name), hence more than ~6 parameters."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.reformer(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            return_dict=True, **kwargs,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
         output = question_answering_output(
-            self.qa_outputs(outputs.last_hidden_state), start_positions, end_positions, outputs, num_items_in_batch
+            logits, start_positions, end_positions, outputs=outputs, num_items_in_batch=num_items_in_batch
         )
         return output if return_dict else output.to_tuple()
 
