@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     full = generate_with_exits(model, prompts, args.max_new_tokens, args.batch_size, None)
     calibration = run_calibration(
-        model, prompts, continuations, grid, args.delta, args.epsilon, args.consistency, args.p_value,
-        args.batch_size, full,
+        model, prompts, continuations, grid, delta=args.delta, epsilon=args.epsilon, consistency=args.consistency,
+        method=args.p_value, batch_size=args.batch_size, full=full,
     )  # fmt: skip
     record = calibration.record()
     record.update(

@@ -125,7 +125,7 @@ def test_chunked_local(wrap_around, causal):
         tensors,
         weights,
     )
-    _assert_tiles_cover(flex.chunked_local_block_mask(tensors[0], 32, 1, pattern.after, causal, wrap_around, valid))
+    _assert_tiles_cover(flex.chunked_local_block_mask(tensors[0], pattern, valid))
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,16 @@ def test_lsh(wrap_around, causal, correct_duplicates):
     def run(implementation):
         def attention(shared, value):
             key = normalize_shared_keys(shared)
-            return lsh_attention(shared, key, value, buckets, pattern, valid, correct_duplicates, 0.0, implementation)
+            return lsh_attention(
+                shared,
+                key,
+                value,
+                buckets,
+                pattern,
+                valid,
+                correct_duplicates=correct_duplicates,
+                implementation=implementation,
+            )
 
         return attention
 

@@ -66,7 +66,9 @@ def test_lsh_attention_matches_dense_twin(length, num_hashes, num_buckets, causa
     pattern = ChunkPattern(4, before=1, after=after, causal=causal, wrap_around=wrap_around)
 
     def fast(q, v):
-        return lsh_attention(q, normalize_shared_keys(q), v, buckets, pattern, valid, correct_duplicates)
+        return lsh_attention(
+            q, normalize_shared_keys(q), v, buckets, pattern, valid, correct_duplicates=correct_duplicates
+        )
 
     def reference(q, v):
         return lsh_attention_reference(q, normalize_shared_keys(q), v, buckets, pattern, valid, correct_duplicates)[0]
@@ -84,7 +86,9 @@ def test_causal_buckets_kernel_matches_dense_twin(length, num_hashes, num_bucket
     pattern = ChunkPattern(4, before=before, causal=True, causal_buckets=True)
 
     def fast(q, v):
-        return lsh_attention(q, normalize_shared_keys(q), v, buckets, pattern, valid, correct_duplicates)
+        return lsh_attention(
+            q, normalize_shared_keys(q), v, buckets, pattern, valid, correct_duplicates=correct_duplicates
+        )
 
     def reference(q, v):
         return lsh_attention_reference(q, normalize_shared_keys(q), v, buckets, pattern, valid, correct_duplicates)[0]

@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from tf_family.memory import (
+    Expired,
     KNNMemory,
     MemorizingMemory,
+    MemoryAllowed,
     SegmentMemory,
     bucketed_top_k,
     dense_knn_attention,
@@ -180,9 +182,11 @@ def test_retrieve_over_the_grouped_search_merges_the_segment_exactly(monkeypatch
     segment = (unit(2, 2, 5, 8, seed=3), unit(2, 2, 5, 8, seed=4))
     memory_allowed = random_allowed(2, 5, slots)
     memory_allowed[1, 0, 3, 3:] = False
-    expired = (torch.tensor([0, 1, 2]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    expired = Expired(torch.tensor([0, 1, 2]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
     segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
-    retrieved = retrieve("exact", query, memory, (memory_allowed, expired), segment, segment_allowed, 4)
+    retrieved = retrieve(
+        query, memory, MemoryAllowed(memory_allowed, expired), k=4, segment=segment, segment_allowed=segment_allowed
+    )
     keys, _, found = retrieved.gathered()
     all_keys = torch.cat([memory[0], segment[0]], 2)
     all_allowed = torch.cat([expand_expired(memory_allowed, expired, 5), segment_allowed.expand(2, 1, 5, 5)], -1)
@@ -284,7 +288,7 @@ def test_knn_attention_with_k_covering_the_memory_equals_dense_attention_over_it
     query, keys, values = unit(2, 3, 4, 8), unit(2, 3, 10, 8, seed=1), unit(2, 3, 10, 8, seed=2)
     allowed = random_allowed(2, 4, 10)
     scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64)
-    retrieved = retrieve("exact", query, (keys, values), allowed, None, None, 64)
+    retrieved = retrieve(query, (keys, values), allowed, k=64)
     out, logits = knn_attention(query, retrieved, scale)
     torch.testing.assert_close(out, dense_knn_attention(query, keys, values, allowed, scale))
     assert (out[0, :, 0] == 0).all() and torch.isinf(logits[0, :, 0]).all()  # found nothing: contributes nothing
@@ -301,7 +305,7 @@ def test_retrieve_merges_the_segment_exactly(monkeypatch, block_bytes):
     segment = (unit(2, 2, 5, 8, seed=3), unit(2, 2, 5, 8, seed=4))
     memory_allowed = random_allowed(2, 5, 9)
     segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
-    retrieved = retrieve("exact", query, memory, memory_allowed, segment, segment_allowed, 4)
+    retrieved = retrieve(query, memory, memory_allowed, k=4, segment=segment, segment_allowed=segment_allowed)
     assert len(retrieved.memory_keys) == (1 if block_bytes is None else 2)
     keys, values, found = retrieved.gathered()
     all_keys = torch.cat([memory[0], segment[0]], 2)
@@ -326,7 +330,9 @@ def _attention_case(with_segment: bool):
     memory_allowed = random_allowed(2, 6, 11)
     segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
     scale = torch.tensor([1.0, 5.0, 20.0], dtype=torch.float64, requires_grad=True)
-    retrieved = retrieve("exact", query, memory, memory_allowed, segment if with_segment else None, segment_allowed, 5)
+    retrieved = retrieve(
+        query, memory, memory_allowed, k=5, segment=segment if with_segment else None, segment_allowed=segment_allowed
+    )
     return query, segment, scale, retrieved
 
 
@@ -539,12 +545,13 @@ def test_retrieve_through_the_native_kernel_equals_the_pytorch_path(monkeypatch,
     segment = (unit(2, 2, 5, 8, seed=3).float(), unit(2, 2, 5, 8, seed=4).float())
     memory_allowed = random_allowed(2, 5, slots)
     memory_allowed[1, 0, 3, 3:] = False  # fewer than k memory slots: the bound is -inf
-    expired = (torch.tensor([0, 1, 2]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
+    expired = Expired(torch.tensor([0, 1, 2]), torch.ones(5, 3, dtype=torch.bool).tril(-1))
     segment_allowed = torch.ones(5, 5, dtype=torch.bool).tril(-1)[None, None]
-    arguments = ("exact", query, memory, (memory_allowed, expired), segment, segment_allowed, 4)
-    native_keys, native_values, native_found = retrieve(*arguments).gathered()
+    arguments = {"k": 4, "segment": segment, "segment_allowed": segment_allowed}
+    allowed = MemoryAllowed(memory_allowed, expired)
+    native_keys, native_values, native_found = retrieve(query, memory, allowed, **arguments).gathered()
     monkeypatch.setattr(knn_search, "native_top_k", lambda *args, **kwargs: None)
-    keys, values, found = retrieve(*arguments).gathered()
+    keys, values, found = retrieve(query, memory, allowed, **arguments).gathered()
     assert torch.equal(native_found, found)
     torch.testing.assert_close(native_keys[found], keys[found])
     torch.testing.assert_close(native_values[found], values[found])
@@ -556,11 +563,11 @@ def test_fused_knn_attention_reading_pairs_by_slot_equals_the_gathered_pairs(mon
     """Float32 on CPU, `fused_knn_attention` reads the memory's pairs by slot (`MemoryReader`, the native pair
     kernels) instead of gathering them: the same outputs and gradients as over the gathered pairs, also when the
     memory is written in place (once, or three times: slots overwritten twice) or by copy between the forward and
-    the backward (the model writes at the end of its forward); and a reader no graph holds any more stashes
-    nothing."""
+    the backward (the model writes at the end of its forward), also through a reset of the memory (which shares its
+    buffers and their readers); and a reader no graph holds any more leaves the memory's registry."""
     import gc
 
-    from tf_family.memory import fused_knn_attention, knn_reader
+    from tf_family.memory import fused_knn_attention
     from tf_family.memory.knn_reader import MemoryReader
 
     _native_or_skip()
@@ -578,29 +585,56 @@ def test_fused_knn_attention_reading_pairs_by_slot_equals_the_gathered_pairs(mon
         segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None] if with_segment else None
         allowed = random_allowed(2, 6, 11)
         pairs = (memory.keys[0], memory.values[0])
-        retrieved = retrieve("exact", query, pairs, allowed, segment if with_segment else None, segment_allowed, 5)
+        retrieved = retrieve(
+            query, pairs, allowed, k=5, segment=segment if with_segment else None, segment_allowed=segment_allowed
+        )
         if not by_slot:
             monkeypatch.setattr(MemoryReader, "of", classmethod(lambda cls, *args: None))
-        out = fused_knn_attention(query, retrieved, scale)
+        readers = memory.readers[0]
+        out = fused_knn_attention(query, retrieved, scale, readers)
         monkeypatch.undo()
-        assert (out.grad_fn.reader is not None) == by_slot
-        for _ in range(writes if isinstance(writes, int) else 1):
+        assert (out.grad_fn.reader is not None) == by_slot and len(readers) == by_slot
+        for write in range(writes if isinstance(writes, int) else 1):
+            if write == 1:
+                memory = memory.reset(torch.zeros(2, dtype=torch.bool))
             new = [torch.randn(2, 3, 4, 8, generator=generator)]
             memory = memory.write(new, [torch.randn(2, 3, 4, 8, generator=generator)], in_place=writes != "copy")
         inputs = (query, scale, *segment) if with_segment else (query, scale)
         weights = torch.randn(2, 6, 3, 8, generator=generator)
         grads = torch.autograd.grad((out.transpose(1, 2) * weights).sum(), inputs)
-        return out, grads, memory
+        return out, grads, readers
 
-    out, grads, _ = run(by_slot=True)
-    expected, expected_grads, memory = run(by_slot=False)
+    out, grads, readers = run(by_slot=True)
+    expected, expected_grads, _ = run(by_slot=False)
     torch.testing.assert_close(out, expected)
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
         assert grad.abs().sum() > 0
         torch.testing.assert_close(grad, expected_grad)
+    assert len(readers) == 1
     del out, grads
     gc.collect()
-    assert not knn_reader._READERS.get(id(memory.keys[0]))  # the graph is gone, and so is its reader
+    assert len(readers) == 0  # the graph is gone, and so is its reader
+
+
+def test_the_reader_registry_belongs_to_the_memory_and_refuses_other_buffers():
+    """A memory's readers are its own (`KNNMemory.readers`, shared with a reset and with the memory a write in place
+    returns, not with a clone); a reader of other buffers is refused; without a registry the pairs are gathered."""
+    from tf_family.memory import fused_knn_attention
+    from tf_family.memory.knn_reader import MemoryReader
+
+    _native_or_skip()
+    memory = KNNMemory.empty(2, 2, 3, 8, capacity=11)
+    memory = memory.write([unit(2, 3, 11, 8, seed=s).float() for s in (1, 2)], [unit(2, 3, 11, 8).float()] * 2)
+    assert memory.reset(torch.ones(2, dtype=torch.bool)).readers is memory.readers
+    assert memory.clone().readers[0] is not memory.readers[0]
+    query = unit(2, 3, 6, 8).float()
+    retrieved = retrieve(query, (memory.keys[0], memory.values[0]), random_allowed(2, 6, 11), k=5)
+    with pytest.raises(ValueError, match=r"KNNMemory.readers\[layer\]"):
+        MemoryReader.of(retrieved.memory, retrieved.memory_slots, query.dtype, memory.readers[1])
+    out = fused_knn_attention(query.requires_grad_(), retrieved, torch.ones(3))
+    assert out.grad_fn.reader is None and len(memory.readers[0]) == 0
+    with pytest.raises(TypeError, match="memory_allowed must be a bool tensor or a MemoryAllowed"):
+        retrieve(query, (memory.keys[0], memory.values[0]), (random_allowed(2, 6, 11), None), k=5)
 
 
 @pytest.mark.parametrize("reuse", [True, False])
@@ -615,7 +649,9 @@ def test_fused_knn_attention_under_bf16_autocast_computes_in_the_query_dtype(reu
     memory = (unit(2, 3, 11, 8, seed=1).float(), unit(2, 3, 11, 8, seed=2).float())
     segment = (unit(2, 3, 6, 8, seed=3).float(), unit(2, 3, 6, 8, seed=4).float())
     segment_allowed = torch.ones(6, 6, dtype=torch.bool).tril(-1)[None, None]
-    retrieved = retrieve("exact", query, memory, random_allowed(2, 6, 11), segment, segment_allowed, 5)
+    retrieved = retrieve(
+        query, memory, random_allowed(2, 6, 11), k=5, segment=segment, segment_allowed=segment_allowed
+    )
     if not reuse:
         retrieved = dataclasses.replace(retrieved, scores=None, segment_scores=None)
     scale = torch.tensor([1.0, 5.0, 20.0])

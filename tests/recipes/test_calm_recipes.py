@@ -92,7 +92,7 @@ def test_calibration_sweep_stops_at_the_first_failed_test_with_the_same_result(t
     prompts = torch.randint(0, model.config.vocab_size, (6, 8), generator=torch.Generator().manual_seed(0))
     continuations = torch.zeros(6, 4, dtype=torch.long)
     grid = [1.0, 0.5, 0.2, 0.1, 0.05, 0.0]
-    swept = run_calibration(model, prompts, continuations, grid, 0.2, 0.3, batch_size=3)
+    swept = run_calibration(model, prompts, continuations, grid, delta=0.2, epsilon=0.3, batch_size=3)
     full = score_grid(model, prompts, continuations, grid, batch_size=3)
     everything = calibrate_threshold(grid, full.losses, 0.2, 0.3)
     assert swept.result.threshold == everything.threshold

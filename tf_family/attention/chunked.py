@@ -19,6 +19,8 @@ on this (`lsh.lsh_attention`, `lsh.chunked_local_attention`) are tested against 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .dropout import dropout_mask
@@ -159,6 +161,26 @@ class _ChunkedAttention(torch.autograd.Function):
         return grad_query, grad_key, grad_value, None, None, None, None
 
 
+@dataclass(frozen=True)
+class WindowScores:
+    """How `chunked_window_attention` marks the scores ``(B, A, N, C, K)`` of each chunk's window.
+
+    Attributes:
+        blocked: bool, broadcastable to the scores: True -> score ``masked``.
+        self_slot: bool, broadcastable to the scores: True -> score ``self_only`` (after ``blocked``); or
+            ``"diagonal"``: each query's own position in its own chunk (cheaper; the same where every position
+            appears once per row, as in LSH rounds kept apart).
+        bias: float, broadcastable to the scores, added before masking (no gradient).
+        masked, self_only: the scores given to ``blocked`` keys and to the ``self_slot`` keys.
+    """
+
+    blocked: torch.Tensor | None = None
+    self_slot: torch.Tensor | str | None = None
+    bias: torch.Tensor | None = None
+    masked: float = float("-inf")
+    self_only: float = float("-inf")
+
+
 def chunked_window_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -166,11 +188,7 @@ def chunked_window_attention(
     before: int,
     after: int,
     wrap: bool = False,
-    blocked: torch.Tensor | None = None,
-    self_slot: torch.Tensor | str | None = None,
-    bias: torch.Tensor | None = None,
-    masked: float = float("-inf"),
-    self_only: float = float("-inf"),
+    scores: WindowScores | None = None,
     dropout_p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each chunk to its window of neighbouring chunks (module docstring).
@@ -179,12 +197,8 @@ def chunked_window_attention(
         query, key, value: ``(B, A, N, C, Dh)`` (float32 or float64); scores are ``q . k / sqrt(Dh)``.
         before, after: neighbouring chunks in each window (``K = (before + 1 + after) * C`` keys).
         wrap: the neighbours of the first / last chunks are the row's last / first chunks (else zeros, which the
-            caller must mark ``blocked``).
-        blocked: bool, broadcastable to the scores ``(B, A, N, C, K)``: True -> score ``masked``.
-        self_slot: bool, broadcastable to the scores: True -> score ``self_only`` (after ``blocked``); or
-            ``"diagonal"``: each query's own position in its own chunk (cheaper; the same where every position
-            appears once per row, as in LSH rounds kept apart).
-        bias: float, broadcastable to the scores, added before masking (no gradient).
+            caller must mark blocked).
+        scores: the masks and bias of the scores (`WindowScores`; None: nothing masked).
         dropout_p: dropout on the probabilities (the global RNG, as `dropout.dropout`).
 
     Returns:
@@ -192,8 +206,9 @@ def chunked_window_attention(
     """
     if query.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"chunked_window_attention takes float32 or float64 vectors, got {query.dtype}.")
-    options = (before, after, wrap, masked, self_only, float(dropout_p))
-    return _ChunkedAttention.apply(query, key, value, blocked, self_slot, bias, options)
+    scores = WindowScores() if scores is None else scores
+    options = (before, after, wrap, scores.masked, scores.self_only, float(dropout_p))
+    return _ChunkedAttention.apply(query, key, value, scores.blocked, scores.self_slot, scores.bias, options)
 
 
-__all__ = ["chunked_window_attention", "pad_chunks", "window_view"]
+__all__ = ["WindowScores", "chunked_window_attention", "pad_chunks", "window_view"]

@@ -29,9 +29,14 @@ Sequences are padded inside to a multiple of ``_BLOCK`` (padded keys masked, pad
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # the patterns' modules import this one
+    from .lsh import ChunkPattern
+    from .sliding_window import WindowPattern
 
 _BLOCK = 128  # FlexAttention's default sparse block; every block table here is in tiles of this size
 _COMPILED: dict[str, object] = {}
@@ -156,9 +161,7 @@ def flex_sliding_window_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    window: int,
-    dilation: int = 1,
-    causal: bool = False,
+    pattern: WindowPattern,
     key_valid: torch.Tensor | None = None,
     global_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
@@ -167,7 +170,7 @@ def flex_sliding_window_attention(
 
     Args:
         query, key, value: ``(B, H, T, Dh)``.
-        window, dilation, causal: the `WindowPattern` (one-sided window ``W`` in steps of ``dilation``).
+        pattern: the `WindowPattern` (one-sided window ``W`` in steps of ``dilation``, causal or not).
         key_valid: ``(B, T)`` bool, True at real tokens (``None``: all real).
         global_mask: ``(B, T)`` bool, True at global tokens (never at padding), keys every query sees (causal: those
             at or before it); their own rows are computed like any other (Longformer replaces them).
@@ -178,7 +181,9 @@ def flex_sliding_window_attention(
     """
     _check_dropout(dropout_p)
     length = query.shape[2]
-    block_mask = sliding_window_block_mask(query, window, dilation, causal, key_valid, global_mask)
+    block_mask = sliding_window_block_mask(
+        query, pattern.window, pattern.dilation, pattern.causal, key_valid, global_mask
+    )
     query, key, value = _pad_sequence((query, key, value), block_mask.seq_lengths[0])
     return _run(query, key, value, block_mask)[0][:, :, :length]
 
@@ -296,26 +301,24 @@ def flex_chunked_local_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    chunk_length: int,
-    before: int,
-    after: int,
-    causal: bool,
-    wrap_around: bool,
+    pattern: ChunkPattern,
     key_valid: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """`lsh.chunked_local_attention` in one FlexAttention call (the `ChunkPattern` spelled out): each position
-    attends to the real keys of its own chunk and ``before`` / ``after`` neighbouring chunks (modulo the number of
-    chunks with ``wrap_around``), causal by position; a query without any such key attends to itself."""
+    """`lsh.chunked_local_attention` in one FlexAttention call: each position attends to the real keys of its own
+    chunk and the ``pattern.before`` / ``pattern.after`` neighbouring chunks (modulo the number of chunks with
+    ``wrap_around``), causal by position; a query without any such key attends to itself."""
     _check_dropout(dropout_p)
     length = query.shape[2]
-    block_mask = chunked_local_block_mask(query, chunk_length, before, after, causal, wrap_around, key_valid)
+    block_mask = chunked_local_block_mask(query, pattern, key_valid)
     query, key, value = _pad_sequence((query, key, value), block_mask.seq_lengths[0])
     return _run(query, key, value, block_mask)[0][:, :, :length]
 
 
-def chunked_local_block_mask(query, chunk_length, before, after, causal, wrap_around, key_valid=None):
+def chunked_local_block_mask(query: torch.Tensor, pattern: ChunkPattern, key_valid: torch.Tensor | None = None):
     """The `BlockMask` of `flex_chunked_local_attention`."""
+    chunk_length, before, after = pattern.chunk_length, pattern.before, pattern.after
+    causal, wrap_around = pattern.causal, pattern.wrap_around
     batch, _, length, _ = query.shape
     device = query.device
     num_chunks = -(-length // chunk_length)
@@ -382,18 +385,26 @@ def _chunk_tiles(padded: int, chunk_length: int, num_chunks: int, near_chunk, de
     return reach, full & whole[:, None] & whole[None, :]
 
 
+class SortedRows(NamedTuple):
+    """Where the sorted rows of `flex_lsh_attention` come from (`lsh.lsh_attention` sorts them).
+
+    Attributes:
+        positions: ``(B, A, L)`` the position in each slot, ``-1`` for the dummy slots that pad a round.
+        slot_of: ``(B, H, R, T)`` the slot of each position in each round (for ``correct_duplicates``).
+        key_valid: ``(B, T)`` bool, False at padding.
+    """
+
+    positions: torch.Tensor
+    slot_of: torch.Tensor
+    key_valid: torch.Tensor
+
+
 def flex_lsh_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    sorted_positions: torch.Tensor,
-    slot_of: torch.Tensor,
-    chunk_length: int,
-    before: int,
-    after: int,
-    causal: bool,
-    wrap_around: bool,
-    key_valid: torch.Tensor,
+    sorted_rows: SortedRows,
+    pattern: ChunkPattern,
     masked_self: float,
     correct_duplicates: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -402,10 +413,8 @@ def flex_lsh_attention(
     Args:
         query, key, value: ``(B, A, L, Dh)`` sorted rows (``A`` rows of ``L`` slots: per head and round, or with
             ``wrap_around`` per head, the rounds one after another).
-        sorted_positions: ``(B, A, L)`` the position in each slot, ``-1`` for the dummy slots that pad a round.
-        slot_of: ``(B, H, R, T)`` the slot of each position in each round (for ``correct_duplicates``).
-        chunk_length, before, after, causal, wrap_around: the `ChunkPattern`.
-        key_valid: ``(B, T)`` bool.
+        sorted_rows: the position in each slot, the slot of each position, the real positions (`SortedRows`).
+        pattern: the `ChunkPattern` (chunk length, neighbours, causal, wrap-around).
         masked_self: the score of a query's own key (far below any real score: it counts only when the query has
             nothing else).
         correct_duplicates: subtract ``log`` of the number of rounds in which the pair meets.
@@ -414,20 +423,23 @@ def flex_lsh_attention(
         ``(B, A, L, Dh)`` outputs and ``(B, A, L)`` log-sum-exp of the scores.
     """
     row_length = query.shape[2]
-    block_mask, score_mod = lsh_block_mask(
-        query, sorted_positions, slot_of, chunk_length, before, after, causal, wrap_around, key_valid, masked_self,
-        correct_duplicates,
-    )  # fmt: skip
+    block_mask, score_mod = lsh_block_mask(query, sorted_rows, pattern, masked_self, correct_duplicates)
     query, key, value = _pad_sequence((query, key, value), block_mask.seq_lengths[0])
     out, lse = _run(query, key, value, block_mask, score_mod, return_lse=True)
     return out[:, :, :row_length], lse[:, :, :row_length]
 
 
 def lsh_block_mask(
-    query, sorted_positions, slot_of, chunk_length, before, after, causal, wrap_around, key_valid, masked_self,
-    correct_duplicates=False,
-):  # fmt: skip
+    query: torch.Tensor,
+    sorted_rows: SortedRows,
+    pattern: ChunkPattern,
+    masked_self: float,
+    correct_duplicates: bool = False,
+):
     """The `BlockMask` and ``score_mod`` of `flex_lsh_attention`."""
+    sorted_positions, slot_of, key_valid = sorted_rows
+    chunk_length, before, after = pattern.chunk_length, pattern.before, pattern.after
+    causal, wrap_around = pattern.causal, pattern.wrap_around
     batch, rows, row_length, _ = query.shape
     device = query.device
     num_chunks = row_length // chunk_length
@@ -484,5 +496,6 @@ __all__ = [
     "flex_lsh_attention",
     "flex_sliding_window_attention",
     "lsh_block_mask",
+    "SortedRows",
     "sliding_window_block_mask",
 ]

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from .backend import FLEX, attend
-from .chunked import chunked_window_attention, pad_chunks, window_view
+from .chunked import WindowScores, chunked_window_attention, pad_chunks, window_view
 from .dense import dense_attention
-from .flex import _check_dropout, flex_chunked_local_attention, flex_lsh_attention
+from .flex import SortedRows, _check_dropout, flex_chunked_local_attention, flex_lsh_attention
 
 
 @dataclass(frozen=True)
@@ -209,11 +209,14 @@ def lsh_attention(
     buckets: torch.Tensor,
     pattern: ChunkPattern,
     key_valid: torch.Tensor | None = None,
+    *,
     correct_duplicates: bool = False,
     dropout_p: float = 0.0,
     implementation: str | None = "sdpa",
 ) -> torch.Tensor:
     """Chunked LSH attention (module docstring): linear in ``T`` for a fixed chunk length.
+
+    Nine parameters: the vectors, their buckets and the pattern, then three per-call options by keyword.
 
     Args:
         query: ``(B, H, T, Dh)`` shared query-key vectors; key: ``(B, H, T, Dh)`` the keys (normally
@@ -237,87 +240,161 @@ def lsh_attention(
             "correct_duplicates is only defined for rounds kept apart; set wrap_around=False (the transformers-"
             "compatible chunking lets rounds see each other's chunks)."
         )
+    batch, _, length, head_dim = query.shape
+    rounds = _SortedRounds.of(buckets, _valid(key_valid, batch, length, query.device), pattern)
+    # the sorted rows in one FlexAttention call, no chunk tensors; bucket-causal rounds (causal_buckets) have no
+    # block mask yet and take the chunked path, which computes the same attention
+    if implementation == FLEX and not pattern.causal_buckets:
+        out, lse = _flex_rounds(query, key, value, rounds, pattern, correct_duplicates)
+    else:
+        out, lse = _chunked_rounds(query, key, value, rounds, pattern, correct_duplicates, dropout_p)
+    # back to the original order, per round, then combine the rounds by their log-sum-exp weights
+    out, lse = rounds.unsort(out, head_dim), rounds.unsort(lse, 1)[..., 0]  # (B, H, R, T, Dh), (B, H, R, T)
+    return _combine_rounds(out, lse, pattern).to(value.dtype)
+
+
+@dataclass
+class _SortedRounds:
+    """The hashing rounds of `lsh_attention` sorted by (bucket, position), and the indices that sort vectors into
+    chunks and back. With wrap-around the ``R * N`` chunks of a head are one row (transformers); else each round is
+    its own row.
+
+    Attributes:
+        buckets: ``(B, H, R, T)``; valid: ``(B, T)`` bool, the real positions.
+        order: ``(B, H, R, Tp)`` the position in each sorted slot (``Tp = N * C``, dummy positions last).
+        inverse: ``(B, H, R, T)`` the slot of each position.
+        sort_index, slot_index, position_index: `_RowGather`'s indices into and out of the sorted order.
+        positions: ``(B, rows, chunks, C)`` the position in each slot, ``-1`` for the dummy slots.
+        rows, chunks, num_chunks: rows of chunks, chunks per row, chunks per round.
+    """
+
+    buckets: torch.Tensor
+    valid: torch.Tensor
+    order: torch.Tensor
+    inverse: torch.Tensor
+    sort_index: torch.Tensor
+    slot_index: torch.Tensor
+    position_index: torch.Tensor
+    positions: torch.Tensor
+    rows: int
+    chunks: int
+    num_chunks: int
+    chunk_length: int
+
+    @classmethod
+    def of(cls, buckets: torch.Tensor, valid: torch.Tensor, pattern: ChunkPattern) -> _SortedRounds:
+        batch, heads, rounds, length = buckets.shape
+        size = pattern.chunk_length
+        num_chunks = -(-length // size)
+        padded = num_chunks * size
+        order = _sort_order(buckets, valid, padded)  # (B, H, R, Tp): the position in each sorted slot
+        arange = torch.arange(padded, device=order.device).expand_as(order)
+        inverse = torch.empty_like(order).scatter_(-1, order, arange)
+        inverse = inverse[..., :length]  # (B, H, R, T): the slot of each position
+        offsets = torch.arange(rounds, device=order.device)[:, None]
+        # slots beyond T read position T - 1 (masked as keys, dropped as queries); their gradient goes nowhere
+        sort_index = (order.clamp(max=length - 1)).view(batch, heads, rounds * padded)
+        slot_index = (inverse + offsets * padded).view(batch, heads, rounds * length)
+        position_index = torch.where(order < length, order + offsets * length, rounds * length).flatten(2)
+        rows, chunks = (heads, rounds * num_chunks) if pattern.wrap_around else (heads * rounds, num_chunks)
+        positions = torch.where(order < length, order, -1).view(batch, rows, chunks, size)
+        return cls(
+            buckets=buckets,
+            valid=valid,
+            order=order,
+            inverse=inverse,
+            sort_index=sort_index,
+            slot_index=slot_index,
+            position_index=position_index,
+            positions=positions,
+            rows=rows,
+            chunks=chunks,
+            num_chunks=num_chunks,
+            chunk_length=size,
+        )
+
+    def sort(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``(B, H, T, Dh)`` -> ``(B, rows, chunks * C, Dh)``, in the input's dtype."""
+        batch, _, _, head_dim = tensor.shape
+        rounds = self.buckets.shape[2]
+        gathered = _RowGather.apply(tensor, self.sort_index, self.slot_index, rounds)
+        return gathered.view(batch, self.rows, self.chunks * self.chunk_length, head_dim)
+
+    def unsort(self, tensor: torch.Tensor, width: int) -> torch.Tensor:
+        """``(B, rows, chunks, C[, Dh])`` -> ``(B, H, R, T, width)``."""
+        batch, heads, rounds, length = self.buckets.shape
+        flat = tensor.reshape(batch, heads, rounds * self.num_chunks * self.chunk_length, width)
+        return _RowGather.apply(flat, self.slot_index, self.position_index, 1).view(
+            batch, heads, rounds, length, width
+        )
+
+
+def _flex_rounds(query, key, value, rounds: _SortedRounds, pattern: ChunkPattern, correct_duplicates: bool):
+    """The sorted rows' attention in one FlexAttention call: ``(B, rows, chunks, C, Dh)`` outputs and
+    ``(B, rows, chunks, C)`` log-sum-exp."""
+    batch, _, _, head_dim = query.shape
+    size = pattern.chunk_length
+    self_only = _mask_values(_score_dtype(query.dtype), pattern.wrap_around)[1]
+    positions = rounds.positions.view(batch, rounds.rows, rounds.chunks * size)
+    sorted_rows = SortedRows(positions, slot_of=rounds.inverse, key_valid=rounds.valid)
+    out, lse = flex_lsh_attention(
+        rounds.sort(query), rounds.sort(key), rounds.sort(value), sorted_rows, pattern, self_only, correct_duplicates
+    )
+    return out.view(batch, rounds.rows, rounds.chunks, size, head_dim), lse.view(
+        batch, rounds.rows, rounds.chunks, size
+    )
+
+
+def _chunked_rounds(
+    query, key, value, rounds: _SortedRounds, pattern: ChunkPattern, correct_duplicates: bool, dropout_p: float
+):
+    """The sorted rows' attention chunk by chunk (`chunked.chunked_window_attention`, in float32 or float64):
+    ``(B, rows, chunks, C, Dh)`` outputs and ``(B, rows, chunks, C)`` log-sum-exp."""
     batch, heads, length, head_dim = query.shape
-    rounds, size = buckets.shape[2], pattern.chunk_length
-    num_chunks = -(-length // size)
-    padded = num_chunks * size
-    valid = _valid(key_valid, batch, length, query.device)
-    order = _sort_order(buckets, valid, padded)  # (B, H, R, Tp): the position in each sorted slot
-    inverse = torch.empty_like(order).scatter_(-1, order, torch.arange(padded, device=order.device).expand_as(order))
-    inverse = inverse[..., :length]  # (B, H, R, T): the slot of each position
-    offsets = torch.arange(rounds, device=order.device)[:, None]
-    # slots beyond T read position T - 1 (masked as keys, dropped as queries); their gradient goes nowhere
-    sort_index = (order.clamp(max=length - 1)).view(batch, heads, rounds * padded)
-    slot_index = (inverse + offsets * padded).view(batch, heads, rounds * length)
-    position_index = torch.where(order < length, order + offsets * length, rounds * length).flatten(2)
-    # wrap-around: the R * N chunks of a head are one sequence (transformers); else each round is its own row
-    rows, chunks = (heads, rounds * num_chunks) if pattern.wrap_around else (heads * rounds, num_chunks)
+    num_rounds, size = rounds.buckets.shape[2], pattern.chunk_length
+    rows, chunks, num_chunks, positions, valid = (
+        rounds.rows,
+        rounds.chunks,
+        rounds.num_chunks,
+        rounds.positions,
+        rounds.valid,
+    )
 
     def sort(tensor):  # (B, H, T, Dh) -> (B, rows, chunks, C, Dh)
         work = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
-        return _RowGather.apply(work, sort_index, slot_index, rounds).view(batch, rows, chunks, size, head_dim)
+        return rounds.sort(work).view(batch, rows, chunks, size, head_dim)
 
-    positions = torch.where(order < length, order, -1).view(batch, rows, chunks, size)
-    # the sorted rows in one FlexAttention call, no chunk tensors; bucket-causal rounds (causal_buckets) have no
-    # block mask yet and take the chunked path below, which computes the same attention
-    if implementation == FLEX and not pattern.causal_buckets:
-        self_only = _mask_values(_score_dtype(query.dtype), pattern.wrap_around)[1]
+    key_positions = _window_positions(positions, pattern)  # (B, rows, chunks, K)
+    key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(key_positions.shape)
+    query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
+    blocked = ~key_ok[..., None, :]
+    if pattern.causal:
+        blocked = blocked | (key_pos > query_pos)
+    if pattern.causal_buckets:
+        blocked = blocked | _outside_causal_bucket(rounds.order, rounds.buckets, valid, pattern, rows, chunks)
+    bias = None
+    if correct_duplicates:
+        counts = _duplicate_counts(rounds.order, positions.view(batch, heads, num_rounds, num_chunks, size),
+                                   key_positions.view(batch, heads, num_rounds, num_chunks, -1), pattern, length,
+                                   _position_bucket_keys(rounds.buckets, valid))  # fmt: skip
+    work_dtype = _score_dtype(query.dtype)
+    if correct_duplicates:
+        bias = -counts.to(work_dtype).log().view(batch, rows, chunks, size, -1)
+    masked, self_only = _mask_values(work_dtype, pattern.wrap_around)
+    self_slot = key_pos == query_pos if pattern.wrap_around else "diagonal"
+    scores = WindowScores(blocked, self_slot, bias, masked, self_only)
+    return chunked_window_attention(
+        sort(query), sort(key), sort(value), pattern.before, pattern.after, pattern.wrap_around, scores, dropout_p
+    )  # (B, rows, chunks, C, Dh), (B, rows, chunks, C)
 
-        def sort_rows(tensor):  # (B, H, T, Dh) -> (B, rows, chunks * C, Dh), in the input's dtype
-            return _RowGather.apply(tensor, sort_index, slot_index, rounds).view(batch, rows, chunks * size, head_dim)
 
-        out, lse = flex_lsh_attention(
-            sort_rows(query), sort_rows(key), sort_rows(value), positions.view(batch, rows, chunks * size),
-            inverse, size, pattern.before, pattern.after, pattern.causal, pattern.wrap_around, valid, self_only,
-            correct_duplicates,
-        )  # fmt: skip
-        out, lse = out.view(batch, rows, chunks, size, head_dim), lse.view(batch, rows, chunks, size)
-    else:
-        key_positions = _window_positions(positions, pattern)  # (B, rows, chunks, K)
-        key_ok = (key_positions >= 0) & valid.gather(1, key_positions.clamp(min=0).flatten(1)).view(
-            key_positions.shape
-        )
-        query_pos, key_pos = positions[..., :, None], key_positions[..., None, :]
-        blocked = ~key_ok[..., None, :]
-        if pattern.causal:
-            blocked = blocked | (key_pos > query_pos)
-        if pattern.causal_buckets:
-            blocked = blocked | _outside_causal_bucket(order, buckets, valid, pattern, rows, chunks)
-        bias = None
-        if correct_duplicates:
-            counts = _duplicate_counts(order, positions.view(batch, heads, rounds, num_chunks, size),
-                                       key_positions.view(batch, heads, rounds, num_chunks, -1), pattern, length,
-                                       _position_bucket_keys(buckets, valid))  # fmt: skip
-        work_dtype = _score_dtype(query.dtype)
-        if correct_duplicates:
-            bias = -counts.to(work_dtype).log().view(batch, rows, chunks, size, -1)
-        masked, self_only = _mask_values(work_dtype, pattern.wrap_around)
-        out, lse = chunked_window_attention(
-            sort(query),
-            sort(key),
-            sort(value),
-            pattern.before,
-            pattern.after,
-            pattern.wrap_around,
-            blocked,
-            key_pos == query_pos if pattern.wrap_around else "diagonal",
-            bias,
-            masked,
-            self_only,
-            dropout_p,
-        )  # fmt: skip  (B, rows, chunks, C, Dh), (B, rows, chunks, C)
-
-    # back to the original order, per round, then combine the rounds by their log-sum-exp weights
-    def unsort(tensor, width):  # (B, rows, chunks, C[, Dh]) -> (B, H, R, T, width)
-        flat = tensor.reshape(batch, heads, rounds * padded, width)
-        return _RowGather.apply(flat, slot_index, position_index, 1).view(batch, heads, rounds, length, width)
-
-    out, lse = unsort(out, head_dim), unsort(lse, 1)[..., 0]  # (B, H, R, T, Dh), (B, H, R, T)
-    if rounds == 1:
-        return out[:, :, 0].to(value.dtype)
+def _combine_rounds(out: torch.Tensor, lse: torch.Tensor, pattern: ChunkPattern) -> torch.Tensor:
+    """The rounds' outputs ``(B, H, R, T, Dh)`` weighted by their log-sum-exp ``(B, H, R, T)``: ``(B, H, T, Dh)``."""
+    if lse.shape[2] == 1:
+        return out[:, :, 0]
     # exp(lse_r - logsumexp_r lse_r): transformers' formula (its rounding included), else computed max-shifted
     weights = (lse - lse.logsumexp(dim=2, keepdim=True)).exp() if pattern.wrap_around else lse.softmax(dim=2)
-    return (out * weights[..., None]).sum(dim=2).to(value.dtype)  # (B, H, T, Dh)
+    return (out * weights[..., None]).sum(dim=2)  # (B, H, T, Dh)
 
 
 class _RowGather(torch.autograd.Function):
@@ -537,10 +614,7 @@ def chunked_local_attention(
     dtypes go through `backend.attend` (``"eager"``: the dense softmax per chunk); ``"flex_attention"``: one
     FlexAttention call (`flex.flex_chunked_local_attention`)."""
     if implementation == FLEX:
-        return flex_chunked_local_attention(
-            query, key, value, pattern.chunk_length, pattern.before, pattern.after, pattern.causal,
-            pattern.wrap_around, key_valid, dropout_p,
-        )  # fmt: skip
+        return flex_chunked_local_attention(query, key, value, pattern, key_valid, dropout_p)
     batch, heads, length, head_dim = query.shape
     size = pattern.chunk_length
     num_chunks = -(-length // size)
@@ -564,10 +638,17 @@ def chunked_local_attention(
         return tensor.view(batch, heads, num_chunks, size, head_dim)
 
     if implementation in (None, "sdpa") and query.dtype in (torch.float32, torch.float64):
+        scores = WindowScores(blocked=~allowed[:, None], masked=torch.finfo(query.dtype).min, self_only=0.0)
         out, _ = chunked_window_attention(
-            chunks(query), chunks(key), chunks(value), pattern.before, pattern.after, pattern.wrap_around,
-            ~allowed[:, None], None, None, torch.finfo(query.dtype).min, 0.0, dropout_p,
-        )  # fmt: skip
+            chunks(query),
+            chunks(key),
+            chunks(value),
+            pattern.before,
+            pattern.after,
+            pattern.wrap_around,
+            scores,
+            dropout_p,
+        )
     else:  # fold the chunks into the batch: (B*N, H, C, Dh) against copied windows (B*N, H, span*C, Dh)
 
         def fold(tensor):

@@ -325,17 +325,7 @@ def sliding_window_attention(
     """
     if implementation == FLEX:
         global_mask = None if global_tokens is None else global_tokens.mask
-        return flex_sliding_window_attention(
-            query,
-            key,
-            value,
-            pattern.window,
-            pattern.dilation,
-            pattern.causal,
-            key_padding_mask,
-            global_mask,
-            dropout_p,
-        )
+        return flex_sliding_window_attention(query, key, value, pattern, key_padding_mask, global_mask, dropout_p)
     batch, heads, length, head_dim = query.shape
     device = query.device
     key_valid = _key_valid(key_padding_mask, batch, length, device)

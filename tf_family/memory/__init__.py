@@ -30,15 +30,18 @@ from .knn_memory import (
     KNNMemory,
     MemorizingMemory,
     Retrieved,
+    SharedBuffers,
     dense_knn_attention,
     fused_knn_attention,
     gathered_knn_attention,
     knn_attention,
     retrieve,
 )
-from .knn_reader import MemoryReader
+from .knn_reader import MemoryReader, ReaderRegistry
 from .knn_search import (
     SEARCH_KINDS,
+    Expired,
+    MemoryAllowed,
     bucketed_top_k,
     exact_top_k,
     faiss_top_k,
@@ -85,10 +88,14 @@ def register_pytree_nodes() -> None:
 __all__ = [
     "register_pytree_nodes",
     "SEARCH_KINDS",
+    "Expired",
     "KNNMemory",
     "MemorizingMemory",
+    "MemoryAllowed",
     "MemoryReader",
+    "ReaderRegistry",
     "Retrieved",
+    "SharedBuffers",
     "bucketed_top_k",
     "dense_knn_attention",
     "fused_knn_attention",

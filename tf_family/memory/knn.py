@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -230,13 +231,11 @@ def _require_faiss():
     return faiss
 
 
-class FaissKNNStore(KNNStore):
-    """A faiss index behind the `KNNStore` interface.
+@dataclass(frozen=True)
+class FaissIndexParams:
+    """The settings of a `FaissKNNStore`'s index (recorded in its ``knn_store.json`` as ``params``).
 
-    Args:
-        dim: key width D.
-        metric: ``"l2"`` or ``"ip"``.
-        index_type: ``"flat"``, ``"ivf_flat"``, ``"ivf_pq"`` or ``"hnsw"``.
+    Attributes:
         nlist: IVF centroids (``ivf_*``). nprobe: IVF lists visited per query.
         pq_m: PQ sub-quantizers (bytes per code with 8 bits; must divide D). pq_bits: bits per sub-quantizer.
         hnsw_m: HNSW neighbours per node. ef_search / ef_construction: HNSW beam widths.
@@ -244,41 +243,45 @@ class FaissKNNStore(KNNStore):
         seed: seed of faiss's k-means (training is deterministic given it).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        metric: Metric = "l2",
-        index_type: str = "flat",
-        *,
-        nlist: int = 1024,
-        nprobe: int = 32,
-        pq_m: int = 8,
-        pq_bits: int = 8,
-        hnsw_m: int = 32,
-        ef_search: int = 64,
-        ef_construction: int = 64,
-        chunk_size: int = 500_000,
-        seed: int = 1234,
-        index=None,
-    ):
+    nlist: int = 1024
+    nprobe: int = 32
+    pq_m: int = 8
+    pq_bits: int = 8
+    hnsw_m: int = 32
+    ef_search: int = 64
+    ef_construction: int = 64
+    chunk_size: int = 500_000
+    seed: int = 1234
+
+
+class FaissKNNStore(KNNStore):
+    """A faiss index behind the `KNNStore` interface.
+
+    Args:
+        dim: key width D.
+        metric: ``"l2"`` or ``"ip"``.
+        index_type: ``"flat"``, ``"ivf_flat"``, ``"ivf_pq"`` or ``"hnsw"``.
+        index: an index already built (`load`), or None for a new one.
+        params: by keyword, the fields of `FaissIndexParams` to set (``nlist=4096, nprobe=32``); the others keep
+            their defaults.
+    """
+
+    def __init__(self, dim: int, metric: Metric = "l2", index_type: str = "flat", *, index=None, **params: int):
         faiss = _require_faiss()
         _check_metric(metric)
         if index_type not in FAISS_INDEX_TYPES:
             raise ValueError(f"index_type={index_type!r} is unknown; choose one of {list(FAISS_INDEX_TYPES)}.")
-        if index_type == "ivf_pq" and dim % pq_m:
-            raise ValueError(f"pq_m={pq_m} must divide the key width dim={dim} for index_type='ivf_pq'.")
+        unknown = sorted(set(params) - {f.name for f in fields(FaissIndexParams)})
+        if unknown:
+            raise TypeError(
+                f"FaissKNNStore got unknown index settings {unknown}; the settings are the fields of FaissIndexParams: "
+                f"{[f.name for f in fields(FaissIndexParams)]}."
+            )
+        settings = FaissIndexParams(**params)
+        if index_type == "ivf_pq" and dim % settings.pq_m:
+            raise ValueError(f"pq_m={settings.pq_m} must divide the key width dim={dim} for index_type='ivf_pq'.")
         self.dim, self.metric, self.index_type = dim, metric, index_type
-        self.params = {
-            "nlist": nlist,
-            "nprobe": nprobe,
-            "pq_m": pq_m,
-            "pq_bits": pq_bits,
-            "hnsw_m": hnsw_m,
-            "ef_search": ef_search,
-            "ef_construction": ef_construction,
-            "chunk_size": chunk_size,
-            "seed": seed,
-        }
+        self.params = asdict(settings)
         self.index = index if index is not None else self._new_index(faiss)
         self.metadata: dict = {}
         self._apply_search_params()
@@ -454,6 +457,7 @@ def load_knn_store(folder: str | os.PathLike, **kwargs) -> KNNStore:
 __all__ = [
     "FAISS_INDEX_TYPES",
     "ExactKNNStore",
+    "FaissIndexParams",
     "FaissKNNStore",
     "KNNStore",
     "chunked_knn_search",

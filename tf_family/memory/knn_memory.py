@@ -7,7 +7,9 @@ key), `index_select` for beam search and `state_dict` / `from_state_dict` for ch
 ``Cache`` it is passed into ``forward`` and the updated memory is returned (a new object: the one passed in is
 left as it is, unless the write is in place: `KNNMemory.write` with ``in_place=True``, the model's default, updates
 the preallocated buffers and marks the memory passed in as consumed, so that a second use of it raises instead of
-reading the newer entries; `KNNMemory.clone` keeps a copy). The capacity belongs to the memory object,
+reading the newer entries; `KNNMemory.clone` keeps a copy). What the memories over the same buffers share (their
+count of writes in place, their live readers, their faiss indexes) is one `SharedBuffers` object they hold, not a
+module-level table. The capacity belongs to the memory object,
 so a model trained with one size can read with another (`KNNMemory.empty`). `MemorizingMemory` bundles it with the
 Transformer-XL `SegmentMemory`: the whole state a Memorizing Transformer carries between calls.
 
@@ -24,13 +26,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .knn_reader import MemoryReader
+from .knn_reader import MemoryReader, ReaderRegistry
 from .knn_search import (
-    Expired,
+    MemoryAllowed,
     exact_candidates,
     grouped_bound,
     knn_top_k,
@@ -173,15 +175,15 @@ class Retrieved:
     @functools.cached_property
     def memory_keys(self) -> tuple[torch.Tensor, ...]:
         """Blocks ``(R_i, T, K, Dh)`` of the ``(B * H, T, K, Dh)`` retrieved keys (`gather_blocks`)."""
-        return self._gathered(0)
+        return self._gathered(self.memory[0])
 
     @functools.cached_property
     def memory_values(self) -> tuple[torch.Tensor, ...]:
         """Blocks ``(R_i, T, K, Dh)`` of the ``(B * H, T, K, Dh)`` retrieved values (`gather_blocks`)."""
-        return self._gathered(1)
+        return self._gathered(self.memory[1])
 
-    def _gathered(self, part: int) -> tuple[torch.Tensor, ...]:
-        memory = self.memory[part]
+    def _gathered(self, memory: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Blocks of the retrieved rows of ``memory`` (the memory's keys or values), in the queries' dtype."""
         batch, heads, length, top = self.memory_slots.shape
         if memory.shape[2] == 0:  # an empty memory: nothing to gather
             return (memory.new_zeros(batch * heads, length, top, memory.shape[-1], dtype=self.dtype),)
@@ -256,13 +258,17 @@ class _RetrievedAttention(torch.autograd.Function):
     `nan_to_num`, slices) made about twenty passes over the ``(B, H, T, K + T)`` logits forward and backward; here
     the memory's ``(B, H, T, K)`` and the segment's ``(B, H, T, T)`` parts stay apart and share one softmax
     (maximum, exponentials, one normaliser; 0 where a query found nothing), and the backward is the softmax's:
-    ``dlogits = p * (dp - sum(p * dp))``."""
+    ``dlogits = p * (dp - sum(p * dp))``.
+
+    Its ``forward`` takes ten arguments and the pairs because `apply` passes everything positionally and the
+    tensors must be its inputs for autograd and checkpointing to see them; `fused_knn_attention` is the named call."""
 
     @staticmethod
     def forward(
         ctx, query, scale, segment_keys, segment_values, memory_found, segment_found, scores, segment_scores, reader,
         blocks, *pairs,
     ):  # fmt: skip
+        """Ten inputs and the pairs, positionally: `apply` takes no keywords (see the class docstring)."""
         key_blocks, value_blocks = pairs[:blocks], pairs[blocks:]
         batch, heads, length, width = query.shape
         factor = scale.view(1, heads, 1, 1)
@@ -347,14 +353,21 @@ class _RetrievedAttention(torch.autograd.Function):
         )  # fmt: skip
 
 
-def fused_knn_attention(query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor) -> torch.Tensor:
+def fused_knn_attention(
+    query: torch.Tensor, retrieved: Retrieved, scale: torch.Tensor, readers: ReaderRegistry | None = None
+) -> torch.Tensor:
     """`knn_attention`'s attended values ``(B, H, T, Dh)`` (its twin: the same values and gradients for the query,
     the scale and the segment's keys and values) through one autograd Function (`_RetrievedAttention`): what the
     model's gated kNN layer runs. The cosine scores come from the search (`Retrieved.scores`, ``segment_scores``):
-    ``query`` must be the query the pairs were retrieved with. Where the native pair kernels run (float32 on CPU,
-    `MemoryReader`) the memory's pairs are read by slot, not gathered (at 8k entries, batch 2 x 256 tokens, 8 heads
-    x 64: 64 MiB of copies per training step saved, and their products)."""
-    reader = MemoryReader.of(retrieved.memory, retrieved.memory_slots, query.dtype)
+    ``query`` must be the query the pairs were retrieved with.
+
+    ``readers``: the `ReaderRegistry` of the memory layer the pairs come from (`KNNMemory.readers`). With it, where
+    the native pair kernels run (float32 on CPU, `MemoryReader`), the memory's pairs are read by slot, not gathered
+    (at 8k entries, batch 2 x 256 tokens, 8 heads x 64: 64 MiB of copies per training step saved, and their
+    products), and the memory's writes in place keep what the backward reads; without it they are gathered."""
+    reader = None
+    if readers is not None:
+        reader = MemoryReader.of(retrieved.memory, retrieved.memory_slots, query.dtype, readers)
     keys = values = ()
     if reader is None:
         keys = tuple(block.to(query.dtype) for block in retrieved.memory_keys)
@@ -397,22 +410,24 @@ def dense_knn_attention(
 
 
 def retrieve(
-    kind: str,
     query: torch.Tensor,
     memory: tuple[torch.Tensor, torch.Tensor],
-    memory_allowed: torch.Tensor | tuple[torch.Tensor, Expired | None],
-    segment: tuple[torch.Tensor, torch.Tensor] | None,
-    segment_allowed: torch.Tensor | None,
+    memory_allowed: torch.Tensor | MemoryAllowed,
+    *,
     k: int,
+    kind: str = "exact",
+    segment: tuple[torch.Tensor, torch.Tensor] | None = None,
+    segment_allowed: torch.Tensor | None = None,
     indexes: Sequence | None = None,
 ) -> Retrieved:
-    """The ``k`` best pairs per query among the memory's allowed slots (searched with backend ``kind``) and, when
-    ``segment`` is given, the allowed positions of the query's own segment (scored exactly).
+    """The ``k`` best pairs per query among the memory's allowed slots (searched with backend ``kind``, one of
+    `knn_search.SEARCH_KINDS`) and, when ``segment`` is given, the allowed positions of the query's own segment
+    (scored exactly).
 
     Args:
         query: ``(B, H, T, Dh)`` L2-normalised queries.
-        memory: keys and values ``(B, H, N, Dh)``; memory_allowed: bool broadcastable to ``(B, H, T, N)``, or that
-            and the expired (slot, query) pairs (`exact_top_k`).
+        memory: keys and values ``(B, H, N, Dh)``; memory_allowed: bool broadcastable to ``(B, H, T, N)``, or a
+            `MemoryAllowed` (that and the expired (slot, query) pairs, `exact_top_k`).
         segment: keys and values ``(B, H, T, Dh)`` of the segment itself, or None; segment_allowed: bool
             broadcastable to ``(B, H, T, T)`` (which earlier positions each query may retrieve).
         indexes: the memory's persistent faiss indexes for ``kind="faiss"`` (`KNNMemory.faiss_indexes`).
@@ -421,7 +436,13 @@ def retrieve(
         A `Retrieved`. Pairs retrieved from the memory carry no gradient; pairs retrieved from ``segment`` carry its
         gradient (they are this forward's keys and values).
     """
-    allowed, expired = memory_allowed if isinstance(memory_allowed, tuple) else (memory_allowed, None)
+    if isinstance(memory_allowed, torch.Tensor):
+        memory_allowed = MemoryAllowed(memory_allowed)
+    elif not isinstance(memory_allowed, MemoryAllowed):
+        raise TypeError(
+            f"memory_allowed must be a bool tensor or a MemoryAllowed(valid, expired), got {type(memory_allowed)}."
+        )
+    allowed, expired = memory_allowed
     batch, heads, length, _ = query.shape
     with torch.no_grad():
         if kind == "exact":  # candidates only: one selection below covers them and the segment
@@ -452,12 +473,45 @@ def retrieve(
     if kind == "faiss":  # faiss's scores: float32, computed apart
         scores = segment_scores = None
     return Retrieved(
-        memory, slot, found & in_memory, found, segment_index, segment, segment_found, scores, segment_scores,
-        query.dtype,
-    )  # fmt: skip
+        memory=memory,
+        memory_slots=slot,
+        memory_found=found & in_memory,
+        found=found,
+        segment_index=segment_index,
+        segment=segment,
+        segment_found=segment_found,
+        scores=scores,
+        segment_scores=segment_scores,
+        dtype=query.dtype,
+    )
 
 
 # ------------------------------------------------------------------------------------------------------------ memory
+@dataclass(eq=False)
+class SharedBuffers:
+    """What every `KNNMemory` over the same key and value buffers shares: a reset of a memory, and the memory a
+    write in place returns, hold the buffers of the memory they came from, and this state with them.
+
+    Attributes:
+        readers: per kNN layer, the live readers of its buffers (`ReaderRegistry`), which a write in place asks to
+            keep the rows it overwrites while a backward still has to read them.
+        faiss: per kNN layer, the persistent faiss indexes of its keys (`KNNMemory.faiss_indexes`), kept in step
+            by the writes in place.
+        writes: how many writes in place the buffers have had. A memory records the count it was made at
+            (`KNNMemory.written_at`): once the count has moved past it, the buffers hold entries newer than that
+            memory's (it is `KNNMemory.consumed`).
+    """
+
+    readers: tuple[ReaderRegistry, ...]
+    faiss: dict[int, list] = field(default_factory=dict)
+    writes: int = 0
+
+    @classmethod
+    def of(cls, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> SharedBuffers:
+        """The state of fresh buffers: no readers, no faiss indexes, no writes."""
+        return cls(tuple(ReaderRegistry(k, v) for k, v in zip(keys, values, strict=True)))
+
+
 @dataclass
 class KNNMemory:
     """Per kNN layer, batch row and head, a FIFO ring buffer of ``capacity`` (key, value) pairs.
@@ -467,12 +521,17 @@ class KNNMemory:
         values: per kNN layer ``(B, H, N, Dh)``.
         mask: ``(B, N)`` bool, True where a slot holds an entry of the row's current document.
         next_slot: the slot the next entry goes to (shared by the rows, which are written in step).
+        shared: the state of the buffers, shared with every memory over them (`SharedBuffers`): their readers,
+            faiss indexes and count of writes in place. Set by the memory itself (fresh for new buffers).
+        written_at: ``shared.writes`` when this memory was made (`consumed` once they differ).
     """
 
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     mask: torch.Tensor
     next_slot: int = 0
+    shared: SharedBuffers = field(init=False, repr=False, compare=False)
+    written_at: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.keys, self.values = tuple(self.keys), tuple(self.values)
@@ -491,10 +550,7 @@ class KNNMemory:
         self.mask = self.mask.to(torch.bool)
         if not isinstance(self.next_slot, torch.SymInt):  # (a traced write's slot stays symbolic in the graph)
             self.next_slot = int(self.next_slot)
-        # memories that share buffers (a reset, a write in place) share this counter of writes in place; a memory
-        # whose own count is behind it is stale (`consumed`)
-        self._writes, self._seen = [0], 0
-        self._faiss: dict[int, list] = {}  # per kNN layer, the persistent faiss indexes (`faiss_indexes`)
+        self.shared, self.written_at = SharedBuffers.of(self.keys, self.values), 0
         if not 0 <= self.next_slot < max(self.capacity, 1):
             raise ValueError(f"KNNMemory.next_slot must be in [0, {self.capacity}), got {self.next_slot}.")
 
@@ -550,12 +606,18 @@ class KNNMemory:
         return self._sharing(KNNMemory(self.keys, self.values, self.mask & ~rows[:, None], self.next_slot))
 
     @property
+    def readers(self) -> tuple[ReaderRegistry, ...]:
+        """Per kNN layer, the live readers of its buffers (pass ``readers[layer]`` to `fused_knn_attention`)."""
+        return self.shared.readers
+
+    @property
     def consumed(self) -> bool:
         """True once a write in place into this memory's buffers has made them hold newer entries."""
-        return self._seen != self._writes[0]
+        return self.written_at != self.shared.writes
 
     def _sharing(self, other: KNNMemory) -> KNNMemory:
-        other._writes, other._seen, other._faiss = self._writes, self._writes[0], self._faiss
+        """``other`` (a memory over this memory's buffers) sharing their state, current as of now."""
+        other.shared, other.written_at = self.shared, self.shared.writes
         return other
 
     def faiss_indexes(self, layer: int, index_type: str = "flat", **params) -> list:
@@ -564,9 +626,9 @@ class KNNMemory:
         reordered memory builds its own). ``params``: ``nlist``, ``nprobe``, ``pq_m`` of an IVF index."""
         from .knn_faiss import build_slot_indexes
 
-        indexes = self._faiss.get(layer)
+        indexes = self.shared.faiss.get(layer)
         if indexes is None or any(index.provisional for index in indexes[:1]):
-            indexes = self._faiss[layer] = build_slot_indexes(self.keys[layer], self.mask, index_type, **params)
+            indexes = self.shared.faiss[layer] = build_slot_indexes(self.keys[layer], self.mask, index_type, **params)
         return indexes
 
     def check_current(self) -> None:
@@ -627,8 +689,8 @@ class KNNMemory:
         slots = (self.next_slot + torch.arange(kept, device=self.mask.device)) % self.capacity
         with torch.no_grad():
             if in_place:  # a backward still to come may read these slots by index (`MemoryReader`)
-                for layer_keys, layer_values in zip(self.keys, self.values, strict=True):
-                    MemoryReader.stash_before_write(layer_keys, layer_values, slots)
+                for readers in self.readers:
+                    readers.stash_before_write(slots)
             written = [
                 (memory.index_copy_ if in_place else memory.index_copy)(
                     2, slots, new[:, :, length - kept :].detach().to(memory.dtype)
@@ -640,11 +702,11 @@ class KNNMemory:
         layers = len(self.keys)
         memory = KNNMemory(written[:layers], written[layers:], mask, (self.next_slot + kept) % self.capacity)
         if in_place:
-            self._writes[0] += 1
-            if self._faiss:
+            self.shared.writes += 1
+            if self.shared.faiss:
                 from .knn_faiss import update_slot_indexes
 
-                for layer, indexes in self._faiss.items():
+                for layer, indexes in self.shared.faiss.items():
                     update_slot_indexes(indexes, slots, keys[layer][:, :, length - kept :].detach())
             memory = self._sharing(memory)
         return memory
@@ -725,6 +787,7 @@ __all__ = [
     "KNNMemory",
     "MemorizingMemory",
     "Retrieved",
+    "SharedBuffers",
     "dense_knn_attention",
     "fused_knn_attention",
     "gather_blocks",

@@ -1,7 +1,9 @@
 """Products of queries with the kNN memory pairs they retrieved, read by slot from the memory's buffers by the
 native pair kernels (``csrc/knn_pairs.cpp``) instead of gathered copies: `MemoryReader`, which
-`tf_family.memory.knn_memory.fused_knn_attention` uses where it can and `KNNMemory.write` keeps correct across a write
-in place (the gathered copies, `tf_family.memory.knn_memory.gather_blocks`, are its twin).
+`tf_family.memory.knn_memory.fused_knn_attention` uses where it can, and `ReaderRegistry`, the live readers of one
+kNN layer's buffers, which the memory that owns the buffers (`KNNMemory.readers`) holds and asks to keep what they
+read before it writes over it in place (the gathered copies, `tf_family.memory.knn_memory.gather_blocks`, are the
+readers' twin).
 
 Shapes: ``B`` batch, ``H`` heads, ``T`` queries, ``N`` memory slots, ``K`` neighbours, ``Dh`` head width,
 ``R = B * H``.
@@ -15,7 +17,35 @@ import torch
 
 from ..attention import native
 
-_READERS: dict[int, weakref.WeakSet] = {}  # id of a memory key buffer -> the live readers of it
+
+class ReaderRegistry:
+    """The live `MemoryReader`s of one kNN layer's key and value buffers.
+
+    Owned by the `KNNMemory` that holds the buffers, and shared with the memories that share them (a reset, the
+    memory a write in place returns): a write in place into the buffers first asks every reader registered here to
+    keep the rows it is about to overwrite (`stash_before_write`). Readers are held weakly: a reader that no
+    autograd graph holds any more is gone, and the write copies nothing for it."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values  # the buffers whose readers these are
+        self._readers: weakref.WeakSet[MemoryReader] = weakref.WeakSet()
+
+    def __len__(self) -> int:
+        return len(self._readers)
+
+    def add(self, reader: MemoryReader) -> None:
+        if reader.keys is not self.keys or reader.values is not self.values:
+            raise ValueError(
+                "this MemoryReader reads other buffers than the ReaderRegistry passed with it: pass the registry of "
+                "the memory layer the pairs were retrieved from (KNNMemory.readers[layer])."
+            )
+        self._readers.add(reader)
+
+    def stash_before_write(self, slots: torch.Tensor) -> None:
+        """Called by a write in place about to overwrite ``slots`` (``(C,)``) of the buffers: every live reader of
+        them keeps the rows it has not kept yet."""
+        for reader in list(self._readers):
+            reader._stash(slots)
 
 
 class MemoryReader:
@@ -25,9 +55,9 @@ class MemoryReader:
 
     The model writes the segment into the memory in place at the end of its forward, before the backward reads
     the retrieved pairs again. While a reader is alive (its autograd graph holds it), such a write first copies the
-    rows it overwrites aside (`KNNMemory.write` calls `stash_before_write`: ``T`` slots per row and head, against
-    ``k`` gathered copies per query), and the kernels read those slots from the copies. A reader that no graph holds
-    is gone, and writes copy nothing."""
+    rows it overwrites aside (`KNNMemory.write` calls `ReaderRegistry.stash_before_write` on the registry the reader
+    was made with: ``T`` slots per row and head, against ``k`` gathered copies per query), and the kernels read those
+    slots from the copies. A reader that no graph holds is gone, and writes copy nothing."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, extension):
         self.keys, self.values, self.extension = keys, values, extension
@@ -36,35 +66,28 @@ class MemoryReader:
         self.slots = slots.reshape(batch * heads, slots.shape[2], slots.shape[3]).contiguous()  # (R, T, K)
         self.remap: torch.Tensor | None = None  # (N,) int32: a stashed slot's row in the copies, else -1
         self.stashed: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, H, C, Dh) keys and values copied aside
-        if len(_READERS) > 64:  # forget buffers no live reader reads any more
-            for key in [key for key, readers in _READERS.items() if not readers]:
-                del _READERS[key]
-        _READERS.setdefault(id(keys), weakref.WeakSet()).add(self)
 
     @classmethod
     def of(
-        cls, memory: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, dtype: torch.dtype
+        cls,
+        memory: tuple[torch.Tensor, torch.Tensor],
+        slots: torch.Tensor,
+        dtype: torch.dtype,
+        registry: ReaderRegistry,
     ) -> MemoryReader | None:
         """A reader of the pairs at ``slots`` ``(B, H, T, K)`` of ``memory`` (its key and value buffers) for queries
-        of ``dtype``, or None where the native pair kernels do not run: not float32 on CPU, an empty memory, under
+        of ``dtype``, registered with ``registry`` (the buffers' `ReaderRegistry`, whose writes in place keep it
+        correct), or None where the native pair kernels do not run: not float32 on CPU, an empty memory, under
         `torch.compile` / export, or no kernel."""
         keys, values = memory
         if keys.shape[2] == 0 or dtype != torch.float32 or not (keys.is_contiguous() and values.is_contiguous()):
             return None
         extension = native.float32_cpu_extension(keys, values)
-        return None if extension is None else cls(keys, values, slots, extension)
-
-    @staticmethod
-    def stash_before_write(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
-        """Called by a write in place about to overwrite ``slots`` (``(C,)``) of these key and value buffers: every
-        live reader of them keeps the rows it has not kept yet."""
-        readers = _READERS.get(id(keys))
-        if not readers:
-            _READERS.pop(id(keys), None)
-            return
-        for reader in list(readers):
-            if reader.keys is keys and reader.values is values:
-                reader._stash(slots)
+        if extension is None:
+            return None
+        reader = cls(keys, values, slots, extension)
+        registry.add(reader)
+        return reader
 
     def _stash(self, slots: torch.Tensor) -> None:
         if self.remap is None:
@@ -112,4 +135,4 @@ class MemoryReader:
         return self.extension.knn_pair_mix(weights.contiguous(), *self._values)
 
 
-__all__ = ["MemoryReader"]
+__all__ = ["MemoryReader", "ReaderRegistry"]

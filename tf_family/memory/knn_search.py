@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,20 @@ def _check_search(queries: torch.Tensor, keys: torch.Tensor, allowed: torch.Tens
         raise ValueError(f"k must be >= 1, got {k}.")
 
 
-Expired = tuple[torch.Tensor, torch.Tensor]  # slots (C,) and a (T, C) bool mask: the queries for which each is gone
+class Expired(NamedTuple):
+    """The memory slots that some queries of a segment may no longer retrieve: a memory written token by token
+    (``knn_retrieval="token"``) would already have overwritten them with the segment's own earlier positions."""
+
+    slots: torch.Tensor  # (C,) long, distinct
+    gone: torch.Tensor  # (T, C) bool: True where slot c is gone for query t
+
+
+class MemoryAllowed(NamedTuple):
+    """Which memory slots each query may retrieve: ``valid`` bool broadcastable to ``(B, H, T, N)`` (the real
+    entries of the row's current document), less the ``expired`` (slot, query) pairs (None: none)."""
+
+    valid: torch.Tensor
+    expired: Expired | None = None
 
 
 def expand_expired(allowed: torch.Tensor, expired: Expired | None, length: int) -> torch.Tensor:
@@ -535,6 +549,7 @@ __all__ = [
     "SEARCH_KINDS",
     "Expired",
     "GroupedSlots",
+    "MemoryAllowed",
     "bucketed_top_k",
     "exact_candidates",
     "exact_top_k",

@@ -569,6 +569,9 @@ def build_datastore(
 ) -> KNNDatastore:
     """Run ``model`` over ``batches`` and store (key, next token) for every scored position.
 
+    Ten parameters: what to run over what and where to write it, then seven settings by keyword (where the keys
+    are read, how they are stored, how the progress shows).
+
     Args:
         model: any causal LM (``model(input_ids=…, attention_mask=…)``); it runs in eval mode without gradients.
         batches: dicts with ``input_ids (B, T)``, aligned next-token ``labels (B, T)`` (-100 where nothing is
@@ -592,95 +595,140 @@ def build_datastore(
     was_training = model.training
     model.eval()
     folder = Path(folder) if folder is not None else None
-    staging: Path | None = None
     build = contextlib.ExitStack()
+    staging = None
     if folder is not None:
-        from safetensors.torch import save_file
-
         _check_replaceable(folder)
         staging = build.enter_context(atomic_replace_dir(folder))
-    digest = _ContentDigest()
-    pending_keys: list[torch.Tensor] = []
-    pending_values: list[torch.Tensor] = []
-    key_shards: list[torch.Tensor] = []
-    value_shards: list[torch.Tensor] = []
-    written: list[dict[str, Any]] = []  # shards already on disk (with a folder, memory holds one shard at most)
-    dim = None
-
-    def emit(keys: torch.Tensor, values: torch.Tensor) -> None:
-        digest.update(keys, values)
-        if staging is None:
-            key_shards.append(keys)
-            value_shards.append(values)
-            return
-        name = f"shard-{len(written):05d}.safetensors"
-        save_file({"keys": keys.contiguous(), "values": values.contiguous()}, str(staging / name))
-        written.append({"file": name, "size": int(values.shape[0])})
-
-    def flush(final: bool) -> None:
-        nonlocal pending_keys, pending_values
-        keys = torch.cat(pending_keys) if pending_keys else torch.zeros(0, dim or 0, dtype=key_dtype)
-        values = torch.cat(pending_values) if pending_values else torch.zeros(0, dtype=torch.long)
-        while keys.shape[0] >= shard_size or (final and keys.shape[0] > 0):
-            emit(keys[:shard_size].clone(), values[:shard_size].clone())
-            keys, values = keys[shard_size:], values[shard_size:]
-        pending_keys, pending_values = [keys], [values]
-
+    shards = _ShardWriter(staging, key_dtype, shard_size)
     with build, torch.no_grad(), capture_module_inputs(module) as captured:
         for batch in tqdm(batches, total=total, desc="building kNN datastore", disable=not show_progress):
-            captured.clear()
-            inputs = {"input_ids": batch["input_ids"].to(device)}
-            if batch.get("attention_mask") is not None:
-                inputs["attention_mask"] = batch["attention_mask"].to(device)
-            model(**inputs)
-            if len(captured) != 1:
-                raise ValueError(
-                    f"the key module {name!r} ran {len(captured)} times in one forward; pass a module_path that "
-                    "runs once per forward (the input of the output layer or of one feed-forward block)."
-                )
-            hidden = captured[0]  # (B, T, D), or (B*T, D) for heads that flatten (adaptive softmax)
-            labels = batch["labels"].to(hidden.device)
-            if hidden.dim() == 2 and hidden.shape[0] == labels.numel():
-                hidden = hidden.view(*labels.shape, -1)
-            if hidden.shape[:2] != labels.shape:
-                raise ValueError(
-                    f"keys at {name!r} have shape {tuple(hidden.shape)}, labels {tuple(labels.shape)}: the key module "
-                    "must see one vector per input position."
-                )
-            keep = labels != IGNORE_INDEX
-            dim = hidden.shape[-1]
-            pending_keys.append(hidden[keep].to("cpu", key_dtype))
-            pending_values.append(labels[keep].to("cpu", torch.long))
-            if sum(k.shape[0] for k in pending_keys) >= shard_size:
-                flush(final=False)
-        flush(final=True)
+            shards.add(*_scored_pairs(model, batch, device, name, captured))
+        shards.flush(final=True)
         model.train(was_training)
-        if dim is None:
+        if shards.dim is None:
             raise ValueError("no batches: the datastore would be empty.")
-        config = getattr(model, "config", None)
-        key_dtype_name = str(key_dtype).removeprefix("torch.")
-        description = {
-            "format": FORMAT,
-            "version": 2,
-            "key_point": key_point if module_path is None else "module_input",
-            "module_path": name,
-            "dim": int(dim),
-            "size": sum(v.shape[0] for v in value_shards) + sum(shard["size"] for shard in written),
-            "key_dtype": key_dtype_name,
-            "model_class": type(model).__name__,
-            "model_name_or_path": getattr(config, "_name_or_path", None) or None,
-            "vocab_size": getattr(config, "vocab_size", None),
-            **model_fingerprints(model),
-            "tokenizer_fingerprint": fingerprint_tokenizer(tokenizer),
-            "content_sha256": digest.hexdigest(int(dim), key_dtype_name),
-        }
+        description = _describe(model, shards, key_point, module_path, name, tokenizer)
         if staging is not None:
-            description["shards"] = written
+            description["shards"] = shards.written
             atomic_write_text(staging / DESCRIPTION_FILE, json.dumps(description, indent=2))
     # from a folder, memory-mapped: a datastore larger than RAM is never held whole
-    datastore = KNNDatastore(key_shards, value_shards, description) if folder is None else KNNDatastore.load(folder)
-    logger.info(f"kNN datastore: {datastore.size} keys of width {dim} at {name!r}")
+    datastore = (
+        KNNDatastore(shards.key_shards, shards.value_shards, description)
+        if folder is None
+        else KNNDatastore.load(folder)
+    )
+    logger.info(f"kNN datastore: {datastore.size} keys of width {shards.dim} at {name!r}")
     return datastore
+
+
+def _scored_pairs(
+    model: torch.nn.Module, batch: Mapping[str, torch.Tensor], device, name: str, captured: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch through ``model``: the keys ``(S, D)`` read at module ``name`` (its inputs, ``captured``) and the
+    next tokens ``(S,)`` of its ``S`` scored positions (labels not -100), on the device they were computed on."""
+    captured.clear()
+    inputs = {"input_ids": batch["input_ids"].to(device)}
+    if batch.get("attention_mask") is not None:
+        inputs["attention_mask"] = batch["attention_mask"].to(device)
+    model(**inputs)
+    if len(captured) != 1:
+        raise ValueError(
+            f"the key module {name!r} ran {len(captured)} times in one forward; pass a module_path that "
+            "runs once per forward (the input of the output layer or of one feed-forward block)."
+        )
+    hidden = captured[0]  # (B, T, D), or (B*T, D) for heads that flatten (adaptive softmax)
+    labels = batch["labels"].to(hidden.device)
+    if hidden.dim() == 2 and hidden.shape[0] == labels.numel():
+        hidden = hidden.view(*labels.shape, -1)
+    if hidden.shape[:2] != labels.shape:
+        raise ValueError(
+            f"keys at {name!r} have shape {tuple(hidden.shape)}, labels {tuple(labels.shape)}: the key module "
+            "must see one vector per input position."
+        )
+    keep = labels != IGNORE_INDEX
+    return hidden[keep], labels[keep]
+
+
+class _ShardWriter:
+    """The (key, next token) pairs of a build, cut into shards of ``shard_size``: each written into ``staging`` as
+    soon as it fills (memory holds one shard at most), or kept in memory without a folder; with the content digest
+    of everything emitted, in order."""
+
+    def __init__(self, staging: Path | None, key_dtype: torch.dtype, shard_size: int):
+        self.staging, self.key_dtype, self.shard_size = staging, key_dtype, shard_size
+        self.digest = _ContentDigest()
+        self.pending_keys: list[torch.Tensor] = []
+        self.pending_values: list[torch.Tensor] = []
+        self.key_shards: list[torch.Tensor] = []  # without a folder
+        self.value_shards: list[torch.Tensor] = []
+        self.written: list[dict[str, Any]] = []  # shards already on disk
+        self.dim: int | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(v.shape[0] for v in self.value_shards) + sum(shard["size"] for shard in self.written)
+
+    def add(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Queue a batch's pairs (keys cast to ``key_dtype`` on the CPU); emit every full shard."""
+        self.dim = keys.shape[-1]
+        self.pending_keys.append(keys.to("cpu", self.key_dtype))
+        self.pending_values.append(values.to("cpu", torch.long))
+        if sum(k.shape[0] for k in self.pending_keys) >= self.shard_size:
+            self.flush(final=False)
+
+    def flush(self, final: bool) -> None:
+        """Emit the full shards queued (``final``: and the rest)."""
+        size = self.shard_size
+        keys = (
+            torch.cat(self.pending_keys) if self.pending_keys else torch.zeros(0, self.dim or 0, dtype=self.key_dtype)
+        )
+        values = torch.cat(self.pending_values) if self.pending_values else torch.zeros(0, dtype=torch.long)
+        while keys.shape[0] >= size or (final and keys.shape[0] > 0):
+            self._emit(keys[:size].clone(), values[:size].clone())
+            keys, values = keys[size:], values[size:]
+        self.pending_keys, self.pending_values = [keys], [values]
+
+    def _emit(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.digest.update(keys, values)
+        if self.staging is None:
+            self.key_shards.append(keys)
+            self.value_shards.append(values)
+            return
+        from safetensors.torch import save_file
+
+        name = f"shard-{len(self.written):05d}.safetensors"
+        save_file({"keys": keys.contiguous(), "values": values.contiguous()}, str(self.staging / name))
+        self.written.append({"file": name, "size": int(values.shape[0])})
+
+
+def _describe(
+    model: torch.nn.Module,
+    shards: _ShardWriter,
+    key_point: KeyPoint,
+    module_path: str | None,
+    name: str,
+    tokenizer: Any,
+) -> dict[str, Any]:
+    """The datastore's description (``datastore.json`` without its shard list): where the keys were read, their
+    width, count and dtype, the model and tokenizer fingerprints and the content digest."""
+    config = getattr(model, "config", None)
+    key_dtype_name = str(shards.key_dtype).removeprefix("torch.")
+    return {
+        "format": FORMAT,
+        "version": 2,
+        "key_point": key_point if module_path is None else "module_input",
+        "module_path": name,
+        "dim": int(shards.dim),
+        "size": shards.size,
+        "key_dtype": key_dtype_name,
+        "model_class": type(model).__name__,
+        "model_name_or_path": getattr(config, "_name_or_path", None) or None,
+        "vocab_size": getattr(config, "vocab_size", None),
+        **model_fingerprints(model),
+        "tokenizer_fingerprint": fingerprint_tokenizer(tokenizer),
+        "content_sha256": shards.digest.hexdigest(int(shards.dim), key_dtype_name),
+    }
 
 
 __all__ = [

@@ -87,6 +87,7 @@ def add_optimisation_arguments(
     cpu_help: str = CPU_HELP,
 ) -> argparse._ArgumentGroup:
     """The "optimisation" group: batch sizes, AdamW, the learning-rate schedule, clipping, precision, seed, ``--cpu``.
+    Twelve parameters: after the parser, one keyword per recipe-specific default or help text of the group.
 
     ``num_train_epochs=None`` leaves out ``--num_train_epochs`` (the run is counted in ``--max_train_steps`` only);
     ``eval_batches=False`` leaves out ``--per_device_eval_batch_size``."""

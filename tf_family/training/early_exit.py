@@ -221,6 +221,7 @@ def run_calibration(
     prompts: torch.Tensor,
     continuations: torch.Tensor,
     thresholds: Sequence[float],
+    *,
     delta: float,
     epsilon: float,
     consistency: str = "token",
@@ -230,7 +231,11 @@ def run_calibration(
 ) -> Calibration:
     """`score_grid` over the descending grid, then Learn-then-Test for ``delta`` and ``epsilon``. The sweep stops
     at the first threshold whose p-value exceeds ε: fixed-sequence testing stops there too, so the thresholds below
-    cannot change the result and are not generated."""
+    cannot change the result and are not generated.
+
+    Ten parameters: the model, the calibration set and the grid, then by keyword the guarantee asked for (``delta``,
+    ``epsilon``, ``consistency``, ``method``) and how to run it (``batch_size``, ``full``: the full-depth
+    generations when already computed)."""
     tolerance = loss_tolerance(consistency, delta)
     p_value = hoeffding_p_value if method == "hoeffding" else hoeffding_bentkus_p_value
 

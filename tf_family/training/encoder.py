@@ -264,6 +264,15 @@ def model_input_names(model, batch: dict) -> set[str]:
     return {k for k in batch if k in parameters}
 
 
+def _start_position(accelerator: Accelerator, args: argparse.Namespace) -> tuple[int, int, int]:
+    """Where the loop starts: the optimizer steps done, the epoch and the update within it (all 0 unless
+    ``--resume_from_checkpoint``)."""
+    if not args.resume_from_checkpoint:
+        return 0, 0, 0
+    _, state = resume(accelerator, args)
+    return state["completed_steps"], state["epoch"], state["update_in_epoch"]
+
+
 def train(
     run: Run, num_examples: int, collate: Callable, evaluate: Callable[[], dict[str, float]], described: str
 ) -> list[dict[str, float]]:
@@ -276,15 +285,7 @@ def train(
     max_train_steps = run.max_train_steps
     updates_per_epoch = len(epoch_batches(num_examples, world * per_device, args.seed, 0)) // accumulation
     num_epochs = math.ceil(max_train_steps / updates_per_epoch)
-    start_epoch, resume_update = 0, 0
-    if args.resume_from_checkpoint:
-        _, state = resume(accelerator, args)
-        run.completed_steps, start_epoch, resume_update = (
-            state["completed_steps"],
-            state["epoch"],
-            state["update_in_epoch"],
-        )
-
+    run.completed_steps, start_epoch, resume_update = _start_position(accelerator, args)
     input_names = None
     progress, log = run.start_training(
         "examples_per_second", f"{described}, {max_train_steps} steps on {world} process(es)"

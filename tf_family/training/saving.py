@@ -132,7 +132,9 @@ def run_record(
 ) -> dict[str, Any]:
     """The content of ``training_run.json`` (what the model card is made from): the recipe and task, the model's
     type and source, the data (unset fields left out), the settings, the metrics (``extra`` follows them, e.g. the
-    Decision Transformer's evaluations), the size of the run and the logged history. ``model`` is unwrapped."""
+    Decision Transformer's evaluations), the size of the run and the logged history. ``model`` is unwrapped.
+
+    Thirteen parameters: after the arguments and the model, one keyword per field of the record it writes."""
     return {
         "recipe": f"recipes/{recipe}.py",
         "task": task,

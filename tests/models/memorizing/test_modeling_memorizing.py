@@ -192,11 +192,12 @@ def test_persistent_faiss_indexes_follow_the_stream(index):
     model = make_model(**fields, knn_search="faiss", knn_faiss_index=index, knn_faiss_nlist=4, knn_faiss_nprobe=4)
     ids = tokens(2, 40)
     ours, mems = run_segments(model, ids, 5)
-    assert mems.knn._faiss and all(i.count == 16 for i in mems.knn._faiss[0])  # persistent, full, no duplicates
+    indexes = mems.knn.shared.faiss
+    assert indexes and all(i.count == 16 for i in indexes[0])  # persistent, full, no duplicates
     if index == "flat":
         torch.testing.assert_close(ours, run_segments(exact, ids, 5)[0], rtol=1e-5, atol=1e-5)
     else:
-        assert not mems.knn._faiss[0][0].provisional
+        assert not mems.knn.shared.faiss[0][0].provisional
         assert (ours - run_segments(exact, ids, 5)[0]).abs().mean() < 0.05
 
 

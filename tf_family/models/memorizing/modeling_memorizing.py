@@ -57,7 +57,16 @@ from ...layers import (
     RelativeDecoderLayer,
     RelativeMultiHeadAttention,
 )
-from ...memory import KNNMemory, MemorizingMemory, SegmentMemory, fused_knn_attention, retrieve
+from ...memory import (
+    Expired,
+    KNNMemory,
+    MemorizingMemory,
+    MemoryAllowed,
+    ReaderRegistry,
+    SegmentMemory,
+    fused_knn_attention,
+    retrieve,
+)
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
@@ -73,11 +82,12 @@ class KNNLayerInputs:
 
     keys: torch.Tensor  # (B, H, N, Dh)
     values: torch.Tensor  # (B, H, N, Dh)
-    memory_allowed: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]  # (B, 1, 1, N), expired pairs
+    memory_allowed: MemoryAllowed  # (B, 1, 1, N) real entries, expired (slot, query) pairs
     segment_allowed: torch.Tensor | None  # (B, 1, T, T) bool, or None (meliad's rule: no retrieval in the segment)
     top_k: int
     search: str
     indexes: list | None = None  # the memory's persistent faiss indexes (search "faiss")
+    readers: ReaderRegistry | None = None  # the live readers of the memory's buffers (`KNNMemory.readers`)
 
 
 class TffMemorizingKNNLayer(GradientCheckpointingLayer):
@@ -124,21 +134,21 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         query_direction = F.normalize(query, dim=-1)  # (B, H, T, Dh)
         segment = (F.normalize(key[:, :, -length:], dim=-1), value[:, :, -length:])  # 2 x (B, H, T, Dh)
         retrieved = retrieve(
-            knn.search,
             query_direction,
             (knn.keys, knn.values),
             knn.memory_allowed,
-            None if knn.segment_allowed is None else segment,
-            knn.segment_allowed,
-            knn.top_k,
-            knn.indexes,
+            k=knn.top_k,
+            kind=knn.search,
+            segment=None if knn.segment_allowed is None else segment,
+            segment_allowed=knn.segment_allowed,
+            indexes=knn.indexes,
         )
         scale = self.knn_scale.abs()
         if self.combine == "gate":
             local, probs = attention.local_attention(
                 query, key, value, position_embedding, allowed, shared_biases, output_attentions, implementation
             )  # (B, H, T, Dh)
-            attended_retrieved = fused_knn_attention(query_direction, retrieved, scale)  # (B, H, T, Dh)
+            attended_retrieved = fused_knn_attention(query_direction, retrieved, scale, knn.readers)  # (B, H, T, Dh)
             # a query that found nothing keeps its local result: with the gate closed this is Transformer-XL exactly
             gate = torch.sigmoid(self.knn_gate)[:, None, None] * retrieved.any_found  # (B, H, T, 1)
             attended = local * (1 - gate) + attended_retrieved * gate
@@ -292,7 +302,9 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
             layer, config.knn_faiss_index, nlist=config.knn_faiss_nlist, nprobe=config.knn_faiss_nprobe
         )
 
-    def _knn_masks(self, knn: KNNMemory, segment_mask: torch.Tensor, length: int) -> tuple[tuple, torch.Tensor | None]:
+    def _knn_masks(
+        self, knn: KNNMemory, segment_mask: torch.Tensor, length: int
+    ) -> tuple[MemoryAllowed, torch.Tensor | None]:
         """Which memory slots (``(B, 1, 1, N)`` real entries, and the (slot, query) pairs already evicted) and which
         earlier positions of the segment ``(B, 1, T, T)`` each query may retrieve. ``"token"``: exactly the entries
         a memory written token by token would hold before the query (the ``N`` most recent); ``"segment"``: every
@@ -300,16 +312,16 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         capacity, device = knn.capacity, segment_mask.device
         valid = knn.mask[:, None, None, :]  # (B, 1, 1, N)
         if self.config.knn_retrieval == "segment":
-            return (valid, None), None
+            return MemoryAllowed(valid), None
         offset = torch.arange(length, device=device)  # position i of the query in the segment
         # A slot of age a is still held before position i when a + i < N (the segment's i entries came after it):
         # only the C = min(T, N) oldest slots, next_slot + j of age N - 1 - j, are gone for some queries (j < i).
         oldest = torch.arange(length if length <= capacity else capacity, device=device)  # min(T, N)
-        expired = ((knn.next_slot + oldest) % max(capacity, 1), oldest[None, :] < offset[:, None])  # (C,), (T, C)
+        expired = Expired(slots=(knn.next_slot + oldest) % max(capacity, 1), gone=oldest[None, :] < offset[:, None])
         distance = offset[:, None] - offset[None, :]  # (T, T): i - j
         segment_allowed = (distance > 0) & (distance <= capacity)  # written before i and not yet evicted
         segment_allowed = segment_allowed[None, None] & segment_mask[:, None, None, :]  # (B, 1, T, T)
-        return (valid, expired), segment_allowed
+        return MemoryAllowed(valid, expired), segment_allowed
 
     def forward(
         self,
@@ -393,6 +405,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
                     config.knn_top_k,
                     config.knn_search,
                     self._faiss_indexes(state.knn, slot),
+                    readers=state.knn.readers[slot],
                 )
                 hidden, probs, pairs = layer(*arguments, config._attn_implementation, knn)
                 written.append(pairs)
