@@ -46,6 +46,9 @@ class RelativeMultiHeadAttention(nn.Module):
         pre_lnorm: layer norm before the block (True) or after the residual (False, the paper).
         layer_norm_epsilon: layer norm epsilon.
         untie_r: this module owns its position biases ``u, v`` (False: the caller passes shared ones).
+
+    Eight plain numbers (more than STYLE's six: each is one of the attention's hyperparameters); `from_config`
+    reads them from a family config by name.
     """
 
     def __init__(
@@ -163,7 +166,10 @@ class RelativeMultiHeadAttention(nn.Module):
 
 
 class RelativeDecoderLayer(GradientCheckpointingLayer):
-    """`RelativeMultiHeadAttention` followed by the `PositionwiseFeedForward` block (one Transformer-XL layer)."""
+    """`RelativeMultiHeadAttention` followed by the `PositionwiseFeedForward` block (one Transformer-XL layer).
+
+    Built from plain numbers, the attention's eight and ``d_inner`` (nine: more than STYLE's six, each one of the
+    layer's hyperparameters); `from_config` reads them from a family config by name."""
 
     def __init__(
         self,
