@@ -167,7 +167,7 @@ class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
         **kwargs,
     ) -> MemorySequenceClassifierOutput | tuple:
         r"""The representation of a row is the hidden state of its last real token (from `attention_mask`; left or
-        right padding).
+        right padding). The keyword parameters follow transformers' ``forward`` convention (hence more than six).
 
         Args:
             labels: ``(B,)`` class ids (or floats for regression, ``(B, num_labels)`` for multi-label).
