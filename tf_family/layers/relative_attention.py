@@ -166,33 +166,18 @@ class RelativeMultiHeadAttention(nn.Module):
 
 
 class RelativeDecoderLayer(GradientCheckpointingLayer):
-    """`RelativeMultiHeadAttention` followed by the `PositionwiseFeedForward` block (one Transformer-XL layer).
+    """`RelativeMultiHeadAttention` followed by the `PositionwiseFeedForward` block (one Transformer-XL layer),
+    built from the two modules (`from_config`: from a family config)."""
 
-    Built from plain numbers, the attention's eight and ``d_inner`` (nine: more than STYLE's six, each one of the
-    layer's hyperparameters); `from_config` reads them from a family config by name."""
-
-    def __init__(
-        self,
-        d_model: int,
-        n_head: int,
-        d_head: int,
-        d_inner: int,
-        dropout: float,
-        dropatt: float,
-        pre_lnorm: bool,
-        layer_norm_epsilon: float,
-        untie_r: bool,
-    ):
+    def __init__(self, attention: RelativeMultiHeadAttention, feed_forward: PositionwiseFeedForward):
         super().__init__()
-        self.attention = RelativeMultiHeadAttention(
-            d_model, n_head, d_head, dropout, dropatt, pre_lnorm, layer_norm_epsilon, untie_r
-        )
-        self.feed_forward = PositionwiseFeedForward(d_model, d_inner, dropout, pre_lnorm, layer_norm_epsilon)
+        self.attention = attention
+        self.feed_forward = feed_forward
 
     @classmethod
     def from_config(cls, config) -> RelativeDecoderLayer:
         """The layer a Transformer-XL-family config describes (its field names: ``d_model``, ``n_head``, …)."""
-        return cls(**{name: getattr(config, name) for name in (*_ATTENTION_FIELDS, "d_inner")})
+        return cls(RelativeMultiHeadAttention.from_config(config), PositionwiseFeedForward.from_config(config))
 
     def forward(
         self,

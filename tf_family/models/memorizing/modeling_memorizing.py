@@ -86,9 +86,7 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         super().__init__()
         self.combine = config.knn_combine
         self.attention = RelativeMultiHeadAttention.from_config(config)
-        self.feed_forward = PositionwiseFeedForward(
-            config.d_model, config.d_inner, config.dropout, config.pre_lnorm, config.layer_norm_epsilon
-        )
+        self.feed_forward = PositionwiseFeedForward.from_config(config)
         self.knn_scale = nn.Parameter(torch.full((config.n_head,), config.knn_scale_init))
         self.knn_gate = nn.Parameter(torch.full((config.n_head,), config.knn_gate_init))
 
