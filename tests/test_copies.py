@@ -49,7 +49,8 @@ COPIES = list(marked_copies())
 
 
 def test_there_are_marked_copies():
-    assert len(COPIES) >= 6  # the Transformer-XL attention and layer are shared modules now (tf_family.layers)
+    # the Transformer-XL family shares its code (tf_family.layers.xl_scaffold, xl_config) instead of marked copies
+    assert len(COPIES) >= 1
 
 
 @pytest.mark.parametrize(("path", "number", "match", "node"), COPIES)

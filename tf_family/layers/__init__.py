@@ -1,9 +1,11 @@
-"""`nn.Module`s shared unchanged by several models; they take plain numbers, never a config."""
+"""`nn.Module`s shared unchanged by several models; they take plain numbers, never a config (a ``from_config``
+classmethod reads one for them). `xl_scaffold` holds the Transformer-XL family's shared model mixins, which read
+their model's config."""
 
 from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .bert import BertFeedForward
 from .feed_forward import PositionwiseFeedForward
-from .relative_attention import RelativeDecoderLayer, RelativeMultiHeadAttention
+from .relative_attention import RelativeAttentionInputs, RelativeDecoderLayer, RelativeMultiHeadAttention
 from .reversible import ReversibleChain, reversible_layer, reversible_stack
 
 __all__ = [
@@ -14,6 +16,7 @@ __all__ = [
     "ReversibleChain",
     "reversible_layer",
     "reversible_stack",
+    "RelativeAttentionInputs",
     "RelativeDecoderLayer",
     "RelativeMultiHeadAttention",
 ]

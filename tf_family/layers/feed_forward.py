@@ -20,6 +20,11 @@ class PositionwiseFeedForward(nn.Module):
         self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_epsilon)
         self.dropout = nn.Dropout(dropout)
 
+    @classmethod
+    def from_config(cls, config) -> PositionwiseFeedForward:
+        """The block a Transformer-XL-family config describes (``d_model``, ``d_inner``, ``dropout``, …)."""
+        return cls(config.d_model, config.d_inner, config.dropout, config.pre_lnorm, config.layer_norm_epsilon)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         inputs = self.layer_norm(hidden) if self.pre_lnorm else hidden
         out = self.dropout(self.fc_out(self.dropout(F.relu(self.fc_in(inputs)))))  # (B, T, D)

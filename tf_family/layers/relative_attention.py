@@ -5,9 +5,14 @@ the memory) and the Memorizing Transformer (whose kNN-augmented layer calls the 
 Multi-head attention over ``[memory, segment]`` with relative positions: the score of query ``i`` and key ``j`` is
 ``(q_i + u) . k_j + (q_i + v) . r_(i-j)`` scaled by ``1 / sqrt(Dh)``. The attention goes through
 `tf_family.attention.attend` with the implementation the caller passes (``config._attn_implementation``).
+
+What every layer of one forward pass reads besides its own hidden states and memory (the position embedding, the
+mask, the shared biases, the attention implementation) travels in one `RelativeAttentionInputs`, passed by keyword.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +21,20 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..attention import attend, relative_position_scores
 from .feed_forward import PositionwiseFeedForward
+
+# the config fields (of every Transformer-XL-family config) that `RelativeMultiHeadAttention` takes, by name
+_ATTENTION_FIELDS = ("d_model", "n_head", "d_head", "dropout", "dropatt", "pre_lnorm", "layer_norm_epsilon", "untie_r")
+
+
+@dataclass(frozen=True, eq=False)
+class RelativeAttentionInputs:
+    """What every layer of one forward pass reads besides its hidden states and memory (the same for all layers)."""
+
+    position_embedding: torch.Tensor  # (S, D): sinusoids of the relative distances S - 1, ..., 0
+    allowed: torch.Tensor  # (B or 1, 1, T, S) bool: the query-key pairs that may attend
+    shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None  # (u, v) of all layers (untie_r=False), or None
+    output_attentions: bool = False  # return the probabilities (computed by the eager dense twin)
+    implementation: str | None = "sdpa"  # config._attn_implementation
 
 
 class RelativeMultiHeadAttention(nn.Module):
@@ -27,6 +46,9 @@ class RelativeMultiHeadAttention(nn.Module):
         pre_lnorm: layer norm before the block (True) or after the residual (False, the paper).
         layer_norm_epsilon: layer norm epsilon.
         untie_r: this module owns its position biases ``u, v`` (False: the caller passes shared ones).
+
+    Eight plain numbers (more than STYLE's six: each is one of the attention's hyperparameters); `from_config`
+    reads them from a family config by name.
     """
 
     def __init__(
@@ -54,6 +76,11 @@ class RelativeMultiHeadAttention(nn.Module):
         if untie_r:
             self.content_bias = nn.Parameter(torch.zeros(n_head, d_head))
             self.position_bias = nn.Parameter(torch.zeros(n_head, d_head))
+
+    @classmethod
+    def from_config(cls, config) -> RelativeMultiHeadAttention:
+        """The attention a Transformer-XL-family config describes (its field names: ``d_model``, ``n_head``, …)."""
+        return cls(**{name: getattr(config, name) for name in _ATTENTION_FIELDS})
 
     def project(
         self, hidden: torch.Tensor, memory: torch.Tensor | None
@@ -91,39 +118,27 @@ class RelativeMultiHeadAttention(nn.Module):
         return projected
 
     def position_scores(
-        self,
-        query: torch.Tensor,
-        position_embedding: torch.Tensor,
-        allowed: torch.Tensor,
-        shared_biases: tuple[torch.Tensor, torch.Tensor] | None,
+        self, query: torch.Tensor, inputs: RelativeAttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scaled position term, masked with ``finfo.min`` where ``allowed`` is False, ``(B, H, T, S)``, and the
-        content bias ``u`` ``(H, Dh)`` to fold into the query."""
-        key_length = position_embedding.shape[0]
-        position_keys = self._projected_positions(position_embedding)  # (S, H*Dh)
+        """The scaled position term, masked with ``finfo.min`` where ``inputs.allowed`` is False, ``(B, H, T, S)``,
+        and the content bias ``u`` ``(H, Dh)`` to fold into the query."""
+        key_length = inputs.position_embedding.shape[0]
+        position_keys = self._projected_positions(inputs.position_embedding)  # (S, H*Dh)
         position_keys = position_keys.view(key_length, self.num_heads, self.head_dim).transpose(0, 1)  # (H, S, Dh)
-        content_bias, position_bias = shared_biases or (self.content_bias, self.position_bias)
+        content_bias, position_bias = inputs.shared_biases or (self.content_bias, self.position_bias)
         position = relative_position_scores(query, position_keys, position_bias)  # (B, H, T, S)
-        bias = (position * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
+        bias = (position * self.scale).masked_fill(~inputs.allowed, torch.finfo(position.dtype).min)
         return bias, content_bias
 
     def local_attention(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        position_embedding: torch.Tensor,
-        allowed: torch.Tensor,
-        shared_biases: tuple[torch.Tensor, torch.Tensor] | None,
-        output_attentions: bool = False,
-        implementation: str | None = "sdpa",
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, inputs: RelativeAttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-head attention output ``(B, H, T, Dh)`` (before the output projection) and, with
-        ``output_attentions``, the probabilities ``(B, H, T, S)``."""
+        ``inputs.output_attentions``, the probabilities ``(B, H, T, S)``."""
         # The content term is the ordinary q.k product with u folded into the query; the position term enters as an
         # additive score bias, masked with finfo.min (a row with no allowed key, a padded query, attends uniformly).
         # Attention maps come from the eager dense twin, whatever the configured implementation.
-        bias, content_bias = self.position_scores(query, position_embedding, allowed, shared_biases)
+        bias, content_bias = self.position_scores(query, inputs)
         return attend(
             query + content_bias[:, None, :].to(query.dtype),
             key,
@@ -131,7 +146,7 @@ class RelativeMultiHeadAttention(nn.Module):
             None,
             bias.to(query.dtype),
             self.attention_dropout.p if self.training else 0.0,
-            "eager" if output_attentions else implementation,
+            "eager" if inputs.output_attentions else inputs.implementation,
         )  # (B, H, T, Dh), (B, H, T, S) or None
 
     def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
@@ -142,72 +157,39 @@ class RelativeMultiHeadAttention(nn.Module):
         return hidden + out if self.pre_lnorm else self.layer_norm(hidden + out)
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        memory: torch.Tensor | None,
-        position_embedding: torch.Tensor,
-        allowed: torch.Tensor,
-        shared_biases: tuple[torch.Tensor, torch.Tensor] | None,
-        output_attentions: bool = False,
-        implementation: str | None = "sdpa",
+        self, hidden: torch.Tensor, memory: torch.Tensor | None, *, inputs: RelativeAttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(B, T, D)`` segment and ``(B, M, D)`` memory (or None) -> ``(B, T, D)`` and the probabilities."""
         query, key, value = self.project(hidden, memory)
-        attended, probs = self.local_attention(
-            query, key, value, position_embedding, allowed, shared_biases, output_attentions, implementation
-        )
+        attended, probs = self.local_attention(query, key, value, inputs)
         return self.finish(hidden, attended), probs
 
 
 class RelativeDecoderLayer(GradientCheckpointingLayer):
-    """`RelativeMultiHeadAttention` followed by the `PositionwiseFeedForward` block (one Transformer-XL layer)."""
+    """`RelativeMultiHeadAttention` followed by the `PositionwiseFeedForward` block (one Transformer-XL layer),
+    built from the two modules (`from_config`: from a family config)."""
 
-    def __init__(
-        self,
-        d_model: int,
-        n_head: int,
-        d_head: int,
-        d_inner: int,
-        dropout: float,
-        dropatt: float,
-        pre_lnorm: bool,
-        layer_norm_epsilon: float,
-        untie_r: bool,
-    ):
+    def __init__(self, attention: RelativeMultiHeadAttention, feed_forward: PositionwiseFeedForward):
         super().__init__()
-        self.attention = RelativeMultiHeadAttention(
-            d_model, n_head, d_head, dropout, dropatt, pre_lnorm, layer_norm_epsilon, untie_r
-        )
-        self.feed_forward = PositionwiseFeedForward(d_model, d_inner, dropout, pre_lnorm, layer_norm_epsilon)
+        self.attention = attention
+        self.feed_forward = feed_forward
 
     @classmethod
     def from_config(cls, config) -> RelativeDecoderLayer:
         """The layer a Transformer-XL-family config describes (its field names: ``d_model``, ``n_head``, …)."""
-        return cls(
-            config.d_model,
-            config.n_head,
-            config.d_head,
-            config.d_inner,
-            config.dropout,
-            config.dropatt,
-            config.pre_lnorm,
-            config.layer_norm_epsilon,
-            config.untie_r,
-        )
+        return cls(RelativeMultiHeadAttention.from_config(config), PositionwiseFeedForward.from_config(config))
 
     def forward(
         self,
         hidden: torch.Tensor,
         memory: torch.Tensor | None = None,
-        position_embedding: torch.Tensor | None = None,
-        allowed: torch.Tensor | None = None,
-        shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None,
-        output_attentions: bool = False,
-        implementation: str | None = "sdpa",
         *,
+        inputs: RelativeAttentionInputs | None = None,
         detached_projection: bool = False,
     ) -> tuple[torch.Tensor, ...]:
         """The layer on ``(B, T, D)`` ``hidden`` over ``[memory, hidden]``: ``(B, T, D)`` and the probabilities.
+        The tensors are positional (a checkpointed layer, `GradientCheckpointingLayer`, passes gradients to its
+        positional tensors only), the rest by keyword.
 
         With ``detached_projection``, instead the query, key and value ``(B, N, H*Dh)`` of ``hidden`` ``(B, N, D)``
         under this layer's attention weights (its layer norm first when ``pre_lnorm``), detached from those weights:
@@ -223,10 +205,8 @@ class RelativeDecoderLayer(GradientCheckpointingLayer):
                     hidden, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps
                 )
             return F.linear(hidden, attention.qkv.weight.detach()).chunk(3, dim=-1)
-        hidden, probs = self.attention(
-            hidden, memory, position_embedding, allowed, shared_biases, output_attentions, implementation
-        )
+        hidden, probs = self.attention(hidden, memory, inputs=inputs)
         return self.feed_forward(hidden), probs
 
 
-__all__ = ["RelativeDecoderLayer", "RelativeMultiHeadAttention"]
+__all__ = ["RelativeAttentionInputs", "RelativeDecoderLayer", "RelativeMultiHeadAttention"]

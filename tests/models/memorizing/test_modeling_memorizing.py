@@ -104,16 +104,18 @@ def test_top_k_covering_the_memory_is_dense_attention_over_it():
     model = make_model(knn_top_k=64, mem_len=2)
     layer = model.transformer.layers[1]
     captured = {}
-    layer.register_forward_hook(lambda module, args, output: captured.update(args=args, output=output))
+    layer.register_forward_hook(
+        lambda module, args, kwargs, output: captured.update(args=args, kwargs=kwargs, output=output), with_kwargs=True
+    )
     ids = tokens(2, 14)
     _, mems = run_segments(model, ids[:, :9], 9)
     keys, values = mems.knn.keys[0].clone(), mems.knn.values[0].clone()
     with torch.no_grad():
         model(ids[:, 9:], mems=mems)
-        hidden, memory, position_embedding, allowed, shared_biases = captured["args"][:5]
+        hidden, memory = captured["args"]
         attention = layer.attention
         query, key, value = attention.project(hidden, memory)
-        local, _ = attention.local_attention(query, key, value, position_embedding, allowed, shared_biases)
+        local, _ = attention.local_attention(query, key, value, captured["kwargs"]["inputs"])
         all_keys = torch.cat([keys[:, :, :9], F.normalize(key[:, :, -5:], dim=-1)], 2)  # 9 old + 5 new entries
         all_values = torch.cat([values[:, :, :9], value[:, :, -5:]], 2)
         allowed_entries = torch.ones(5, 14, dtype=torch.bool).tril(8)[None, None]  # position i sees 9 + i entries

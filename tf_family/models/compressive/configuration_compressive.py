@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import field
 from typing import Literal
 
-from transformers import PreTrainedConfig
-
-from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
+from ...layers.xl_config import XLFamilyConfig
 from ...memory.compression import COMPRESSION_KINDS
-from ...validation import (
-    check_choice,
-    check_float,
-    check_int,
-    check_nonnegative_int,
-    check_positive_int,
-    check_probability,
-)
+from ...validation import check_choice, check_float, check_nonnegative_int, check_positive_int
 
 
-class TffCompressiveConfig(PreTrainedConfig):
+class TffCompressiveConfig(XLFamilyConfig):
     r"""Configuration of a Compressive Transformer language model.
 
     The model is Transformer-XL (relative positions, segment memory, adaptive input and softmax) plus, per layer, a
@@ -69,70 +59,26 @@ class TffCompressiveConfig(PreTrainedConfig):
         layer_norm_epsilon (`float`, defaults to 1e-5): layer norm epsilon.
         tie_word_embeddings (`bool`, defaults to `True`): tie the softmax's output layers to the input embeddings.
         use_cache (`bool`, defaults to `True`): return both memories (`mems`) from `forward`.
+
+    The Transformer-XL fields, their derived defaults and their checks are the family's
+    (`tf_family.layers.xl_config`); this class adds the compressed memory's.
     """
 
-    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_compressive"
-    keys_to_ignore_at_inference = ["mems"]
-    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
 
-    vocab_size: int = 267735
-    cutoffs: list[int] = field(default_factory=lambda: [20000, 40000, 200000])
-    d_model: int = 1024
-    d_embed: int | None = None
-    n_head: int = 16
-    d_head: int | None = None
-    d_inner: int = 4096
-    div_val: int = 4
-    pre_lnorm: bool = False
-    n_layer: int = 18
     mem_len: int = 512
+    same_length: bool = False
     cmem_len: int = 512
     compression_rate: int = 3
     compression: Literal["max_pool", "mean_pool", "conv", "dilated_conv", "most_used"] = "conv"
     attention_reconstruction_loss_weight: float = 1.0
     autoencoding_loss_weight: float = 0.0
-    clamp_len: int = 1000
-    same_length: bool = False
-    proj_share_all_but_first: bool = True
-    untie_r: bool = True
-    dropout: float = 0.1
-    dropatt: float = 0.0
-    proj_init_std: float = 0.01
-    init_std: float = 0.02
-    layer_norm_epsilon: float = 1e-5
-    tie_word_embeddings: bool = True
     use_cache: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = 0
-
-    # Copied from tf_family.models.transfo_xl.configuration_transfo_xl.TffTransfoXLConfig.__post_init__
-    def __post_init__(self, **kwargs):
-        check_config_kwargs(type(self).__name__, kwargs)
-        if self.d_embed is None:
-            self.d_embed = self.d_model
-        if self.d_head is None:
-            # derived from valid values only: a wrong d_model / n_head is then reported by name (validate_config)
-            sizes = (self.d_model, self.n_head)
-            self.d_head = self.d_model // self.n_head if all(type(v) is int and v > 0 for v in sizes) else 0
-        super().__post_init__(**kwargs)
-        validate_config(self)
-
-    # Copied from tf_family.models.transfo_xl.configuration_transfo_xl.TffTransfoXLConfig.tie_projs
-    @property
-    def tie_projs(self) -> list[bool]:
-        """Per cluster, whether its output projection is tied to an input projection."""
-        return [False] + [self.proj_share_all_but_first] * len(self.cutoffs)
 
     def validate_architecture(self):
-        """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_inner", "n_layer", "div_val"):
-            check_positive_int(name, getattr(self, name))
-        check_positive_int("d_head", self.d_head, fix="set d_head >= 1 (unset, it is d_model // n_head)")
-        check_nonnegative_int("mem_len", self.mem_len, fix="set mem_len >= 0 (0 disables the memory)")
+        """The family's rules (`XLFamilyConfig.validate_architecture`) and the compressed memory's."""
+        super().validate_architecture()
         check_nonnegative_int("cmem_len", self.cmem_len, fix="set cmem_len >= 0 (0 gives Transformer-XL)")
-        check_int("clamp_len", self.clamp_len, fix="clamp_len <= 0 disables clamping")
         if self.cmem_len > 0 and self.mem_len == 0:
             raise ValueError(
                 f"cmem_len={self.cmem_len} needs mem_len > 0: only states leaving the memory are compressed."
@@ -141,21 +87,6 @@ class TffCompressiveConfig(PreTrainedConfig):
         check_choice("compression", self.compression, COMPRESSION_KINDS)
         for name in ("attention_reconstruction_loss_weight", "autoencoding_loss_weight"):
             check_float(name, getattr(self, name), minimum=0.0, fix=f"set {name} >= 0 (0 turns that loss off)")
-        if self.d_model % 2:
-            raise ValueError(f"d_model must be even (sinusoid position embeddings), got {self.d_model}.")
-        if self.cutoffs != sorted(set(self.cutoffs)) or any(c <= 0 or c >= self.vocab_size for c in self.cutoffs):
-            raise ValueError(
-                f"cutoffs must be strictly increasing and within (0, vocab_size={self.vocab_size}), got {self.cutoffs}."
-            )
-        if self.div_val > 1 and self.d_embed // self.div_val ** len(self.cutoffs) < 1:
-            raise ValueError(
-                f"div_val={self.div_val} with {len(self.cutoffs)} cutoffs shrinks the last cluster's embedding of "
-                f"d_embed={self.d_embed} to zero width; lower div_val or raise d_embed."
-            )
-        if self.same_length and self.mem_len == 0:
-            raise ValueError("same_length=True needs mem_len > 0; set same_length=False for a model without memory.")
-        for name in ("dropout", "dropatt"):
-            check_probability(name, getattr(self, name))
 
 
 __all__ = ["TffCompressiveConfig"]

@@ -25,9 +25,9 @@ Choices where the paper is silent (documented, tested):
 - "dilated convolution" is a stack of kernel-2 convolutions with dilations 1, 2, 4, ... inside each group of ``c``;
 - the auxiliary losses are mean squared errors, summed over layers; the auto-encoding decoder is a transposed
   convolution with kernel = stride = ``c``;
-- the adaptive input / softmax and the feed-forward block are Transformer-XL's (`tf_family.layers`); its attention
-  and layer are marked copies below (`tests/test_copies.py` keeps them identical), and the attention module
-  receives ``[compressed memory, memory]`` as its ``memory``.
+- the adaptive input / softmax, the attention, the layer and the stack's shared steps are the Transformer-XL
+  family's (`tf_family.layers`, `tf_family.layers.xl_scaffold`); the attention receives
+  ``[compressed memory, memory]`` as its ``memory``.
 
 Config field <-> paper symbol: `mem_len` = n_m, `cmem_len` = n_cm, `compression_rate` = c, `compression` = f_c,
 `n_layer` = l, `attention_reconstruction_loss_weight` weights L^attn, `autoencoding_loss_weight` weights L^ae.
@@ -40,16 +40,11 @@ import functools
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as init
 from transformers.utils import logging
 
-from ...attention import (
-    build_causal_memory_mask,
-    build_key_padding_mask,
-    segment_position_embedding,
-)
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from ...layers import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, RelativeDecoderLayer, RelativeMultiHeadAttention
+from ...layers import RelativeDecoderLayer
+from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...losses import IGNORE_INDEX, NumItems, batch_share
 from ...memory import (
     CompressiveMemory,
@@ -105,47 +100,15 @@ class TffCompressiveCompression(nn.Module):
 
 
 class TffCompressivePreTrainedModel(
-    InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel
+    XLPreTrainedMixin, InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel
 ):
+    """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`), with the
+    compression kernels drawn as linear layers."""
+
     config_class = TffCompressiveConfig
     config: TffCompressiveConfig
-    base_model_prefix = "transformer"
     carried_state = "compressive_memory"  # a CompressiveMemory, passed as `mems` and returned
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
-    _no_split_modules = ["RelativeDecoderLayer"]
-    _supports_sdpa = True
-    # the attention reads config._attn_implementation at every call, so switching it later is safe
-    _can_set_attn_implementation_cached_value = True
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module):
-        std, proj_std = self.config.init_std, self.config.proj_init_std
-        if isinstance(module, nn.Linear | nn.Conv1d | nn.ConvTranspose1d):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, nn.ParameterList):
-            # the adaptive input / softmax projections
-            for projection in module:
-                init.normal_(projection, mean=0.0, std=proj_std)
-        elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
-            init.normal_(module.cluster_weight, mean=0.0, std=std)
-            init.zeros_(module.cluster_bias)
-        elif isinstance(module, RelativeMultiHeadAttention | TffCompressiveModel):
-            for name in ("content_bias", "position_bias"):
-                if getattr(module, name, None) is not None:
-                    init.normal_(getattr(module, name), mean=0.0, std=std)
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        # The recurrence state is a CompressiveMemory returned as `mems`, not a transformers Cache.
-        return False
+    _normal_init_modules = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
 
 
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> CompressiveMemory | None:
@@ -161,13 +124,7 @@ def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> Compressiv
             f"mems must be a CompressiveMemory (or a SegmentMemory / sequence of (B, M, D) tensors for a memory "
             f"without compressed slots), got {type(mems)}."
         )
-    if len(mems) != num_layers:
-        raise ValueError(f"mems has {len(mems)} layers but the model has n_layer={num_layers}.")
-    if mems.batch_size != batch_size:
-        raise ValueError(
-            f"mems holds {mems.batch_size} batch rows but the input has {batch_size}; pass the mems returned for "
-            "this batch, or mems=None to start a new stream."
-        )
+    check_memory_batch(mems, num_layers, batch_size)
     check_memory_states("mems", mems.memory.states, width)
     check_memory_states("mems (compressed)", mems.compressed.states, width)
     return mems
@@ -178,29 +135,24 @@ def _split_heads(states: torch.Tensor, num_heads: int) -> torch.Tensor:
     return states.view(batch, length, num_heads, -1).transpose(1, 2)  # (B, H, N, Dh)
 
 
-class TffCompressiveModel(TffCompressivePreTrainedModel):
+def _usage(probs: torch.Tensor, allowed: torch.Tensor, compressed_length: int) -> torch.Tensor:
+    """Per key of ``[memory, segment]``: the attention it received in this layer (mean over heads, summed over
+    queries) and the number of queries allowed to see it, ``(B, M + T, 2)`` (the memory adds what its slots had
+    gathered before), from the probabilities ``(B, H, T, S)`` and the mask ``(B or 1, 1, T, S)``."""
+    received = probs.detach().float().mean(1)[..., compressed_length:].sum(1)  # (B, M + T)
+    seen_by = allowed[:, 0, :, compressed_length:].sum(1).float().expand(probs.shape[0], -1)  # (B, M + T)
+    return torch.stack([received, seen_by], dim=-1)  # (B, M + T, 2)
+
+
+class TffCompressiveModel(XLStackMixin, TffCompressivePreTrainedModel):
     """The Compressive Transformer decoder stack: last hidden state, both updated memories, auxiliary losses."""
 
     def __init__(self, config: TffCompressiveConfig):
         super().__init__(config)
-        self.word_embeddings = AdaptiveEmbedding(
-            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
-        )
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(RelativeDecoderLayer.from_config(config) for _ in range(config.n_layer))
-        if not config.untie_r:
-            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self._build_stack(config, [RelativeDecoderLayer.from_config(config) for _ in range(config.n_layer)])
         if config.cmem_len > 0:
             self.compression = nn.ModuleList(TffCompressiveCompression(config) for _ in range(config.n_layer))
-        self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.word_embeddings
-
-    def set_input_embeddings(self, new_embeddings: nn.Module):
-        self.word_embeddings = new_embeddings
 
     def _project(self, layer: int, *states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Query, key and value ``(B, H, N, Dh)`` of each of ``states`` with layer ``layer``'s attention weights,
@@ -211,20 +163,51 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         parts = [x.split(lengths, dim=1) for x in projected]
         return [tuple(_split_heads(x[i], self.config.n_head) for x in parts) for i in range(len(states))]
 
-    def _auxiliary_losses(self, segment_inputs, evicted, evicted_mask, compressed, compressed_mask):
-        """Sum over layers of the attention-reconstruction loss and of the auto-encoding loss."""
+    def _auxiliary_losses(self, segment_inputs, evicted, evicted_mask, compressed, compressed_mask) -> dict:
+        """The attention-reconstruction and auto-encoding losses (each summed over layers) and their weighted sum,
+        as `CompressiveModelOutput` names them; zero when nothing left the memory in this segment."""
+        config = self.config
         reconstruction = autoencoding = segment_inputs[0].new_zeros((), dtype=torch.float32)
-        for layer, (segment, old, new) in enumerate(zip(segment_inputs, evicted, compressed, strict=True)):
+        layers = zip(segment_inputs, evicted, compressed, strict=True) if compressed else ()  # () if none left
+        for layer, (segment, old, new) in enumerate(layers):
             (query, _, _), (_, old_key, old_value), (_, new_key, new_value) = self._project(
                 layer, segment.detach(), old.to(segment.dtype), new.to(segment.dtype)
             )
             reconstruction = reconstruction + attention_reconstruction_loss(
                 query, (old_key, old_value, evicted_mask), (new_key, new_value, compressed_mask)
             )
-            if self.config.autoencoding_loss_weight > 0:
+            if config.autoencoding_loss_weight > 0:
                 decoded = self.compression[layer].decode(new)  # (B, N, D)
                 autoencoding = autoencoding + autoencoding_loss(old, decoded, evicted_mask)
-        return reconstruction, autoencoding
+        aux_loss = (
+            config.attention_reconstruction_loss_weight * reconstruction
+            + config.autoencoding_loss_weight * autoencoding
+        )
+        return {
+            "aux_loss": aux_loss,
+            "attention_reconstruction_loss": reconstruction,
+            "autoencoding_loss": autoencoding if config.autoencoding_loss_weight != 0 else None,
+        }
+
+    def _update_memories(self, memory, layer_inputs, segment_mask, usage, compute_losses: bool) -> tuple:
+        """Both memories after this segment (`CompressiveMemory.update`), and the states that left the memory with
+        their compression (the inputs of the auxiliary losses); tracked by autograd only with ``compute_losses``."""
+        config = self.config
+        compress = None
+        if config.cmem_len > 0:
+            compress = [compression.compression_function() for compression in self.compression]
+        previous = memory if memory is not None else CompressiveMemory.empty_like(layer_inputs)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and compute_losses):
+            new_memory, *evicted = previous.update(
+                layer_inputs,
+                mem_len=config.mem_len,
+                cmem_len=config.cmem_len,
+                rate=config.compression_rate,
+                compress=compress,
+                new_mask=segment_mask,
+                usage=usage,
+            )
+        return new_memory, evicted
 
     def forward(
         self,
@@ -240,7 +223,8 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> CompressiveModelOutput | tuple:
-        r"""
+        r"""The keyword parameters follow transformers' ``forward`` convention (hence more than STYLE's six).
+
         Args:
             input_ids: ``(B, T)`` token ids of the segment.
             mems: the `CompressiveMemory` returned for the previous segment of the same streams, or ``None`` at the
@@ -254,160 +238,62 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
                 ``self.training``). They exist only where the memories are updated (``use_cache``).
         """
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
-        use_cache = use_cache if use_cache is not None else config.use_cache
-        return_dict = return_dict if return_dict is not None else config.return_dict
+        flags = self._output_flags(output_attentions, output_hidden_states, use_cache, return_dict)
         compute_losses = output_compression_loss if output_compression_loss is not None else self.training
-        batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
-        self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True, dims=(2, 4))
-        self._check_reset_mems(reset_mems, batch)
-        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
-        memory = _as_memory(mems, config.n_layer, batch, config.d_model)
+        embeddings = self._embed_segment(input_ids, inputs_embeds, attention_mask, reset_mems)  # (B, T, D)
+        memory = _as_memory(mems, config.n_layer, embeddings.shape[0], config.d_model)
         if reset_mems is not None and memory is not None:
             memory = memory.reset(reset_mems)
-        compressed_length = 0 if memory is None else memory.compressed.length
-        memory_length = 0 if memory is None else memory.memory.length
-        key_length = compressed_length + memory_length + query_length
-        device = embeddings.device
-
-        # every compressed slot is older than the memory: visible to every query (subject to its mask)
-        max_span = config.mem_len if config.same_length else None
-        causal = build_causal_memory_mask(query_length, memory_length, max_span, device)  # (T, M + T)
-        allowed = torch.cat([causal.new_ones(query_length, compressed_length), causal], 1)[None, None]  # (1,1,T,S)
-        segment_mask = torch.ones(batch, query_length, dtype=torch.bool, device=device)  # (B, T)
-        if attention_mask is not None and attention_mask.dim() == 4:
-            if attention_mask.shape[-2:] != (query_length, key_length):
-                raise ValueError(
-                    f"A 4D attention_mask must have shape (B, 1, {query_length}, {key_length}) (compressed memory "
-                    f"{compressed_length} + memory {memory_length} + segment), got {tuple(attention_mask.shape)}."
-                )
-            allowed = allowed & attention_mask.to(torch.bool)
-            attention_mask = None
-        if attention_mask is not None:
-            segment_mask = attention_mask[:, -query_length:].to(torch.bool)
-        key_padding = build_key_padding_mask(
-            batch, query_length, None if memory is None else memory.memory.mask, attention_mask, device
-        )  # (B, M + T) or None
-        if key_padding is not None:
-            if memory is not None:
-                key_padding = torch.cat([memory.compressed.mask, key_padding], dim=1)  # (B, S)
-            allowed = allowed & key_padding[:, None, None, :]  # (B, 1, T, S)
-
-        dropout = self.dropout if self.training and self.dropout.p > 0 else None
-        position_embedding = segment_position_embedding(
-            key_length, config.clamp_len, config.d_model, device, embeddings.dtype, dropout
-        )  # (S, D)
-        shared_biases = None if config.untie_r else (self.content_bias, self.position_bias)
+        masks = self._segment_masks(
+            embeddings,
+            attention_mask,
+            None if memory is None else memory.memory.mask,
+            None if memory is None else memory.compressed.mask,
+        )
         # most-used compression ranks states by the attention they receive, so it needs the probabilities
-        need_usage = use_cache and config.cmem_len > 0 and config.compression == "most_used"
+        need_usage = flags.use_cache and config.cmem_len > 0 and config.compression == "most_used"
+        inputs = self._attention_inputs(embeddings, masks.allowed, flags.output_attentions or need_usage)
+        compressed_length = 0 if memory is None else memory.compressed.length
+        usages = []
 
-        hidden = self.dropout(embeddings)
-        layer_inputs, usages, all_hidden, all_attentions = [], [], (), ()
-        for index, layer in enumerate(self.layers):
-            layer_inputs.append(hidden)
-            if output_hidden_states:
-                all_hidden += (hidden,)
-            layer_memory = None
+        def call_layer(index: int, layer: nn.Module, hidden: torch.Tensor):
+            layer_memory = None  # (B, C + M, D): the attention reads [compressed memory, memory] as its memory
             if memory is not None:
                 layer_memory = torch.cat([memory.compressed.states[index], memory.memory.states[index]], dim=1)
-            hidden, probs = layer(
-                hidden,
-                layer_memory,
-                position_embedding,
-                allowed,
-                shared_biases,
-                output_attentions or need_usage,
-                config._attn_implementation,
-            )
+            hidden, probs = layer(hidden, layer_memory, inputs=inputs)
             if need_usage:
-                # per key of [memory, segment]: attention received (mean over heads, summed over queries) and the
-                # number of queries allowed to see it (the memory adds what its slots had gathered before)
-                received = probs.detach().float().mean(1)[..., compressed_length:].sum(1)  # (B, M + T)
-                seen_by = allowed[:, 0, :, compressed_length:].sum(1).float().expand(batch, -1)  # (B, M + T)
-                usages.append(torch.stack([received, seen_by], dim=-1))  # (B, M + T, 2)
-            if output_attentions:
-                all_attentions += (probs,)
-        hidden = self.dropout(hidden)
-        if output_hidden_states:
-            all_hidden += (hidden,)
+                usages.append(_usage(probs, masks.allowed, compressed_length))
+            return hidden, probs
 
-        new_memory = reconstruction = autoencoding = aux_loss = None
-        if use_cache and config.mem_len > 0:
-            compress = None
-            if config.cmem_len > 0:
-                compress = [compression.compression_function() for compression in self.compression]
-            previous = memory if memory is not None else CompressiveMemory.empty_like(layer_inputs)
-            with torch.set_grad_enabled(torch.is_grad_enabled() and compute_losses):
-                new_memory, evicted, evicted_mask, compressed, compressed_mask = previous.update(
-                    layer_inputs,
-                    mem_len=config.mem_len,
-                    cmem_len=config.cmem_len,
-                    rate=config.compression_rate,
-                    compress=compress,
-                    new_mask=segment_mask,
-                    usage=usages if need_usage else None,
-                )
+        stack = self._run_layers(embeddings, flags, call_layer)
+        new_memory, losses = None, {}
+        if flags.use_cache and config.mem_len > 0:
+            usage = usages if need_usage else None
+            new_memory, evicted = self._update_memories(
+                memory, stack.layer_inputs, masks.segment, usage, compute_losses
+            )
             if compute_losses and config.cmem_len > 0:
-                if compressed:
-                    reconstruction, autoencoding = self._auxiliary_losses(
-                        layer_inputs, evicted, evicted_mask, compressed, compressed_mask
-                    )
-                else:  # nothing left the memory in this segment
-                    reconstruction = autoencoding = hidden.new_zeros((), dtype=torch.float32)
-                aux_loss = (
-                    config.attention_reconstruction_loss_weight * reconstruction
-                    + config.autoencoding_loss_weight * autoencoding
-                )
-                if config.autoencoding_loss_weight == 0:
-                    autoencoding = None
-
+                losses = self._auxiliary_losses(stack.layer_inputs, *evicted)
         output = CompressiveModelOutput(
-            last_hidden_state=hidden,
+            last_hidden_state=stack.hidden,
             mems=new_memory,
-            aux_loss=aux_loss,
-            attention_reconstruction_loss=reconstruction,
-            autoencoding_loss=autoencoding,
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=all_attentions if output_attentions else None,
+            **losses,
+            hidden_states=stack.hidden_states,
+            attentions=stack.attentions,
         )
-        return output if return_dict else output.to_tuple()
+        return output if flags.return_dict else output.to_tuple()
 
 
 class TffCompressiveLMHeadModel(
-    FusedLMHeadMixin, MemoryGenerationMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin
+    FusedLMHeadMixin, MemoryGenerationMixin, XLLMHeadMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin
 ):
     """Compressive Transformer with an adaptive (or, with no `cutoffs`, plain) softmax head. `logits` are
     log-probabilities; `loss` is the language-model loss plus the weighted auxiliary losses."""
 
     def __init__(self, config: TffCompressiveConfig):
         super().__init__(config)
-        # `Trainer` reads the loss type to count ``labels[:, 1:]`` (the shifted targets) for ``num_items_in_batch``
-        self.loss_type = "ForCausalLM"
-        self.transformer = TffCompressiveModel(config)
-        self.lm_head = ProjectedAdaptiveLogSoftmax(
-            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
-        )
-        # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
-        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
+        self._add_lm_head(config, TffCompressiveModel(config))
         self.post_init()
-
-    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.get_expanded_tied_weights_keys
-    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
-        """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
-        projections (`proj_share_all_but_first`), as in the original code."""
-        return self.lm_head.tied_weights_keys(
-            self.transformer.word_embeddings,
-            self.config.tie_word_embeddings,
-            self.config.tie_projs,
-            prefix="lm_head",
-            embedding_prefix="transformer.word_embeddings",
-        )
-
-    def get_output_embeddings(self):
-        return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
     @answers_fused_lm_head
     @accepts_past_key_values
@@ -428,7 +314,8 @@ class TffCompressiveLMHeadModel(
         num_items_in_batch: NumItems = None,
         **kwargs,
     ) -> CompressiveCausalLMOutput | tuple:
-        r"""
+        r"""The keyword parameters follow transformers' ``forward`` convention (hence more than STYLE's six).
+
         Args:
             labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
                 (the shift happens inside), ``-100`` is ignored. With an adaptive softmax (non-empty `cutoffs`) the

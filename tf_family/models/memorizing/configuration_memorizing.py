@@ -7,52 +7,20 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
+from ...layers.xl_config import XL_FAMILY_FIELDS, XLFamilyConfig
 from ...memory.knn_faiss import FAISS_MEMORY_INDEXES
 from ...memory.knn_search import SEARCH_KINDS
-from ...validation import (
-    check_choice,
-    check_float,
-    check_int,
-    check_nonnegative_int,
-    check_positive_int,
-    check_probability,
-)
+from ...validation import check_choice, check_float, check_nonnegative_int, check_positive_int
 
 # the fields a Transformer-XL config shares with this one (same meaning, same weights): fine-tuning a Transformer-XL
 # checkpoint into a Memorizing Transformer (paper section 4.5) copies them
-TRANSFO_XL_FIELDS = (
-    "vocab_size",
-    "cutoffs",
-    "d_model",
-    "d_embed",
-    "n_head",
-    "d_head",
-    "d_inner",
-    "div_val",
-    "pre_lnorm",
-    "n_layer",
-    "mem_len",
-    "clamp_len",
-    "same_length",
-    "proj_share_all_but_first",
-    "untie_r",
-    "dropout",
-    "dropatt",
-    "proj_init_std",
-    "init_std",
-    "layer_norm_epsilon",
-    "tie_word_embeddings",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-)
+TRANSFO_XL_FIELDS = XL_FAMILY_FIELDS
 KNN_COMBINES = ("gate", "joint")
 KNN_RETRIEVALS = ("token", "segment")
 KNN_WRITES = ("in_place", "copy")
 
 
-class TffMemorizingConfig(PreTrainedConfig):
+class TffMemorizingConfig(XLFamilyConfig):
     r"""Configuration of a Memorizing Transformer language model.
 
     A Transformer-XL decoder (relative positions, segment memory, adaptive input and softmax: the same fields and
@@ -94,34 +62,23 @@ class TffMemorizingConfig(PreTrainedConfig):
         knn_gate_init (`float`, defaults to 0.0): initial per-head gate bias ``b`` (``g = sigmoid(b)``; meliad: 0).
         knn_scale_init (`float`, defaults to 10.0): initial per-head scale of the cosine scores of retrieved keys.
         use_cache (`bool`, defaults to `True`): return the memories (`mems`) from `forward`.
+
+    The Transformer-XL fields, their derived defaults and their checks are the family's
+    (`tf_family.layers.xl_config`); this class adds the kNN memory's.
     """
 
-    auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
     model_type = "tff_memorizing"
-    keys_to_ignore_at_inference = ["mems"]
-    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
 
+    # Transformer-XL fields with other defaults: a small model, no adaptive softmax
     vocab_size: int = 32000
     cutoffs: list[int] = field(default_factory=list)
     d_model: int = 512
-    d_embed: int | None = None
     n_head: int = 8
-    d_head: int | None = None
     d_inner: int = 2048
     div_val: int = 1
-    pre_lnorm: bool = False
     n_layer: int = 12
     mem_len: int = 512
-    clamp_len: int = 1000
     same_length: bool = False
-    proj_share_all_but_first: bool = True
-    untie_r: bool = True
-    dropout: float = 0.1
-    dropatt: float = 0.0
-    proj_init_std: float = 0.01
-    init_std: float = 0.02
-    layer_norm_epsilon: float = 1e-5
-    tie_word_embeddings: bool = True
     knn_layers: list[int] | None = None
     knn_memory_size: int = 8192
     knn_top_k: int = 32
@@ -135,24 +92,13 @@ class TffMemorizingConfig(PreTrainedConfig):
     knn_gate_init: float = 0.0
     knn_scale_init: float = 10.0
     use_cache: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = 0
 
     def __post_init__(self, **kwargs):
-        check_config_kwargs(type(self).__name__, kwargs)
-        if self.d_embed is None:
-            self.d_embed = self.d_model
-        if self.d_head is None:
-            # derived from valid values only: a wrong d_model / n_head is then reported by name (validate_config)
-            sizes = (self.d_model, self.n_head)
-            self.d_head = self.d_model // self.n_head if all(type(v) is int and v > 0 for v in sizes) else 0
         if self.knn_layers is None:
             self.knn_layers = [max(self.n_layer * 3 // 4 - 1, 0) if type(self.n_layer) is int else 0]
         if isinstance(self.knn_layers, tuple):
             self.knn_layers = list(self.knn_layers)
         super().__post_init__(**kwargs)
-        validate_config(self)
 
     @classmethod
     def from_transfo_xl_config(cls, config: PreTrainedConfig, **overrides) -> TffMemorizingConfig:
@@ -165,19 +111,12 @@ class TffMemorizingConfig(PreTrainedConfig):
             )
         return cls(**{name: getattr(config, name) for name in TRANSFO_XL_FIELDS}, **overrides)
 
-    @property
-    def tie_projs(self) -> list[bool]:
-        """Per cluster, whether its output projection is tied to an input projection."""
-        return [False] + [self.proj_share_all_but_first] * len(self.cutoffs)
-
     def validate_architecture(self):
-        """Cross-field rules; each error names the field, the value and the rule."""
-        for name in ("vocab_size", "d_model", "d_embed", "n_head", "d_inner", "n_layer", "div_val"):
-            check_positive_int(name, getattr(self, name))
-        check_positive_int("d_head", self.d_head, fix="set d_head >= 1 (unset, it is d_model // n_head)")
-        for name in ("mem_len", "knn_memory_size"):
-            check_nonnegative_int(name, getattr(self, name), fix=f"set {name} >= 0 (0 disables that memory)")
-        check_int("clamp_len", self.clamp_len, fix="clamp_len <= 0 disables clamping")
+        """The family's rules (`XLFamilyConfig.validate_architecture`) and the kNN memory's."""
+        super().validate_architecture()
+        check_nonnegative_int(
+            "knn_memory_size", self.knn_memory_size, fix="set knn_memory_size >= 0 (0 disables that memory)"
+        )
         for name in ("knn_faiss_nlist", "knn_faiss_nprobe"):
             check_positive_int(name, getattr(self, name))
         check_positive_int("knn_top_k", self.knn_top_k, fix="set knn_top_k >= 1 (neighbours per query)")
@@ -194,21 +133,6 @@ class TffMemorizingConfig(PreTrainedConfig):
         ):
             check_choice(name, getattr(self, name), choices)
         check_float("knn_scale_init", self.knn_scale_init, minimum=0.0, min_open=True, fix="set knn_scale_init > 0")
-        if self.d_model % 2:
-            raise ValueError(f"d_model must be even (sinusoid position embeddings), got {self.d_model}.")
-        if self.cutoffs != sorted(set(self.cutoffs)) or any(c <= 0 or c >= self.vocab_size for c in self.cutoffs):
-            raise ValueError(
-                f"cutoffs must be strictly increasing and within (0, vocab_size={self.vocab_size}), got {self.cutoffs}."
-            )
-        if self.div_val > 1 and self.d_embed // self.div_val ** len(self.cutoffs) < 1:
-            raise ValueError(
-                f"div_val={self.div_val} with {len(self.cutoffs)} cutoffs shrinks the last cluster's embedding of "
-                f"d_embed={self.d_embed} to zero width; lower div_val or raise d_embed."
-            )
-        if self.same_length and self.mem_len == 0:
-            raise ValueError("same_length=True needs mem_len > 0; set same_length=False for a model without memory.")
-        for name in ("dropout", "dropatt"):
-            check_probability(name, getattr(self, name))
 
 
 __all__ = ["TffMemorizingConfig"]

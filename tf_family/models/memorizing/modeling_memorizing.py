@@ -45,18 +45,13 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
-from ...attention import (
-    build_causal_memory_mask,
-    build_key_padding_mask,
-    segment_position_embedding,
-)
 from ...layers import (
-    AdaptiveEmbedding,
     PositionwiseFeedForward,
-    ProjectedAdaptiveLogSoftmax,
+    RelativeAttentionInputs,
     RelativeDecoderLayer,
     RelativeMultiHeadAttention,
 )
+from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...memory import (
     Expired,
     KNNMemory,
@@ -100,19 +95,8 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
     def __init__(self, config: TffMemorizingConfig):
         super().__init__()
         self.combine = config.knn_combine
-        self.attention = RelativeMultiHeadAttention(
-            config.d_model,
-            config.n_head,
-            config.d_head,
-            config.dropout,
-            config.dropatt,
-            config.pre_lnorm,
-            config.layer_norm_epsilon,
-            config.untie_r,
-        )
-        self.feed_forward = PositionwiseFeedForward(
-            config.d_model, config.d_inner, config.dropout, config.pre_lnorm, config.layer_norm_epsilon
-        )
+        self.attention = RelativeMultiHeadAttention.from_config(config)
+        self.feed_forward = PositionwiseFeedForward.from_config(config)
         self.knn_scale = nn.Parameter(torch.full((config.n_head,), config.knn_scale_init))
         self.knn_gate = nn.Parameter(torch.full((config.n_head,), config.knn_gate_init))
 
@@ -120,11 +104,8 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         self,
         hidden: torch.Tensor,
         memory: torch.Tensor | None,
-        position_embedding: torch.Tensor,
-        allowed: torch.Tensor,
-        shared_biases: tuple[torch.Tensor, torch.Tensor] | None,
-        output_attentions: bool,
-        implementation: str | None,
+        *,
+        inputs: RelativeAttentionInputs,
         knn: KNNLayerInputs,
     ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
         """Returns the layer output ``(B, T, D)``, the local attention probabilities (with `output_attentions`) and
@@ -145,27 +126,21 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         )
         scale = self.knn_scale.abs()
         if self.combine == "gate":
-            local, probs = attention.local_attention(
-                query, key, value, position_embedding, allowed, shared_biases, output_attentions, implementation
-            )  # (B, H, T, Dh)
+            local, probs = attention.local_attention(query, key, value, inputs)  # (B, H, T, Dh)
             attended_retrieved = fused_knn_attention(query_direction, retrieved, scale, knn.readers)  # (B, H, T, Dh)
             # a query that found nothing keeps its local result: with the gate closed this is Transformer-XL exactly
             gate = torch.sigmoid(self.knn_gate)[:, None, None] * retrieved.any_found  # (B, H, T, 1)
             attended = local * (1 - gate) + attended_retrieved * gate
         else:
-            attended, probs = self._joint_attention(
-                query, key, value, position_embedding, allowed, shared_biases, query_direction, retrieved, scale
-            )
-            probs = probs if output_attentions else None
+            attended, probs = self._joint_attention(query, key, value, inputs, query_direction, retrieved, scale)
+            probs = probs if inputs.output_attentions else None
         hidden = attention.finish(hidden, attended)
         return self.feed_forward(hidden), probs, (segment[0].detach(), segment[1].detach())
 
-    def _joint_attention(
-        self, query, key, value, position_embedding, allowed, shared_biases, query_direction, retrieved, scale
-    ):
+    def _joint_attention(self, query, key, value, inputs, query_direction, retrieved, scale):
         """One softmax over the local keys (Transformer-XL scores) and the retrieved pairs (scaled cosine scores)."""
         attention = self.attention
-        bias, content_bias = attention.position_scores(query, position_embedding, allowed, shared_biases)
+        bias, content_bias = attention.position_scores(query, inputs)
         content = torch.einsum("bhtd,bhsd->bhts", query + content_bias[:, None, :].to(query.dtype), key)
         local_logits = content * attention.scale + bias.to(query.dtype)  # (B, H, T, S)
         knn_logits = retrieved.logits(query_direction, scale)  # (B, H, T, K [+ T])
@@ -177,76 +152,37 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
 
 
 class TffMemorizingPreTrainedModel(
-    InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel
+    XLPreTrainedMixin, InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel
 ):
+    """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`), and the
+    kNN layers' gate and scale from the config."""
+
     config_class = TffMemorizingConfig
     config: TffMemorizingConfig
-    base_model_prefix = "transformer"
     carried_state = "knn_memory"  # a MemorizingMemory (kNN memory + Transformer-XL memory), passed as `mems`
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["RelativeDecoderLayer", "TffMemorizingKNNLayer"]
-    _supports_sdpa = True
-    # the attention reads config._attn_implementation at every call, so switching it later is safe
-    _can_set_attn_implementation_cached_value = True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
-        config = self.config
-        std, proj_std = config.init_std, config.proj_init_std
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, nn.ParameterList):
-            for projection in module:  # the adaptive input / softmax projections
-                init.normal_(projection, mean=0.0, std=proj_std)
-        elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
-            init.normal_(module.cluster_weight, mean=0.0, std=std)
-            init.zeros_(module.cluster_bias)
-        elif isinstance(module, RelativeMultiHeadAttention | TffMemorizingModel):
-            for name in ("content_bias", "position_bias"):
-                if getattr(module, name, None) is not None:
-                    init.normal_(getattr(module, name), mean=0.0, std=std)
+        super()._init_weights(module)
         if isinstance(module, TffMemorizingKNNLayer):
-            init.constant_(module.knn_scale, config.knn_scale_init)
-            init.constant_(module.knn_gate, config.knn_gate_init)
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        # The state is a MemorizingMemory returned as `mems`, not a transformers Cache.
-        return False
+            init.constant_(module.knn_scale, self.config.knn_scale_init)
+            init.constant_(module.knn_gate, self.config.knn_gate_init)
 
 
-class TffMemorizingModel(TffMemorizingPreTrainedModel):
+class TffMemorizingModel(XLStackMixin, TffMemorizingPreTrainedModel):
     """The Memorizing Transformer decoder stack: last hidden state and the updated memories."""
+
+    _mask_dims = (2,)  # no 4D attention_mask: what a query may retrieve follows the padding mask
 
     def __init__(self, config: TffMemorizingConfig):
         super().__init__(config)
-        self.word_embeddings = AdaptiveEmbedding(
-            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
-        )
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(
+        layers = [
             TffMemorizingKNNLayer(config) if index in config.knn_layers else RelativeDecoderLayer.from_config(config)
             for index in range(config.n_layer)
-        )
-        if not config.untie_r:
-            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-        self.gradient_checkpointing = False
+        ]
+        self._build_stack(config, layers)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.word_embeddings
-
-    def set_input_embeddings(self, new_embeddings: nn.Module):
-        self.word_embeddings = new_embeddings
 
     def empty_memory(
         self,
@@ -279,11 +215,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
             raise TypeError(
                 f"mems must be the MemorizingMemory a previous call returned (or None to start), got {type(mems)}."
             )
-        if mems.batch_size != batch_size:
-            raise ValueError(
-                f"mems holds {mems.batch_size} batch rows but the input has {batch_size}; pass the mems returned for "
-                "this batch, or mems=None to start a new stream."
-            )
+        check_memory_batch(mems, None, batch_size)
         mems.knn.check_current()
         if len(mems.knn) != len(self.config.knn_layers):
             raise ValueError(f"mems has {len(mems.knn)} kNN layers, the model {len(self.config.knn_layers)}.")
@@ -336,7 +268,8 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> MemorizingModelOutput | tuple:
-        r"""
+        r"""The keyword parameters follow transformers' ``forward`` convention (hence more than STYLE's six).
+
         Args:
             input_ids: ``(B, T)`` token ids of the segment.
             mems: the `MemorizingMemory` returned for the previous segment of the same streams, a fresh one
@@ -350,121 +283,72 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
             reset_mems: ``(B,)`` bool; rows where it is True forget both memories (a new document starts).
             use_cache: write the kNN memory and return the memories (defaults to ``config.use_cache``).
         """
-        config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
-        use_cache = use_cache if use_cache is not None else config.use_cache
-        return_dict = return_dict if return_dict is not None else config.return_dict
-        batch, query_length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
-        self._check_mask("attention_mask", attention_mask, batch, query_length, at_least=True)
-        self._check_reset_mems(reset_mems, batch)
-        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
-        device = embeddings.device
-        state = self._as_memory(mems, batch, device, embeddings.dtype)
+        flags = self._output_flags(output_attentions, output_hidden_states, use_cache, return_dict)
+        embeddings = self._embed_segment(input_ids, inputs_embeds, attention_mask, reset_mems)  # (B, T, D)
+        state = self._as_memory(mems, embeddings.shape[0], embeddings.device, embeddings.dtype)
         if reset_mems is not None:
             state = state.reset(reset_mems)
         memory = state.segment
-        memory_length = 0 if memory is None else memory.length
-        key_length = memory_length + query_length
+        masks = self._segment_masks(embeddings, attention_mask, None if memory is None else memory.mask)
+        memory_allowed, segment_allowed = self._knn_masks(state.knn, masks.segment, embeddings.shape[1])
+        inputs = self._attention_inputs(embeddings, masks.allowed, flags.output_attentions)
+        written = []  # per kNN layer: the segment's (normalised key, value) pairs to write into the memory
 
-        max_span = config.mem_len if config.same_length else None
-        allowed = build_causal_memory_mask(query_length, memory_length, max_span, device)[None, None]  # (1,1,T,S)
-        segment_mask = torch.ones(batch, query_length, dtype=torch.bool, device=device)  # (B, T)
-        if attention_mask is not None:
-            segment_mask = attention_mask[:, -query_length:].to(torch.bool)
-        key_padding = build_key_padding_mask(
-            batch, query_length, None if memory is None else memory.mask, attention_mask, device
-        )
-        if key_padding is not None:
-            allowed = allowed & key_padding[:, None, None, :]  # (B, 1, T, S)
-        memory_allowed, segment_allowed = self._knn_masks(state.knn, segment_mask, query_length)
-
-        dropout = self.dropout if self.training and self.dropout.p > 0 else None
-        position_embedding = segment_position_embedding(
-            key_length, config.clamp_len, config.d_model, device, embeddings.dtype, dropout
-        )  # (S, D)
-        shared_biases = None if config.untie_r else (self.content_bias, self.position_bias)
-
-        hidden = self.dropout(embeddings)
-        layer_inputs, written, all_hidden, all_attentions = [], [], (), ()
-        for index, layer in enumerate(self.layers):
-            layer_inputs.append(hidden)
-            if output_hidden_states:
-                all_hidden += (hidden,)
+        def call_layer(index: int, layer: nn.Module, hidden: torch.Tensor):
             layer_memory = None if memory is None else memory.states[index]
-            arguments = (hidden, layer_memory, position_embedding, allowed, shared_biases, output_attentions)
-            if isinstance(layer, TffMemorizingKNNLayer):
-                slot = len(written)
-                knn = KNNLayerInputs(
-                    state.knn.keys[slot],
-                    state.knn.values[slot],
-                    memory_allowed,
-                    segment_allowed,
-                    config.knn_top_k,
-                    config.knn_search,
-                    self._faiss_indexes(state.knn, slot),
-                    readers=state.knn.readers[slot],
-                )
-                hidden, probs, pairs = layer(*arguments, config._attn_implementation, knn)
-                written.append(pairs)
-            else:
-                hidden, probs = layer(*arguments, config._attn_implementation)
-            if output_attentions:
-                all_attentions += (probs,)
-        hidden = self.dropout(hidden)
-        if output_hidden_states:
-            all_hidden += (hidden,)
+            if not isinstance(layer, TffMemorizingKNNLayer):
+                return layer(hidden, layer_memory, inputs=inputs)
+            config, slot = self.config, len(written)
+            knn = KNNLayerInputs(
+                state.knn.keys[slot],
+                state.knn.values[slot],
+                memory_allowed,
+                segment_allowed,
+                config.knn_top_k,
+                config.knn_search,
+                self._faiss_indexes(state.knn, slot),
+                readers=state.knn.readers[slot],
+            )
+            hidden, probs, pairs = layer(hidden, layer_memory, inputs=inputs, knn=knn)
+            written.append(pairs)
+            return hidden, probs
 
+        stack = self._run_layers(embeddings, flags, call_layer)
         new_memory = None
-        if use_cache:
-            # the whole segment retrieved above; only now is it written (meliad's order)
-            in_place = config.knn_write == "in_place" and not (self.gradient_checkpointing and self.training)
-            knn_memory = state.knn.write([k for k, _ in written], [v for _, v in written], segment_mask, in_place)
-            segment = None
-            if config.mem_len > 0:
-                previous = memory if memory is not None else SegmentMemory.empty_like(layer_inputs)
-                segment = previous.update(layer_inputs, mem_len=config.mem_len, new_mask=segment_mask)
-            new_memory = MemorizingMemory(segment, knn_memory)
-
+        if flags.use_cache:
+            new_memory = self._update_memories(state, stack.layer_inputs, masks.segment, written)
         output = MemorizingModelOutput(
-            last_hidden_state=hidden,
+            last_hidden_state=stack.hidden,
             mems=new_memory,
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=all_attentions if output_attentions else None,
+            hidden_states=stack.hidden_states,
+            attentions=stack.attentions,
         )
-        return output if return_dict else output.to_tuple()
+        return output if flags.return_dict else output.to_tuple()
+
+    def _update_memories(self, state, layer_inputs, segment_mask, written) -> MemorizingMemory:
+        """The kNN memory with the segment's pairs ``written`` by the kNN layers, and the Transformer-XL memory."""
+        config = self.config
+        # the whole segment retrieved above; only now is it written (meliad's order)
+        in_place = config.knn_write == "in_place" and not (self.gradient_checkpointing and self.training)
+        knn_memory = state.knn.write([k for k, _ in written], [v for _, v in written], segment_mask, in_place)
+        segment = None
+        if config.mem_len > 0:
+            previous = state.segment if state.segment is not None else SegmentMemory.empty_like(layer_inputs)
+            segment = previous.update(layer_inputs, mem_len=config.mem_len, new_mask=segment_mask)
+        return MemorizingMemory(segment, knn_memory)
 
 
-class TffMemorizingForCausalLM(SegmentRecurrentForCausalLM, TffMemorizingPreTrainedModel, ValidatedGenerationMixin):
+class TffMemorizingForCausalLM(
+    SegmentRecurrentForCausalLM, XLLMHeadMixin, TffMemorizingPreTrainedModel, ValidatedGenerationMixin
+):
     """The Memorizing Transformer with an adaptive softmax language-model head. `logits` are log-probabilities."""
 
     causal_lm_output_class = MemorizingCausalLMOutput
 
     def __init__(self, config: TffMemorizingConfig):
         super().__init__(config)
-        self.transformer = TffMemorizingModel(config)
-        self.lm_head = ProjectedAdaptiveLogSoftmax(
-            config.vocab_size, config.d_embed, config.d_model, config.cutoffs, config.div_val
-        )
-        # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
-        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
+        self._add_lm_head(config, TffMemorizingModel(config))
         self.post_init()
-
-    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
-        """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
-        projections (`proj_share_all_but_first`), as in Transformer-XL."""
-        return self.lm_head.tied_weights_keys(
-            self.transformer.word_embeddings,
-            self.config.tie_word_embeddings,
-            self.config.tie_projs,
-            prefix="lm_head",
-            embedding_prefix="transformer.word_embeddings",
-        )
-
-    def get_output_embeddings(self):
-        return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
     @classmethod
     def from_transfo_xl(cls, pretrained_model_name_or_path: str, **config_overrides) -> TffMemorizingForCausalLM:
