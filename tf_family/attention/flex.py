@@ -29,14 +29,12 @@ Sequences are padded inside to a multiple of ``_BLOCK`` (padded keys masked, pad
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # the patterns' modules import this one
-    from .lsh import ChunkPattern
-    from .sliding_window import WindowPattern
+from .patterns import ChunkPattern, WindowPattern
 
 _BLOCK = 128  # FlexAttention's default sparse block; every block table here is in tiles of this size
 _COMPILED: dict[str, object] = {}

@@ -26,28 +26,7 @@ import torch.nn.functional as F
 from .backend import FLEX, attend, preferred_chunk
 from .dense import dense_attention
 from .flex import flex_sliding_window_attention
-
-
-@dataclass(frozen=True)
-class WindowPattern:
-    """Which keys a query's window reaches.
-
-    Attributes:
-        window: one-sided window ``W`` (keys up to ``W`` steps away; a Longformer ``attention_window`` of ``w``
-            tokens is ``W = w // 2``).
-        dilation: step between window positions (``d`` in the paper, section 3.1); 1 is a contiguous window.
-        causal: only keys at or before the query.
-    """
-
-    window: int
-    dilation: int = 1
-    causal: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.window, int) or self.window < 0:
-            raise ValueError(f"window must be an int >= 0, got {self.window!r}.")
-        if not isinstance(self.dilation, int) or self.dilation < 1:
-            raise ValueError(f"dilation must be an int >= 1, got {self.dilation!r}.")
+from .patterns import WindowPattern
 
 
 @dataclass(frozen=True)
