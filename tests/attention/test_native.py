@@ -191,6 +191,53 @@ def test_the_kernel_is_taken_only_where_measured_faster_and_measured_once(monkey
     assert attention_backend(*slow, 0.0) == "native"
 
 
+def test_the_kernel_needs_a_clear_margin():
+    assert native.prefer_native(0.90, 1.0) and native.prefer_native(0.949, 1.0)
+    assert not native.prefer_native(0.951, 1.0)  # a gain within the margin keeps the PyTorch path
+    assert not native.prefer_native(1.0, 1.0) and not native.prefer_native(1.1, 1.0)
+    assert native.prefer_native(0.97, 1.0, margin=0.0) and not native.prefer_native(0.97, 1.0, margin=0.05)
+    with pytest.raises(ValueError, match="native_s=0"):
+        native.prefer_native(0.0, 1.0)
+
+
+def test_cached_times_are_judged_by_the_current_rule(monkeypatch, tmp_path):
+    """A calibration file written under the old rule (the faster path, however small the gain: BigBird's global rows
+    on AMD, 2.6 %) is decided again from its times, without measuring."""
+    from tf_family.attention import attention_backend
+
+    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
+    monkeypatch.setattr(native, "_decisions", {})
+    monkeypatch.setattr(native, "_time_paths", lambda *args: pytest.fail("measured again"))
+    close, clear = _inputs((3, 2, 5, 7, 4)), _inputs((3, 2, 6, 9, 4))
+    table = {
+        native._calibration_key(*close, False, 0.0): {"native": True, "native_s": 0.015324, "pytorch_s": 0.015728},
+        native._calibration_key(*clear, False, 0.0): {"native": True, "native_s": 0.0043, "pytorch_s": 0.0054},
+    }
+    (tmp_path / "calibration.json").write_text(json.dumps(table))
+    assert attention_backend(*close, 0.0) == "masked"
+    assert attention_backend(*clear, 0.0) == "native"
+
+
+def test_the_calibration_key_and_timing_follow_the_layout(monkeypatch, tmp_path):
+    """Keys and values transposed from (B, T, H, Dh), as the models hand them over, cost the kernel a copy: they are
+    calibrated apart from contiguous ones of the same shape, on random tensors of the same strides."""
+    from tf_family.attention import attention_backend
+
+    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
+    monkeypatch.setattr(native, "_decisions", {})
+    contiguous = _inputs((1, 2, 6, 9, 4))
+    strided = [t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in contiguous]
+    assert not strided[1].is_contiguous()
+    for tensors in (contiguous, strided):
+        made = native._calibration_tensors(tensors, torch.Generator().manual_seed(0))
+        assert [t.stride() for t in made] == [t.stride() for t in tensors]
+        assert all(t.requires_grad and t.dtype == torch.float64 for t in made)
+    attention_backend(*contiguous, 0.0)
+    attention_backend(*strided, 0.0)
+    keys = sorted(json.loads((tmp_path / "calibration.json").read_text()))
+    assert len(keys) == 2 and any("layout=ccc" in k for k in keys) and any("layout=sss" in k for k in keys)
+
+
 def test_calibration_times_both_paths_and_leaves_the_random_state_alone():
     query, key, value = _inputs((2, 2, 8, 12, 4))
     allowed = torch.rand(2, 2, 8, 12, generator=torch.Generator().manual_seed(0)) > 0.3
