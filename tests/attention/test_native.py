@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from tf_family.attention import attention_under_mask, masked_attention_reference, native
+from tf_family.attention import attend, masked_attention_reference, native
 
 pytestmark = pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
 
@@ -130,17 +130,17 @@ def test_gradient_checkpointing_replays_the_dropout_mask():
         torch.testing.assert_close(got, want)
 
 
-def test_attention_under_mask_uses_the_kernel_unless_turned_off(monkeypatch):
+def test_attend_uses_the_kernel_unless_turned_off(monkeypatch):
     monkeypatch.setenv("TF_FAMILY_NATIVE", "force")  # the kernel wherever it runs, whatever the calibration says
     tensors = _inputs()
     allowed = _masks(3, 2, 5, 7)["full"]
     calls = []
     real = native.fused_attention
     monkeypatch.setattr(native, "fused_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    on = attention_under_mask(*tensors, allowed, 0.0)
+    on = attend(*tensors, allowed, None, 0.0)[0]
     assert calls == [1]
     monkeypatch.setenv("TF_FAMILY_NATIVE", "0")
-    off = attention_under_mask(*tensors, allowed, 0.0)
+    off = attend(*tensors, allowed, None, 0.0)[0]
     assert calls == [1]
     torch.testing.assert_close(on, off)
 
@@ -162,7 +162,7 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
         warnings.simplefilter("error")
         assert native.extension() is None  # no second warning
         tensors = _inputs()
-        assert attention_under_mask(*tensors, torch.ones(3, 2, 5, 7, dtype=torch.bool)).shape == (3, 2, 5, 4)
+        assert attend(*tensors, torch.ones(3, 2, 5, 7, dtype=torch.bool))[0].shape == (3, 2, 5, 4)
 
 
 def test_the_kernel_is_taken_only_where_measured_faster_and_measured_once(monkeypatch, tmp_path):
@@ -259,9 +259,7 @@ def test_a_first_call_inside_a_checkpointed_forward_calibrates_apart(monkeypatch
     monkeypatch.setattr(native, "_decisions", {})
     query, key, value = (t.detach().float().requires_grad_() for t in _inputs((2, 2, 8, 12, 4)))
     allowed = torch.ones(2, 2, 8, 12, dtype=torch.bool)
-    out = checkpoint(
-        lambda q, k, v: attention_under_mask(q, k, v, allowed) * 2, query, key, value, use_reentrant=False
-    )
+    out = checkpoint(lambda q, k, v: attend(q, k, v, allowed)[0] * 2, query, key, value, use_reentrant=False)
     out.sum().backward()
     assert json.loads((tmp_path / "calibration.json").read_text())  # it did calibrate, inside the region
     expected = masked_attention_reference(query.detach(), key.detach(), value.detach(), allowed)

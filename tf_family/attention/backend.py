@@ -133,14 +133,6 @@ def attend(
     return masked_attention(query, key, value, scores_bias, kept, scale), None
 
 
-def attention_under_mask(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, dropout_p: float = 0.0
-) -> torch.Tensor:
-    """`attend` with the ``"sdpa"`` implementation under a bool mask, output only (the name kernels used before
-    `attend` took the implementation)."""
-    return attend(query, key, value, allowed, None, dropout_p)[0]
-
-
 def preferred_chunk(
     window: int,
     query: torch.Tensor,
@@ -169,7 +161,6 @@ __all__ = [
     "IMPLEMENTATIONS",
     "attend",
     "attention_backend",
-    "attention_under_mask",
     "native_candidate",
     "preferred_chunk",
     "takes_masked_attention",
