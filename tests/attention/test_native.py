@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from tf_family.attention import attend, masked_attention_reference, native
+from tf_family.attention import attend, attention_backend, masked_attention_reference, native
 
 pytestmark = pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
 
@@ -236,6 +236,51 @@ def test_the_calibration_key_and_timing_follow_the_layout(monkeypatch, tmp_path)
     attention_backend(*strided, 0.0)
     keys = sorted(json.loads((tmp_path / "calibration.json").read_text()))
     assert len(keys) == 2 and any("layout=ccc" in k for k in keys) and any("layout=sss" in k for k in keys)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_calls_match_the_twin_in_float32(monkeypatch, dtype):
+    """Under autocast the attention gets bfloat16: the kernel computes it in float32 (forward and backward) and
+    agrees with the float32 dense twin on the same inputs and dropout mask, to the dtype's rounding."""
+    monkeypatch.setenv("TF_FAMILY_NATIVE", "force")
+    tensors = [t.detach().to(dtype).requires_grad_() for t in _inputs((2, 2, 9, 13, 8))]
+    allowed = _masks(2, 2, 9, 13)["over heads"]
+    assert attention_backend(*tensors, 0.2, allowed) == "native"
+    torch.manual_seed(3)
+    seed = int(torch.randint(0, 2**62, ()))
+    torch.manual_seed(3)
+    out = attend(*tensors, allowed, None, 0.2)[0]
+    assert out.dtype == dtype
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    grads = torch.autograd.grad((out.float() * weights).sum(), tensors)
+    assert all(g.dtype == dtype for g in grads)
+    upcast = [t.detach().float().requires_grad_() for t in tensors]
+    kept, scale = native.fused_keep_mask((2, 2, 9, 13), 0.2, seed)
+    want = _reference(upcast, allowed, kept, scale)
+    want_grads = torch.autograd.grad((want * weights).sum(), upcast)
+    tolerance = {"atol": 3e-2, "rtol": 3e-2}
+    torch.testing.assert_close(out.float(), want, **tolerance)
+    for got, expected in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got.float(), expected, **tolerance)
+
+
+def test_reduced_precision_takes_the_kernel_only_where_measured_faster_than_sdpa(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
+    monkeypatch.setattr(native, "_decisions", {})
+    slow = [t.detach().bfloat16().requires_grad_() for t in _inputs((3, 2, 5, 7, 4))]
+    fast = [t.detach().bfloat16().requires_grad_() for t in _inputs((3, 2, 6, 9, 4))]
+    monkeypatch.setattr(native, "_time_paths", lambda *args: {"native": 2.0, "pytorch": 1.0})
+    assert attention_backend(*slow, 0.1) == "sdpa"  # PyTorch's SDPA in bfloat16, as before
+    monkeypatch.setattr(native, "_time_paths", lambda *args: {"native": 1.0, "pytorch": 2.0})
+    assert attention_backend(*fast, 0.1) == "native"
+    with torch.no_grad():  # eval without dropout: SDPA, no calibration
+        assert attention_backend(*fast, 0.0) == "sdpa"
+    monkeypatch.setenv("TF_FAMILY_NATIVE", "0")
+    assert attention_backend(*fast, 0.1) == "sdpa"
+    assert len(json.loads((tmp_path / "calibration.json").read_text())) == 2
+    # the real timing of both paths in bfloat16: the kernel in float32 against PyTorch's SDPA
+    times = native._time_paths(*slow, None, 0.1)
+    assert set(times) == {"native", "pytorch"} and all(t > 0 for t in times.values())
 
 
 def test_calibration_times_both_paths_and_leaves_the_random_state_alone():

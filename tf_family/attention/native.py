@@ -188,6 +188,7 @@ CALIBRATION_ROUNDS = 5
 # the kernel is taken only when its forward + backward is faster than the PyTorch path's by more than this fraction:
 # gains below it did not survive into a training step (see the module's notes), and the PyTorch path is the safe side
 NATIVE_MARGIN = 0.05
+REDUCED_DTYPES = (torch.bfloat16, torch.float16)  # taken by the kernel in float32 (`fused_attention_upcast`)
 _decisions: dict[str, dict] = {}
 
 
@@ -252,21 +253,31 @@ def _calibration_tensors(tensors, generator: torch.Generator) -> list[torch.Tens
 
 def _time_paths(query, key, value, allowed, dropout_p: float) -> dict[str, float]:
     """Median seconds of forward + backward through the kernel and through the PyTorch path, on random tensors of
-    the call's shapes and its mask, interleaved; PyTorch's random state is left as it was."""
+    the call's shapes and its mask, interleaved; PyTorch's random state is left as it was. In bfloat16/float16 the
+    kernel computes in float32 (`fused_attention_upcast`) and the PyTorch path is PyTorch's SDPA in that dtype."""
+    import torch.nn.functional as F
+
     from .dropout import dropout_mask
     from .masked import masked_attention
+
+    reduced = query.dtype in REDUCED_DTYPES
 
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         generator = torch.Generator().manual_seed(0)
         tensors = _calibration_tensors((query, key, value), generator)
         grad = torch.randn(query.shape, dtype=query.dtype, generator=generator)
         mask = None if allowed is None else allowed.detach()
-        scores_bias = None if mask is None else mask.to(torch.bool).view(torch.uint8).to(query.dtype).log_()
+        scores_bias = None
+        if mask is not None and not reduced:
+            scores_bias = mask.to(torch.bool).view(torch.uint8).to(query.dtype).log_()
 
         def native_path():
-            fused_attention(*tensors, mask, dropout_p, seed=1).backward(grad)
+            (fused_attention_upcast if reduced else fused_attention)(*tensors, mask, dropout_p, seed=1).backward(grad)
 
         def pytorch_path():
+            if reduced:
+                F.scaled_dot_product_attention(*tensors, attn_mask=mask, dropout_p=dropout_p).backward(grad)
+                return
             kept, scale = None, 1.0
             if dropout_p > 0.0:
                 kept, scale = dropout_mask((*query.shape[:-1], key.shape[-2]), dropout_p, query.device)
@@ -312,8 +323,8 @@ def _time_paths_apart(query, key, value, allowed, dropout_p: float) -> dict[str,
 def faster_than_pytorch(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, dropout_p: float
 ) -> bool:
-    """Whether the native kernel is measured faster than the PyTorch path (`masked_attention`) for a call of these
-    shapes and layout on this machine, by `prefer_native`'s margin (see the module's notes): measured once per shape
+    """Whether the native kernel is measured faster than the PyTorch path (`masked_attention`; in bfloat16/float16,
+    PyTorch's SDPA against the kernel in float32) for a call of these shapes and layout on this machine, by `prefer_native`'s margin (see the module's notes): measured once per shape
     and build, then cached. ``True`` without measuring under ``TF_FAMILY_NATIVE=force``; ``False`` when the kernel is
     not available."""
     if extension() is None:
@@ -404,6 +415,26 @@ def fused_attention(
     return _FusedAttention.apply(query, key, value, mask, dropped, seed)
 
 
+def fused_attention_upcast(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> torch.Tensor:
+    """`fused_attention` for bfloat16/float16 inputs (what ``torch.autocast`` hands the attention): computed in
+    float32 and returned in the inputs' dtype; the gradients come back in that dtype too. On CPU, PyTorch's SDPA in
+    bfloat16 under dropout and a mask (Longformer's chunks) runs its unfused math path and took twice the time of
+    these casts plus the float32 kernel (2 cores, 4096 tokens); `faster_than_pytorch` measures it per shape."""
+    if query.dtype not in REDUCED_DTYPES:
+        raise ValueError(
+            f"fused_attention_upcast takes bfloat16/float16 tensors, got {query.dtype}; call fused_attention."
+        )
+    out = fused_attention(query.float(), key.float(), value.float(), allowed, dropout_p, seed)
+    return out.to(query.dtype)
+
+
 def fused_keep_mask(shape: tuple[int, ...] | torch.Size, dropout_p: float, seed: int) -> tuple[torch.Tensor, float]:
     """The dropout mask `fused_attention` applies for ``seed`` (True = kept) and the scale of the kept values."""
     numel = 1
@@ -424,6 +455,7 @@ __all__ = [
     "extension",
     "float32_cpu_extension",
     "fused_attention",
+    "fused_attention_upcast",
     "fused_keep_mask",
     "is_built",
     "prefer_native",
