@@ -44,8 +44,11 @@ def takes_masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
 
 
 def _reduced_cpu_training(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
-    """A CPU call in bfloat16/float16 (``torch.autocast``) under dropout or a gradient, outside `torch.export`."""
-    if query.device.type != "cpu" or query.dtype not in native.REDUCED_DTYPES or torch.compiler.is_exporting():
+    """A CPU call in bfloat16/float16 (``torch.autocast``) under dropout or a gradient, outside `torch.export` and
+    `torch.compile` (which keep PyTorch's SDPA there, as before this route existed)."""
+    if query.device.type != "cpu" or query.dtype not in native.REDUCED_DTYPES:
+        return False
+    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
         return False
     return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
 
