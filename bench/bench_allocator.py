@@ -119,10 +119,15 @@ def report(args: argparse.Namespace, table: dict, names: list[str], runs: dict) 
     """Write the results so far (``results/<name>.json`` and ``.md``) and return the Markdown."""
     rows = []
     for name in names:
-        if not runs[name]["before"] and not runs[name]["after"]:
-            continue
+        errors = runs[name].get("errors", [])
+        if not runs[name]["before"] and not runs[name]["after"] and not errors:
+            continue  # not reached yet
         if not runs[name]["before"] or not runs[name]["after"]:
-            rows.append([name, table[name][0], "failed or cut short (see the JSON)", "", "", "", ""])
+            why = "cut short"
+            if errors:
+                lines = [line for line in errors[-1]["error"].strip().splitlines() if line.strip()]
+                why = "failed: " + (lines[-1][:120] if lines else "no output").replace("|", "/")
+            rows.append([name, table[name][0], f"{why} (see the JSON)", "", "", "", ""])
             continue
         before = {key: statistics.median(run[key] for run in runs[name]["before"]) for key in _FIELDS}
         after = {key: statistics.median(run[key] for run in runs[name]["after"]) for key in _FIELDS}
@@ -179,15 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in table]
     if unknown:
         raise ValueError(f"--jobs: unknown {unknown}; choose from {list(table)}.")
-    runs: dict[str, dict[str, list[dict]]] = {name: {"before": [], "after": []} for name in names}
+    runs: dict[str, dict[str, list[dict]]] = {name: {"before": [], "after": [], "errors": []} for name in names}
     with tempfile.TemporaryDirectory() as workdir:
         for round_index in range(args.rounds):
             for name in names:
                 order = (False, True) if (round_index + names.index(name)) % 2 == 0 else (True, False)
                 for keep in order:
                     record = run_job(table[name][1], keep, Path(workdir))
-                    if "error" in record:
+                    if "error" in record:  # kept in the results: a job that fails gets a row saying so
                         print(name, "failed:", record["error"], flush=True)
+                        runs[name]["errors"].append(record)
                         break
                     runs[name]["after" if keep else "before"].append(record)
                     print(name, "kept" if keep else "default", record, flush=True)

@@ -4,16 +4,19 @@ For each family (Longformer, BigBird) at one length, one process builds transfor
 weights (the config of `bench_sparse_attention.py`) and times, alternating call by call, one training step
 (forward + backward of the mean squared output) of
 
-- tf_family's model;
+- tf_family's model as shipped (the *dispatch*: the native kernel at the calls where its calibration measured it
+  faster than the PyTorch path by `native.NATIVE_MARGIN`, `tf_family.attention.native.faster_than_pytorch`); which
+  path each attention call of the step took is counted and reported;
 - tf_family's model on its PyTorch path (``TF_FAMILY_NATIVE=0``: `masked_attention` instead of the native kernel);
 - tf_family's model with its sparse attention kernel replaced by the identity on the values (every other op kept:
   projections, global attention, feed-forward, layer norms, dropout, embeddings, masks);
 - transformers' model;
 - tf_family's model with the native kernel forced wherever it runs (``TF_FAMILY_NATIVE=force``: what the dispatch
-  would do without its calibration, `tf_family.attention.native.faster_than_pytorch`);
+  would do without its calibration);
 - tf_family's and transformers' models under bf16 autocast (a model that fails there is reported as such);
 - a dense encoder of the same width with PyTorch's SDPA (`bench_sparse_attention`'s ``dense_sdpa``: BERT, the same
-  dropout), in float32 and under bf16 autocast: what the sparse pattern has to beat.
+  dropout), in float32 and under bf16 autocast: what the sparse pattern has to beat (up to ``--dense-max-length``
+  tokens: its step is quadratic, about a minute at 16384 tokens here).
 
 It then times the attention's matrix products alone at this machine's GEMM rate: six per layer (scores, weighted
 sum, and four in the backward) at the exact sizes of the pattern -- for Longformer ``2w + 1`` keys per query (no
@@ -22,8 +25,12 @@ against every key. ``floor = step with identity attention + products`` is what a
 masking and dropout were free and no score were wasted; ``transformers / floor`` bounds the speed-up any
 implementation of the same attention, on the same linear algebra, can reach.
 
-    .venv/bin/python bench/bench_sparse_floor.py                  # 4096 tokens, 7 rounds: about 3 minutes
-    .venv/bin/python bench/bench_sparse_floor.py --length 8192
+    python bench/bench_sparse_floor.py                             # 4096 tokens, 7 rounds: about 5 minutes
+    python bench/bench_sparse_floor.py --lengths 16384 --rounds 3 --name sparse_floor_16384   # about 10 minutes
+
+Reformer's floor (LSH and local attention) is measured by `bench_reformer.py`, whose training rows at
+``--floor-lengths`` (default 4096 and 8192) have the same identity-attention + products floor:
+``python bench/bench_reformer.py --lengths 8192 --floor-lengths 8192 --depths --name reformer_floor_8192``.
 """
 
 from __future__ import annotations
@@ -79,7 +86,30 @@ def _calibration() -> dict:
     return native._load_calibration() if native.extension() is not None else {}
 
 
-def measure(family: str, length: int, rounds: int, folder: str) -> dict:
+def _count_paths(step) -> dict[str, int]:
+    """Run ``step`` once and count which function each attention call of the dispatch chose (``native``,
+    ``masked``: the PyTorch path, ``sdpa``: PyTorch's SDPA), `backend.attention_backend`'s answer."""
+    from collections import Counter
+
+    from tf_family.attention import backend
+
+    counts: Counter = Counter()
+    real = backend.attention_backend
+
+    def counting(*args, **kwargs):
+        choice = real(*args, **kwargs)
+        counts[choice] += 1
+        return choice
+
+    backend.attention_backend = counting
+    try:
+        step()
+    finally:
+        backend.attention_backend = real
+    return dict(sorted(counts.items()))
+
+
+def measure(family: str, length: int, rounds: int, folder: str, dense_max_length: int = 8192) -> dict:
 
     import bench_sparse_attention as sparse
     import torch
@@ -116,26 +146,34 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
 
         return run
 
-    dense = sparse._build("dense_sdpa", folder)
-    dense_inputs = sparse._inputs("dense_sdpa", length)
     steps = {
-        "tf_family": step_of(ours, kernel),
+        "dispatch": step_of(ours, kernel),
         "native_forced": step_of(ours, kernel, native="force"),
         "pytorch_path": step_of(ours, kernel, native="0"),
         "identity": step_of(ours, _identity),
         "transformers": step_of(theirs, kernel),
-        "dense_sdpa": step_of(dense, kernel, model_inputs=dense_inputs),
-        "tf_family_bf16": step_of(ours, kernel, bf16=True),
+        "dispatch_bf16": step_of(ours, kernel, bf16=True),
         "transformers_bf16": step_of(theirs, kernel, bf16=True),
-        "dense_sdpa_bf16": step_of(dense, kernel, bf16=True, model_inputs=dense_inputs),
     }
     failed = {}
-    for name in ("transformers_bf16", "tf_family_bf16", "dense_sdpa_bf16"):
+    if length <= dense_max_length:
+        dense = sparse._build("dense_sdpa", folder)
+        dense_inputs = sparse._inputs("dense_sdpa", length)
+        steps["dense_sdpa"] = step_of(dense, kernel, model_inputs=dense_inputs)
+        steps["dense_sdpa_bf16"] = step_of(dense, kernel, bf16=True, model_inputs=dense_inputs)
+    else:
+        failed["dense_sdpa"] = failed["dense_sdpa_bf16"] = f"not run above --dense-max-length {dense_max_length}"
+    for name in ("transformers_bf16", "dispatch_bf16", "dense_sdpa_bf16"):
+        if name not in steps:
+            continue
         try:
             steps[name]()
         except Exception as error:  # transformers' BigBird fails under bf16 autocast
             failed[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
             del steps[name]
+    paths = {"dispatch": _count_paths(steps["dispatch"])}  # after the first call: calibrated by then
+    if "dispatch_bf16" in steps:
+        paths["dispatch_bf16"] = _count_paths(steps["dispatch_bf16"])
     times = common.time_interleaved(steps, rounds)
 
     body = sparse.BODY
@@ -158,6 +196,7 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
     floor = medians["identity"] + products_s
     return {
         "failed": failed,
+        "paths": paths,
         "calibration": _calibration(),
         "family": family,
         "length": length,
@@ -166,9 +205,15 @@ def measure(family: str, length: int, rounds: int, folder: str) -> dict:
         "products_per_layer_s": products,
         "products_s": products_s,
         "floor_s": floor,
-        "speedup": medians["transformers"] / medians["tf_family"],
+        "speedup": medians["transformers"] / medians["dispatch"],
         "best_possible_speedup": medians["transformers"] / floor,
     }
+
+
+def _paths_cell(counts: dict[str, int] | None) -> str:
+    if not counts:
+        return ""
+    return ", ".join(f"{name} {count}" for name, count in counts.items())
 
 
 def markdown(records: list[dict], rounds: int) -> str:
@@ -176,32 +221,38 @@ def markdown(records: list[dict], rounds: int) -> str:
     rows, bf16_rows = [], []
     for r in records:
         m = r["medians_s"]
-        rows.append([
-            r["family"], r["length"], fmt(m["tf_family"]), fmt(m["native_forced"]), fmt(m["pytorch_path"]),
-            fmt(m["identity"]), fmt(r["products_s"]), fmt(r["floor_s"]), f"{100 * r['floor_s'] / m['tf_family']:.0f} %",
-            fmt(m["transformers"]), fmt(m["dense_sdpa"]), f"{r['speedup']:.2f}x", f"{r['best_possible_speedup']:.2f}x",
-        ])  # fmt: skip
 
         def cell(name, r=r, m=m):
-            return fmt(m[name]) if name in m else f"fails ({r['failed'].get(name, 'not run')})"
+            return fmt(m[name]) if name in m else f"{r['failed'].get(name, 'not run')}"
 
-        bf16_rows.append([
-            r["family"], r["length"], fmt(m["tf_family"]), cell("tf_family_bf16"), cell("transformers_bf16"),
-            fmt(m["dense_sdpa"]), cell("dense_sdpa_bf16"),
+        rows.append([
+            r["family"], r["length"], fmt(m["dispatch"]), fmt(m["native_forced"]), fmt(m["pytorch_path"]),
+            f"{m['dispatch'] / min(m['native_forced'], m['pytorch_path']):.3f}", _paths_cell(r["paths"]["dispatch"]),
+            fmt(m["identity"]), fmt(r["products_s"]), fmt(r["floor_s"]), f"{100 * r['floor_s'] / m['dispatch']:.0f} %",
+            fmt(m["transformers"]), cell("dense_sdpa"), f"{r['speedup']:.2f}x", f"{r['best_possible_speedup']:.2f}x",
         ])  # fmt: skip
-    headers = ["family", "tokens", "tf_family step", "native kernel forced", "PyTorch path step",
-               "identity-attention step", "attention products", "floor", "floor / tf_family",
-               "transformers step", "dense SDPA step", "speed-up now", "best possible"]  # fmt: skip
-    bf16_headers = ["family", "tokens", "tf_family fp32", "tf_family bf16", "transformers bf16", "dense SDPA fp32",
-                    "dense SDPA bf16"]  # fmt: skip
+        bf16_rows.append([
+            r["family"], r["length"], fmt(m["dispatch"]), cell("dispatch_bf16"),
+            _paths_cell(r["paths"].get("dispatch_bf16")), cell("transformers_bf16"), cell("dense_sdpa"),
+            cell("dense_sdpa_bf16"),
+        ])  # fmt: skip
+    headers = ["family", "tokens", "dispatch", "native kernel forced", "PyTorch path",
+               "dispatch / faster of the two", "dispatch's calls", "identity-attention step", "attention products",
+               "floor", "floor / dispatch", "transformers step", "dense SDPA step", "speed-up now",
+               "best possible"]  # fmt: skip
+    bf16_headers = ["family", "tokens", "dispatch fp32", "dispatch bf16", "dispatch's calls (bf16)",
+                    "transformers bf16", "dense SDPA fp32", "dense SDPA bf16"]  # fmt: skip
     return (
-        f"Training step (forward + backward), batch 1, medians of {rounds} interleaved rounds. tf_family step = the "
-        "dispatch as shipped (the native kernel where its calibration measured it faster than the PyTorch path); "
-        "native kernel forced = TF_FAMILY_NATIVE=force; PyTorch path = the native kernel off (TF_FAMILY_NATIVE=0). "
-        "floor = the step with the sparse kernel replaced by the identity + the attention's six matrix products per "
-        "layer at the exact pattern sizes; floor / tf_family = how close the step is to the floor (the issue's target "
-        "is 90 %); best possible = transformers / floor. dense SDPA = a BERT encoder of the same width with "
-        "PyTorch's SDPA, the same dropout.\n\n"
+        f"Training step (forward + backward), batch 1, medians of {rounds} interleaved rounds. dispatch = tf_family "
+        "as shipped (the native kernel at the calls where its calibration measured it faster than the PyTorch path "
+        "by more than the margin); native kernel forced = TF_FAMILY_NATIVE=force; PyTorch path = the native kernel "
+        "off (TF_FAMILY_NATIVE=0); dispatch / faster of the two: 1.000 or less where the dispatch is never slower "
+        "than the better fixed choice (identical choices differ only by the noise of the run); dispatch's calls = "
+        "which function the attention calls of one step took (native kernel, masked = the PyTorch path, sdpa = "
+        "PyTorch's SDPA). floor = the step with the sparse kernel replaced by the identity + the attention's six "
+        "matrix products per layer at the exact pattern sizes; floor / dispatch = how close the step is to the "
+        "floor (the issue's target is 90 %); best possible = transformers / floor. dense SDPA = a BERT encoder of "
+        "the same width with PyTorch's SDPA, the same dropout.\n\n"
         + common.markdown_table(headers, rows)
         + "\n\nUnder bf16 autocast (`torch.autocast('cpu', dtype=torch.bfloat16)`), the same steps:\n\n"
         + common.markdown_table(bf16_headers, bf16_rows)
@@ -210,7 +261,10 @@ def markdown(records: list[dict], rounds: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--lengths", "--length", type=int, nargs="+", default=[4096])
+    parser.add_argument(
+        "--dense-max-length", type=int, default=8192, help="longest input of the dense SDPA rows (quadratic)"
+    )
     parser.add_argument(
         "--families", nargs="+", default=["longformer", "big_bird"], choices=["longformer", "big_bird"]
     )
@@ -223,10 +277,11 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         sparse.make_checkpoints(folder)
-        for family in args.families:
-            record = measure(family, args.length, args.rounds, folder)
-            records.append(record)
-            print(markdown([record], args.rounds).splitlines()[-1], flush=True)
+        for length in args.lengths:
+            for family in args.families:
+                record = measure(family, length, args.rounds, folder, args.dense_max_length)
+                records.append(record)
+                print(markdown([record], args.rounds).splitlines()[4], flush=True)
     json_path, md_path = common.write_results(
         args.name, {"args": vars(args), "records": records}, markdown(records, args.rounds)
     )

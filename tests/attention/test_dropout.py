@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tf_family.attention import (
-    attention_under_mask,
+    attend,
     dropout,
     dropout_mask,
     masked_attention,
@@ -99,7 +99,7 @@ def test_masked_attention_rejects_mismatched_inputs():
         masked_attention(query, key, value, bias, torch.zeros(2, 3, 5, 7))
 
 
-def test_attention_under_mask_takes_our_function_for_cpu_training():
+def test_attend_takes_our_function_for_cpu_training():
     (query, key, value), bias = _attention_inputs()
     allowed = bias == 0
     allowed[1, :, 3] = True  # every row keeps a key
@@ -109,7 +109,7 @@ def test_attention_under_mask_takes_our_function_for_cpu_training():
     assert not takes_masked_attention(query.half(), key.half(), value.half(), 0.1)
     weights = torch.randn(2, 3, 5, 4, dtype=torch.float64)
     for mask in (allowed, torch.ones_like(allowed)):  # a mask with nothing masked skips the bias
-        ours = attention_under_mask(query, key, value, mask, dropout_p=1e-7)  # rounds to no dropped entry
+        ours = attend(query, key, value, mask, dropout_p=1e-7)[0]  # rounds to no dropped entry
         sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
         torch.testing.assert_close(ours, sdpa)
         for got, want in zip(

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from tf_family.attention import attention_under_mask, masked_attention_reference, native
+from tf_family.attention import attend, attention_backend, masked_attention_reference, native
 
 pytestmark = pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
 
@@ -130,17 +130,17 @@ def test_gradient_checkpointing_replays_the_dropout_mask():
         torch.testing.assert_close(got, want)
 
 
-def test_attention_under_mask_uses_the_kernel_unless_turned_off(monkeypatch):
+def test_attend_uses_the_kernel_unless_turned_off(monkeypatch):
     monkeypatch.setenv("TF_FAMILY_NATIVE", "force")  # the kernel wherever it runs, whatever the calibration says
     tensors = _inputs()
     allowed = _masks(3, 2, 5, 7)["full"]
     calls = []
     real = native.fused_attention
     monkeypatch.setattr(native, "fused_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    on = attention_under_mask(*tensors, allowed, 0.0)
+    on = attend(*tensors, allowed, None, 0.0)[0]
     assert calls == [1]
     monkeypatch.setenv("TF_FAMILY_NATIVE", "0")
-    off = attention_under_mask(*tensors, allowed, 0.0)
+    off = attend(*tensors, allowed, None, 0.0)[0]
     assert calls == [1]
     torch.testing.assert_close(on, off)
 
@@ -162,7 +162,7 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
         warnings.simplefilter("error")
         assert native.extension() is None  # no second warning
         tensors = _inputs()
-        assert attention_under_mask(*tensors, torch.ones(3, 2, 5, 7, dtype=torch.bool)).shape == (3, 2, 5, 4)
+        assert attend(*tensors, torch.ones(3, 2, 5, 7, dtype=torch.bool))[0].shape == (3, 2, 5, 4)
 
 
 def test_the_kernel_is_taken_only_where_measured_faster_and_measured_once(monkeypatch, tmp_path):
@@ -191,6 +191,98 @@ def test_the_kernel_is_taken_only_where_measured_faster_and_measured_once(monkey
     assert attention_backend(*slow, 0.0) == "native"
 
 
+def test_the_kernel_needs_a_clear_margin():
+    assert native.prefer_native(0.90, 1.0) and native.prefer_native(0.949, 1.0)
+    assert not native.prefer_native(0.951, 1.0)  # a gain within the margin keeps the PyTorch path
+    assert not native.prefer_native(1.0, 1.0) and not native.prefer_native(1.1, 1.0)
+    assert native.prefer_native(0.97, 1.0, margin=0.0) and not native.prefer_native(0.97, 1.0, margin=0.05)
+    with pytest.raises(ValueError, match="native_s=0"):
+        native.prefer_native(0.0, 1.0)
+
+
+def test_cached_times_are_judged_by_the_current_rule(monkeypatch, tmp_path):
+    """A calibration file written under the old rule (the faster path, however small the gain: BigBird's global rows
+    on AMD, 2.6 %) is decided again from its times, without measuring."""
+    from tf_family.attention import attention_backend
+
+    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
+    monkeypatch.setattr(native, "_decisions", {})
+    monkeypatch.setattr(native, "_time_paths", lambda *args: pytest.fail("measured again"))
+    close, clear = _inputs((3, 2, 5, 7, 4)), _inputs((3, 2, 6, 9, 4))
+    table = {
+        native._calibration_key(*close, False, 0.0): {"native": True, "native_s": 0.015324, "pytorch_s": 0.015728},
+        native._calibration_key(*clear, False, 0.0): {"native": True, "native_s": 0.0043, "pytorch_s": 0.0054},
+    }
+    (tmp_path / "calibration.json").write_text(json.dumps(table))
+    assert attention_backend(*close, 0.0) == "masked"
+    assert attention_backend(*clear, 0.0) == "native"
+
+
+def test_the_calibration_key_and_timing_follow_the_layout(monkeypatch, tmp_path):
+    """Keys and values transposed from (B, T, H, Dh), as the models hand them over, cost the kernel a copy: they are
+    calibrated apart from contiguous ones of the same shape, on random tensors of the same strides."""
+    from tf_family.attention import attention_backend
+
+    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
+    monkeypatch.setattr(native, "_decisions", {})
+    contiguous = _inputs((1, 2, 6, 9, 4))
+    strided = [t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in contiguous]
+    assert not strided[1].is_contiguous()
+    for tensors in (contiguous, strided):
+        made = native._calibration_tensors(tensors, torch.Generator().manual_seed(0))
+        assert [t.stride() for t in made] == [t.stride() for t in tensors]
+        assert all(t.requires_grad and t.dtype == torch.float64 for t in made)
+    attention_backend(*contiguous, 0.0)
+    attention_backend(*strided, 0.0)
+    keys = sorted(json.loads((tmp_path / "calibration.json").read_text()))
+    assert len(keys) == 2 and any("layout=ccc" in k for k in keys) and any("layout=sss" in k for k in keys)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_calls_match_the_twin_in_float32(monkeypatch, dtype):
+    """Under autocast the attention gets bfloat16: the kernel computes it in float32 (forward and backward) and
+    agrees with the float32 dense twin on the same inputs and dropout mask, to the dtype's rounding."""
+    monkeypatch.setenv("TF_FAMILY_NATIVE", "force")
+    tensors = [t.detach().to(dtype).requires_grad_() for t in _inputs((2, 2, 9, 13, 8))]
+    allowed = _masks(2, 2, 9, 13)["over heads"]
+    assert attention_backend(*tensors, 0.2, allowed) == "native"
+    torch.manual_seed(3)
+    seed = int(torch.randint(0, 2**62, ()))
+    torch.manual_seed(3)
+    out = attend(*tensors, allowed, None, 0.2)[0]
+    assert out.dtype == dtype
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    grads = torch.autograd.grad((out.float() * weights).sum(), tensors)
+    assert all(g.dtype == dtype for g in grads)
+    upcast = [t.detach().float().requires_grad_() for t in tensors]
+    kept, scale = native.fused_keep_mask((2, 2, 9, 13), 0.2, seed)
+    want = _reference(upcast, allowed, kept, scale)
+    want_grads = torch.autograd.grad((want * weights).sum(), upcast)
+    tolerance = {"atol": 3e-2, "rtol": 3e-2}
+    torch.testing.assert_close(out.float(), want, **tolerance)
+    for got, expected in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got.float(), expected, **tolerance)
+
+
+def test_reduced_precision_takes_the_kernel_only_where_measured_faster_than_sdpa(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
+    monkeypatch.setattr(native, "_decisions", {})
+    slow = [t.detach().bfloat16().requires_grad_() for t in _inputs((3, 2, 5, 7, 4))]
+    fast = [t.detach().bfloat16().requires_grad_() for t in _inputs((3, 2, 6, 9, 4))]
+    monkeypatch.setattr(native, "_time_paths", lambda *args: {"native": 2.0, "pytorch": 1.0})
+    assert attention_backend(*slow, 0.1) == "sdpa"  # PyTorch's SDPA in bfloat16, as before
+    monkeypatch.setattr(native, "_time_paths", lambda *args: {"native": 1.0, "pytorch": 2.0})
+    assert attention_backend(*fast, 0.1) == "native"
+    with torch.no_grad():  # eval without dropout: SDPA, no calibration
+        assert attention_backend(*fast, 0.0) == "sdpa"
+    monkeypatch.setenv("TF_FAMILY_NATIVE", "0")
+    assert attention_backend(*fast, 0.1) == "sdpa"
+    assert len(json.loads((tmp_path / "calibration.json").read_text())) == 2
+    # the real timing of both paths in bfloat16: the kernel in float32 against PyTorch's SDPA
+    times = native._time_paths(*slow, None, 0.1)
+    assert set(times) == {"native", "pytorch"} and all(t > 0 for t in times.values())
+
+
 def test_calibration_times_both_paths_and_leaves_the_random_state_alone():
     query, key, value = _inputs((2, 2, 8, 12, 4))
     allowed = torch.rand(2, 2, 8, 12, generator=torch.Generator().manual_seed(0)) > 0.3
@@ -212,9 +304,7 @@ def test_a_first_call_inside_a_checkpointed_forward_calibrates_apart(monkeypatch
     monkeypatch.setattr(native, "_decisions", {})
     query, key, value = (t.detach().float().requires_grad_() for t in _inputs((2, 2, 8, 12, 4)))
     allowed = torch.ones(2, 2, 8, 12, dtype=torch.bool)
-    out = checkpoint(
-        lambda q, k, v: attention_under_mask(q, k, v, allowed) * 2, query, key, value, use_reentrant=False
-    )
+    out = checkpoint(lambda q, k, v: attend(q, k, v, allowed)[0] * 2, query, key, value, use_reentrant=False)
     out.sum().backward()
     assert json.loads((tmp_path / "calibration.json").read_text())  # it did calibrate, inside the region
     expected = masked_attention_reference(query.detach(), key.detach(), value.detach(), allowed)

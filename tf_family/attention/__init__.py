@@ -18,7 +18,6 @@ from .backend import (
     IMPLEMENTATIONS,
     attend,
     attention_backend,
-    attention_under_mask,
     preferred_chunk,
     takes_masked_attention,
 )
@@ -78,7 +77,6 @@ __all__ = [
     "WindowPattern",
     "attend",
     "attention_backend",
-    "attention_under_mask",
     "auto_num_buckets",
     "block_sparse_attention",
     "block_sparse_attention_reference",

@@ -6,7 +6,8 @@ The implementation is a plain string (a model passes ``config._attn_implementati
 - ``"sdpa"`` (and ``None``, transformers' default): PyTorch's `scaled_dot_product_attention`, except where our own
   CPU path is measured faster (`attention_backend`): for a CPU forward in float32/64 under dropout or a gradient,
   the native fused kernel (`native.fused_attention`, compiled on first use) or, where that cannot be built or
-  ``TF_FAMILY_NATIVE=0``, `masked.masked_attention` with a `dropout.dropout_mask`;
+  ``TF_FAMILY_NATIVE=0``, `masked.masked_attention` with a `dropout.dropout_mask`; a CPU training call in
+  bfloat16/float16 (``torch.autocast``) takes the native kernel in float32 where it is measured faster than SDPA;
 - ``"flex_attention"``: the sparse kernels (sliding window, BigBird blocks, Reformer's chunks) hand their whole
   pattern to one FlexAttention call (`flex`, compiled on CUDA); a dense call here (global rows, short inputs,
   cached steps) is PyTorch's `scaled_dot_product_attention`, never our CPU functions.
@@ -42,10 +43,22 @@ def takes_masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
 
 
+def _reduced_cpu_training(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
+    """A CPU call in bfloat16/float16 (``torch.autocast``) under dropout or a gradient, outside `torch.export` and
+    `torch.compile` (which keep PyTorch's SDPA there, as before this route existed)."""
+    if query.device.type != "cpu" or query.dtype not in native.REDUCED_DTYPES:
+        return False
+    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+        return False
+    return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
+
+
 def native_candidate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
-    """Whether the native kernel could take this call (our CPU path, 4-D inputs, the kernel built), before the
-    calibration (`native.faster_than_pytorch`) decides whether it does."""
-    return takes_masked_attention(query, key, value, dropout_p) and query.dim() == 4 and native.extension() is not None
+    """Whether the native kernel could take this call (our CPU path, or a bfloat16/float16 CPU call under dropout or
+    a gradient, which it computes in float32; 4-D inputs, the kernel built), before the calibration
+    (`native.faster_than_pytorch`) decides whether it does."""
+    ours = takes_masked_attention(query, key, value, dropout_p) or _reduced_cpu_training(query, key, value, dropout_p)
+    return ours and query.dim() == 4 and native.extension() is not None
 
 
 def attention_backend(
@@ -58,7 +71,14 @@ def attention_backend(
     """Which function the ``"sdpa"`` implementation computes with: ``"sdpa"`` (PyTorch's), or where our own is faster
     (`takes_masked_attention`) ``"native"`` (the fused kernel, `native.fused_attention`; 4-D inputs, when built and
     measured faster than the PyTorch path at these shapes on this machine: `native.faster_than_pytorch`) or
-    ``"masked"`` (`masked_attention`)."""
+    ``"masked"`` (`masked_attention`). In bfloat16/float16 (under ``torch.autocast``) a CPU training call takes the
+    native kernel in float32 where it is measured faster than PyTorch's SDPA in that dtype, else ``"sdpa"``."""
+    if _reduced_cpu_training(query, key, value, dropout_p):
+        if native_candidate(query, key, value, dropout_p) and native.faster_than_pytorch(
+            query, key, value, allowed, dropout_p
+        ):
+            return "native"
+        return "sdpa"
     if not takes_masked_attention(query, key, value, dropout_p):
         return "sdpa"
     if native_candidate(query, key, value, dropout_p) and native.faster_than_pytorch(
@@ -111,7 +131,9 @@ def attend(
         ``(..., T, Dh)`` and, for ``"eager"``, the ``(..., T, S)`` probabilities (``None`` otherwise).
     """
     own_cpu_path = cpu_kernels and bias is None and implementation != "eager"
-    own_cpu_path = own_cpu_path and takes_masked_attention(query, key, value, dropout_p)
+    own_cpu_path = own_cpu_path and (
+        takes_masked_attention(query, key, value, dropout_p) or _reduced_cpu_training(query, key, value, dropout_p)
+    )
     if own_cpu_path and allowed is not None and bool(allowed.all()):
         allowed = None  # nothing masked: no pass over the scores for it (and one calibration for the shape)
     backend = _backend(query, key, value, dropout_p, implementation, cpu_kernels and bias is None, allowed)
@@ -123,6 +145,8 @@ def attend(
             mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p), None
     if backend == "native":
+        if query.dtype in native.REDUCED_DTYPES:  # autocast's bfloat16: computed in float32, returned in bfloat16
+            return native.fused_attention_upcast(query, key, value, allowed, dropout_p), None
         return native.fused_attention(query, key, value, allowed, dropout_p), None
     scores_bias = None  # nothing masked (e.g. BigBird's middle blocks without padding): no pass over the scores for it
     if allowed is not None:
@@ -131,14 +155,6 @@ def attend(
     if dropout_p > 0.0:
         kept, scale = dropout_mask((*query.shape[:-1], key.shape[-2]), dropout_p, query.device)
     return masked_attention(query, key, value, scores_bias, kept, scale), None
-
-
-def attention_under_mask(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, dropout_p: float = 0.0
-) -> torch.Tensor:
-    """`attend` with the ``"sdpa"`` implementation under a bool mask, output only (the name kernels used before
-    `attend` took the implementation)."""
-    return attend(query, key, value, allowed, None, dropout_p)[0]
 
 
 def preferred_chunk(
@@ -169,7 +185,6 @@ __all__ = [
     "IMPLEMENTATIONS",
     "attend",
     "attention_backend",
-    "attention_under_mask",
     "native_candidate",
     "preferred_chunk",
     "takes_masked_attention",

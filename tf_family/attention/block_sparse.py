@@ -149,6 +149,11 @@ def block_sparse_attention(
 ) -> torch.Tensor:
     """BigBird attention in time and memory linear in ``T``.
 
+    Nine parameters, positional in the order of the dense twin (`block_sparse_attention_reference`, whose first seven
+    they are) and of transformers' BigBird: the three tensors, the pattern (block size, random blocks, window), the
+    padding, then dropout and the implementation (BigBird's model passes the last by keyword). Grouping the pattern
+    into an object would change a public signature the tests and the FlexAttention route share, for no new check.
+
     Args:
         query, key, value: ``(B, H, T, Dh)``.
         block_size: tokens per block.

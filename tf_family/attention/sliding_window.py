@@ -220,6 +220,7 @@ def _banded_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
+    *,
     window: int,
     causal: bool,
     key_valid: torch.Tensor,
@@ -230,6 +231,10 @@ def _banded_attention(
     implementation: str | None,
 ) -> torch.Tensor:
     """Contiguous-window attention on ``(B, T, H, Dh)`` tensors, chunk by chunk; returns ``(B, T, H, Dh)``.
+
+    Eleven parameters: the three tensors, then, by keyword only, the window's two numbers, the per-position masks and
+    positions (which `sliding_window_attention` regroups into dilation streams before the call) and the dispatch's
+    two settings. A dataclass around them would be built on every call of every layer for these two callers only.
 
     ``global_kv`` is ``(keys (B, G, H, Dh), values (B, G, H, Dh), valid (B, G), positions (B, G))`` and
     ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
@@ -327,14 +332,14 @@ def sliding_window_attention(
             query,
             key,
             value,
-            pattern.window,
-            pattern.causal,
-            key_valid,
-            is_global,
-            global_kv,
-            positions,
-            dropout_p,
-            implementation,
+            window=pattern.window,
+            causal=pattern.causal,
+            key_valid=key_valid,
+            is_global=is_global,
+            global_kv=global_kv,
+            query_positions=positions,
+            dropout_p=dropout_p,
+            implementation=implementation,
         )
         return out.transpose(1, 2)
 
@@ -355,14 +360,14 @@ def sliding_window_attention(
         to_streams(query),
         to_streams(key),
         to_streams(value),
-        pattern.window,
-        pattern.causal,
-        to_streams(key_valid, False),
-        to_streams(is_global, False),
-        stream_global,
-        to_streams(positions, length),
-        dropout_p,
-        implementation,
+        window=pattern.window,
+        causal=pattern.causal,
+        key_valid=to_streams(key_valid, False),
+        is_global=to_streams(is_global, False),
+        global_kv=stream_global,
+        query_positions=to_streams(positions, length),
+        dropout_p=dropout_p,
+        implementation=implementation,
     )  # (B*d, T/d, H, Dh)
     out = out.view(batch, dilation, stream_length, heads, head_dim).transpose(1, 2)
     return out.reshape(batch, stream_length * dilation, heads, head_dim)[:, :length].transpose(1, 2)
