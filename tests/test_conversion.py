@@ -14,7 +14,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import tf_family
-from tf_family.conversion import ForeignFormat, convert_folder, read_manifest, read_weights
+from tf_family.auto import legacy_model_class
+from tf_family.conversion import (
+    ForeignFormat,
+    convert_folder,
+    declared_formats,
+    find_format,
+    read_manifest,
+    read_weights,
+)
 from tf_family.registry import ARCHITECTURES, get_arch
 
 TRANSFO_XL_FIXTURE = Path(__file__).parent / "fixtures" / "transfo_xl_4x" / "adaptive_div1_proj_safetensors"
@@ -101,6 +109,26 @@ def test_every_foreign_format_has_a_reference_here():
         if isinstance(record, ForeignFormat)
     }
     assert formats == set(REFERENCES)
+
+
+@pytest.mark.parametrize("spec", list(ARCHITECTURES.values()), ids=list(ARCHITECTURES))
+def test_model_classes_read_the_formats_their_spec_declares_and_no_other(tmp_path, spec):
+    """The spec is the one place an architecture lists its foreign formats: every class its folders load through
+    (each task class, and the class the Auto classes route a legacy model type to) detects a folder of each of those
+    formats, and of no other architecture's, as `from_pretrained` does."""
+    declared = tuple(record for record in spec.foreign_formats if isinstance(record, ForeignFormat))
+    every = {record for other in ARCHITECTURES.values() for record in other.foreign_formats}
+    every = {record for record in every if isinstance(record, ForeignFormat)}
+    for record in every:
+        (tmp_path / record.name).mkdir()
+        (tmp_path / record.name / "config.json").write_text(json.dumps({"model_type": record.source_model_type}))
+    classes = [*spec.model_classes.values()]
+    classes += [legacy_model_class(config, task) for config in spec.legacy_configs for task in spec.model_classes]
+    for model_class in classes:
+        assert declared_formats(model_class) == declared, model_class.__name__
+        for record in every:
+            found = find_format(declared_formats(model_class), tmp_path / record.name, {})
+            assert found is (record if record in declared else None), (model_class.__name__, record.name)
 
 
 def _write_bin_shards(weights, folder):

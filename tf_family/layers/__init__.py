@@ -2,7 +2,7 @@
 classmethod reads one for them). `xl_scaffold` holds the Transformer-XL family's shared model mixins, which read
 their model's config."""
 
-from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from .adaptive import AdaptiveEmbedding, AdaptiveTokenEmbeddingsMixin, ProjectedAdaptiveLogSoftmax
 from .bert import BertFeedForward
 from .feed_forward import PositionwiseFeedForward
 from .relative_attention import RelativeAttentionInputs, RelativeDecoderLayer, RelativeMultiHeadAttention
@@ -10,6 +10,7 @@ from .reversible import ReversibleChain, reversible_layer, reversible_stack
 
 __all__ = [
     "AdaptiveEmbedding",
+    "AdaptiveTokenEmbeddingsMixin",
     "BertFeedForward",
     "PositionwiseFeedForward",
     "ProjectedAdaptiveLogSoftmax",

@@ -38,7 +38,7 @@ from ...attention import (
     random_block_indices,
     seeded_generator,
 )
-from ...conversion import ForeignCheckpointMixin
+from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling_heads import (
     GenericForMaskedLM,
@@ -49,15 +49,14 @@ from ...modeling_heads import (
 )
 from ...modeling_utils import (
     Dropout,
-    RemoteCodeMixin,
     build_activation,
     find_first_real_token,
     fused_projections,
     real_tensors_while_exporting,
 )
+from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import InputValidationMixin, check_seed, check_tensor
 from .configuration_big_bird import TffBigBirdConfig
-from .convert_big_bird import TRANSFORMERS_BIG_BIRD
 
 logger = logging.get_logger(__name__)
 
@@ -228,11 +227,10 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffBigBirdPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffBigBirdPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
     config_class = TffBigBirdConfig
     config: TffBigBirdConfig
     base_model_prefix = "bert"
-    _foreign_formats = (TRANSFORMERS_BIG_BIRD,)  # folders of other implementations that from_pretrained reads
     carried_state = None  # nothing carried between calls
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True

@@ -61,7 +61,8 @@ from transformers.utils import logging
 
 from ...attention import attend
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...conversion import ForeignCheckpointMixin, build_converted
+from ...cache_utils import GrowingCache, GrowingCacheMixin
+from ...conversion import FromPretrainedMixin, build_converted, declared_formats
 from ...early_exit import (
     anytime_loss_weights,
     class_balanced_meta_loss,
@@ -77,15 +78,13 @@ from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
 from ...modeling_outputs import EarlyExitCausalLMOutput
 from ...modeling_utils import (
-    GrowingCache,
-    GrowingCacheMixin,
-    RemoteCodeMixin,
     accepts_past_key_values,
     build_activation,
     decoding_step_inputs,
     fused_projections,
     is_plain_linear,
 )
+from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import (
     MAX_SIZE,
     InputValidationMixin,
@@ -96,7 +95,7 @@ from ...validation import (
     check_tensor,
 )
 from .configuration_calm import TffCalmConfig
-from .convert_calm import TRANSFORMERS_GPT2, TRANSFORMERS_LLAMA, UNSUPPORTED_DECODERS, UNSUPPORTED_FIX
+from .convert_calm import UNSUPPORTED_DECODERS, UNSUPPORTED_FIX
 
 logger = logging.get_logger(__name__)
 
@@ -241,11 +240,10 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
 
 
 # ------------------------------------------------------------------------------------------------- pretrained model
-class TffCalmPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffCalmPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
     config_class = TffCalmConfig
     config: TffCalmConfig
     base_model_prefix = "model"
-    _foreign_formats = (TRANSFORMERS_LLAMA, TRANSFORMERS_GPT2)  # transformers folders load directly (convert_calm.py)
     carried_state = None  # a transformers Cache, passed in and out as usual
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
@@ -513,7 +511,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
                 raise ValueError(
                     f"decoder {decoder!s} is a {model_type!r} model: {UNSUPPORTED_DECODERS[model_type]} {UNSUPPORTED_FIX}"
                 )
-            if any(fmt.matches({"model_type": model_type}) for fmt in cls._foreign_formats):
+            if any(fmt.matches({"model_type": model_type}) for fmt in declared_formats(cls)):
                 return cls.from_pretrained(decoder, **calm_fields)
             decoder = AutoModelForCausalLM.from_pretrained(decoder)
         config = getattr(decoder, "config", None)
@@ -530,7 +528,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             model = cls(new_config)
             model.load_state_dict(decoder.state_dict())
             return model.to(next(decoder.parameters()).dtype)
-        fmt = next((fmt for fmt in cls._foreign_formats if fmt.matches(config)), None)
+        fmt = next((fmt for fmt in declared_formats(cls) if fmt.matches(config)), None)
         if fmt is None:
             reason = UNSUPPORTED_DECODERS.get(
                 model_type, "CALM builds from Llama and GPT-2 decoders (transformers' or inside a zoo kNN-LM)."

@@ -42,8 +42,10 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
+from ...conversion import FromPretrainedMixin
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import RelativeDecoderLayer
+from ...layers.adaptive import AdaptiveTokenEmbeddingsMixin
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...losses import IGNORE_INDEX, NumItems, batch_share
 from ...memory import (
@@ -57,7 +59,8 @@ from ...memory import (
 )
 from ...modeling_heads import MemoryGenerationMixin
 from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
-from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, accepts_past_key_values
+from ...modeling_utils import accepts_past_key_values
+from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
 from .configuration_compressive import TffCompressiveConfig
 
@@ -100,7 +103,12 @@ class TffCompressiveCompression(nn.Module):
 
 
 class TffCompressivePreTrainedModel(
-    XLPreTrainedMixin, InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel
+    XLPreTrainedMixin,
+    InputValidationMixin,
+    AdaptiveTokenEmbeddingsMixin,
+    RemoteCodeMixin,
+    FromPretrainedMixin,
+    PreTrainedModel,
 ):
     """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`), with the
     compression kernels drawn as linear layers."""

@@ -40,12 +40,11 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput, logging
 
 from ...attention import attend
-from ...conversion import ForeignCheckpointMixin
+from ...conversion import FromPretrainedMixin
 from ...losses import IGNORE_INDEX
-from ...modeling_utils import RemoteCodeMixin
+from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import InputValidationMixin, check_class_labels, check_finite, check_ids_in_range, check_tensor
 from .configuration_decision_transformer import TffDecisionTransformerConfig
-from .convert_decision_transformer import TRANSFORMERS_DECISION_TRANSFORMER
 
 logger = logging.get_logger(__name__)
 
@@ -167,14 +166,11 @@ class TffDecisionTransformerBlock(GradientCheckpointingLayer):
 
 
 class TffDecisionTransformerPreTrainedModel(
-    InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel
+    InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
 ):
     config_class = TffDecisionTransformerConfig
     config: TffDecisionTransformerConfig
     base_model_prefix = "decision_transformer"
-    _foreign_formats = (
-        TRANSFORMERS_DECISION_TRANSFORMER,
-    )  # folders of other implementations that from_pretrained reads
     carried_state = None  # nothing carried between calls
     # `Trainer` gets no ``num_items_in_batch`` from this model and divides the loss by the accumulation steps itself:
     # what it would count (``labels != -100``) is not what the loss averages over (continuous actions are floats and

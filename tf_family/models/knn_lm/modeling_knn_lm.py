@@ -34,10 +34,12 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
+from ...conversion import FromPretrainedMixin
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...losses import NumItems, nll
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
-from ...modeling_utils import RemoteCodeMixin, accepts_past_key_values
+from ...modeling_utils import accepts_past_key_values
+from ...remote_code_mixin import RemoteCodeMixin
 from ...retrieval.datastore import (
     DatastoreMismatchError,
     KNNDatastore,
@@ -76,7 +78,7 @@ class KNNLMCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, PreTrainedModel):
+class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
     config_class = TffKNNLMConfig
     base_model_prefix = "knn_lm"
     carried_state = None  # nothing carried between calls
@@ -395,31 +397,31 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             ) from error
 
     @classmethod
-    def from_pretrained(
+    def _finish_loading(
         cls,
+        model: TffKNNLMForCausalLM,
         pretrained_model_name_or_path,
-        *args,
+        load_kwargs: dict,
+        *,
         datastore: KNNDatastore | None = None,
         allow_unverified_datastore: bool = False,
-        **kwargs,
-    ):
-        """Load the wrapper and attach ``datastore``, else ``config.datastore_path``, else the checkpoint's
-        ``datastore/`` folder (a local folder's, or a Hub repository's, fetched into the Hub cache beside the
-        weights), searching with ``config.index_type``. The datastore is checked as `set_datastore` checks it;
-        ``allow_unverified_datastore=True`` accepts one without a fingerprint (or an index that records no shards)
-        with a warning."""
-        hub_kwargs = {name: kwargs.get(name) for name in _HUB_KWARGS if kwargs.get(name) is not None}
-        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+    ) -> None:
+        """The last step of ``from_pretrained`` (`tf_family.conversion.FromPretrainedMixin`), whose keyword arguments
+        ``datastore`` and ``allow_unverified_datastore`` are these: attach ``datastore``, else
+        ``config.datastore_path``, else the checkpoint's ``datastore/`` folder (a local folder's, or a Hub
+        repository's, fetched into the Hub cache beside the weights), searching with ``config.index_type``. The
+        datastore is checked as `set_datastore` checks it; ``allow_unverified_datastore=True`` accepts one without a
+        fingerprint (or an index that records no shards) with a warning."""
         if datastore is None:
             folder = model.config.datastore_path
-            if folder is None:
+            if folder is None and pretrained_model_name_or_path is not None:
+                hub_kwargs = {name: load_kwargs[name] for name in _HUB_KWARGS if load_kwargs.get(name) is not None}
                 folder = _checkpoint_datastore(str(pretrained_model_name_or_path), hub_kwargs)
             if folder is not None:
                 index = None if model.config.index_type == "exact" else model.config.index_type
                 datastore = KNNDatastore.load(folder, index_type=index, allow_unverified=allow_unverified_datastore)
         if datastore is not None:
             model.set_datastore(datastore, allow_unverified=allow_unverified_datastore)
-        return model
 
 
 # from_pretrained's arguments that say where and how a Hub repository is read

@@ -47,7 +47,8 @@ from ...attention import (
     global_attention,
     sliding_window_attention,
 )
-from ...conversion import ForeignCheckpointMixin
+from ...cache_utils import GrowingCache
+from ...conversion import FromPretrainedMixin
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import BertFeedForward
 from ...losses import causal_lm_loss
@@ -61,16 +62,14 @@ from ...modeling_heads import (
 )
 from ...modeling_utils import (
     Dropout,
-    GrowingCache,
-    RemoteCodeMixin,
     accepts_past_key_values,
     decoding_step_inputs,
     find_first_real_token,
     fused_projections,
 )
+from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_longformer import TffLongformerConfig
-from .convert_longformer import TRANSFORMERS_LONGFORMER
 
 logger = logging.get_logger(__name__)
 
@@ -329,11 +328,10 @@ class TffLongformerLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffLongformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffLongformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
     config_class = TffLongformerConfig
     config: TffLongformerConfig
     base_model_prefix = "longformer"
-    _foreign_formats = (TRANSFORMERS_LONGFORMER,)  # folders of other implementations that from_pretrained reads
     carried_state = None  # nothing carried between calls
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True

@@ -45,12 +45,14 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
+from ...conversion import FromPretrainedMixin
 from ...layers import (
     PositionwiseFeedForward,
     RelativeAttentionInputs,
     RelativeDecoderLayer,
     RelativeMultiHeadAttention,
 )
+from ...layers.adaptive import AdaptiveTokenEmbeddingsMixin
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...memory import (
     Expired,
@@ -64,7 +66,7 @@ from ...memory import (
 )
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
-from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
+from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
 from .configuration_memorizing import TffMemorizingConfig
 
@@ -152,7 +154,12 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
 
 
 class TffMemorizingPreTrainedModel(
-    XLPreTrainedMixin, InputValidationMixin, AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin, PreTrainedModel
+    XLPreTrainedMixin,
+    InputValidationMixin,
+    AdaptiveTokenEmbeddingsMixin,
+    RemoteCodeMixin,
+    FromPretrainedMixin,
+    PreTrainedModel,
 ):
     """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`), and the
     kNN layers' gate and scale from the config."""

@@ -70,20 +70,20 @@ from ...attention import (
     shared_qk_attention,
 )
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...conversion import ForeignCheckpointMixin
+from ...conversion import FromPretrainedMixin
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers.reversible import ReversibleChain, reversible_layer
 from ...losses import causal_lm_loss, cross_entropy, sequence_classification_loss
 from ...modeling_heads import CLASSIFIER_KEY_MAPPING, ClassificationHead, question_answering_output
 from ...modeling_utils import (
     Dropout,
-    RemoteCodeMixin,
     accepts_past_key_values,
     build_activation,
     decoding_step_inputs,
     find_first_real_token,
     real_tensors_while_exporting,
 )
+from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import (
     InputValidationMixin,
     ValidatedGenerationMixin,
@@ -94,7 +94,6 @@ from ...validation import (
 )
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
-from .convert_reformer import TRANSFORMERS_REFORMER
 
 logger = logging.get_logger(__name__)
 
@@ -414,7 +413,7 @@ class TffReformerLayer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------ model
-class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignCheckpointMixin, PreTrainedModel):
+class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
     config_class = TffReformerConfig
     base_model_prefix = "reformer"
     supports_gradient_checkpointing = True
@@ -423,7 +422,6 @@ class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, ForeignC
     _supports_flex_attn = True  # the sparse pattern as a FlexAttention block mask: tests/attention/test_flex.py
     # the attention reads config._attn_implementation at every call, so switching it later is safe
     _can_set_attn_implementation_cached_value = True
-    _foreign_formats = (TRANSFORMERS_REFORMER,)
 
     @torch.no_grad()
     def _init_weights(self, module):

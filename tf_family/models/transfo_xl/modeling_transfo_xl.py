@@ -25,17 +25,17 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
-from ...conversion import ForeignCheckpointMixin
+from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
+from ...layers.adaptive import AdaptiveTokenEmbeddingsMixin
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...losses import NumItems, sequence_classification_loss
 from ...memory import SegmentMemory
 from ...modeling_heads import SegmentRecurrentForCausalLM
 from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
-from ...modeling_utils import AdaptiveTokenEmbeddingsMixin, RemoteCodeMixin
+from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
 from .configuration_transfo_xl import TffTransfoXLConfig
-from .convert_transfo_xl import LEGACY_TRANSFO_XL
 
 logger = logging.get_logger(__name__)
 
@@ -45,14 +45,13 @@ class TffTransfoXLPreTrainedModel(
     InputValidationMixin,
     AdaptiveTokenEmbeddingsMixin,
     RemoteCodeMixin,
-    ForeignCheckpointMixin,
+    FromPretrainedMixin,
     PreTrainedModel,
 ):
     """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`)."""
 
     config_class = TffTransfoXLConfig
     config: TffTransfoXLConfig
-    _foreign_formats = (LEGACY_TRANSFO_XL,)  # folders of other implementations that from_pretrained reads
     carried_state = "segment_memory"  # a SegmentMemory, passed as `mems` and returned
 
 
