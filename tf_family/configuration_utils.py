@@ -1,16 +1,38 @@
-"""Small helpers shared by every tf_family configuration class."""
+"""Config validation, in one place: what every tf_family configuration class runs on itself.
+
+`check_config_kwargs` refuses unknown keys; `validate_config` (called by each config's ``__post_init__``) checks the
+type of every declared field, the fields several configs share by name (`check_common_fields`: layer counts,
+layer-norm epsilons, init stds, activations, the padding token id, finite floats), then the config's own cross-field
+rules (``validate_architecture``). The value checks they use (`check_int`, `check_float` …) are
+`tf_family.validation`'s, the same that ``forward`` arguments go through; model inputs are checked there too.
+"""
 
 from __future__ import annotations
 
 import inspect
+import numbers
 import types
 import typing
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
 from transformers import GenerationConfig
 
-from .validation import check_common_fields
+from .validation import check_activation, check_float, check_list_of, check_positive_int, check_token_id
+
+# Layer counts: far above any trained model, low enough that a typo does not build a model for hours.
+MAX_LAYERS = 4096
+
+# fields shared by several configs, checked wherever a config has them (`check_common_fields`)
+_EPSILON_FIELDS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")
+_STD_FIELDS = ("init_std", "initializer_range", "proj_init_std", "axial_norm_std")
+_ACTIVATION_FIELDS = ("hidden_act", "activation_function")
+_LAYER_FIELDS = ("n_layer", "num_hidden_layers")
+# pad_token_id must be a token: it indexes the embedding (padding_idx) and fills generated rows. transformers itself
+# warns about bos / eos / sep ids outside the vocabulary (checkpoints exist that have them); a zoo model never feeds
+# them unless the caller does, and then the input check names them.
+_TOKEN_ID_FIELDS = ("pad_token_id",)
 
 # Keys that `transformers.PreTrainedConfig.__post_init__` consumes itself, or that transformers writes into every
 # saved config.json; a tf_family config accepts these and nothing else beyond its own fields.
@@ -103,9 +125,37 @@ def _describe(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
+def check_common_fields(config: Any, float_fields: Sequence[str] = (), infinite_ok: Sequence[str] = ()) -> None:
+    """The checks every config shares: each field in ``float_fields`` finite (``infinite_ok`` may be ``inf``), every
+    layer count in ``[1, MAX_LAYERS]``, every layer-norm epsilon > 0, every init std >= 0, every activation known,
+    ``pad_token_id`` inside the vocabulary (when the config has a ``vocab_size``)."""
+    for name in _LAYER_FIELDS:
+        if name in type(config).__annotations__ or name in getattr(type(config), "__dataclass_fields__", {}):
+            check_positive_int(name, getattr(config, name), maximum=MAX_LAYERS)
+    for name in float_fields:
+        value = getattr(config, name)
+        if isinstance(value, (list, tuple)):
+            check_list_of(name, value, check_float)
+        elif value is not None:
+            check_float(name, value, allow_inf=name in infinite_ok)
+    for name in _EPSILON_FIELDS:
+        if hasattr(config, name):
+            check_float(name, getattr(config, name), minimum=0.0, min_open=True, fix=f"set {name} > 0, e.g. 1e-5")
+    for name in _STD_FIELDS:
+        if hasattr(config, name):
+            check_float(name, getattr(config, name), minimum=0.0, fix=f"set {name} >= 0, e.g. 0.02")
+    for name in _ACTIVATION_FIELDS:
+        if hasattr(config, name):
+            check_activation(name, getattr(config, name))
+    vocab_size = getattr(config, "vocab_size", None)
+    if isinstance(vocab_size, numbers.Integral) and not isinstance(vocab_size, bool):
+        for name in _TOKEN_ID_FIELDS:
+            check_token_id(name, getattr(config, name, None), vocab_size)
+
+
 def validate_config(config: Any) -> None:
     """Check the type of every field a tf_family config declares, the checks every config shares
-    (`tf_family.validation.check_common_fields`: finite floats, layer-norm epsilons, init stds, activations, the
+    (`check_common_fields`: finite floats, layer-norm epsilons, init stds, activations, the
     padding token id), then its cross-field rules.
 
     Raises `TypeError` or `ValueError` whose message starts with the config's class name and names the field, its

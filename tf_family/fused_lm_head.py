@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput, logging
 
+from .losses import IGNORE_INDEX
+
 logger = logging.get_logger(__name__)
 
 # what a padding-free collator (TRL's DataCollatorForLanguageModeling(padding_free=True)) adds to a batch
@@ -159,7 +161,7 @@ def fused_lm_head_output(
         targets = shift_labels
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}.")
-    mask = targets != -100  # (B, T')
+    mask = targets != IGNORE_INDEX  # (B, T')
     scaled = logits.float() / temperature  # (B, T', V)
     log_distribution = scaled.log_softmax(-1)  # (B, T', V)
     log_probs = log_distribution.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(~mask, 0.0)

@@ -12,7 +12,9 @@ processes, exactly the mean over the whole optimizer batch: what one big batch g
 returns the usual mean over its own batch (bit for bit what it returned before).
 
 - Token and item losses (causal / masked LM, token classification, sequence classification, multiple choice, span
-  starts and ends): `item_mean` — the sum over counted items, over ``N``.
+  starts and ends): `item_mean` — the sum over counted items, over ``N``. (The task heads' losses, which check their
+  targets first, are in `tf_family.modeling_heads`: this module imports nothing of tf_family, so that
+  `tf_family.validation` can read `IGNORE_INDEX` from it.)
 - A loss that is not a sum over the items `Trainer` counts (an auxiliary loss on memories, a class-balanced loss):
   `batch_share` weighs the micro-batch's own mean by its share ``n / N`` of the counted items; accumulated, that is
   the item-weighted average of the micro-batches' means (the one-batch value when the micro-batches are alike).
@@ -23,7 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .validation import IGNORE_INDEX, check_sequence_labels, check_span_positions
+# The label no loss counts (transformers' convention): defined here, once; everything else imports it from here.
+IGNORE_INDEX = -100
 
 NumItems = int | float | torch.Tensor | None
 
@@ -47,7 +50,8 @@ def check_num_items(num_items_in_batch: NumItems) -> None:
         )
 
 
-def _divide(total: torch.Tensor, num_items_in_batch: int | float | torch.Tensor) -> torch.Tensor:
+def divide_by_num_items(total: torch.Tensor, num_items_in_batch: int | float | torch.Tensor) -> torch.Tensor:
+    """``total`` (a sum over counted items) over ``num_items_in_batch``, checked (`check_num_items`)."""
     check_num_items(num_items_in_batch)
     if isinstance(num_items_in_batch, torch.Tensor):
         num_items_in_batch = num_items_in_batch.to(total.device)
@@ -60,14 +64,16 @@ def item_mean(losses: torch.Tensor, counted: torch.Tensor, num_items_in_batch: N
     total = (losses * counted).sum()
     if num_items_in_batch is None:
         return total / counted.sum().clamp(min=1)
-    return _divide(total, num_items_in_batch)
+    return divide_by_num_items(total, num_items_in_batch)
 
 
 def _token_mean(loss_fn, scores, targets, num_items_in_batch: NumItems, ignore_index: int) -> torch.Tensor:
     targets = targets.to(scores.device)
     if num_items_in_batch is None:
         return loss_fn(scores, targets, ignore_index=ignore_index)
-    return _divide(loss_fn(scores, targets, ignore_index=ignore_index, reduction="sum"), num_items_in_batch)
+    return divide_by_num_items(
+        loss_fn(scores, targets, ignore_index=ignore_index, reduction="sum"), num_items_in_batch
+    )
 
 
 def cross_entropy(
@@ -105,67 +111,7 @@ def batch_share(loss: torch.Tensor, count: torch.Tensor | int, num_items_in_batc
         return loss
     if isinstance(count, torch.Tensor):
         count = count.to(loss.device, loss.dtype)
-    return _divide(loss * count, num_items_in_batch)
-
-
-def sequence_classification_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    num_labels: int,
-    problem_type: str | None,
-    num_items_in_batch: NumItems = None,
-) -> torch.Tensor:
-    """Regression (MSE), single-label (cross-entropy) or multi-label (BCE) loss, inferred like transformers does
-    when ``problem_type`` is ``None``: one label -> regression, integer labels -> single-label, else multi-label.
-
-    With ``num_items_in_batch`` (`Trainer` counts every entry of ``labels``: one per row, ``num_labels`` per row for
-    multi-label or multi-output regression) the sum over the entries is divided by it. Labels outside the classes are
-    refused (`tf_family.validation.check_sequence_labels`)."""
-    check_sequence_labels(labels, logits.shape[0], num_labels, problem_type)
-    labels = labels.to(logits.device)
-    if problem_type is None:
-        if num_labels == 1:
-            problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            problem_type = "single_label_classification"
-        else:
-            problem_type = "multi_label_classification"
-    reduction = "mean" if num_items_in_batch is None else "sum"
-    if problem_type == "regression":
-        if num_labels == 1:
-            loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype), reduction=reduction)
-        else:
-            loss = F.mse_loss(logits, labels, reduction=reduction)
-    elif problem_type == "single_label_classification":
-        return cross_entropy(logits.view(-1, num_labels), labels.view(-1), num_items_in_batch)
-    elif problem_type == "multi_label_classification":
-        loss = F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32), reduction=reduction)
-    else:
-        raise ValueError(
-            f"problem_type must be 'regression', 'single_label_classification' or 'multi_label_classification', "
-            f"got {problem_type!r}."
-        )
-    return loss if num_items_in_batch is None else _divide(loss, num_items_in_batch)
-
-
-def span_loss(
-    start_logits: torch.Tensor,
-    end_logits: torch.Tensor,
-    start_positions: torch.Tensor,
-    end_positions: torch.Tensor,
-    num_items_in_batch: NumItems = None,
-) -> torch.Tensor:
-    """Extractive question answering: mean of the start and end cross-entropies; positions outside the input
-    (clamped to its length) are ignored; negative ones are refused. `Trainer` gives no ``num_items_in_batch`` here
-    (the targets are not called ``labels``) and divides by the accumulation steps itself; a caller that counts the
-    answered rows may pass it."""
-    check_span_positions(start_positions, end_positions, start_logits.shape[0])
-    length = start_logits.shape[1]
-    start = start_positions.reshape(-1).clamp(0, length).to(start_logits.device)
-    end = end_positions.reshape(-1).clamp(0, length).to(end_logits.device)
-    start_loss = cross_entropy(start_logits, start, num_items_in_batch, ignore_index=length)
-    end_loss = cross_entropy(end_logits, end, num_items_in_batch, ignore_index=length)
-    return (start_loss + end_loss) / 2
+    return divide_by_num_items(loss * count, num_items_in_batch)
 
 
 __all__ = [
@@ -174,8 +120,7 @@ __all__ = [
     "causal_lm_loss",
     "check_num_items",
     "cross_entropy",
+    "divide_by_num_items",
     "item_mean",
     "nll",
-    "sequence_classification_loss",
-    "span_loss",
 ]

@@ -18,14 +18,16 @@ rule (Longformer's default global tokens) and sets the few choices below where t
   when the field is ``None``).
 
 Pooled rows are each row's first real token (from ``attention_mask``), so left and right padding classify alike.
-Losses come from `tf_family.losses` (they never write ``problem_type`` into the config) and honour `Trainer`'s
-``num_items_in_batch`` (the sum over the labelled items divided by their count over the accumulated batch), so
-gradient accumulation gives the update of one large batch.
+The heads' losses (`sequence_classification_loss`, `span_loss`, here because they check their targets with
+`tf_family.validation`, which `tf_family.losses` does not import) are built on `tf_family.losses`; they never write
+``problem_type`` into the config and honour `Trainer`'s ``num_items_in_batch`` (the sum over the labelled items
+divided by their count over the accumulated batch), so gradient accumulation gives the update of one large batch.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import (
     MaskedLMOutput,
@@ -37,15 +39,76 @@ from transformers.modeling_outputs import (
 from transformers.utils import ModelOutput
 
 from .fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from .losses import NumItems, cross_entropy, sequence_classification_loss, span_loss
+from .losses import NumItems, cross_entropy, divide_by_num_items
 from .modeling_utils import Dropout, accepts_past_key_values, build_activation, find_first_real_token
-from .validation import check_class_labels, check_tensor
+from .validation import check_class_labels, check_sequence_labels, check_span_positions, check_tensor
 
 
 def classifier_dropout(config, field: str = "classifier_dropout") -> Dropout:
     """The dropout before a classifier: ``config.<field>``, or ``hidden_dropout_prob`` when that is ``None``."""
     probability = getattr(config, field)
     return Dropout(probability if probability is not None else config.hidden_dropout_prob)
+
+
+# ------------------------------------------------------------------------------------ the heads' losses
+def sequence_classification_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_labels: int,
+    problem_type: str | None,
+    num_items_in_batch: NumItems = None,
+) -> torch.Tensor:
+    """Regression (MSE), single-label (cross-entropy) or multi-label (BCE) loss, inferred like transformers does
+    when ``problem_type`` is ``None``: one label -> regression, integer labels -> single-label, else multi-label.
+
+    With ``num_items_in_batch`` (`Trainer` counts every entry of ``labels``: one per row, ``num_labels`` per row for
+    multi-label or multi-output regression) the sum over the entries is divided by it. Labels outside the classes are
+    refused (`tf_family.validation.check_sequence_labels`)."""
+    check_sequence_labels(labels, logits.shape[0], num_labels, problem_type)
+    labels = labels.to(logits.device)
+    if problem_type is None:
+        if num_labels == 1:
+            problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            problem_type = "single_label_classification"
+        else:
+            problem_type = "multi_label_classification"
+    reduction = "mean" if num_items_in_batch is None else "sum"
+    if problem_type == "regression":
+        if num_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype), reduction=reduction)
+        else:
+            loss = F.mse_loss(logits, labels, reduction=reduction)
+    elif problem_type == "single_label_classification":
+        return cross_entropy(logits.view(-1, num_labels), labels.view(-1), num_items_in_batch)
+    elif problem_type == "multi_label_classification":
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32), reduction=reduction)
+    else:
+        raise ValueError(
+            f"problem_type must be 'regression', 'single_label_classification' or 'multi_label_classification', "
+            f"got {problem_type!r}."
+        )
+    return loss if num_items_in_batch is None else divide_by_num_items(loss, num_items_in_batch)
+
+
+def span_loss(
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    start_positions: torch.Tensor,
+    end_positions: torch.Tensor,
+    num_items_in_batch: NumItems = None,
+) -> torch.Tensor:
+    """Extractive question answering: mean of the start and end cross-entropies; positions outside the input
+    (clamped to its length) are ignored; negative ones are refused. `Trainer` gives no ``num_items_in_batch`` here
+    (the targets are not called ``labels``) and divides by the accumulation steps itself; a caller that counts the
+    answered rows may pass it."""
+    check_span_positions(start_positions, end_positions, start_logits.shape[0])
+    length = start_logits.shape[1]
+    start = start_positions.reshape(-1).clamp(0, length).to(start_logits.device)
+    end = end_positions.reshape(-1).clamp(0, length).to(end_logits.device)
+    start_loss = cross_entropy(start_logits, start, num_items_in_batch, ignore_index=length)
+    end_loss = cross_entropy(end_logits, end, num_items_in_batch, ignore_index=length)
+    return (start_loss + end_loss) / 2
 
 
 class LMPredictionHead(nn.Module):
@@ -492,4 +555,6 @@ __all__ = [
     "SegmentRecurrentForCausalLM",
     "classifier_dropout",
     "question_answering_output",
+    "sequence_classification_loss",
+    "span_loss",
 ]

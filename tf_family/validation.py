@@ -1,19 +1,21 @@
-"""Validation at the edges: the checks every config and every forward / generate entry runs once, cheaply.
+"""Input validation: the checks a value or a model input runs once, cheaply, at the edge.
 
-Two halves, one vocabulary of errors (a `TypeError` for a value of the wrong kind, a `ValueError` for a value out of
-range; each names the field or argument, the value and the fix):
+One vocabulary of errors (a `TypeError` for a value of the wrong kind, a `ValueError` for a value out of range; each
+names the field or argument, the value and the fix). Two kinds of check live here:
 
-* **config fields**: small typed checks (`check_int`, `check_positive_int`, `check_float`, `check_probability`,
-  `check_choice`, `check_activation`, `check_list_of`, `check_token_id`) that the configs' ``validate_architecture``
-  call, and `check_common_fields`, run by `tf_family.configuration_utils.validate_config` for every config: the fields
-  several architectures share by name (layer-norm epsilons, init stds, activations, the padding token id) and the
-  finiteness of every float field.
+* **values**: small typed checks of one number, choice or list (`check_int`, `check_positive_int`, `check_float`,
+  `check_probability`, `check_choice`, `check_activation`, `check_list_of`, `check_token_id`, `check_seed`), used by
+  the configs' ``validate_architecture`` and by ``forward`` arguments alike;
 * **model inputs**: `InputValidationMixin`, listed among the bases of every tf_family ``PreTrainedModel``; its
   ``_check_*`` methods run at the top of each ``forward`` (``input_ids`` integer, 2-D, non-empty and inside the
   vocabulary; masks shaped like the input; labels inside their classes or ``-100``; float inputs finite). Reading the
   extreme ids costs one ``min`` / ``max`` per call; nothing is checked inside the layers.
 
-This module imports only torch and transformers (a remote-code export carries it beside the models).
+Config validation (unknown keys, field types, the fields every config shares, then ``validate_architecture``) is in
+`tf_family.configuration_utils`, which uses the value checks above.
+
+This module imports only torch, transformers and `tf_family.losses` (for `IGNORE_INDEX`; a remote-code export carries
+both beside the models).
 """
 
 from __future__ import annotations
@@ -27,32 +29,20 @@ import torch
 from transformers import GenerationMixin
 from transformers.activations import ACT2FN
 
+from .losses import IGNORE_INDEX
+
 # The largest size a dimension-like config field may take: every realistic width, vocabulary, length or memory is
 # far below it, and values past it overflow the index types of kernels (and the memory of any machine).
 MAX_SIZE = 2**31 - 1
 # Seeds go to `torch.Generator.manual_seed`, which takes a 64-bit value.
 MAX_SEED = 2**63 - 1
-# Layer counts: far above any trained model, low enough that a typo does not build a model for hours.
-MAX_LAYERS = 4096
-# The label no loss counts: defined here once (validation imports nothing of tf_family's); losses.py re-exports it.
-IGNORE_INDEX = -100
 # Inputs larger than this overflow float32 once squared and summed (a layer norm's variance): refused at the entry.
 MAX_INPUT_MAGNITUDE = 1e12
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 _FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
-# fields shared by several configs, checked wherever a config has them (`check_common_fields`)
-_EPSILON_FIELDS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")
-_STD_FIELDS = ("init_std", "initializer_range", "proj_init_std", "axial_norm_std")
-_ACTIVATION_FIELDS = ("hidden_act", "activation_function")
-_LAYER_FIELDS = ("n_layer", "num_hidden_layers")
-# pad_token_id must be a token: it indexes the embedding (padding_idx) and fills generated rows. transformers itself
-# warns about bos / eos / sep ids outside the vocabulary (checkpoints exist that have them); a zoo model never feeds
-# them unless the caller does, and then the input check names them.
-_TOKEN_ID_FIELDS = ("pad_token_id",)
 
-
-# ------------------------------------------------------------------------------------------------- config fields
+# -------------------------------------------------------------------------------------------------------- values
 def _is_int(value: Any) -> bool:
     # bool is an int in Python; a field typed int never means True / False
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -178,34 +168,6 @@ def check_token_id(name: str, value: Any, vocab_size: int) -> None:
                 f"{name}={value!r} is not a token of the vocabulary [0, vocab_size={vocab_size}); set {name} to an "
                 "id below vocab_size (or None)."
             )
-
-
-def check_common_fields(config: Any, float_fields: Sequence[str] = (), infinite_ok: Sequence[str] = ()) -> None:
-    """The checks every config shares: each field in ``float_fields`` finite (``infinite_ok`` may be ``inf``), every
-    layer count in ``[1, MAX_LAYERS]``, every layer-norm epsilon > 0, every init std >= 0, every activation known,
-    ``pad_token_id`` inside the vocabulary (when the config has a ``vocab_size``)."""
-    for name in _LAYER_FIELDS:
-        if name in type(config).__annotations__ or name in getattr(type(config), "__dataclass_fields__", {}):
-            check_positive_int(name, getattr(config, name), maximum=MAX_LAYERS)
-    for name in float_fields:
-        value = getattr(config, name)
-        if isinstance(value, (list, tuple)):
-            check_list_of(name, value, check_float)
-        elif value is not None:
-            check_float(name, value, allow_inf=name in infinite_ok)
-    for name in _EPSILON_FIELDS:
-        if hasattr(config, name):
-            check_float(name, getattr(config, name), minimum=0.0, min_open=True, fix=f"set {name} > 0, e.g. 1e-5")
-    for name in _STD_FIELDS:
-        if hasattr(config, name):
-            check_float(name, getattr(config, name), minimum=0.0, fix=f"set {name} >= 0, e.g. 0.02")
-    for name in _ACTIVATION_FIELDS:
-        if hasattr(config, name):
-            check_activation(name, getattr(config, name))
-    vocab_size = getattr(config, "vocab_size", None)
-    if _is_int(vocab_size):
-        for name in _TOKEN_ID_FIELDS:
-            check_token_id(name, getattr(config, name, None), vocab_size)
 
 
 # -------------------------------------------------------------------------------------------------- model inputs
@@ -498,9 +460,7 @@ class ValidatedGenerationMixin(GenerationMixin):
 
 
 __all__ = [
-    "IGNORE_INDEX",
     "MAX_INPUT_MAGNITUDE",
-    "MAX_LAYERS",
     "MAX_SEED",
     "MAX_SIZE",
     "InputValidationMixin",
@@ -509,7 +469,6 @@ __all__ = [
     "check_cache",
     "check_choice",
     "check_class_labels",
-    "check_common_fields",
     "check_finite",
     "check_float",
     "check_ids_in_range",

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .packing import IGNORE_INDEX
+from ..losses import IGNORE_INDEX
 
 
 class StreamingBlocks:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..losses import NumItems, item_mean
+from ..losses import IGNORE_INDEX, NumItems, item_mean
 from .adaptive_kernels import output_linear
 
 
@@ -217,11 +217,11 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             targets = labels[:, 1:].reshape(-1)  # (B*(T-1),)
             if logits is not None:  # the targets' log-probabilities, read in place (no copy of the logits)
                 picked = logits[:, :-1].gather(-1, labels[:, 1:, None].clamp(min=0)).reshape(-1)  # (B*(T-1),)
-                losses = -picked * (targets != -100)
+                losses = -picked * (targets != IGNORE_INDEX)
             else:
                 losses = self(hidden[:, :-1].reshape(-1, width), targets)
             losses = losses.view(batch, length - 1)  # (B, T-1)
-            loss = item_mean(losses, labels[:, 1:] != -100, num_items_in_batch)
+            loss = item_mean(losses, labels[:, 1:] != IGNORE_INDEX, num_items_in_batch)
         return logits, losses, loss
 
     def tied_weights_keys(

@@ -73,8 +73,13 @@ from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import FromPretrainedMixin
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers.reversible import ReversibleChain, reversible_layer
-from ...losses import causal_lm_loss, cross_entropy, sequence_classification_loss
-from ...modeling_heads import CLASSIFIER_KEY_MAPPING, ClassificationHead, question_answering_output
+from ...losses import causal_lm_loss, cross_entropy
+from ...modeling_heads import (
+    CLASSIFIER_KEY_MAPPING,
+    ClassificationHead,
+    question_answering_output,
+    sequence_classification_loss,
+)
 from ...modeling_utils import (
     Dropout,
     accepts_past_key_values,
