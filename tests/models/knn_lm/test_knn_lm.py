@@ -258,6 +258,17 @@ def test_save_and_from_pretrained_keep_the_datastore(built, tmp_path):
         assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "pointer")(ids).logits, expected)
 
 
+def test_the_datastore_arguments_go_through_the_one_from_pretrained_hook(built, tmp_path):
+    """``datastore=`` is the kNN-LM's own ``from_pretrained`` argument, taken by its loading step
+    (`_finish_loading`), with every transformers argument still meaning what it means: ``output_loading_info=True``
+    returns ``(model, info)`` with the datastore attached (the kNN-LM's own override used to fail on the tuple)."""
+    base, blocks, datastore, _ = built
+    TffKNNLMForCausalLM.from_base(base, None, k=8, lmbda=0.4).save_pretrained(tmp_path)
+    loaded, info = TffKNNLMForCausalLM.from_pretrained(tmp_path, datastore=datastore, output_loading_info=True)
+    assert loaded.datastore is datastore and info["missing_keys"] == set()
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).datastore is None  # no datastore saved, none passed
+
+
 def test_a_hub_id_brings_its_datastore_folder(built, tmp_path, monkeypatch):
     """Loaded by Hub id, the repository's datastore/ is fetched with the weights (it used to be read only from a
     local folder, so a pushed kNN-LM came back as its base model)."""
