@@ -26,12 +26,13 @@ from torch import nn
 from transformers import initialization as init
 
 from ..attention import build_causal_memory_mask, build_key_padding_mask, segment_position_embedding
-from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from .adaptive import AdaptiveEmbedding, AdaptiveTokenEmbeddingsMixin, ProjectedAdaptiveLogSoftmax
 from .relative_attention import RelativeAttentionInputs, RelativeMultiHeadAttention
 
 
-class XLPreTrainedMixin:
-    """Flags and weights initialisation of a Transformer-XL-family ``PreTrainedModel`` (listed before it).
+class XLPreTrainedMixin(AdaptiveTokenEmbeddingsMixin):
+    """Flags and weights initialisation of a Transformer-XL-family ``PreTrainedModel`` (listed before it), and the
+    resizing of its adaptive embeddings (`AdaptiveTokenEmbeddingsMixin`).
 
     ``_init_weights`` draws linear layers (and the modules of ``_normal_init_modules``), embeddings, cluster weights
     and the position biases ``u, v`` from ``N(0, config.init_std)``, the adaptive projections from

@@ -45,7 +45,6 @@ from transformers.utils import logging
 from ...conversion import FromPretrainedMixin
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import RelativeDecoderLayer
-from ...layers.adaptive import AdaptiveTokenEmbeddingsMixin
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...losses import IGNORE_INDEX, NumItems, batch_share
 from ...memory import (
@@ -103,12 +102,7 @@ class TffCompressiveCompression(nn.Module):
 
 
 class TffCompressivePreTrainedModel(
-    XLPreTrainedMixin,
-    InputValidationMixin,
-    AdaptiveTokenEmbeddingsMixin,
-    RemoteCodeMixin,
-    FromPretrainedMixin,
-    PreTrainedModel,
+    XLPreTrainedMixin, InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
 ):
     """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`), with the
     compression kernels drawn as linear layers."""

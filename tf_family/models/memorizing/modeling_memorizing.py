@@ -52,7 +52,6 @@ from ...layers import (
     RelativeDecoderLayer,
     RelativeMultiHeadAttention,
 )
-from ...layers.adaptive import AdaptiveTokenEmbeddingsMixin
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...memory import (
     Expired,
@@ -154,12 +153,7 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
 
 
 class TffMemorizingPreTrainedModel(
-    XLPreTrainedMixin,
-    InputValidationMixin,
-    AdaptiveTokenEmbeddingsMixin,
-    RemoteCodeMixin,
-    FromPretrainedMixin,
-    PreTrainedModel,
+    XLPreTrainedMixin, InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
 ):
     """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`), and the
     kNN layers' gate and scale from the config."""

@@ -27,7 +27,6 @@ from transformers.utils import logging
 
 from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
-from ...layers.adaptive import AdaptiveTokenEmbeddingsMixin
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...losses import NumItems
 from ...memory import SegmentMemory
@@ -41,12 +40,7 @@ logger = logging.get_logger(__name__)
 
 
 class TffTransfoXLPreTrainedModel(
-    XLPreTrainedMixin,
-    InputValidationMixin,
-    AdaptiveTokenEmbeddingsMixin,
-    RemoteCodeMixin,
-    FromPretrainedMixin,
-    PreTrainedModel,
+    XLPreTrainedMixin, InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
 ):
     """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`)."""
 
