@@ -63,7 +63,14 @@ def _unavailable(*args, **kwargs):
     )
 
 
-fused_attention = fused_keep_mask = build_directory = build_key = _unavailable
+REDUCED_DTYPES = ()  # no kernel, so no dtype is routed to it
+
+
+def faster_than_pytorch(*args, **kwargs):
+    return False
+
+
+fused_attention = fused_attention_upcast = fused_keep_mask = build_directory = build_key = _unavailable
 '''
 # tf_family modules replaced in an export by a stand-in (their source, which imports nothing of tf_family)
 STAND_INS = {f"{_PACKAGE}.attention.native": _NATIVE_STAND_IN}
