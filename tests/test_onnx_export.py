@@ -21,7 +21,7 @@ from tf_family.onnx_export import (
     memory_input_names,
     prepare_model,
 )
-from tf_family.registry import ARCHITECTURES
+from tf_family.registry import ARCHITECTURES, create_model
 
 onnxruntime = pytest.importorskip("onnxruntime")
 
@@ -145,3 +145,16 @@ def test_reformer_settings_that_branch_on_the_length_are_refused(tmp_path):
         model = build(ARCHITECTURES["reformer"], "causal_lm", **overrides)
         with pytest.raises(OnnxExportError, match=match):
             export_model(model, tmp_path / "model.onnx")
+
+
+def test_export_without_onnxscript_names_the_extra_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a)
+    )
+    model = create_model("transfo_xl", "causal_lm", "tiny")
+    with pytest.raises(ImportError, match=r'onnxscript.*pip install "tf_family\[onnx\]"'):
+        export_model(model, tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()

@@ -25,6 +25,7 @@ datastore) exports, and the datastore's interpolation then runs outside the grap
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -408,6 +409,12 @@ def export_model(
     signature."""
     task = _task_of(model)
     _refuse_unexportable(model, include_datastore)
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"ONNX export needs {' and '.join(missing)}, which are not installed; install them with "
+            '`pip install "tf_family[onnx]"` (or `pip install onnx onnxscript onnxruntime`).'
+        )
     model = prepare_model(model)
     wrapper = OnnxForward(model, task).eval()
     inputs = example_inputs(model, task)
