@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from .dropout import _dropout_levels
+from .timing import interleaved_times
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = tuple(_CSRC / name for name in ("fused_attention.cpp", "knn_top_k.cpp", "knn_pairs.cpp"))  # one module
@@ -283,17 +284,12 @@ def _time_paths(query, key, value, allowed, dropout_p: float) -> dict[str, float
                 kept, scale = dropout_mask((*query.shape[:-1], key.shape[-2]), dropout_p, query.device)
             masked_attention(*tensors, scores_bias, kept, scale).backward(grad)
 
+        def clear_grads():
+            for tensor in tensors:
+                tensor.grad = None
+
         paths = {"native": native_path, "pytorch": pytorch_path}
-        times: dict[str, list[float]] = {name: [] for name in paths}
-        for path in paths.values():  # warm-up
-            path()
-        for round_index in range(CALIBRATION_ROUNDS):
-            for name in paths if round_index % 2 == 0 else reversed(paths):
-                started = time.perf_counter()
-                paths[name]()
-                times[name].append(time.perf_counter() - started)
-                for tensor in tensors:
-                    tensor.grad = None
+        times, _ = interleaved_times(paths, CALIBRATION_ROUNDS, after_each=clear_grads)
     return {name: statistics.median(values) for name, values in times.items()}
 
 

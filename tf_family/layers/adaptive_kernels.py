@@ -19,10 +19,11 @@ calibrating (tests). ``F.linear`` is the dense twin (`tests/layers/test_adaptive
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 import torch.nn.functional as F
+
+from ..attention.timing import interleaved_times
 
 ENV_VAR = "TF_FAMILY_ONEDNN_LINEAR"
 MIN_MACS = 1 << 22  # rows * in_features * out_features; the 32000-word head of a 128-token segment has 1 << 30
@@ -88,15 +89,7 @@ def faster_path(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     rounds; the fastest time of each), record which is faster for the shape, and return that decision with the
     faster path's result."""
     paths = {"aten": lambda: F.linear(hidden, weight, bias), "onednn": lambda: onednn_linear(hidden, weight, bias)}
-    times: dict[str, list[float]] = {name: [] for name in paths}
-    for path in paths.values():
-        path()
-    results = {}
-    for round_index in range(CALIBRATION_ROUNDS):
-        for name in paths if round_index % 2 == 0 else reversed(paths):
-            started = time.perf_counter()
-            results[name] = paths[name]()
-            times[name].append(time.perf_counter() - started)
+    times, results = interleaved_times(paths, CALIBRATION_ROUNDS)
     best = {name: min(values) for name, values in times.items()}  # a co-tenant only ever adds time: the min is
     use_onednn = best["onednn"] < best["aten"]  # the steadiest estimate on a shared machine
     decision = {"aten_s": best["aten"], "onednn_s": best["onednn"], "onednn": use_onednn}
