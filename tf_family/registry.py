@@ -19,6 +19,8 @@ from .models.decision_transformer import SPEC as DECISION_TRANSFORMER
 from .models.knn_lm import SPEC as KNN_LM
 from .models.longformer import SPEC as LONGFORMER
 from .models.memorizing import SPEC as MEMORIZING
+from .models.performer import LINEAR_TRANSFORMER, RFA
+from .models.performer import SPEC as PERFORMER
 from .models.reformer import SPEC as REFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
@@ -40,6 +42,9 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             KNN_LM,
             CALM,
             DECISION_TRANSFORMER,
+            PERFORMER,
+            LINEAR_TRANSFORMER,
+            RFA,
         )
     }
 )
