@@ -77,48 +77,53 @@ def elu_features(x: torch.Tensor) -> torch.Tensor:
     return F.elu(x.float()) + 1.0
 
 
-def _favor_exponent(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
-    """``w x' - |x'|^2 / 2`` for ``x' = Dh^-1/4 x``: ``(B, H, T, Dh) -> (B, H, T, F)``, float32."""
+def _favor_projection(x: torch.Tensor, projection: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w x'`` ``(B, H, T, F)`` and ``|x'|^2 / 2`` ``(B, H, T, 1)`` for ``x' = Dh^-1/4 x``, float32."""
     x = x.float() * x.shape[-1] ** -0.25
     projected = torch.einsum("bhtd,fd->bhtf", x, projection.float())  # (B, H, T, F)
-    return projected - x.pow(2).sum(-1, keepdim=True) / 2
+    return projected, x.pow(2).sum(-1, keepdim=True) / 2
 
 
-def _favor_from_exponent(exponent: torch.Tensor, stabilizer: torch.Tensor) -> torch.Tensor:
-    return (torch.exp(exponent - stabilizer) + FAVOR_EPS) * exponent.shape[-1] ** -0.5
+def _favor_from_projection(
+    projected: torch.Tensor, half_norm: torch.Tensor, stabilizer: torch.Tensor | float
+) -> torch.Tensor:
+    return (torch.exp(projected - half_norm - stabilizer) + FAVOR_EPS) * projected.shape[-1] ** -0.5
 
 
 def favor_query_features(query: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
-    """FAVOR+ features of queries ``(B, H, T, Dh) -> (B, H, T, F)``, each row stabilised by its own max (a factor
-    per query that cancels between numerator and normaliser)."""
-    exponent = _favor_exponent(query, projection)
-    return _favor_from_exponent(exponent, exponent.amax(dim=-1, keepdim=True).detach())
+    """FAVOR+ features of queries ``(B, H, T, Dh) -> (B, H, T, F)``, each row stabilised by its own max of ``w x'``
+    (a factor per query that cancels between numerator and normaliser; the references' convention)."""
+    projected, half_norm = _favor_projection(query, projection)
+    return _favor_from_projection(projected, half_norm, projected.amax(dim=-1, keepdim=True).detach())
 
 
 def favor_key_features(
     key: torch.Tensor, projection: torch.Tensor, key_valid: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """FAVOR+ features of keys ``(B, H, S, Dh) -> (B, H, S, F)`` for non-causal attention, stabilised by one max per
-    (batch, head) over the real keys (``key_valid`` ``(B, S)``; padding neither sets it nor gets features: its rows
-    are zero). Never a max over the batch, which would couple the rows of a batch."""
-    exponent = _favor_exponent(key, projection)
+    """FAVOR+ features of keys ``(B, H, S, Dh) -> (B, H, S, F)`` for non-causal attention, stabilised by one max of
+    ``w x'`` per (batch, head) over the real keys (``key_valid`` ``(B, S)``; padding neither sets it nor gets
+    features: its rows are zero). Never a max over the batch, which would couple the rows of a batch."""
+    projected, half_norm = _favor_projection(key, projection)
     if key_valid is None:
-        stabilizer = exponent.amax(dim=(-1, -2), keepdim=True)
+        stabilizer = projected.amax(dim=(-1, -2), keepdim=True)
     else:
         valid = key_valid[:, None, :, None]
-        stabilizer = exponent.masked_fill(~valid, float("-inf")).amax(dim=(-1, -2), keepdim=True)
-        stabilizer = stabilizer.clamp_min(torch.finfo(exponent.dtype).min)  # a row without any real key
-    features = _favor_from_exponent(exponent, stabilizer.detach())
+        stabilizer = projected.masked_fill(~valid, float("-inf")).amax(dim=(-1, -2), keepdim=True)
+        stabilizer = stabilizer.clamp_min(torch.finfo(projected.dtype).min)  # a row without any real key
+    features = _favor_from_projection(projected, half_norm, stabilizer.detach())
     return features if key_valid is None else mask_key_features(features, key_valid)
 
 
 def favor_causal_key_features(key: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
-    """FAVOR+ features of keys for causal attention and generation: stabilised by the data-independent bound
-    ``max_f |w_f|^2 / 2`` (``w x - |x|^2 / 2 <= |w|^2 / 2``), so a key's features do not depend on later keys (a max
-    over the sequence would leak them through the ``+eps``) and a cached state equals the full forward."""
-    exponent = _favor_exponent(key, projection)
+    """FAVOR+ features of keys for causal attention and generation: ``exp(w x' - |x'|^2 / 2 - c) / sqrt(F)`` with
+    the data-independent bound ``c = max_f |w_f|^2 / 2`` of the exponent (``w x - |x|^2 / 2 <= |w|^2 / 2``: no
+    overflow), and without the ``+eps``. A key's features then do not depend on later keys (a max over the sequence
+    would leak them through the ``+eps``), a cached state equals the full forward, and ``c`` cancels exactly between
+    numerator and normaliser. The ``+eps`` is left out because next to ``exp(-c)``-sized features it would dominate
+    them and bias the estimate towards uniform attention; the queries keep theirs, so normalisers stay positive."""
+    projected, half_norm = _favor_projection(key, projection)
     bound = projection.float().pow(2).sum(-1).amax() / 2
-    return _favor_from_exponent(exponent, bound)
+    return torch.exp(projected - half_norm - bound) * projected.shape[-1] ** -0.5
 
 
 def random_fourier_features(
