@@ -17,6 +17,7 @@ from .models.calm import SPEC as CALM
 from .models.compressive import SPEC as COMPRESSIVE
 from .models.decision_transformer import SPEC as DECISION_TRANSFORMER
 from .models.knn_lm import SPEC as KNN_LM
+from .models.linformer import SPEC as LINFORMER
 from .models.longformer import SPEC as LONGFORMER
 from .models.memorizing import SPEC as MEMORIZING
 from .models.performer import LINEAR_TRANSFORMER, RFA
@@ -45,6 +46,7 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             PERFORMER,
             LINEAR_TRANSFORMER,
             RFA,
+            LINFORMER,
         )
     }
 )

@@ -173,6 +173,8 @@ UNSUPPORTED_DECODERS = {
     "cache): the same obstacle as the Performer.",
     "tff_rfa": "Random Feature Attention is kernelised and gated (a decaying recurrent state, no key/value cache): "
     "the same obstacle as the Performer.",
+    "tff_linformer": "the Linformer is a bidirectional encoder (its E / F projections mix every position): CALM exits "
+    "while decoding causally.",
 }
 
 TRANSFORMERS_LLAMA = ForeignFormat(
