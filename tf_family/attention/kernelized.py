@@ -122,7 +122,7 @@ def favor_causal_key_features(key: torch.Tensor, projection: torch.Tensor) -> to
     numerator and normaliser. The ``+eps`` is left out because next to ``exp(-c)``-sized features it would dominate
     them and bias the estimate towards uniform attention; the queries keep theirs, so normalisers stay positive."""
     projected, half_norm = _favor_projection(key, projection)
-    bound = projection.float().pow(2).sum(-1).amax() / 2
+    bound = projection.float().pow(2).sum(-1).amax(dim=0) / 2  # (an explicit dim: ONNX needs one)
     return torch.exp(projected - half_norm - bound) * projected.shape[-1] ** -0.5
 
 
