@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..losses import IGNORE_INDEX
+from ..modeling.losses import IGNORE_INDEX
 from ..registry import get_arch
 from ..spec import carried_state
 from .encoder import max_input_length
