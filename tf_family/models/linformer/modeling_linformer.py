@@ -31,10 +31,10 @@ from transformers.modeling_outputs import BaseModelOutput
 from ...attention.dropout import dropout
 from ...attention.low_rank import low_rank_attention, project_along_sequence
 from ...conversion import FromPretrainedMixin
-from ...modeling_heads import GenericForMaskedLM, GenericForSequenceClassification, GenericForTokenClassification
-from ...modeling_utils import Dropout, build_activation
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin
+from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, GenericForTokenClassification
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import Dropout, build_activation
+from ...modeling.validation import InputValidationMixin
 from .configuration_linformer import TffLinformerConfig
 
 

@@ -58,12 +58,12 @@ from ...attention.kernelized import (
     random_fourier_features,
 )
 from ...conversion import FromPretrainedMixin
-from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from ...losses import causal_lm_loss
-from ...modeling_heads import GenericForMaskedLM, GenericForSequenceClassification, GenericForTokenClassification
-from ...modeling_utils import Dropout, accepts_past_key_values, build_activation, decoding_step_inputs
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_tensor, refuse_key_value_cache
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, GenericForTokenClassification
+from ...modeling.losses import causal_lm_loss
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, decoding_step_inputs
+from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_tensor, refuse_key_value_cache
 from .cache_performer import TffPerformerCache
 from .configuration_performer import TffLinearTransformerConfig, TffPerformerConfig, TffRFAConfig
 
