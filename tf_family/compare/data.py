@@ -71,8 +71,9 @@ class GridData:
         import torch
 
         raw, column = self._raw
+        texts = list(raw["train"][column])[: self.settings["train_docs"] or None]  # the documents the models read
         counts = torch.ones(len(self.tokenizer), dtype=torch.float64)
-        for ids in self.tokenizer(list(raw["train"][column]), add_special_tokens=False)["input_ids"]:
+        for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]:
             counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(counts)).double()
         return (counts / counts.sum()).log()
 
