@@ -90,6 +90,27 @@ def test_compare_miniature_grid_end_to_end_and_resume(tmp_path, capsys):
     document = json.loads((out / "compare.json").read_text())
     assert document["versions"]["torch"] and document["settings"]["width"] == 32
     rows = document["rows"]
+    # the row shape and the first pass's metric names, which scripts read, are kept; new metrics are new rows
+    assert all({"section", "model", "metric", "setting", "value", "unit"} <= set(r) for r in rows)
+    first_pass = {
+        "parameters",
+        "training tokens",
+        "training time",
+        "recipe tokens/s",
+        "validation perplexity",
+        "unigram perplexity",
+        "perplexity by position",
+        "passkey accuracy",
+        "training tokens/s",
+        "training peak memory",
+        "decoding tokens/s",
+        "decoding peak memory",
+        "ListOps accuracy",
+        "ListOps training time",
+        "ListOps majority-class accuracy",
+        "ListOps training tokens/s",
+    }
+    assert first_pass <= {r["metric"] for r in rows}
     measured = {(r["model"], r["metric"]) for r in rows}
     for model in ("dense_llama", "transfo_xl"):
         for metric in (
@@ -185,7 +206,7 @@ def scratch_architecture(monkeypatch):
         lora_target_modules=("q_proj",),
         reference="-",
         parity="-",
-        card="-",
+        card="default.md",
     )
     table = MappingProxyType({**tf_family.registry.ARCHITECTURES, "scratch": spec})
     for module in (tf_family.registry, tf_family.training.arguments):
