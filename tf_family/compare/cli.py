@@ -124,7 +124,19 @@ def _apply_set(settings: dict[str, Any], items: list[str]) -> None:
 
 
 def _check_numbers(settings: dict[str, Any]) -> None:
-    for name in ("steps", "batch", "segment", "block", "width", "depth", "heads", "eval_docs", "encoder_steps"):
+    names = (
+        "steps",
+        "batch",
+        "segment",
+        "block",
+        "width",
+        "depth",
+        "heads",
+        "eval_docs",
+        "encoder_steps",
+        "passkey_seeds",
+    )
+    for name in names:
         if not isinstance(settings[name], int) or isinstance(settings[name], bool) or settings[name] < 1:
             raise ValueError(f"setting {name}={settings[name]!r} must be a positive integer.")
     for name in ("seeds", "encoder_seeds"):

@@ -4,14 +4,15 @@ with ``recipes/knn_lm.py`` on the trained baseline), the encoders with ``recipes
 Equal work: every causal model takes the same optimizer steps of the same ``batch`` x ``block`` tokens. A model that
 carries a memory reads its streams in segments of ``segment`` tokens, ``block // segment`` micro-batches accumulated
 per step with its memory carried from one to the next, so it sees as many tokens in as many steps as the others.
-Each function returns result rows (`tf_family.compare.rows.row`) for one model and one seed.
+Each function takes the `tf_family.compare.grid.Grid` the cell belongs to and returns result rows
+(`tf_family.compare.rows.row`) for one model and one seed.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .models import (
     BASELINE,
@@ -26,11 +27,8 @@ from .models import (
 )
 from .rows import row
 
-if TYPE_CHECKING:
-    from .grid import Grid
 
-
-def micro_batches(grid: Grid, memory: bool) -> tuple[int, int]:
+def micro_batches(grid, memory: bool) -> tuple[int, int]:
     """(tokens per micro-batch row, micro-batches per optimizer step) for a model with or without memory."""
     block, segment = grid.settings["block"], grid.settings["segment"]
     if not memory:
@@ -40,7 +38,7 @@ def micro_batches(grid: Grid, memory: bool) -> tuple[int, int]:
     return segment, block // segment
 
 
-def optimizer_steps(grid: Grid, build: Callable[[], Any], memory: bool) -> int:
+def optimizer_steps(grid, build: Callable[[], Any], memory: bool) -> int:
     """The steps of the run's budget: ``steps`` (or ``--tokens`` worth), or what fits ``--minutes`` (timed on two
     steps of a fresh model)."""
     settings = grid.settings
@@ -63,7 +61,7 @@ def optimizer_steps(grid: Grid, build: Callable[[], Any], memory: bool) -> int:
     return max(1, int(settings["minutes"] * 60 / times[-1]))
 
 
-def causal_recipe(grid: Grid, model: str, seed: int, source: list[str], memory: bool, build) -> list[dict]:
+def causal_recipe(grid, model: str, seed: int, source: list[str], memory: bool, build) -> list[dict]:
     from ..recipes import causal_lm
 
     settings = grid.settings
@@ -106,7 +104,7 @@ def causal_recipe(grid: Grid, model: str, seed: int, source: list[str], memory: 
     return [{**r, "seed": seed} for r in rows]
 
 
-def train_causal(grid: Grid, model: str, seed: int) -> list[dict]:
+def train_causal(grid, model: str, seed: int) -> list[dict]:
     """Train ``model`` (the dense baseline, the kNN-LM or a registry architecture) for the run's budget."""
     from ..registry import get_arch
 
@@ -136,7 +134,7 @@ def train_causal(grid: Grid, model: str, seed: int) -> list[dict]:
     return causal_recipe(grid, model, seed, source, spec.carried_state is not None, build)
 
 
-def train_knn_lm(grid: Grid, model: str, seed: int) -> list[dict]:
+def train_knn_lm(grid, model: str, seed: int) -> list[dict]:
     """The trained baseline plus a datastore of its keys over the first training tokens (``recipes/knn_lm.py``
     ``build``), then λ and k picked on validation (``eval``), saved as a kNN-LM."""
     from ..recipes import knn_lm
@@ -170,7 +168,7 @@ def train_knn_lm(grid: Grid, model: str, seed: int) -> list[dict]:
     return [{**r, "seed": seed} for r in rows]
 
 
-def train_encoder(grid: Grid, model: str, task: str, seed: int) -> list[dict]:
+def train_encoder(grid, model: str, task: str, seed: int) -> list[dict]:
     """Train ``model`` on encoder ``task`` with the sequence-classification recipe: accuracy against the majority
     class, training time, steps and tokens."""
     from ..recipes import sequence_classification
