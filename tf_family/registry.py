@@ -21,6 +21,7 @@ from .models.longformer import SPEC as LONGFORMER
 from .models.memorizing import SPEC as MEMORIZING
 from .models.reformer import SPEC as REFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
+from .models.universal_transformer import SPEC as UNIVERSAL_TRANSFORMER
 from .spec import ArchSpec, Task
 from .user_errors import did_you_mean
 
@@ -40,6 +41,7 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             KNN_LM,
             CALM,
             DECISION_TRANSFORMER,
+            UNIVERSAL_TRANSFORMER,
         )
     }
 )

@@ -167,6 +167,8 @@ UNSUPPORTED_DECODERS = {
     "tff_big_bird": "BigBird is a bidirectional encoder (masked LM): CALM exits while decoding causally.",
     "tff_decision_transformer": "the Decision Transformer decodes (return, state, action) embeddings into continuous "
     "actions: it has no token vocabulary, so no softmax confidence and no LM head to share between exits.",
+    "tff_universal_transformer": "the Universal Transformer applies one shared block recurrently with its own "
+    "per-position halting (ACT): it has no stack of distinct layers to exit from, and its depth is already adaptive.",
 }
 
 TRANSFORMERS_LLAMA = ForeignFormat(
