@@ -15,7 +15,9 @@ STEPS = ["--max_train_steps", "3", "--per_device_train_batch_size", "2", "--per_
 TINY = ["--arch", "universal_transformer", "--variant", "tiny"]
 
 
-@pytest.mark.parametrize(("recipe", "auto_class"), [(causal_lm, AutoModelForCausalLM), (masked_lm, AutoModelForMaskedLM)])
+@pytest.mark.parametrize(
+    ("recipe", "auto_class"), [(causal_lm, AutoModelForCausalLM), (masked_lm, AutoModelForMaskedLM)]
+)
 def test_recipe_trains_and_reloads(recipe, auto_class, corpus, tmp_path):
     extra = ["--max_length", "32"] if recipe is masked_lm else []
     results = recipe.main([*TINY, *data_args(corpus), *STEPS, *extra, "--output_dir", str(tmp_path)])
