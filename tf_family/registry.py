@@ -23,7 +23,7 @@ from .models.reformer import SPEC as REFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .models.universal_transformer import SPEC as UNIVERSAL_TRANSFORMER
 from .spec import ArchSpec, Task
-from .user_errors import did_you_mean
+from .utils.user_errors import did_you_mean
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ...layers.xl_config import XLFamilyConfig
-from ...validation import check_probability
+from ...modeling.validation import check_probability
 
 
 class TffTransfoXLConfig(XLFamilyConfig):
