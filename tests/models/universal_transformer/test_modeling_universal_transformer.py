@@ -113,7 +113,7 @@ def test_ponder_outputs_skip_padding_and_enter_the_loss():
 
 def test_ponder_cost_under_gradient_accumulation_is_weighted_by_the_calls_share():
     """With `Trainer`'s ``num_items_in_batch`` the token loss is a sum over it and the ponder cost (a mean over the
-    call) enters weighted by the call's share of the counted labels (`tf_family.losses.batch_share`)."""
+    call) enters weighted by the call's share of the counted labels (`tf_family.modeling.losses.batch_share`)."""
     model = varied_halting(TffUniversalTransformerForCausalLM(make_config()))
     input_ids = ids()
     labels = input_ids.clone()

@@ -55,15 +55,15 @@ from transformers.modeling_outputs import (
 from transformers.utils import logging
 
 from ...attention import attend
-from ...cache_utils import GrowingCache
 from ...conversion import FromPretrainedMixin
-from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers.halting import HaltingState, HaltingUnit, accumulate_state, halting_step
-from ...losses import IGNORE_INDEX, NumItems, batch_share, causal_lm_loss
-from ...modeling_heads import GenericForMaskedLM, GenericForSequenceClassification, LMPredictionHead
-from ...modeling_utils import Dropout, accepts_past_key_values, build_activation, decoding_step_inputs
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
+from ...modeling.cache import GrowingCache
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, LMPredictionHead
+from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share, causal_lm_loss
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, decoding_step_inputs
+from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_universal_transformer import TffUniversalTransformerConfig
 
 logger = logging.get_logger(__name__)
@@ -419,7 +419,7 @@ def add_ponder_cost(
 ) -> torch.Tensor:
     """``task_loss + weight * ponder_cost``. The ponder cost is a mean over this call's real positions; under
     `Trainer`'s gradient accumulation (``num_items_in_batch``) it enters weighted by the call's share ``counted /
-    num_items_in_batch`` of the labelled items (`tf_family.losses.batch_share`): accumulated, the label-weighted
+    num_items_in_batch`` of the labelled items (`tf_family.modeling.losses.batch_share`): accumulated, the label-weighted
     average of the micro-batches' ponder costs (the task loss stays exact)."""
     return task_loss + weight * batch_share(ponder_cost.to(task_loss.dtype), counted, num_items_in_batch)
 
