@@ -175,6 +175,8 @@ UNSUPPORTED_DECODERS = {
     "the same obstacle as the Performer.",
     "tff_linformer": "the Linformer is a bidirectional encoder (its E / F projections mix every position): CALM exits "
     "while decoding causally.",
+    "tff_universal_transformer": "the Universal Transformer applies one shared block recurrently with its own "
+    "per-position halting (ACT): it has no stack of distinct layers to exit from, and its depth is already adaptive.",
 }
 
 TRANSFORMERS_LLAMA = ForeignFormat(
