@@ -623,9 +623,10 @@ class TffReformerModel(TffReformerPreTrainedModel):
         )
         tokens = _ReformerTokens(input_ids, inputs_embeds, valid, position_ids)
         shift = None
-        # (an exported graph rolls every row: a shift of 0 leaves it as it is, and the graph cannot branch on data)
-        exporting = torch.compiler.is_exporting()
-        if past == 0 and attention_mask is not None and (exporting or bool((~valid[:, 0] & valid.any(dim=1)).any())):
+        # (an exported or compiled graph rolls every row: a shift of 0 leaves it as it is, and a graph cannot branch
+        # on data)
+        tracing = torch.compiler.is_exporting() or torch.compiler.is_compiling()
+        if past == 0 and attention_mask is not None and (tracing or bool((~valid[:, 0] & valid.any(dim=1)).any())):
             shift = _first_real(valid)
             tokens = _ReformerTokens(*(_roll_rows(tensor, shift) for tensor in tokens))
         if tokens.position_ids is None:
