@@ -38,7 +38,7 @@ from ...conversion import FromPretrainedMixin
 from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...losses import NumItems, nll
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
-from ...modeling_utils import accepts_past_key_values
+from ...modeling_utils import GENERATION_CACHE_KEY, accepts_past_key_values
 from ...remote_code_mixin import RemoteCodeMixin
 from ...retrieval.datastore import (
     DatastoreMismatchError,
@@ -345,6 +345,8 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
+        if "cache" in inputs:  # a transformers base names it `cache`; PEFT's prompt learning reads the other name
+            inputs[GENERATION_CACHE_KEY] = inputs.pop("cache")
         for name in ("datastore", "lmbda", "k"):
             if name in kwargs:
                 inputs[name] = kwargs[name]
