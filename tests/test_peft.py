@@ -6,7 +6,7 @@
 - Sequence-classification heads are called ``classifier`` (``score`` for Transformer-XL) as in transformers, so
   ``task_type="SEQ_CLS"`` trains and saves them (PEFT's default ``modules_to_save``); folders saved before the rename
   (``dense.*`` / ``out_proj.*`` on the model) still load, with equal outputs, and save under the new names.
-- A kNN-LM whose base weights changed under a merged LoRA refuses to save its now mismatched datastore.
+- A kNN-LM whose base weights changed under a merged LoRA saves its weights without its now mismatched datastore.
 """
 
 from __future__ import annotations
@@ -127,24 +127,37 @@ def test_a_folder_saved_before_the_classifier_rename_loads(name, tmp_path):
                     "classifier.out_proj.weight"]  # fmt: skip
 
 
-def test_knn_lm_with_a_merged_lora_refuses_to_save_its_old_datastore(tmp_path):
+def test_knn_lm_with_a_merged_lora_saves_without_its_old_datastore(tmp_path, caplog):
     base = base_llama()
     blocks = token_blocks()
     datastore = build_datastore(base, batches_of(blocks), None, show_progress=False)
+    datastore.save(tmp_path / "store")
     model = TffKNNLMForCausalLM.from_base(base, datastore, k=4, lmbda=0.25)
     # init_lora_weights=False: B is not zero, so merging changes the base weights
     merged = get_peft_model(model, LoraConfig(r=2, task_type="CAUSAL_LM", init_lora_weights=False)).merge_and_unload()
     assert merged.datastore is datastore
-    with pytest.raises(ValueError, match=r"save_pretrained refused.*Rebuild the datastore.*save_datastore=False"):
-        merged.save_pretrained(tmp_path / "refused")
+    # asked for by name, the stale datastore is refused (nothing written)
+    with pytest.raises(ValueError, match=r"save_datastore=True\) refused.*Rebuild the datastore"):
+        merged.save_pretrained(tmp_path / "refused", save_datastore=True)
     assert not (tmp_path / "refused").exists()
 
+    # by default the weights and the config are saved, the stale datastore left out with one warning (also one that
+    # the config points at: the saved config does not)
     ids = blocks.input_ids[:2]
-    merged.save_pretrained(tmp_path / "without", save_datastore=False)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "without")
-    assert loaded.datastore is None
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(ids).logits, merged(ids, lmbda=0.0).logits)
+    caplog.clear()
+    for folder, datastore_path in (("saved", None), ("pointed", str(tmp_path / "store"))):
+        merged.config.datastore_path = datastore_path
+        with caplog.at_level("WARNING"):
+            merged.save_pretrained(tmp_path / folder)
+        assert merged.config.datastore_path == datastore_path  # the model's own config is left as it was
+        left_out = [record.getMessage() for record in caplog.records if "left out" in record.getMessage()]
+        assert len(left_out) == 1 and "build_datastore" in left_out[0], caplog.text
+        assert not (tmp_path / folder / "datastore").exists()
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / folder)
+        assert loaded.datastore is None and loaded.config.datastore_path is None
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(ids).logits, merged(ids, lmbda=0.0).logits)
+    merged.config.datastore_path = None
 
     merged.set_datastore(build_datastore(merged.lm, batches_of(blocks), None, show_progress=False))
     merged.save_pretrained(tmp_path / "rebuilt")

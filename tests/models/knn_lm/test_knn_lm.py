@@ -51,6 +51,13 @@ def batches_of(blocks, batch_size: int = 4):
     return [blocks.batch(range(i, min(i + batch_size, len(blocks)))) for i in range(0, len(blocks), batch_size)]
 
 
+def knn_lm_with_a_datastore(k: int = 4, lmbda: float = 0.25) -> TffKNNLMForCausalLM:
+    """A tiny kNN-LM with the datastore of its base weights attached (any training step makes it stale)."""
+    base = base_llama()
+    datastore = build_datastore(base, batches_of(token_blocks()), None, show_progress=False)
+    return TffKNNLMForCausalLM.from_base(base, datastore, k=k, lmbda=lmbda)
+
+
 class FakeTokenizer:
     def __init__(self, shift: int = 0):
         self.shift = shift
