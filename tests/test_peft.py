@@ -343,3 +343,29 @@ def test_prefix_tuned_generate_equals_a_loop_that_feeds_the_prefix(name):
             sequence = torch.cat([sequence, logits[:, -1:].argmax(-1)], dim=1)
     assert not torch.equal(sequence, plain), "the prefix changes nothing: the test cannot tell"
     assert torch.equal(generated, sequence), (generated[:, ids.shape[1] :], sequence[:, ids.shape[1] :])
+
+
+@pytest.mark.parametrize("name", ["decision_transformer", "llama"])
+def test_lora_under_reentrant_checkpointing_after_enable_input_require_grads(name):
+    """What prepare_model_for_kbit_training and older Trainer setups do: reentrant checkpointing, then
+    enable_input_require_grads() so that the checkpointed blocks' inputs require grad. The adapters get the gradients
+    they get without checkpointing (transformers' Llama, the control, through the same calls)."""
+    task = "action" if name == "decision_transformer" else "causal_lm"
+    model = _llama_control() if name == "llama" else _tiny_model(name, task)
+    if name == "llama":
+        ids = torch.randint(4, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+        batch = {"input_ids": ids, "labels": ids}
+    else:
+        batch = _collate(_examples(name, task, model))
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(1)  # the same adapters both times
+        lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, init_lora_weights=False)).train()
+        if checkpointing:
+            lora.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+            lora.enable_input_require_grads()
+        lora(**batch).loss.backward()
+        grads.append({key: p.grad for key, p in lora.named_parameters() if p.requires_grad})
+    assert grads[0] and all(grad is not None and grad.abs().sum() > 0 for grad in grads[1].values()), name
+    for key, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][key], grad, rtol=1e-4, atol=1e-6, msg=key)
