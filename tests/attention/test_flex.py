@@ -203,3 +203,24 @@ def test_models_without_a_flex_route_are_refused_by_transformers():
     model = build(ARCHITECTURES["transfo_xl"], "causal_lm")
     with pytest.raises(ValueError, match="flex_attention"):
         model.set_attn_implementation(FLEX)
+
+
+def test_lsh_self_scores_of_both_patterns_share_one_compiled_graph():
+    """The self-only score differs between LSH patterns (finfo.min / 2 without wrap-around, -1e5 with it): it enters
+    FlexAttention as a tensor, so a second value in the same process compiles nothing again (a float closed over by
+    score_mod was a graph constant: a recompile here, a SymFloat that flex_attention refuses on newer torch)."""
+    torch.manual_seed(0)
+    batch, rows, length = 1, 2, 64
+    query, key, value = (torch.randn(batch, rows, length, HEAD_DIM) for _ in range(3))
+    positions = torch.stack([torch.randperm(length) for _ in range(rows)])[None]  # (B, A, L)
+    sorted_rows = flex.SortedRows(
+        positions, slot_of=positions.argsort(-1)[:, None], key_valid=torch.ones(1, length).bool()
+    )
+    pattern = ChunkPattern(16, 1, 0, True, False)
+    values = (float(torch.finfo(torch.float32).min / 2), -1e5)
+    with torch.no_grad():
+        outputs = [flex.flex_lsh_attention(query, key, value, sorted_rows, pattern, values[0])]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            outputs.append(flex.flex_lsh_attention(query, key, value, sorted_rows, pattern, values[1]))
+    # the self score changes only the rows whose query has nothing else (the first sorted slot of each row here)
+    torch.testing.assert_close(outputs[1][0], outputs[0][0])

@@ -465,13 +465,17 @@ def lsh_block_mask(
         return (allowed & (key_position >= 0) & (q_idx < row_length)) | (q_idx == kv_idx)
 
     rounds = slot_of.shape[2]
+    # a tensor, not the Python float: FlexAttention traces score_mod (compiled, or through its eager wrapper), and a
+    # float it closes over is a constant of the graph, so another value (finfo.min / 2 without wrap-around, -1e5
+    # with it) recompiles, and newer torch turns it into a SymFloat that flex_attention refuses
+    self_score = torch.tensor(masked_self, dtype=torch.promote_types(query.dtype, torch.float32), device=device)
     chunk_of = None
     if correct_duplicates:
         chunk_of = F.pad(slot_of // chunk_length, (0, 1), value=-(10**9))  # (B, H, R, T + 1)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         query_position, key_position = positions[b, h, q_idx], positions[b, h, kv_idx]
-        score = torch.where(key_position == query_position, masked_self, score)
+        score = torch.where(key_position == query_position, self_score.to(score.dtype), score)
         if chunk_of is not None:
             head = h // rounds
             meets = 0
