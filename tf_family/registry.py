@@ -22,7 +22,7 @@ from .models.memorizing import SPEC as MEMORIZING
 from .models.reformer import SPEC as REFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
-from .user_errors import did_you_mean
+from .utils.user_errors import did_you_mean
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
