@@ -305,3 +305,30 @@ def test_evaluate_returns_eval_loss(name, tmp_path):
     assert trainer.label_names == ["labels"]
     metrics = trainer.evaluate()
     assert "eval_loss" in metrics and metrics["eval_loss"] > 0, metrics
+
+
+def test_a_knn_lm_trained_by_trainer_keeps_every_checkpoint(tmp_path, caplog):
+    """Training moves the base weights away from the attached datastore's: every checkpoint still saves the weights
+    and the config (the stale datastore is left out, with one warning) and loads without a datastore."""
+    from tests.models.knn_lm.test_knn_lm import knn_lm_with_a_datastore
+
+    model = knn_lm_with_a_datastore()
+    examples = _examples("knn_lm", "causal_lm", model)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2, learning_rate=LEARNING_RATE,
+        optim="sgd", save_strategy="steps", save_steps=1, report_to=[], use_cpu=True, seed=0,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=_collate)
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert sum("build_datastore" in record.getMessage() for record in caplog.records) == 1, caplog.text
+    for step in (1, 2):
+        folder = tmp_path / f"checkpoint-{step}"
+        assert (folder / "model.safetensors").is_file() and not (folder / "datastore").exists()
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2")
+    assert loaded.datastore is None
+    for key, value in trainer.model.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key

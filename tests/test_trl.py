@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 from trl.trainer.utils import add_fused_lm_head
 
+from tests.models.knn_lm.test_knn_lm import knn_lm_with_a_datastore
 from tests.test_trainer import _tiny_model
 from tf_family.registry import ARCHITECTURES
 
@@ -221,3 +222,34 @@ def test_dpo_on_preference_pairs(name, tmp_path):
         for key, value in trainer.model.state_dict().items()
         if not torch.equal(value, before[key])
     )  # the reference stayed where it was
+
+
+@pytest.mark.parametrize("name", ["knn_lm", CONTROL])
+def test_sft_with_save_steps_keeps_every_checkpoint(name, tmp_path, caplog):
+    """A kNN-LM trained by SFTTrainer no longer matches its datastore: every checkpoint keeps the weights and the
+    config and leaves the stale datastore out, with one warning that says how to rebuild it."""
+    model = knn_lm_with_a_datastore() if name == "knn_lm" else _model(name)
+    trainer = SFTTrainer(
+        model=model,
+        args=_sft_args(tmp_path, bf16=False, save_strategy="steps", save_steps=1),
+        train_dataset=Dataset.from_dict({"text": SENTENCES}),
+        processing_class=_tokenizer(),
+    )
+    with caplog.at_level("WARNING"):
+        trainer.train()
+        trainer.save_model(str(tmp_path / "final"))
+    for folder in (tmp_path / "run" / "checkpoint-1", tmp_path / "run" / "checkpoint-2", tmp_path / "final"):
+        assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file(), folder
+        assert not (folder / "datastore").exists()
+    if name != "knn_lm":
+        return
+    stale = [record for record in caplog.records if "datastore" in record.getMessage()]
+    assert len(stale) == 1, [record.getMessage() for record in stale]
+    assert "build_datastore" in stale[0].getMessage() and "set_datastore" in stale[0].getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert loaded.datastore is None
+    assert any("no datastore" in record.getMessage() for record in caplog.records), caplog.text
+    for key, value in trainer.model.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key

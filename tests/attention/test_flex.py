@@ -225,3 +225,22 @@ def test_models_without_a_flex_route_are_refused_by_transformers():
     model = build(ARCHITECTURES["transfo_xl"], "causal_lm")
     with pytest.raises(ValueError, match="flex_attention"):
         model.set_attn_implementation(FLEX)
+
+
+def test_two_reformers_with_both_self_scores_run_flex_attention_in_one_process():
+    """The self-only score differs between LSH patterns (finfo.min / 2 without wrap-around, -1e5 with it). Two
+    Reformers under attn_implementation="flex_attention", wrap-around off then on, run in one process and agree with
+    their eager twins (the second used to raise on newer torch: a float closed over by the compiled LSH score
+    function became a SymFloat that flex_attention refused). The LSH rounds no longer go through FlexAttention; the
+    local layers' block masks still specialise on the padded length, which differs between the two patterns."""
+    spec = ARCHITECTURES["reformer"]
+    outputs = []
+    for wrap_around in (False, True):
+        model = build(spec, "causal_lm", chunk_wrap_around=wrap_around)
+        model.set_attn_implementation(FLEX)
+        inputs = without_labels(make_inputs(spec, model.config, "causal_lm"))
+        with torch.no_grad():
+            outputs.append(model(**inputs).logits)
+        model.set_attn_implementation("eager")
+        with torch.no_grad():
+            torch.testing.assert_close(outputs[-1], model(**inputs).logits, rtol=1e-5, atol=1e-5)

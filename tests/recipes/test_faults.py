@@ -159,6 +159,31 @@ def test_shuffled_blocks_resume_exactly_on_another_number_of_processes(tmp_path,
     assert one_to_two <= 1e-5 and two_to_one <= 1e-5
 
 
+def test_a_memory_model_resumes_on_the_same_two_processes_to_the_uninterrupted_weights(tmp_path, corpus):
+    """The most common resume: two processes (accelerate launch, as the README runs it) resume the memory model's
+    checkpoint that two processes wrote (2 -> 2: each rank reads back its own carried memory) and end on the weights
+    of the uninterrupted two-process run."""
+    common = [*TINY_TXL, *data_args(corpus), "--per_device_train_batch_size", "1", "--checkpointing_steps", "2",
+              "--logging_steps", "100", "--max_train_steps", "4"]  # fmt: skip
+    reference = tmp_path / "reference"
+    launch_two_processes("tf_family.recipes.causal_lm", [*common, "--output_dir", str(reference)])
+    checkpoint = reference / "checkpoints" / "step_2"
+    assert sorted(path.name for path in checkpoint.glob("memory_rank*.safetensors")) == [
+        "memory_rank0.safetensors",
+        "memory_rank1.safetensors",
+    ]
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(checkpoint, resumed / "checkpoints" / "step_2")
+    launch_two_processes(
+        "tf_family.recipes.causal_lm", [*common, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"]
+    )
+    assert json.loads((resumed / "checkpoints" / "step_4" / "trainer_state.json").read_text())["world_size"] == 2
+    difference = _max_difference(_weights(resumed), _weights(reference))
+    print(f"max |dw| of the 2 -> 2 resume against the uninterrupted run: {difference:.2e}")
+    assert difference <= 1e-6
+
+
 # -------------------------------------------------------------------------------- 3. two runs on one output folder
 def test_a_second_run_on_the_same_output_folder_is_refused_and_the_first_finishes_intact(tmp_path, corpus):
     output = tmp_path / "run"

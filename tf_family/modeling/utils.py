@@ -80,6 +80,32 @@ def accepts_past_key_values(function):
     return wrapper
 
 
+# The key under which a `prepare_inputs_for_generation` hands the cache to ``forward`` (which takes either name, see
+# `accepts_past_key_values`). transformers 5.24 renamed the argument ``cache``, but PEFT's prompt learning (peft 0.21,
+# `PeftModelForCausalLM.prepare_inputs_for_generation`) reads and replaces ``past_key_values`` in the prepared inputs:
+# a cache under ``cache`` is invisible to it, so it injects its prefix again on every step.
+GENERATION_CACHE_KEY = "past_key_values"
+
+
+def decoding_past_length(
+    cache, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, inputs_embeds, next_sequence_length
+) -> int:
+    """How many positions of the sequence (prompt and generated tokens) the cache has seen at one `generate` step.
+
+    transformers (5.24 on) says how many positions are new (``next_sequence_length``); that is trusted over the
+    cache's own length, which can also count positions that are not in the sequence: the prefix that PEFT's prefix
+    tuning puts in the cache before the first step."""
+    if cache is None:
+        return 0
+    if next_sequence_length is None:
+        return cache.get_seq_length()
+    if attention_mask is not None:
+        total = attention_mask.shape[1]
+    else:
+        total = input_ids.shape[1] + (inputs_embeds.shape[1] if inputs_embeds is not None else 0)
+    return total - next_sequence_length
+
+
 def decoding_step_inputs(
     input_ids: torch.LongTensor,
     past_length: int,

@@ -444,7 +444,13 @@ def load_carried_state(checkpoint: Path, accelerator: Accelerator) -> Any:
 def _read_carried_state(path: Path, accelerator: Accelerator) -> Any:
     """The carried state in ``path``, on the accelerator's device."""
     read_safetensors_header(path)  # a damaged file: a ValueError naming it
-    return _carried_from(path, load_file(str(path), device=str(accelerator.device)))
+    return _carried_from(path, _load_on_device(path, accelerator))
+
+
+def _load_on_device(path: Path, accelerator: Accelerator) -> dict[str, torch.Tensor]:
+    """``path``'s tensors on the accelerator's device. Read on the CPU first: safetensors refuses an indexed CPU
+    device, which accelerate gives each rank of a multi-process CPU run (``cpu:0``, ``cpu:1``)."""
+    return {key: value.to(accelerator.device) for key, value in load_file(str(path), device="cpu").items()}
 
 
 def _carried_from(path: Path, tensors: dict[str, torch.Tensor]) -> Any:
@@ -487,7 +493,7 @@ def _resplit_carried_state(checkpoint: Path, accelerator: Accelerator, written_b
                 f"--resume_from_checkpoint: {path} is changed or damaged since the checkpoint was written (its digest "
                 f"is recorded in {checkpoint / TRAINER_STATE_FILE}); resume from an earlier checkpoint."
             )
-    parts = [load_file(str(path), device=str(accelerator.device)) for path in paths]
+    parts = [_load_on_device(path, accelerator) for path in paths]
     joined = {}
     for key in parts[0]:
         values = [part.get(key) for part in parts]

@@ -51,6 +51,13 @@ def batches_of(blocks, batch_size: int = 4):
     return [blocks.batch(range(i, min(i + batch_size, len(blocks)))) for i in range(0, len(blocks), batch_size)]
 
 
+def knn_lm_with_a_datastore(k: int = 4, lmbda: float = 0.25) -> TffKNNLMForCausalLM:
+    """A tiny kNN-LM with the datastore of its base weights attached (any training step makes it stale)."""
+    base = base_llama()
+    datastore = build_datastore(base, batches_of(token_blocks()), None, show_progress=False)
+    return TffKNNLMForCausalLM.from_base(base, datastore, k=k, lmbda=lmbda)
+
+
 class FakeTokenizer:
     def __init__(self, shift: int = 0):
         self.shift = shift
@@ -309,6 +316,26 @@ def test_config_errors_name_the_field():
         create_model("knn_lm", k=0)
     with pytest.raises(TypeError, match="distance"):
         create_model("knn_lm", distance="cosine")
+
+
+def test_the_config_shows_the_base_models_sizes_without_saving_them(tmp_path):
+    """PEFT's prompt learning reads the layer count, width and heads off the model's config (``to_dict()``): the
+    kNN-LM's are its base model's, shown by to_dict, not written to config.json, accepted back when they agree."""
+    from tf_family.models.knn_lm.configuration_knn_lm import TffKNNLMConfig
+
+    gpt2 = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=3, n_head=2, n_positions=32, bos_token_id=1, eos_token_id=1)
+    config = TffKNNLMConfig(base_config=gpt2.to_dict())
+    sizes = {"num_hidden_layers": 3, "hidden_size": 16, "num_attention_heads": 2}
+    assert {name: getattr(config, name) for name in sizes} == sizes
+    assert sizes.items() <= config.to_dict().items()
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert not sizes.keys() & saved.keys()
+    assert TffKNNLMConfig.from_dict(config.to_dict()).to_dict() == config.to_dict()
+    with pytest.raises(
+        ValueError, match=r"num_hidden_layers=4 is not the base model's \(num_hidden_layers=3 in base_c"
+    ):
+        TffKNNLMConfig.from_dict({**config.to_dict(), "num_hidden_layers": 4})
 
 
 def test_retrieval_keeps_the_model_causal_and_batch_independent(built):

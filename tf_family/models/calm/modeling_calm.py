@@ -79,8 +79,10 @@ from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share, cross_entrop
 from ...modeling.outputs import EarlyExitCausalLMOutput
 from ...modeling.remote_code_mixin import RemoteCodeMixin
 from ...modeling.utils import (
+    GENERATION_CACHE_KEY,
     accepts_past_key_values,
     build_activation,
+    decoding_past_length,
     decoding_step_inputs,
     fused_projections,
     is_plain_linear,
@@ -808,10 +810,12 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=True, **kwargs
     ) -> dict:
         """With a cache, only the tokens it has not seen; the mask always covers the whole sequence."""
-        past = cache.get_seq_length() if cache is not None and use_cache else 0
+        past = decoding_past_length(
+            cache if use_cache else None, input_ids, attention_mask, inputs_embeds, kwargs.get("next_sequence_length")
+        )
         model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
         if use_cache:
-            model_inputs["cache"] = cache
+            model_inputs[GENERATION_CACHE_KEY] = cache
         step = decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
         model_inputs.update(step)
         for name in ("exit_layer", "exit_log"):

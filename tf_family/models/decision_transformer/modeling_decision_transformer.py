@@ -191,6 +191,22 @@ class TffDecisionTransformerPreTrainedModel(
     # the attention reads config._attn_implementation at every call, so switching it later is safe
     _can_set_attn_implementation_cached_value = True
 
+    def enable_input_require_grads(self):
+        """Make the transformer's input tokens require grad, so that reentrant gradient checkpointing
+        (``use_reentrant=True``) gives frozen-body adapters (LoRA) their gradients: transformers' version hooks
+        `get_input_embeddings`, a token embedding this model does not have (its steps are states, returns and
+        actions, embedded apart); the hook sits on ``embed_ln`` instead, whose output is every step's token."""
+
+        def make_inputs_require_grads(module, input, output):
+            output.requires_grad_(True)
+
+        self._require_grads_hooks = [
+            module.embed_ln.register_forward_hook(make_inputs_require_grads)
+            for module in self.modules()
+            if isinstance(module, TffDecisionTransformerModel)
+        ]
+        self._require_grads_hook = self._require_grads_hooks[0]  # transformers' older name for the first hook
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
         std = self.config.initializer_range

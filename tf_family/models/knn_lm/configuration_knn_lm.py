@@ -12,6 +12,8 @@ from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate
 from ...modeling.validation import check_float, check_positive_int
 
 INDEX_TYPES = ("exact", "flat", "ivf_flat", "ivf_pq", "hnsw")
+# the base model's sizes a kNN-LM config shows as its own (read by PEFT's prompt and prefix tuning)
+BASE_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
 class TffKNNLMConfig(PreTrainedConfig):
@@ -64,6 +66,8 @@ class TffKNNLMConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
+        # the base model's sizes, as `to_dict` shows them: accepted back when they agree with base_config
+        shown = {name: kwargs.pop(name) for name in BASE_SIZES if name in kwargs}
         check_config_kwargs(type(self).__name__, kwargs)
         _check_base_config(self.base_config)
         super().__post_init__(**kwargs)
@@ -71,6 +75,13 @@ class TffKNNLMConfig(PreTrainedConfig):
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             if getattr(self, name, None) is None and getattr(self.base_config, name, None) is not None:
                 setattr(self, name, getattr(self.base_config, name))
+        for name, value in shown.items():
+            if value != getattr(self.base_config, name, None):
+                raise ValueError(
+                    f"TffKNNLMConfig: {name}={value!r} is not the base model's ({name}="
+                    f"{getattr(self.base_config, name, None)!r} in base_config); the kNN-LM's sizes are its base "
+                    f"model's: set {name} in base_config, or leave it out."
+                )
         validate_config(self)
 
     @property
@@ -80,6 +91,32 @@ class TffKNNLMConfig(PreTrainedConfig):
     @property
     def hidden_size(self) -> int:
         return self.base_config.hidden_size
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.base_config.num_hidden_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.base_config.num_attention_heads
+
+    def to_dict(self) -> dict:
+        """transformers' dictionary plus the base model's sizes (`BASE_SIZES`) at the top, where PEFT's prompt
+        learning reads them (``num_layers``, ``token_dim``, ``num_attention_heads`` of a prompt or prefix); they are
+        not saved (`to_diff_dict`): ``base_config`` holds them."""
+        output = super().to_dict()
+        for name in BASE_SIZES:
+            value = getattr(self.base_config, name, None)
+            if value is not None:
+                output[name] = value
+        return output
+
+    def to_diff_dict(self) -> dict:
+        """What ``save_pretrained`` writes: without the base model's sizes, which ``base_config`` holds."""
+        output = super().to_diff_dict()
+        for name in BASE_SIZES:
+            output.pop(name, None)
+        return output
 
     def get_text_config(self, *args, **kwargs) -> PreTrainedConfig:
         """The base model's config: caches and generation are sized by the wrapped model."""

@@ -39,7 +39,7 @@ from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import NumItems, nll
 from ...modeling.remote_code_mixin import RemoteCodeMixin
-from ...modeling.utils import accepts_past_key_values
+from ...modeling.utils import GENERATION_CACHE_KEY, accepts_past_key_values
 from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_positive_int
 from ...retrieval.datastore import (
     DatastoreMismatchError,
@@ -106,6 +106,8 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
         self.datastore: KNNDatastore | None = None
         # datastores already checked against this base model (`set_datastore`, or a first `forward(datastore=...)`)
         self._checked_datastores: dict[int, weakref.ref] = {}
+        # the stale datastore `save_pretrained` last warned about leaving out (one warning per datastore, not per save)
+        self._stale_datastore_warned: weakref.ref | None = None
         self.post_init()
 
     # ------------------------------------------------------------------------------------------------ construction
@@ -345,6 +347,8 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
+        if "cache" in inputs:  # a transformers base names it `cache`; PEFT's prompt learning reads the other name
+            inputs[GENERATION_CACHE_KEY] = inputs.pop("cache")
         for name in ("datastore", "lmbda", "k"):
             if name in kwargs:
                 inputs[name] = kwargs[name]
@@ -359,17 +363,36 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
         """Save the base weights (safetensors) and config; the attached datastore goes to ``datastore/`` unless
         ``config.datastore_path`` points at it elsewhere (``save_datastore=True`` copies it anyway).
 
-        Refused (`ValueError`, nothing written) when the base weights changed since the attached datastore was built
-        — fine-tuned, or a LoRA adapter merged with ``merge_and_unload()`` —, the folder would carry or point at it,
-        and ``config.check_datastore`` is on: the folder's own `from_pretrained` would refuse it, the keys being
-        another model's representations. Rebuild the datastore with the new weights
-        (`tf_family.retrieval.build_datastore`, or ``recipes/knn_lm.py build``) and `set_datastore` it, or save
-        without it (``save_datastore=False`` with ``config.datastore_path = None``)."""
+        When the base weights changed since the attached datastore was built (a training step — every checkpoint a
+        trainer saves —, or a LoRA adapter merged with ``merge_and_unload()``) and ``config.check_datastore`` is on,
+        the datastore no longer fits: its keys are the old weights' representations, and the folder's own
+        `from_pretrained` would refuse it. The weights and the config are then saved without it (the saved config
+        points at no datastore), with one warning that says how to rebuild it (`tf_family.retrieval.build_datastore`,
+        or ``recipes/knn_lm.py build``, then `set_datastore`); the folder loads as the model without a datastore.
+        ``save_datastore=True`` asks for the datastore by name, and is refused (`ValueError`, nothing written)."""
+        stale = self._stale_datastore_error()
+        if stale is not None and save_datastore:
+            raise ValueError(
+                f"save_pretrained(save_datastore=True) refused: {stale} Rebuild the datastore with this model "
+                f"({_REBUILD}) and attach it with set_datastore(), or save without it (save_datastore=None or False)."
+            )
         if save_datastore is None:
-            save_datastore = self.datastore is not None and self.config.datastore_path is None
-        if save_datastore or self.config.datastore_path is not None:
-            self._check_saved_datastore()
-        super().save_pretrained(save_directory, *args, **kwargs)
+            save_datastore = self.datastore is not None and self.config.datastore_path is None and stale is None
+        warned = self._stale_datastore_warned
+        if stale is not None and (warned is None or warned() is not self.datastore):
+            logger.warning(
+                f"save_pretrained: the kNN datastore is left out of the saved folder (and of every later save, "
+                f"without another warning): {stale} The folder loads as the model without a datastore. Rebuild it "
+                f"with the saved model ({_REBUILD}) and attach it with set_datastore()."
+            )
+            self._stale_datastore_warned = weakref.ref(self.datastore)
+        datastore_path = self.config.datastore_path
+        if stale is not None:  # the saved config must not point at the stale datastore either
+            self.config.datastore_path = None
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            self.config.datastore_path = datastore_path
         if save_datastore and self.datastore is not None:
             target = Path(save_directory) / DATASTORE_FOLDER
             if self.datastore.folder is None or Path(self.datastore.folder).resolve() != target.resolve():
@@ -379,22 +402,19 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
                 if index is not None and folder is not None:
                     index.save(target / f"index-{self.config.index_type}", metadata=copy.index_metadata())
 
-    def _check_saved_datastore(self) -> None:
-        """The `ValueError` of `save_pretrained` when the attached datastore no longer fits the base weights."""
+    def _stale_datastore_error(self) -> str | None:
+        """Why the attached datastore no longer fits the base weights (their fingerprint changed since it was built),
+        or None: no datastore, ``config.check_datastore`` off, or the datastore fits."""
         if self.datastore is None or not self.config.check_datastore:
-            return
+            return None
         try:
             check_fingerprints(self.datastore.description, self.lm, None, force=False)
         except DatastoreMismatchError as error:
-            raise ValueError(
-                "save_pretrained refused: the base model's weights changed after its kNN datastore was built (a "
-                "fine-tuning step, or a LoRA adapter merged with merge_and_unload()), so the saved folder's own "
-                "from_pretrained would refuse the datastore, whose keys are the old weights' representations. "
-                "Rebuild the datastore with this model (tf_family.retrieval.build_datastore, or `recipes/knn_lm.py "
-                "build --model_name_or_path <the merged model>`) and attach it with set_datastore(), or save the "
-                "model without it: save_pretrained(..., save_datastore=False) with model.config.datastore_path = None. "
-                f"({error})"
-            ) from error
+            return (
+                "the base model's weights changed after its kNN datastore was built (a training step, or a LoRA "
+                f"adapter merged with merge_and_unload()), so its keys are the old weights' representations ({error})."
+            )
+        return None
 
     @classmethod
     def _finish_loading(
@@ -422,7 +442,16 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
                 datastore = KNNDatastore.load(folder, index_type=index, allow_unverified=allow_unverified_datastore)
         if datastore is not None:
             model.set_datastore(datastore, allow_unverified=allow_unverified_datastore)
+        else:
+            logger.warning(
+                f"{pretrained_model_name_or_path}: loaded with no datastore (the folder has no {DATASTORE_FOLDER}/ and "
+                "config.datastore_path is None): the model is its base language model until a datastore is built "
+                f"({_REBUILD}) and attached with set_datastore(), or passed as from_pretrained(..., datastore=...)."
+            )
 
+
+# how a user rebuilds a kNN-LM's datastore, named in the messages about a stale one
+_REBUILD = "tf_family.retrieval.build_datastore, or `recipes/knn_lm.py build --model_name_or_path <the saved folder>`"
 
 # from_pretrained's arguments that say where and how a Hub repository is read
 _HUB_KWARGS = ("cache_dir", "revision", "token", "local_files_only", "force_download", "proxies", "subfolder")

@@ -63,8 +63,10 @@ from ...modeling.heads import (
 from ...modeling.losses import causal_lm_loss
 from ...modeling.remote_code_mixin import RemoteCodeMixin
 from ...modeling.utils import (
+    GENERATION_CACHE_KEY,
     Dropout,
     accepts_past_key_values,
+    decoding_past_length,
     decoding_step_inputs,
     find_first_real_token,
     fused_projections,
@@ -695,11 +697,13 @@ class TffLongformerForCausalLM(FusedLMHeadMixin, TffLongformerPreTrainedModel, V
     ) -> dict:
         """With a cache (the default), only the tokens it has not seen; without, the whole prefix every step.
         ``attention_mask`` and ``global_attention_mask`` always cover the whole sequence."""
-        past_length = cache.get_seq_length() if cache is not None and use_cache else 0
+        past_length = decoding_past_length(
+            cache if use_cache else None, input_ids, attention_mask, inputs_embeds, kwargs.get("next_sequence_length")
+        )
         total = attention_mask.shape[1] if attention_mask is not None else None
         model_inputs = {"attention_mask": attention_mask}
         if use_cache:
-            model_inputs.update(cache=cache, use_cache=True)
+            model_inputs.update({GENERATION_CACHE_KEY: cache, "use_cache": True})
         model_inputs.update(
             decoding_step_inputs(input_ids, past_length, attention_mask, inputs_embeds, self.get_input_embeddings())
         )
