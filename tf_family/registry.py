@@ -20,6 +20,7 @@ from .models.knn_lm import SPEC as KNN_LM
 from .models.longformer import SPEC as LONGFORMER
 from .models.memorizing import SPEC as MEMORIZING
 from .models.reformer import SPEC as REFORMER
+from .models.sparse_transformer import SPEC as SPARSE_TRANSFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
 from .user_errors import did_you_mean
@@ -40,6 +41,7 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             KNN_LM,
             CALM,
             DECISION_TRANSFORMER,
+            SPARSE_TRANSFORMER,
         )
     }
 )
