@@ -167,6 +167,8 @@ UNSUPPORTED_DECODERS = {
     "tff_big_bird": "BigBird is a bidirectional encoder (masked LM): CALM exits while decoding causally.",
     "tff_decision_transformer": "the Decision Transformer decodes (return, state, action) embeddings into continuous "
     "actions: it has no token vocabulary, so no softmax confidence and no LM head to share between exits.",
+    "tff_sparse_transformer": "the Sparse Transformer's heads attend under factorised sparse patterns (and may use "
+    "ALiBi biases) that CALM's dense Llama/GPT-2 attention does not express: its layers cannot be copied one to one.",
 }
 
 TRANSFORMERS_LLAMA = ForeignFormat(
