@@ -70,12 +70,13 @@ def _reaches_everything(first: torch.Tensor, second: torch.Tensor) -> bool:
 def _layer_masks(config_kwargs, length):
     """The union over heads of every layer's mask, as the model builds its patterns."""
     from tf_family.models.sparse_transformer.configuration_sparse_transformer import TffSparseTransformerConfig
+    from tf_family.models.sparse_transformer.modeling_sparse_transformer import layer_head_patterns
 
     config = TffSparseTransformerConfig(**config_kwargs)
     positions = torch.arange(length)
     masks = []
     for layer in range(config.num_hidden_layers):
-        heads = [build_factorized_mask(p, positions, positions) for p in config.head_patterns(layer)]
+        heads = [build_factorized_mask(p, positions, positions) for p in layer_head_patterns(config, layer)]
         masks.append(torch.stack(heads).any(0))
     return masks
 

@@ -7,8 +7,6 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...attention.factorized import FactorizedPattern
-from ...attention.image_local import Local1DPattern, Local2DPattern
 from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...validation import (
     check_activation,
@@ -105,30 +103,6 @@ class TffSparseTransformerConfig(PreTrainedConfig):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    def head_patterns(self, layer_idx: int) -> list[FactorizedPattern | Local1DPattern | Local2DPattern]:
-        """The pattern of every head of layer ``layer_idx``."""
-        heads = self.num_attention_heads
-        if self.sparsity_pattern == "local_1d":
-            return [Local1DPattern(self.stride, self.memory_length)] * heads
-        if self.sparsity_pattern == "local_2d":
-            fields = (self.image_width, self.block_height, self.block_width, self.memory_height, self.memory_width)
-            return [Local2DPattern(*fields)] * heads
-        first, second = FACTORS[self.sparsity_pattern]
-        if self.pattern_layout == "heads":
-            kinds = [first] * (heads // 2) + [second] * (heads - heads // 2)
-        else:
-            kinds = [first if layer_idx % 2 == 0 else second] * heads
-        patterns, summary_heads = [], 0
-        for kind in kinds:
-            if kind == "summary":
-                sub_blocks = self.stride // self.summary_size
-                start = self.stride - self.summary_size * (1 + summary_heads % sub_blocks)
-                patterns.append(FactorizedPattern(kind, self.stride, start, self.summary_size))
-                summary_heads += 1
-            else:
-                patterns.append(FactorizedPattern(kind, self.stride))
-        return patterns
 
     def validate_architecture(self):
         """Cross-field rules; each error names the field, the value and the rule."""

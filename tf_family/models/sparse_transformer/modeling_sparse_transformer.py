@@ -49,7 +49,7 @@ from transformers.utils import logging
 from ...attention import attend
 from ...attention.alibi import alibi_bias, alibi_slopes
 from ...attention.factorized import FactorizedPattern, build_factorized_mask, factorized_attention
-from ...attention.image_local import build_image_local_mask, image_local_attention
+from ...attention.image_local import Local1DPattern, Local2DPattern, build_image_local_mask, image_local_attention
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...cache_utils import GrowingCache
 from ...conversion import FromPretrainedMixin
@@ -64,7 +64,7 @@ from ...modeling_utils import (
 )
 from ...remote_code_mixin import RemoteCodeMixin
 from ...validation import MAX_SIZE, InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
-from .configuration_sparse_transformer import TffSparseTransformerConfig
+from .configuration_sparse_transformer import FACTORS, TffSparseTransformerConfig
 
 logger = logging.get_logger(__name__)
 
@@ -97,6 +97,37 @@ class TffSparseTransformerMLP(nn.Module):
 
 
 # -------------------------------------------------------------------------------------------------------- attention
+def layer_head_patterns(config: TffSparseTransformerConfig, layer_idx: int) -> list:
+    """The pattern of every head of layer ``layer_idx`` (built here, beside the kernels that read them)."""
+    heads = config.num_attention_heads
+    if config.sparsity_pattern == "local_1d":
+        return [Local1DPattern(config.stride, config.memory_length)] * heads
+    if config.sparsity_pattern == "local_2d":
+        fields = (
+            config.image_width,
+            config.block_height,
+            config.block_width,
+            config.memory_height,
+            config.memory_width,
+        )
+        return [Local2DPattern(*fields)] * heads
+    first, second = FACTORS[config.sparsity_pattern]
+    if config.pattern_layout == "heads":
+        kinds = [first] * (heads // 2) + [second] * (heads - heads // 2)
+    else:
+        kinds = [first if layer_idx % 2 == 0 else second] * heads
+    patterns, summary_heads = [], 0
+    for kind in kinds:
+        if kind == "summary":
+            sub_blocks = config.stride // config.summary_size
+            start = config.stride - config.summary_size * (1 + summary_heads % sub_blocks)
+            patterns.append(FactorizedPattern(kind, config.stride, start, config.summary_size))
+            summary_heads += 1
+        else:
+            patterns.append(FactorizedPattern(kind, config.stride))
+    return patterns
+
+
 def _pattern_mask(pattern, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
     """A head's bool mask ``(..., T, S)`` (its pattern's mask function)."""
     if isinstance(pattern, FactorizedPattern):
@@ -116,14 +147,14 @@ def _head_groups(patterns: list) -> list[tuple[int, int, object]]:
 
 
 class TffSparseTransformerAttention(nn.Module):
-    """Multi-head causal self-attention, each head under its factorised pattern (``config.head_patterns``)."""
+    """Multi-head causal self-attention, each head under its pattern (`layer_head_patterns`)."""
 
     def __init__(self, config: TffSparseTransformerConfig, layer_idx: int):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
-        self.patterns = config.head_patterns(layer_idx)
+        self.patterns = layer_head_patterns(config, layer_idx)
         self.groups = _head_groups(self.patterns)
         width = config.hidden_size
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(width, width) for _ in range(4))
