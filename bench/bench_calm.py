@@ -60,11 +60,11 @@ import torch  # noqa: E402  (after setup_threads: OpenMP reads OMP_WAIT_POLICY w
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers.utils import logging as transformers_logging  # noqa: E402
 
-from tf_family import modeling_utils  # noqa: E402
-from tf_family.cache_utils import GrowingCache  # noqa: E402
 from tf_family.data import load_sotu  # noqa: E402
 from tf_family.early_exit import calibrate_threshold  # noqa: E402
 from tf_family.early_exit.calibration import hoeffding_bentkus_p_value  # noqa: E402
+from tf_family.modeling import utils as modeling_utils  # noqa: E402
+from tf_family.modeling.cache import GrowingCache  # noqa: E402
 from tf_family.training.early_exit import DEFAULT_GRIDS, cut_prompts, generate_with_exits, score_grid  # noqa: E402
 
 DELTAS = (0.05, 0.1, 0.2)

@@ -62,7 +62,7 @@ setup_threads(2)
 import datasets  # noqa: E402  (after setup_threads: OpenMP reads OMP_WAIT_POLICY when torch loads)
 import transformers  # noqa: E402
 
-from tf_family.cards import RUN_INFO_FILE  # noqa: E402
+from tf_family.shipping.cards import RUN_INFO_FILE  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_RECORD = "bench_record.json"

@@ -1,4 +1,4 @@
-"""Decoding with `tf_family.cache_utils.GrowingCache` against transformers' `DynamicCache`.
+"""Decoding with `tf_family.modeling.cache.GrowingCache` against transformers' `DynamicCache`.
 
 `DynamicCache` concatenates every layer's keys and values at every decoding step (a copy of the whole cache per
 step); `GrowingCache` writes the new positions into buffers with room to spare. This times greedy decoding steps
@@ -23,7 +23,7 @@ setup_threads(2)
 import torch  # noqa: E402  (after setup_threads: OpenMP reads OMP_WAIT_POLICY when torch loads)
 from transformers import DynamicCache  # noqa: E402
 
-from tf_family.cache_utils import GrowingCache  # noqa: E402
+from tf_family.modeling.cache import GrowingCache  # noqa: E402
 from tf_family.registry import get_arch  # noqa: E402
 
 

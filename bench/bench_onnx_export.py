@@ -18,8 +18,8 @@ from pathlib import Path
 import onnxruntime
 import torch
 
-from tf_family.onnx_export import OnnxForward, example_inputs, export_model, memory_input_names, prepare_model
 from tf_family.registry import ARCHITECTURES
+from tf_family.shipping.onnx_export import OnnxForward, example_inputs, export_model, memory_input_names, prepare_model
 
 SHAPES = ((3, 21), (1, 5))
 DEFAULT_HEADS = {"longformer": "masked_lm", "big_bird": "masked_lm", "decision_transformer": "action"}

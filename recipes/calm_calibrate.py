@@ -30,11 +30,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
-from tf_family.cards import RUN_INFO_FILE, write_model_card
 from tf_family.data import load_text_datasets
 from tf_family.early_exit import CONFIDENCE_MEASURES
 from tf_family.early_exit.calibration import P_VALUE_METHODS
-from tf_family.files import replace_dir
+from tf_family.shipping.cards import RUN_INFO_FILE, write_model_card
 from tf_family.training.arguments import add_debug_argument, check_local_sources
 from tf_family.training.early_exit import (
     CONSISTENCY_KINDS,
@@ -43,7 +42,8 @@ from tf_family.training.early_exit import (
     generate_with_exits,
     run_calibration,
 )
-from tf_family.user_errors import run_main
+from tf_family.utils.files import replace_dir
+from tf_family.utils.user_errors import run_main
 
 logger = logging.get_logger(__name__)
 

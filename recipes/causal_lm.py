@@ -85,7 +85,7 @@ from tf_family.training.language_modeling import (
     wraps_base_model,
 )
 from tf_family.training.run import Run, prepare, start_run
-from tf_family.user_errors import run_main
+from tf_family.utils.user_errors import run_main
 
 logger = get_logger(__name__)
 

@@ -50,7 +50,6 @@ from accelerate.logging import get_logger
 from accelerate.utils import gather_object
 from transformers import AutoConfig, AutoModel
 
-from tf_family.cards import RL_TASK
 from tf_family.data.offline_rl import (
     ENVIRONMENTS,
     TIERS,
@@ -62,6 +61,7 @@ from tf_family.data.offline_rl import (
 )
 from tf_family.registry import get_arch
 from tf_family.rl import evaluate_in_env
+from tf_family.shipping.cards import RL_TASK
 from tf_family.training import (
     TrainingLog,
     add_lora_and_hub_arguments,
@@ -92,7 +92,7 @@ from tf_family.training.offline_rl import (
     summary_metrics,
 )
 from tf_family.training.run import Run, prepare, start_run
-from tf_family.user_errors import run_main
+from tf_family.utils.user_errors import run_main
 
 logger = get_logger(__name__)
 

@@ -45,8 +45,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import tf_family
 from tf_family.data import SOTU_TOKENIZER_DIR, pack_into_blocks
 from tf_family.data.packing import IGNORE_INDEX
-from tf_family.files import atomic_write_text
-from tf_family.hub import hub_id_of, portable_reference
 from tf_family.memory.knn import FAISS_INDEX_TYPES
 from tf_family.memory.knn_lm import knn_target_log_probs
 from tf_family.models.knn_lm.modeling_knn_lm import DATASTORE_FOLDER, TffKNNLMForCausalLM
@@ -57,6 +55,7 @@ from tf_family.retrieval.datastore import (
     capture_module_inputs,
     resolve_key_module,
 )
+from tf_family.shipping.hub import hub_id_of, portable_reference
 from tf_family.training import ending_run, publish_run, save_tokenizer
 from tf_family.training.arguments import add_debug_argument, check_local_sources
 from tf_family.training.language_modeling import (
@@ -65,7 +64,8 @@ from tf_family.training.language_modeling import (
     language_model_metrics,
     load_lm_datasets,
 )
-from tf_family.user_errors import run_main
+from tf_family.utils.files import atomic_write_text
+from tf_family.utils.user_errors import run_main
 
 logger = get_logger(__name__)
 

@@ -29,7 +29,7 @@ from transformers import AutoModelForMaskedLM
 from tf_family.training import apply_lora, encoder, parse_config_overrides
 from tf_family.training.language_modeling import add_text_data_arguments, load_lm_datasets
 from tf_family.training.run import prepare, start_run
-from tf_family.user_errors import run_main
+from tf_family.utils.user_errors import run_main
 
 logger = get_logger(__name__)
 

@@ -34,7 +34,7 @@ from transformers import AutoModelForQuestionAnswering
 from tf_family.metrics import squad_scores
 from tf_family.training import apply_lora, check_lora_head, encoder, parse_config_overrides
 from tf_family.training.run import prepare, start_run
-from tf_family.user_errors import run_main
+from tf_family.utils.user_errors import run_main
 
 logger = get_logger(__name__)
 

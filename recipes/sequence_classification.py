@@ -31,7 +31,7 @@ from tf_family.data import load_brown
 from tf_family.metrics import accuracy, macro_f1
 from tf_family.training import apply_lora, check_lora_head, encoder, parse_config_overrides
 from tf_family.training.run import prepare, start_run
-from tf_family.user_errors import run_main
+from tf_family.utils.user_errors import run_main
 
 logger = get_logger(__name__)
 

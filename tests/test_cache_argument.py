@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from tf_family.modeling_utils import accepts_past_key_values
+from tf_family.modeling.utils import accepts_past_key_values
 from tf_family.registry import ARCHITECTURES
 
 from .common.tester import build, make_inputs

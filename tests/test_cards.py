@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from tf_family.cards import render_model_card
+from tf_family.shipping.cards import render_model_card
 
 
 def _front_matter(folder) -> dict:

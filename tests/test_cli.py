@@ -67,13 +67,13 @@ def test_push_errors_are_one_line(tmp_path, capsys, monkeypatch):
         raise ConnectionError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(HfApi, "create_repo", unreachable)
-    monkeypatch.setattr("tf_family.hub._offline", lambda: False)
+    monkeypatch.setattr("tf_family.shipping.hub._offline", lambda: False)
     assert main(["push", str(tmp_path), "org/name"]) == 1
     assert "the Hub is unreachable (ConnectionError: [Errno -3]" in capsys.readouterr().err
 
 
 def test_push_is_checked_before_the_work_starts(monkeypatch):
-    from tf_family import hub
+    from tf_family.shipping import hub
 
     monkeypatch.setattr(hub, "_offline", lambda: True)
     with pytest.raises(hub.HubPushError, match="HF_HUB_OFFLINE is set"):
@@ -112,7 +112,7 @@ def test_a_failed_push_leaves_the_folder_byte_identical(tmp_path, env):
     import os
 
     from tf_family import create_model
-    from tf_family.cards import write_model_card
+    from tf_family.shipping.cards import write_model_card
 
     folder = tmp_path / "run"
     create_model("transfo_xl", "causal_lm", "tiny").save_pretrained(folder)

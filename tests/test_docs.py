@@ -1,4 +1,4 @@
-"""The documentation site (issue 32): `mkdocs build --strict` passes (a broken link, a page missing from the nav, an
+"""The documentation site: `mkdocs build --strict` passes (a broken link, a page missing from the nav, an
 unparsable docstring or a stale API reference fails it), every architecture of the registry and every command has
 its page or section, and the built pages render with their navigation in a real headless browser (Chromium)."""
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from tf_family.cache_utils import GrowingCache, GrowingLayer
+from tf_family.modeling.cache import GrowingCache, GrowingLayer
 from tf_family.registry import get_arch
 
 

@@ -109,6 +109,15 @@ def test_no_model_folder_imports_another():
     assert crossings == []
 
 
+# DESIGN §1: beside its packages (modeling/: what every model is built from; shipping/: getting a model out; utils/:
+# the user's files and errors; attention/, memory/, layers/ ...) tf_family/ holds only these modules
+TOP_LEVEL_MODULES = {"__init__", "allocator", "auto", "cli", "lazy_auto", "registry", "spec"}
+
+
+def test_no_loose_module_beside_the_packages():
+    assert {path.stem for path in PACKAGE.glob("*.py")} - TOP_LEVEL_MODULES == set()
+
+
 @pytest.mark.parametrize("folder", ["tf_family", "recipes"])
 def test_no_file_over_1200_lines(folder):
     long_files = {

@@ -1,4 +1,4 @@
-"""The shared task heads (`tf_family.modeling_heads`): they call the base model by keyword and pass a model's own
+"""The shared task heads (`tf_family.modeling.heads`): they call the base model by keyword and pass a model's own
 inputs through, name their layers as transformers does, pick the loss from ``problem_type`` or the labels, and pool
 each row's first real token whichever side the padding is on."""
 
@@ -11,14 +11,14 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils import find_labels
 
-from tf_family.modeling_heads import (
+from tf_family.modeling.heads import (
     GenericForMaskedLM,
     GenericForMultipleChoice,
     GenericForQuestionAnswering,
     GenericForSequenceClassification,
     GenericForTokenClassification,
 )
-from tf_family.modeling_utils import find_first_real_token
+from tf_family.modeling.utils import find_first_real_token
 from tf_family.models.big_bird.modeling_big_bird import TffBigBirdForMultipleChoice, TffBigBirdPreTrainedModel
 from tf_family.models.longformer.modeling_longformer import TffLongformerForMultipleChoice
 from tf_family.registry import get_arch

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from tf_family.modeling_utils import FUSE_MIN_ROWS, build_activation, find_first_real_token, fused_projections
+from tf_family.modeling.utils import FUSE_MIN_ROWS, build_activation, find_first_real_token, fused_projections
 
 
 def _linears(bias=True):

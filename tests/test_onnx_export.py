@@ -13,7 +13,8 @@ import torch
 
 from tests.common.tester import build
 from tf_family.cli import main
-from tf_family.onnx_export import (
+from tf_family.registry import ARCHITECTURES, create_model
+from tf_family.shipping.onnx_export import (
     OnnxExportError,
     OnnxForward,
     example_inputs,
@@ -21,7 +22,6 @@ from tf_family.onnx_export import (
     memory_input_names,
     prepare_model,
 )
-from tf_family.registry import ARCHITECTURES, create_model
 
 onnxruntime = pytest.importorskip("onnxruntime")
 

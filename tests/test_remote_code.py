@@ -18,7 +18,7 @@ from transformers import AutoModelForMaskedLM
 
 from tf_family.auto import AUTO_CLASS_BY_TASK
 from tf_family.registry import ARCHITECTURES
-from tf_family.remote_code import STAND_INS, ExportError, export_remote_code, remote_code_files
+from tf_family.shipping.remote_code import STAND_INS, ExportError, export_remote_code, remote_code_files
 
 from .common.tester import build, make_inputs
 from .hub_cache import as_hub_cache
@@ -217,7 +217,7 @@ def test_saving_with_code_gets_the_exporter_from_the_top_never_by_an_import(tmp_
     ``save_pretrained(remote_code=True)`` uses the exporter ``import tf_family`` hands down (`tf_family.lazy_auto`),
     and without it (code loaded from an export) refuses before writing anything."""
     from tf_family.lazy_auto import export_remote_code as handed_down
-    from tf_family.remote_code_mixin import RemoteCodeMixin
+    from tf_family.modeling.remote_code_mixin import RemoteCodeMixin
 
     for spec in ARCHITECTURES.values():
         files, _ = remote_code_files(spec.model_type)
@@ -232,7 +232,7 @@ def test_saving_with_code_gets_the_exporter_from_the_top_never_by_an_import(tmp_
 
 
 def test_an_export_that_would_need_more_than_transformers_is_refused(monkeypatch):
-    import tf_family.remote_code as remote_code
+    import tf_family.shipping.remote_code as remote_code
 
     monkeypatch.setattr(remote_code, "ALLOWED_IMPORTS", remote_code.ALLOWED_IMPORTS - {"numpy"})
     with pytest.raises(ExportError, match=r"would need \['numpy'\] \(imported by retrieval_datastore.py"):

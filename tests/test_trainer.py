@@ -6,7 +6,7 @@ a model whose ``forward`` takes ``**kwargs`` and then leaves the 1/accumulation-
 as ``per_device_train_batch_size=2`` on the same two examples. The examples have different numbers of labelled items
 (padding, and -100 inside the real tokens), so a loss that averaged per micro-batch, or ignored the count, fails.
 
-Two documented exceptions (`tf_family.losses`): the Decision Transformer declares ``accepts_loss_kwargs = False``
+Two documented exceptions (`tf_family.modeling.losses`): the Decision Transformer declares ``accepts_loss_kwargs = False``
 (`Trainer` then averages the micro-batches' losses: equal to the large batch when they hold as many real steps, which
 its examples here do, and the mean of the per-trajectory losses otherwise, checked separately); CALM's meta loss is
 class-balanced within a call, so it is switched off in the exactness check and checked apart (it trains only the
@@ -201,7 +201,7 @@ AUXILIARY = [
 def test_auxiliary_losses_train_only_their_module_under_accumulation(
     name, overrides, use_cache, trained_by_it, tmp_path
 ):
-    """An auxiliary loss that is a mean over its call (`tf_family.losses.batch_share`) changes only the module it
+    """An auxiliary loss that is a mean over its call (`tf_family.modeling.losses.batch_share`) changes only the module it
     trains: every other parameter gets exactly the large-batch update; that module does train."""
     model = _tiny_model(name, "causal_lm", **overrides)
     examples = _examples(name, "causal_lm", model)

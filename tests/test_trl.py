@@ -2,7 +2,7 @@
 
 TRL never reads a model's logits: it patches ``forward`` with a fused LM head (``add_fused_lm_head``) that multiplies
 the backbone's last hidden state by ``get_output_embeddings().weight``. The tf_family causal LMs answer that call
-themselves (`tf_family.fused_lm_head`), so the log-probabilities TRL trains on are the model's own. Checked here for
+themselves (`tf_family.modeling.fused_lm_head`), so the log-probabilities TRL trains on are the model's own. Checked here for
 every causal architecture, with transformers' ``LlamaForCausalLM`` of the same size as the control:
 
 - the fused log-probabilities TRL gets equal ``log_softmax(forward(...).logits)`` at the labelled positions;

@@ -1,7 +1,7 @@
 """tf_family: a Hugging Face-compatible model zoo and fine-tuning toolkit for the Transformer family.
 
 Importing the package registers every architecture with the transformers Auto classes (idempotent), lazily: it
-imports neither torch nor transformers (``tf-family --help`` starts in well under 2 s); its entries join
+imports neither torch nor transformers (``tf-family --help`` stays quick: bench/bench_startup.py); its entries join
 transformers' Auto tables when those are imported, and each class is imported the first time transformers reads it
 (`tf_family.lazy_auto`). The public names below (``tf_family.TffLongformerModel``...) are imported on first use
 (PEP 562), each architecture's from its `ArchSpec` (config, model classes, ``exports``): a new architecture adds
@@ -12,6 +12,7 @@ registers everything now.
 # ruff: noqa: F401 (the TYPE_CHECKING names are for static tools; ``__all__`` is built from the registry at run time)
 
 import importlib
+import os
 from typing import TYPE_CHECKING
 
 from . import lazy_auto
@@ -84,6 +85,9 @@ if TYPE_CHECKING:  # the same names for static tools (type checkers, IDEs, the d
 
 __version__ = "0.1.0"
 
+# modules that moved into packages keep their old import paths (``tf_family.validation``...): see `tf_family._compat`
+__path__.append(os.path.join(os.path.dirname(__file__), "_compat"))
+
 lazy_auto.install()
 
 # public name -> the module that defines it, imported on first use: each architecture's names come from its spec
@@ -101,16 +105,19 @@ _LAZY_NAMES = {
 _LAZY_SUBMODULES = (
     "attention",
     "auto",
-    "cards",
     "cli",
     "conversion",
     "data",
-    "hub",
     "layers",
     "memory",
     "metrics",
+    "modeling",
     "retrieval",
+    "shipping",
     "training",
+    "utils",
+    "cards",  # old paths (tf_family._compat): tf_family.shipping.cards, tf_family.shipping.hub
+    "hub",
 )
 
 

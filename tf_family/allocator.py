@@ -2,8 +2,8 @@
 
 A training step frees its activations and allocates them again at the next step. With glibc's defaults a block of
 128 KiB or more is its own ``mmap`` (returned to the kernel by ``munmap`` when freed) and the top of the heap is
-trimmed once 128 KiB are free, so every step faults the same pages in again: a 60-step main job took 6.6 million
-minor page faults and 20 s of system time out of 115 s of CPU (issue 31). `keep_freed_memory` raises the mmap
+trimmed once 128 KiB are free, so every step faults the same pages in again (the main job spent a sixth of its CPU
+time in the kernel: docs/benchmarks.md, "Measurements behind choices in the code"). `keep_freed_memory` raises the mmap
 threshold and the trim threshold to 2 GiB and pads each heap extension by 1 GiB of address space (not of memory:
 untouched pages cost nothing), so freed activations stay in the heap and are reused. Peak memory rises a little
 (the heap keeps its high-water mark).

@@ -327,15 +327,15 @@ def build_parser(convert_kinds_listed: bool = True) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``tf-family`` command: a user's mistake prints one line ``error: ...`` and exits with 2 (the traceback
-    only with ``--debug``; `tf_family.user_errors.run_main`)."""
-    from .user_errors import run_main
+    only with ``--debug``; `tf_family.utils.user_errors.run_main`)."""
+    from .utils.user_errors import run_main
 
     return run_main(_run, list(sys.argv[1:] if argv is None else argv), prog="tf-family")
 
 
 def _check_folder(args: argparse.Namespace) -> None:
     """The saved folder a command reads exists (else one clear error naming it)."""
-    from .user_errors import check_local_path
+    from .utils.user_errors import check_local_path
 
     if getattr(args, "folder", None) is not None:
         check_local_path(args.folder, f"tf-family {args.command}", always_local=True)
@@ -352,13 +352,13 @@ def _run(argv: list[str]) -> int:
     args = build_parser(convert_kinds_listed=argv[:1] == ["convert"]).parse_args(argv)
     _check_folder(args)
     if args.command == "card":
-        from .cards import write_model_card
+        from .shipping.cards import write_model_card
 
         path = write_model_card(args.folder, args.repo_id)
         sys.stdout.write(f"wrote {path}\n")
         return 0
     if args.command == "push":
-        from .hub import HubPushError, push_folder
+        from .shipping.hub import HubPushError, push_folder
 
         try:
             pushed = push_folder(
@@ -370,7 +370,7 @@ def _run(argv: list[str]) -> int:
         sys.stdout.write(f"pushed {', '.join(pushed)} to https://huggingface.co/{args.repo_id}\n")
         return 0
     if args.command == "export" and args.format == "onnx":
-        from .onnx_export import OnnxExportError, export_onnx
+        from .shipping.onnx_export import OnnxExportError, export_onnx
 
         if args.output_dir is None:
             sys.stderr.write("tf-family export --format onnx: pass the output folder: DIR OUT.\n")
@@ -383,7 +383,7 @@ def _run(argv: list[str]) -> int:
         sys.stdout.write(f"wrote {path} (with its config and tokenizer); run it with onnxruntime.InferenceSession\n")
         return 0
     if args.command == "export":
-        from .remote_code import export_remote_code
+        from .shipping.remote_code import export_remote_code
 
         if args.output_dir is not None:
             sys.stderr.write("tf-family export: the remote-code export writes into DIR; OUT is for --format onnx.\n")

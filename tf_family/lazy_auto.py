@@ -1,10 +1,10 @@
 """Register the zoo with the transformers Auto classes (and its LoRA targets with PEFT) without importing them.
 
 (The same hook makes `SegmentMemory` and `CompressiveMemory` pytree nodes when ``tf_family.memory`` is imported, and
-gives the models' ``save_pretrained(remote_code=True)`` its exporter when ``tf_family.remote_code_mixin`` is: the top
-of the package hands `tf_family.remote_code` down, the models never import it.)
+gives the models' ``save_pretrained(remote_code=True)`` its exporter when ``tf_family.modeling.remote_code_mixin`` is: the top
+of the package hands `tf_family.shipping.remote_code` down, the models never import it.)
 
-``import tf_family`` must stay fast (``tf-family --help`` within 1.5 s), so it imports neither torch nor
+``import tf_family`` must stay fast (``tf-family --help`` too: bench/bench_startup.py), so it imports neither torch nor
 transformers; yet ``AutoConfig.from_pretrained`` / ``AutoModelForCausalLM.from_config`` must know our model types
 after it. `install` does this in two steps:
 
@@ -37,7 +37,7 @@ CONFIG_AUTO = "transformers.models.auto.configuration_auto"
 MODELING_AUTO = "transformers.models.auto.modeling_auto"
 PEFT_CONSTANTS = "peft.utils.constants"
 MEMORY = f"{__name__.rpartition('.')[0]}.memory"
-REMOTE_CODE_MIXIN = f"{__name__.rpartition('.')[0]}.remote_code_mixin"
+REMOTE_CODE_MIXIN = f"{__name__.rpartition('.')[0]}.modeling.remote_code_mixin"
 
 # task -> the name of the Auto class in transformers.models.auto.modeling_auto (as in `tf_family.auto`)
 AUTO_CLASS_NAME_BY_TASK = {
@@ -209,14 +209,14 @@ def register_pytree_nodes(memory: Any) -> None:
 
 
 def export_remote_code(folder: Any) -> list[str]:
-    """`tf_family.remote_code.export_remote_code` (imported when first called: the exporter reads the registry)."""
-    from .remote_code import export_remote_code
+    """`tf_family.shipping.remote_code.export_remote_code` (imported when first called: the exporter reads the registry)."""
+    from .shipping.remote_code import export_remote_code
 
     return export_remote_code(folder)
 
 
 def register_remote_code_exporter(remote_code_mixin: Any) -> None:
-    """Give `tf_family.remote_code_mixin.RemoteCodeMixin` (``save_pretrained(remote_code=True)``) its exporter once
+    """Give `tf_family.modeling.remote_code_mixin.RemoteCodeMixin` (``save_pretrained(remote_code=True)``) its exporter once
     that module is imported."""
     remote_code_mixin.RemoteCodeMixin.code_exporter = staticmethod(export_remote_code)
 

@@ -23,7 +23,7 @@ from .models.reformer import SPEC as REFORMER
 from .models.sparse_transformer import SPEC as SPARSE_TRANSFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .spec import ArchSpec, Task
-from .user_errors import did_you_mean
+from .utils.user_errors import did_you_mean
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -12,7 +12,7 @@ from tf_family.attention import (
     masked_attention_reference,
     takes_masked_attention,
 )
-from tf_family.modeling_utils import Dropout
+from tf_family.modeling.utils import Dropout
 
 
 def test_mask_rate_scale_and_reproducibility():

@@ -1,4 +1,4 @@
-"""Fuzzing every on-disk format tf_family reads (issue 19): checkpoint folders, sharded indexes, kNN datastores, faiss
+"""Fuzzing every on-disk format tf_family reads: checkpoint folders, sharded indexes, kNN datastores, faiss
 indexes, 4.x ``vocab.pkl`` files and recipe checkpoints, damaged by truncation, garbage bytes, edited manifests,
 path traversal and symlinks. Every input goes through `expect_clear_error_or_ok`: it loads and works (outputs finite,
 and equal to the undamaged ones where the damage could not matter) or fails with a clear error naming the file or

@@ -304,7 +304,9 @@ def test_push_to_hub_uploads_exactly_the_model_folder(tmp_path, corpus, monkeypa
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
-    monkeypatch.setattr("tf_family.hub.check_push_access", lambda repo_id, token=None: None)  # no network here
+    monkeypatch.setattr(
+        "tf_family.shipping.hub.check_push_access", lambda repo_id, token=None: None
+    )  # no network here
     results = causal_lm.main([*TINY_TXL, *data_args(corpus), *STEPS, "--checkpointing_steps", "2",
                               "--output_dir", str(tmp_path), "--push_to_hub", "--hub_model_id", "someone/tiny-txl",
                               "--hub_private"])  # fmt: skip
@@ -410,9 +412,9 @@ def test_every_card_template_usage_snippet_runs(arch, task, tmp_path, monkeypatc
 
     from transformers import AutoTokenizer
 
-    from tf_family.cards import write_model_card
     from tf_family.data import SOTU_TOKENIZER_DIR
     from tf_family.registry import get_arch
+    from tf_family.shipping.cards import write_model_card
 
     folder = tmp_path / "model"
     if arch is None:  # a plain transformers model: the generic template

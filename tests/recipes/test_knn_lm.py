@@ -101,7 +101,7 @@ def test_bad_arguments_are_refused_before_work(tmp_path):
 def test_the_saved_knn_lm_folder_is_portable_and_the_grid_is_a_table(corpus, tiny_gpt2, tmp_path, capsys):
     import shutil
 
-    from tf_family.hub import files_to_push
+    from tf_family.shipping.hub import files_to_push
 
     common = [
         *data_args(corpus),

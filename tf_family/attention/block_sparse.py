@@ -27,8 +27,8 @@ from .dense import dense_attention
 from .flex import flex_block_sparse_attention
 
 # CPU score buffers are kept under this size: glibc hands larger fresh allocations out as new pages (mmap), and
-# faulting them in cost more than the products that fill them (a 31 MiB bmm output: 12.8 ms, 6,000 page faults per
-# call; as two 15.5 MiB halves: 2 x 3.8 ms, none; 2 cores).
+# faulting them in cost more than the products that fill them (docs/benchmarks.md, "Measurements behind choices in
+# the code").
 _SLAB_BYTES = 8 * 2**20
 
 

@@ -1,4 +1,4 @@
-"""Dropout that is cheap on CPU: the math only (the `nn.Module` is `tf_family.modeling_utils.Dropout`).
+"""Dropout that is cheap on CPU: the math only (the `nn.Module` is `tf_family.modeling.utils.Dropout`).
 
 PyTorch's CPU dropout draws one Bernoulli sample per element (``bernoulli_``, about 6 ns each on this project's
 2-core machine). On the attention probabilities of a long sequence that costs more than the attention's matrix

@@ -28,11 +28,11 @@ so: the first call at a given shape (tile sizes, memory layout, mask or not, dro
 times both paths, forward and backward, on random tensors of that shape and layout, interleaved, and `prefer_native`
 keeps the kernel only when it is faster by more than `NATIVE_MARGIN`; the times are cached in memory and in
 ``calibration.json`` beside the built kernel, so each machine and build measures once (the decision is taken again
-from the cached times, so a change of the rule needs no new measurement). Two things made the first calibration
-choose the kernel where BigBird's whole training step was slower with it (AMD EPYC, 4096 tokens: 908 ms against
-884 ms): it timed contiguous copies of the inputs, while the model hands over keys and values transposed from
-``(B, T, H, Dh)``, which the kernel copies (and the PyTorch path reads in place); and it kept a win of 2.6 % on one
-tile (BigBird's global rows), within what two identical runs differ by on a shared machine.
+from the cached times, so a change of the rule needs no new measurement). The calibration times the inputs in the
+layout the model hands over (keys and values transposed from ``(B, T, H, Dh)``, which the kernel copies and the
+PyTorch path reads in place), not contiguous copies of them, and `NATIVE_MARGIN` ignores a win within what two
+identical runs differ by on a shared machine: either mistake chose the kernel where BigBird's whole training step was
+slower with it (docs/benchmarks.md, "Measurements behind choices in the code").
 ``TF_FAMILY_NATIVE=force`` takes the kernel wherever it runs, without calibrating (tests of the kernel).
 """
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..losses import IGNORE_INDEX
+from ..modeling.losses import IGNORE_INDEX
 from ..training.language_modeling import start_memory
 from .models import has_memory
 

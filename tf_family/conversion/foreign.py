@@ -27,8 +27,8 @@ import torch
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
-from ..files import atomic_update_dir, check_checkpoint_folder
-from ..user_errors import check_local_path
+from ..utils.files import atomic_update_dir, check_checkpoint_folder
+from ..utils.user_errors import check_local_path
 from .loading import HUB_KWARGS, check_state_dict, read_config_dict, read_weights, split_load_kwargs
 
 logger = logging.get_logger(__name__)
@@ -260,9 +260,9 @@ def declared_formats(model_class: type) -> tuple[ForeignFormat, ...]:
 class FromPretrainedMixin:
     """The one ``from_pretrained`` of every tf_family model class (listed before `PreTrainedModel`).
 
-    In order: a local path that does not exist is said to be missing at once (`tf_family.user_errors.
+    In order: a local path that does not exist is said to be missing at once (`tf_family.utils.user_errors.
     check_local_path`), where transformers would take it for a Hub id and retry the network; a local folder's
-    ``config.json`` and safetensors files are checked (`tf_family.files.check_checkpoint_folder`: a damaged or
+    ``config.json`` and safetensors files are checked (`tf_family.utils.files.check_checkpoint_folder`: a damaged or
     truncated file, or a shard named outside the folder, is a `ValueError` naming it); a folder (or ``config``) of
     one of the formats the architecture declares (`declared_formats`) is translated by `load_foreign`; anything else
     goes to `PreTrainedModel.from_pretrained`, with the class's ``_checkpoint_key_mapping`` (``{old key pattern: new

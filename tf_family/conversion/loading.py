@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from transformers.utils import cached_file, logging
 
-from ..files import read_safetensors_header, resolve_inside
+from ..utils.files import read_safetensors_header, resolve_inside
 
 logger = logging.get_logger(__name__)
 
@@ -114,7 +114,7 @@ def read_manifest(manifest_file: str | os.PathLike) -> list[str]:
     """The shard files a ``*.index.json`` names, each checked to lie inside the manifest's folder.
 
     A `ValueError` names the manifest and the entry when an entry is absolute, climbs out of the folder (``../x``)
-    or is a symlink out of it (`tf_family.files.resolve_inside`): a manifest must not make a loader read files the
+    or is a symlink out of it (`tf_family.utils.files.resolve_inside`): a manifest must not make a loader read files the
     checkpoint does not own. A manifest that is not JSON, or has no ``weight_map``, is a `ValueError` naming it.
     """
     try:

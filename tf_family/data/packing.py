@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..losses import IGNORE_INDEX
+from ..modeling.losses import IGNORE_INDEX
 
 EMPTY_BLOCK = -1  # schedule entry for a row that has run out of documents
 

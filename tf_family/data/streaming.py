@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..losses import IGNORE_INDEX
+from ..modeling.losses import IGNORE_INDEX
 
 
 class StreamingBlocks:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..losses import IGNORE_INDEX, NumItems, item_mean
+from ..modeling.losses import IGNORE_INDEX, NumItems, item_mean
 from .adaptive_kernels import output_linear
 
 
@@ -205,7 +205,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         (only the losses, cluster by cluster). ``labels`` ``(B, T)``: position ``t`` is predicted from positions
         ``<= t - 1`` (the shift happens here), ``-100`` is ignored; ``losses`` ``(B, T - 1)`` are the per-token
         negative log-likelihoods (0 where ignored) and ``loss`` their mean over the counted tokens, or their sum over
-        ``num_items_in_batch`` (`Trainer`'s count over the accumulated batch; `tf_family.losses.item_mean`).
+        ``num_items_in_batch`` (`Trainer`'s count over the accumulated batch; `tf_family.modeling.losses.item_mean`).
         """
         batch, length, width = hidden.shape
         logits = loss = losses = None

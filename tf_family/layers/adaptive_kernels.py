@@ -2,8 +2,8 @@
 
 Evaluating a Transformer-XL of the peer baselines' size (vocabulary 32000, width 256, segments of 128 tokens) spends
 most of its time in one product: the output layer's ``(128, 256) x (256, 32000)``. ``F.linear`` runs it through
-MKL's sgemm; on the AMD EPYC machine of issue 31 oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, the op
-TorchInductor calls for CPU linears, bias added inside the product) computes it about 1.6x faster. MKL may be the
+MKL's sgemm; on an AMD EPYC machine oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, the op TorchInductor
+calls for CPU linears, bias added inside the product) computes it faster (docs/benchmarks.md). MKL may be the
 faster one elsewhere (an Intel machine), so neither is chosen blindly: the first call at a given shape (rows,
 widths, bias or not, thread count) times both on the call's own tensors, interleaved, and the faster one serves
 that shape for the rest of the process (`faster_path`).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..modeling_utils import Dropout, build_activation
+from ..modeling.utils import Dropout, build_activation
 
 
 class BertFeedForward(nn.Module):
@@ -16,7 +16,7 @@ class BertFeedForward(nn.Module):
     Args:
         hidden_size: model width D.
         intermediate_size: inner width (4 D in BERT).
-        activation: a key of `transformers.activations.ACT2FN` (see `tf_family.modeling_utils.build_activation`).
+        activation: a key of `transformers.activations.ACT2FN` (see `tf_family.modeling.utils.build_activation`).
         layer_norm_eps: epsilon of the layer norm.
         dropout_prob: dropout on the block's output, before the residual.
     """

@@ -12,8 +12,8 @@ from dataclasses import field
 
 from transformers import PreTrainedConfig
 
-from ..configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
-from ..validation import check_int, check_nonnegative_int, check_positive_int, check_probability
+from ..modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
+from ..modeling.validation import check_int, check_nonnegative_int, check_positive_int, check_probability
 
 
 class XLFamilyConfig(PreTrainedConfig):

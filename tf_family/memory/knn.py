@@ -27,8 +27,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from ..files import atomic_write_text, atomic_write_with, read_json_object, read_safetensors_header
-from ..files import file_sha256 as _file_sha256
+from ..utils.files import atomic_write_text, atomic_write_with, read_json_object, read_safetensors_header
+from ..utils.files import file_sha256 as _file_sha256
 
 logger = logging.get_logger(__name__)
 

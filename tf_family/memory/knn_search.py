@@ -112,9 +112,8 @@ def select_top_k(scores: torch.Tensor, k: int, sorted: bool = True) -> tuple[tor
     groups with the best maxima hold the ``k`` best columns (`grouped_candidates` gives the argument), and the least
     of those ``k`` maxima bounds the ``k``-th best score from below, so a selection over the ``G`` maxima and one
     over the few of those groups' ``g * k`` members that reach the bound (`select_top_k_above`) replace one over
-    ``n`` (on this CPU `torch.topk` costs about 10 ns per score and row: the selections, not the products, were most
-    of an exact search over a few thousand slots; with the packed second selection a narrow first one pays: the
-    group choice at 8k slots, 1 thread, ~20 -> ~17 ms per step against ``g ~ sqrt(n / k)`` and two selections).
+    ``n`` (on a CPU the selections, not the products, are most of an exact search over a few thousand slots; with the
+    packed second selection a narrow first one pays: docs/benchmarks.md, "Measurements behind choices in the code").
     The same values; the indices may differ only between equal scores."""
     width = scores.shape[-1]
     k = k if k <= width else width  # min(k, width), decided from the sizes' ranges when traced
@@ -144,8 +143,8 @@ def select_top_k_above(
     """`select_top_k` for rows whose ``k``-th best score is known to be at least ``bound`` (broadcastable to
     ``(..., 1)``; e.g. `grouped_bound`; ``None``: no bound known, `select_top_k` itself): only the scores ``>= bound`` can be among the ``k`` best, so they are
     packed, in order, into the narrowest width that holds every row's (a few more than ``k`` for the grouped
-    search's candidates, against two selections over ~``sqrt(n k)`` scores each before: about 20 -> 13 ms per
-    training step of the larger benchmark model at 8k entries, 1 thread), and selected there. Rows where more than
+    search's candidates, against two selections over ~``sqrt(n k)`` scores each: measured faster, docs/benchmarks.md),
+    and selected there. Rows where more than
     half the scores pass (a bound of ``-inf``: fewer than ``k`` allowed candidates) or fewer than ``k`` do go to
     `select_top_k`. The same values; the indices may differ only between equal scores.
 
@@ -158,8 +157,8 @@ def select_top_k_above(
     keep = rows >= bound.expand(*scores.shape[:-1], 1).reshape(-1, 1)  # (R, n)
     flat = keep.view(-1).nonzero().squeeze(1)  # the kept (row, column) pairs, row by row, columns in order
     row = torch.div(flat, width, rounding_mode="floor")
-    # counted from the kept pairs: keep.sum(-1) first copied the (R, n) mask into int64 (25 MB at 8k, page-faulted
-    # in anew at every step: ~14 ms)
+    # counted from the kept pairs: keep.sum(-1) would copy the (R, n) mask into int64 (25 MB at 8k entries,
+    # page-faulted in anew at every step)
     counts = torch.bincount(row, minlength=rows.shape[0])  # (R,)
     wide = (counts > width // 2) | (counts < k)  # selected whole
     if bool(wide.all()):
@@ -317,8 +316,8 @@ def grouped_candidates(
     slots = keys.shape[2]
     if groups is None:
         # g ~ sqrt(N / k) balances the group selection against the candidates; from 256 k slots on, half as many
-        # chunks (twice as many groups, half as many candidates to gather from the scores) measured faster: at 8k
-        # slots, k = 32 and 1 thread ~5 ms per step, at 32k ~6 ms (at 2k it was ~2 ms slower)
+        # chunks (twice as many groups, half as many candidates to gather from the scores) measured faster (below
+        # that, slower: docs/benchmarks.md)
         groups = max(1, round((slots / k) ** 0.5 / (2 if slots >= GROUPS_HALVED_FROM * k else 1)))
     size = -(-slots // groups)  # G: slots per chunk = number of groups
     chunks = -(-slots // size)
@@ -371,8 +370,8 @@ def scored_blocks(
                     columns = slice(int(columns[0]), int(columns[-1]) + 1)
                 chunk_expired[chunk] = (columns, expired[1][:, inside])
     # a block: `row_block` rows x `query_block` queries; every chunk of it scored into the buffer before selecting
-    # a block of 1 row x 128 queries (32k slots in 16 MiB) made products too small to use 2 threads: at 32k slots the
-    # search took 505 ms with 2 threads, 237 ms with blocks of 2 rows x 256 queries (64 MiB)
+    # a block of 1 row x 128 queries (32k slots in 16 MiB) made products too small to use 2 threads; blocks of 2 rows x
+    # 256 queries (64 MiB) halve the search time (docs/benchmarks.md)
     budget = max(SEARCH_BLOCK_SCORES, min(2 * min(length, 256) * chunks * size, SEARCH_BLOCK_MAX))
     query_block = max(1, min(length, budget // (chunks * size)))
     row_block = max(1, min(rows, budget // (chunks * size * query_block)))

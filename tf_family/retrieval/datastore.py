@@ -14,7 +14,7 @@ On disk a datastore is a folder: ``datastore.json`` (key point, module path, dim
 fingerprints of the model and the tokenizer that built it, and ``content_sha256``, a digest of every key and value)
 plus shards ``shard-00000.safetensors`` … each holding ``keys (S_i, D)`` and ``values (S_i,)``. A datastore is built
 (or saved) whole into a staging folder beside its final place, flushed to disk and swapped in with a rename
-(`tf_family.files.atomic_replace_dir`): a build that is killed or fails leaves the previous datastore as it was.
+(`tf_family.utils.files.atomic_replace_dir`): a build that is killed or fails leaves the previous datastore as it was.
 
 Loading maps the shards into memory (no copy, no pickle) after checking the folder: every shard ``datastore.json``
 names must lie inside the folder (no ``..``, no absolute path, no symlink out of it), its header and shapes must
@@ -43,9 +43,15 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from ..files import atomic_replace_dir, atomic_write_text, read_json_object, read_safetensors_header, resolve_inside
-from ..losses import IGNORE_INDEX
 from ..memory.knn import ExactKNNStore, FaissKNNStore, KNNStore, Metric, load_knn_store, neighbour_scores
+from ..modeling.losses import IGNORE_INDEX
+from ..utils.files import (
+    atomic_replace_dir,
+    atomic_write_text,
+    read_json_object,
+    read_safetensors_header,
+    resolve_inside,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -180,7 +186,7 @@ def capture_module_inputs(module: torch.nn.Module) -> Iterator[list[torch.Tensor
 # ------------------------------------------------------------------------------------------------ safetensors memmap
 def _memmap_shard(path: Path, dim: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keys (size, dim), values (size,))`` of a shard mapped from disk (copy-on-write pages, nothing read until
-    used), after checking its header (`tf_family.files.read_safetensors_header`) against the description."""
+    used), after checking its header (`tf_family.utils.files.read_safetensors_header`) against the description."""
     header_size, header = read_safetensors_header(path)
     tensors = {}
     for name, shape, dtypes in (("keys", (size, dim), _KEY_DTYPES), ("values", (size,), _VALUE_DTYPES)):
@@ -440,7 +446,7 @@ class KNNDatastore:
     # ------------------------------------------------------------------------------------------------------ disk
     def save(self, folder: str | os.PathLike, shard_size: int | None = None) -> None:
         """Write every shard and the description as ``folder`` (re-sharded to ``shard_size`` keys if given): built
-        beside it and swapped in whole (`tf_family.files.atomic_replace_dir`), so an interrupted save leaves what
+        beside it and swapped in whole (`tf_family.utils.files.atomic_replace_dir`), so an interrupted save leaves what
         was there; indexes of an earlier datastore in ``folder`` go with it."""
         from safetensors.torch import save_file
 

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from ..registry import ARCHITECTURES, get_arch
-from ..user_errors import DEBUG_FLAG, check_local_path, did_you_mean
+from ..utils.user_errors import DEBUG_FLAG, check_local_path, did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def add_debug_argument(parser: argparse.ArgumentParser) -> None:
     """``--debug``: a user's mistake shows its full traceback instead of one ``error: ...`` line
-    (`tf_family.user_errors.run_main` reads it)."""
+    (`tf_family.utils.user_errors.run_main` reads it)."""
     parser.add_argument(
         DEBUG_FLAG, action="store_true", help="show the full traceback of an error instead of one line"
     )
@@ -257,7 +257,7 @@ def validate_run_args(args: argparse.Namespace) -> None:
     if args.push_to_hub and not args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id user/name.")
     if args.push_to_hub:  # before the work, not after it: offline, not logged in, unreachable
-        from ..hub import check_push_access
+        from ..shipping.hub import check_push_access
 
         check_push_access(args.hub_model_id, args.hub_token)
     trackers = (

@@ -40,8 +40,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .. import memory as memory_lib
-from ..cards import RUN_INFO_FILE
-from ..files import (
+from ..shipping.cards import RUN_INFO_FILE
+from ..utils.files import (
     atomic_write_text,
     disk_full_error,
     file_sha256,

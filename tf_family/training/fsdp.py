@@ -72,7 +72,7 @@ def save_sharded_checkpoint(folder: str | Path, model: nn.Module, optimizer: tor
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from ..files import atomic_write_text, replace_dir
+    from ..utils.files import atomic_write_text, replace_dir
 
     folder = Path(folder)
     partial = folder.with_name(folder.name + ".partial")

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..losses import IGNORE_INDEX
+from ..metrics import language_model_metrics
+from ..modeling.losses import IGNORE_INDEX
 from ..registry import get_arch
 from ..spec import carried_state
 from .encoder import max_input_length
@@ -43,18 +44,6 @@ def add_text_data_arguments(group, sources: bool = True) -> None:
         help="how a .txt file is split into documents (default: by paragraph for a lone --train_file, else whole)",
     )
     group.add_argument("--validation_split_percentage", type=int, default=5)
-
-
-def language_model_metrics(nll: float, count: int, characters: int, loss_key: str = "loss") -> dict[str, float]:
-    """Loss (``loss_key``: mean NLL in nats per scored token), perplexity, bits per token and per character from a
-    summed ``nll`` over ``count`` scored tokens of a text of ``characters`` characters."""
-    loss = nll / max(count, 1)
-    return {
-        loss_key: loss,
-        "perplexity": math.exp(min(loss, 50.0)),
-        "bits_per_token": loss / math.log(2),
-        "bits_per_character": nll / math.log(2) / max(characters, 1),
-    }
 
 
 def load_lm_datasets(args: argparse.Namespace):
@@ -222,6 +211,7 @@ __all__ = [
     "choose_block_size",
     "datastore_rows",
     "knn_overrides",
+    "language_model_metrics",  # defined in tf_family.metrics (its evaluate module computes it too)
     "max_positions",
     "start_memory",
     "unigram_perplexity",

@@ -21,9 +21,9 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, gather_object
 
 from .. import __version__
-from ..cards import RUN_INFO_FILE, write_model_card
-from ..files import atomic_write_text
-from ..hub import hub_id_of, portable_reference, push_folder
+from ..shipping.cards import RUN_INFO_FILE, write_model_card
+from ..shipping.hub import hub_id_of, portable_reference, push_folder
+from ..utils.files import atomic_write_text
 
 logger = get_logger(__name__)
 
@@ -55,7 +55,7 @@ def save_tokenizer(tokenizer, output_dir: str | Path) -> None:
 
 
 def point_adapter_at_base(model, base_model: str) -> None:
-    """Make a PEFT model's saved ``adapter_config.json`` name ``base_model`` (`tf_family.hub.portable_reference`:
+    """Make a PEFT model's saved ``adapter_config.json`` name ``base_model`` (`tf_family.shipping.hub.portable_reference`:
     a Hub id, else an absolute path) instead of the path as it was typed, relative to wherever the run started."""
     for config in getattr(model, "peft_config", {}).values():
         config.base_model_name_or_path = base_model
@@ -178,11 +178,11 @@ def saved_contents(output_dir: Path) -> list[str]:
 def publish_run(output_dir: Path, record: dict[str, Any], args: argparse.Namespace | None = None) -> None:
     """Main process only: write ``training_run.json`` and the model card made from it; push the folder when
     ``args`` asks for it (``--push_to_hub``, ``--hub_model_id``, ``--hub_token``, ``--hub_private``); with
-    ``--remote_code``, first add the model's code for loading without tf_family (`tf_family.remote_code`)."""
+    ``--remote_code``, first add the model's code for loading without tf_family (`tf_family.shipping.remote_code`)."""
     hub_model_id = getattr(args, "hub_model_id", None)
     atomic_write_text(output_dir / RUN_INFO_FILE, json.dumps(record, indent=2) + "\n")
     if getattr(args, "remote_code", False):
-        from ..remote_code import export_remote_code
+        from ..shipping.remote_code import export_remote_code
 
         export_remote_code(output_dir)  # before the card, which then says how the folder loads without tf_family
     write_model_card(output_dir, hub_model_id)

@@ -6,8 +6,8 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
-from ...validation import check_nonnegative_int, check_positive_int, check_probability, check_seed
+from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
+from ...modeling.validation import check_nonnegative_int, check_positive_int, check_probability, check_seed
 
 
 class TffBigBirdConfig(PreTrainedConfig):

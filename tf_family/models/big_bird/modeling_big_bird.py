@@ -40,22 +40,22 @@ from ...attention import (
 )
 from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
-from ...modeling_heads import (
+from ...modeling.heads import (
     GenericForMaskedLM,
     GenericForMultipleChoice,
     GenericForSequenceClassification,
     GenericForTokenClassification,
     question_answering_output,
 )
-from ...modeling_utils import (
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import (
     Dropout,
     build_activation,
     find_first_real_token,
     fused_projections,
     real_tensors_while_exporting,
 )
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin, check_seed, check_tensor
+from ...modeling.validation import InputValidationMixin, check_seed, check_tensor
 from .configuration_big_bird import TffBigBirdConfig
 
 logger = logging.get_logger(__name__)

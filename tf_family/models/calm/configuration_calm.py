@@ -6,9 +6,9 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...early_exit import AGGREGATIONS, CONFIDENCE_MEASURES, exit_points
-from ...validation import check_choice, check_float, check_int, check_positive_int, check_probability
+from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
+from ...modeling.validation import check_choice, check_float, check_int, check_positive_int, check_probability
 
 
 class TffCalmConfig(PreTrainedConfig):

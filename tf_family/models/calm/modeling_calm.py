@@ -32,7 +32,7 @@ weighted by ``meta_loss_weight``, and (opt-in, ``distillation_weight``) the inte
 self-distillation ``KL(p_final || p_exit)`` with the last layer's distribution detached. Under `Trainer`'s gradient
 accumulation (``num_items_in_batch``) each exit's cross entropy is a sum over the counted tokens divided by their
 count over the accumulated batch (exact: one large batch's anytime loss); the meta loss, class-balanced within a
-call, enters weighted by the call's share of the counted tokens (`tf_family.losses.batch_share`): accumulated, the
+call, enters weighted by the call's share of the counted tokens (`tf_family.modeling.losses.batch_share`): accumulated, the
 token-weighted average of the micro-batches' meta losses. It trains the meta classifier only (its inputs are
 detached), so the rest of the model gets exactly the large-batch update.
 
@@ -61,7 +61,6 @@ from transformers.utils import logging
 
 from ...attention import attend
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...cache_utils import GrowingCache, GrowingCacheMixin
 from ...conversion import FromPretrainedMixin, build_converted, declared_formats
 from ...early_exit import (
     anytime_loss_weights,
@@ -74,18 +73,19 @@ from ...early_exit import (
     softmax_max_confidence,
     state_confidence,
 )
-from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from ...losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
-from ...modeling_outputs import EarlyExitCausalLMOutput
-from ...modeling_utils import (
+from ...modeling.cache import GrowingCache, GrowingCacheMixin
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
+from ...modeling.outputs import EarlyExitCausalLMOutput
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import (
     accepts_past_key_values,
     build_activation,
     decoding_step_inputs,
     fused_projections,
     is_plain_linear,
 )
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import (
+from ...modeling.validation import (
     MAX_SIZE,
     InputValidationMixin,
     ValidatedGenerationMixin,

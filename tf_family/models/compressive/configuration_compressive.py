@@ -6,7 +6,7 @@ from typing import Literal
 
 from ...layers.xl_config import XLFamilyConfig
 from ...memory.compression import COMPRESSION_KINDS
-from ...validation import check_choice, check_float, check_nonnegative_int, check_positive_int
+from ...modeling.validation import check_choice, check_float, check_nonnegative_int, check_positive_int
 
 
 class TffCompressiveConfig(XLFamilyConfig):

@@ -43,10 +43,8 @@ from transformers import PreTrainedModel
 from transformers.utils import logging
 
 from ...conversion import FromPretrainedMixin
-from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import RelativeDecoderLayer
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
-from ...losses import IGNORE_INDEX, NumItems, batch_share
 from ...memory import (
     CompressiveMemory,
     SegmentMemory,
@@ -56,11 +54,18 @@ from ...memory import (
     conv_transpose_decompress,
     dilated_conv_layers,
 )
-from ...modeling_heads import MemoryGenerationMixin
-from ...modeling_outputs import CompressiveCausalLMOutput, CompressiveModelOutput
-from ...modeling_utils import accepts_past_key_values
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.heads import MemoryGenerationMixin
+from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share
+from ...modeling.outputs import CompressiveCausalLMOutput, CompressiveModelOutput
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import accepts_past_key_values
+from ...modeling.validation import (
+    InputValidationMixin,
+    ValidatedGenerationMixin,
+    check_memory_states,
+    refuse_key_value_cache,
+)
 from .configuration_compressive import TffCompressiveConfig
 
 logger = logging.get_logger(__name__)
@@ -324,7 +329,7 @@ class TffCompressiveLMHeadModel(
                 full `logits` are not computed when labels are given, only the losses.
             num_items_in_batch: `Trainer`'s count of ``labels[:, 1:]`` over the accumulated batch. The language-model
                 loss is then the sum over it; the auxiliary losses (means over this call's memories, not sums over
-                tokens) enter weighted by this call's share of the counted tokens (`tf_family.losses.batch_share`),
+                tokens) enter weighted by this call's share of the counted tokens (`tf_family.modeling.losses.batch_share`),
                 so that accumulated they are the token-weighted average of the micro-batches' auxiliary losses.
                 `aux_loss` and its parts are reported unweighted.
             cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).

@@ -41,9 +41,15 @@ from transformers.utils import ModelOutput, logging
 
 from ...attention import attend
 from ...conversion import FromPretrainedMixin
-from ...losses import IGNORE_INDEX
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin, check_class_labels, check_finite, check_ids_in_range, check_tensor
+from ...modeling.losses import IGNORE_INDEX
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.validation import (
+    InputValidationMixin,
+    check_class_labels,
+    check_finite,
+    check_ids_in_range,
+    check_tensor,
+)
 from .configuration_decision_transformer import TffDecisionTransformerConfig
 
 logger = logging.get_logger(__name__)

@@ -8,8 +8,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
-from ...validation import check_float, check_positive_int
+from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
+from ...modeling.validation import check_float, check_positive_int
 
 INDEX_TYPES = ("exact", "flat", "ivf_flat", "ivf_pq", "hnsw")
 

@@ -35,11 +35,12 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
 from ...conversion import FromPretrainedMixin
-from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from ...losses import NumItems, nll
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
-from ...modeling_utils import accepts_past_key_values
-from ...remote_code_mixin import RemoteCodeMixin
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.losses import NumItems, nll
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import accepts_past_key_values
+from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_positive_int
 from ...retrieval.datastore import (
     DatastoreMismatchError,
     KNNDatastore,
@@ -48,7 +49,6 @@ from ...retrieval.datastore import (
     model_fingerprints,
     resolve_key_module,
 )
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_positive_int
 from .configuration_knn_lm import TffKNNLMConfig
 
 logger = logging.get_logger(__name__)
@@ -224,7 +224,7 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             labels: ``(B, T)`` token ids, shifted inside the model (``labels[:, 1:]`` scores ``logits[:, :-1]``);
                 ``-100`` is ignored. The loss is on the interpolated distribution.
             num_items_in_batch: `Trainer`'s count of ``labels[:, 1:]`` over the accumulated batch; the loss is then
-                the sum over it (`tf_family.losses.nll`).
+                the sum over it (`tf_family.modeling.losses.nll`).
             datastore: overrides the attached datastore for this call; checked like `set_datastore` (once per
                 datastore object; to use an unverified one, attach it with ``allow_unverified=True`` first).
             lmbda / k: override ``config.lmbda`` / ``config.k`` for this call (e.g. a λ sweep); ``lmbda`` must be a

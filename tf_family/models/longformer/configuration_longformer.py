@@ -6,8 +6,8 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
-from ...validation import MAX_SIZE, check_list_of, check_positive_int, check_probability
+from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
+from ...modeling.validation import MAX_SIZE, check_list_of, check_positive_int, check_probability
 
 
 class TffLongformerConfig(PreTrainedConfig):

@@ -47,12 +47,11 @@ from ...attention import (
     global_attention,
     sliding_window_attention,
 )
-from ...cache_utils import GrowingCache
 from ...conversion import FromPretrainedMixin
-from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers import BertFeedForward
-from ...losses import causal_lm_loss
-from ...modeling_heads import (
+from ...modeling.cache import GrowingCache
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.heads import (
     GenericForMaskedLM,
     GenericForMultipleChoice,
     GenericForQuestionAnswering,
@@ -60,15 +59,16 @@ from ...modeling_heads import (
     GenericForTokenClassification,
     LMPredictionHead,
 )
-from ...modeling_utils import (
+from ...modeling.losses import causal_lm_loss
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import (
     Dropout,
     accepts_past_key_values,
     decoding_step_inputs,
     find_first_real_token,
     fused_projections,
 )
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
+from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_longformer import TffLongformerConfig
 
 logger = logging.get_logger(__name__)
@@ -554,7 +554,7 @@ class _TffLongformerHead:
         **kwargs,
     ):
         """``global_attention_mask``: 1 for tokens with global attention (see every token and are seen by every
-        token), or ``None`` for the head's rule. The rest as in the shared head (`tf_family.modeling_heads`);
+        token), or ``None`` for the head's rule. The rest as in the shared head (`tf_family.modeling.heads`);
         ``output_attentions``, ``output_hidden_states`` go to `TffLongformerModel`.
 
         transformers' head signature plus ``global_attention_mask`` (`Trainer` passes them by name), hence more than ~6

@@ -10,7 +10,7 @@ from transformers import PreTrainedConfig
 from ...layers.xl_config import XL_FAMILY_FIELDS, XLFamilyConfig
 from ...memory.knn_faiss import FAISS_MEMORY_INDEXES
 from ...memory.knn_search import SEARCH_KINDS
-from ...validation import check_choice, check_float, check_nonnegative_int, check_positive_int
+from ...modeling.validation import check_choice, check_float, check_nonnegative_int, check_positive_int
 
 # the fields a Transformer-XL config shares with this one (same meaning, same weights): fine-tuning a Transformer-XL
 # checkpoint into a Memorizing Transformer (paper section 4.5) copies them

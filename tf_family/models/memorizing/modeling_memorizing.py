@@ -63,10 +63,15 @@ from ...memory import (
     fused_knn_attention,
     retrieve,
 )
-from ...modeling_heads import SegmentRecurrentForCausalLM
-from ...modeling_outputs import MemorizingCausalLMOutput, MemorizingModelOutput
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
+from ...modeling.heads import SegmentRecurrentForCausalLM
+from ...modeling.outputs import MemorizingCausalLMOutput, MemorizingModelOutput
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.validation import (
+    InputValidationMixin,
+    ValidatedGenerationMixin,
+    check_memory_states,
+    refuse_key_value_cache,
+)
 from .configuration_memorizing import TffMemorizingConfig
 
 logger = logging.get_logger(__name__)

@@ -71,16 +71,17 @@ from ...attention import (
 )
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import FromPretrainedMixin
-from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...layers.reversible import ReversibleChain, reversible_layer
-from ...losses import causal_lm_loss, cross_entropy
-from ...modeling_heads import (
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.heads import (
     CLASSIFIER_KEY_MAPPING,
     ClassificationHead,
     question_answering_output,
     sequence_classification_loss,
 )
-from ...modeling_utils import (
+from ...modeling.losses import causal_lm_loss, cross_entropy
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import (
     Dropout,
     accepts_past_key_values,
     build_activation,
@@ -88,8 +89,7 @@ from ...modeling_utils import (
     find_first_real_token,
     real_tensors_while_exporting,
 )
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import (
+from ...modeling.validation import (
     InputValidationMixin,
     ValidatedGenerationMixin,
     check_memory_states,

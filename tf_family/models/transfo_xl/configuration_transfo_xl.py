@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...layers.xl_config import XLFamilyConfig
-from ...validation import check_probability
+from ...modeling.validation import check_probability
 
 
 class TffTransfoXLConfig(XLFamilyConfig):

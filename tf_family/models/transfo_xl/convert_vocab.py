@@ -64,7 +64,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_to
 from transformers.utils import logging
 
 from ...conversion import ForeignTokenizer
-from ...files import atomic_update_dir
+from ...utils.files import atomic_update_dir
 
 logger = logging.get_logger(__name__)
 

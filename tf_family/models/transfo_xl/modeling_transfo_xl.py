@@ -28,12 +28,17 @@ from transformers.utils import logging
 from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
-from ...losses import NumItems
 from ...memory import SegmentMemory
-from ...modeling_heads import SegmentRecurrentForCausalLM, sequence_classification_loss
-from ...modeling_outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import InputValidationMixin, ValidatedGenerationMixin, check_memory_states, refuse_key_value_cache
+from ...modeling.heads import SegmentRecurrentForCausalLM, sequence_classification_loss
+from ...modeling.losses import NumItems
+from ...modeling.outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.validation import (
+    InputValidationMixin,
+    ValidatedGenerationMixin,
+    check_memory_states,
+    refuse_key_value_cache,
+)
 from .configuration_transfo_xl import TffTransfoXLConfig
 
 logger = logging.get_logger(__name__)
@@ -165,7 +170,7 @@ class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
         Args:
             labels: ``(B,)`` class ids (or floats for regression, ``(B, num_labels)`` for multi-label).
             num_items_in_batch: `Trainer`'s count of labels over the accumulated batch (the loss is then the sum over
-                it, `tf_family.modeling_heads.sequence_classification_loss`).
+                it, `tf_family.modeling.heads.sequence_classification_loss`).
             **kwargs: the other arguments, as in `TffTransfoXLModel.forward`.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict

@@ -28,7 +28,7 @@ import jinja2
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .files import atomic_write_text
+from ..utils.files import atomic_write_text
 
 RUN_INFO_FILE = "training_run.json"
 # a Hub repository id: "name" or "owner/name"
@@ -98,7 +98,7 @@ def template_text(name: str) -> str:
 
 def template_for(model_type: str | None) -> str:
     """The template file name for ``model_type``: the registry's card, or the generic one."""
-    from .registry import find_arch  # the registry imports every model: only when a card is rendered
+    from ..registry import find_arch  # the registry imports every model: only when a card is rendered
 
     spec = find_arch(model_type)
     return spec.card if spec is not None else DEFAULT_TEMPLATE
@@ -262,7 +262,7 @@ def dependencies_text(folder: Path, run: dict[str, Any]) -> str:
         )
     config_path = folder / "config.json"
     auto_map = json.loads(config_path.read_text()).get("auto_map") if config_path.is_file() else None
-    if auto_map:  # a remote-code export (`tf_family.remote_code`)
+    if auto_map:  # a remote-code export (`tf_family.shipping.remote_code`)
         lines.append(remote_code_note(auto_map))
     datastore = run.get("datastore")
     if datastore:

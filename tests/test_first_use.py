@@ -1,5 +1,5 @@
-"""The front door (issue 32): what a new user meets first. Each test is one of the frictions a fresh-clone session
-reported, and failed before its fix: a missing local folder said as such at once; one native-kernel build per
+"""What a new user meets first: the command line, the recipes' first runs and the kernel's messages. Each test is one
+of the frictions of a first run from a fresh clone: a missing local folder said as such at once; one native-kernel build per
 environment; one ``error: ...`` line (exit code 2, "did you mean") instead of a traceback, under ``accelerate
 launch`` too; short runs labelled; timestamped run folders for every recipe; ``train --help`` without doubled
 defaults or architectures it refuses; ``register_for_auto_class`` + ``save_pretrained`` working; a run that names
@@ -24,7 +24,7 @@ from tf_family import TffTransfoXLLMHeadModel, cli, create_model
 from tf_family.attention import native
 from tf_family.recipes import causal_lm, decision_transformer
 from tf_family.training import encoder
-from tf_family.user_errors import MissingLocalPathError
+from tf_family.utils.user_errors import MissingLocalPathError
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMESTAMPED = r"runs/{}-\d{{8}}-\d{{6}}(-\d+)?$"

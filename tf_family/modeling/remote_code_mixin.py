@@ -1,6 +1,6 @@
 """``save_pretrained(..., remote_code=True)`` for every tf_family model: `RemoteCodeMixin`.
 
-The export itself (`tf_family.remote_code.export_remote_code`) reads the registry and copies the package's code: it
+The export itself (`tf_family.shipping.remote_code.export_remote_code`) reads the registry and copies the package's code: it
 sits above the models, so this module (which travels inside every export, beside the models) never imports it. The
 top of the package hands it down instead: ``import tf_family`` installs `tf_family.lazy_auto`, which sets
 `RemoteCodeMixin.code_exporter` the moment this module is imported. A class loaded from an export, where tf_family
@@ -22,7 +22,7 @@ def _registered_in_package(cls: type) -> bool:
 
 class RemoteCodeMixin:
     """``save_pretrained(..., remote_code=True)``: save, then add the model's code to the folder (``code_exporter``:
-    `tf_family.remote_code.export_remote_code`), so that plain transformers loads it with ``trust_remote_code=True``
+    `tf_family.shipping.remote_code.export_remote_code`), so that plain transformers loads it with ``trust_remote_code=True``
     where tf_family is not installed. Listed among the bases of every tf_family ``PreTrainedModel``."""
 
     # ``(folder) -> files written``: set by `tf_family.lazy_auto` when tf_family is imported; None in an export

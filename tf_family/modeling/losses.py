@@ -13,8 +13,8 @@ returns the usual mean over its own batch (bit for bit what it returned before).
 
 - Token and item losses (causal / masked LM, token classification, sequence classification, multiple choice, span
   starts and ends): `item_mean` — the sum over counted items, over ``N``. (The task heads' losses, which check their
-  targets first, are in `tf_family.modeling_heads`: this module imports nothing of tf_family, so that
-  `tf_family.validation` can read `IGNORE_INDEX` from it.)
+  targets first, are in `tf_family.modeling.heads`: this module imports nothing of tf_family, so that
+  `tf_family.modeling.validation` can read `IGNORE_INDEX` from it.)
 - A loss that is not a sum over the items `Trainer` counts (an auxiliary loss on memories, a class-balanced loss):
   `batch_share` weighs the micro-batch's own mean by its share ``n / N`` of the counted items; accumulated, that is
   the item-weighted average of the micro-batches' means (the one-batch value when the micro-batches are alike).

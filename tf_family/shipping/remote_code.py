@@ -30,9 +30,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._compat import MOVED
+
 _PACKAGE = __name__.split(".")[0]
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # what an exported file may import besides the standard library: transformers and what it always installs
 ALLOWED_IMPORTS = frozenset(
     {"torch", "transformers", "safetensors", "numpy", "tqdm", "huggingface_hub", "packaging", "tokenizers"}
@@ -113,14 +115,24 @@ def flat_name(name: str) -> str:
     return "_".join(parts)
 
 
+def _current(name: str) -> str:
+    """``name``, or where the module of that old path lives now (``tf_family.validation`` ->
+    ``tf_family.modeling.validation``: `tf_family._compat.MOVED`)."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[0] == _PACKAGE and parts[1] in MOVED:
+        return ".".join([MOVED[parts[1]], *parts[2:]])
+    return name
+
+
 def _absolute(module: _Module, level: int, target: str | None) -> str:
-    """The absolute name a (possibly relative) ``from <target> import`` in ``module`` refers to."""
+    """The absolute name a (possibly relative) ``from <target> import`` in ``module`` refers to (a module's old
+    path resolved to where it lives now)."""
     if level == 0:
-        return target or ""
+        return _current(target or "")
     package = module.name.split(".") if module.is_package else module.name.split(".")[:-1]
     if level > 1:
         package = package[: -(level - 1)]
-    return ".".join(package + ([target] if target else []))
+    return _current(".".join(package + ([target] if target else [])))
 
 
 def _ours(name: str) -> bool:
@@ -169,8 +181,9 @@ class _Exporter:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
             if isinstance(target, ast.Name)
         } | {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-        if attribute not in defined and _locate(f"{package}.{attribute}") is not None:
-            return f"{package}.{attribute}", None
+        submodule = _current(f"{package}.{attribute}")
+        if attribute not in defined and _locate(submodule) is not None:
+            return submodule, None
         return package, attribute
 
     def scan(self, module: _Module) -> list[str]:
@@ -280,8 +293,8 @@ def _imported_packages(tree: ast.AST) -> set[str]:
 # ------------------------------------------------------------------------------------------------------------ export
 def remote_code_files(model_type: str) -> tuple[dict[str, str], dict[str, str]]:
     """The files an export of ``model_type`` writes (name -> source) and its ``auto_map``."""
-    from .auto import AUTO_CLASS_BY_TASK
-    from .registry import find_arch
+    from ..auto import AUTO_CLASS_BY_TASK
+    from ..registry import find_arch
 
     spec = find_arch(model_type)
     if spec is None or model_type != spec.model_type:
@@ -314,7 +327,7 @@ def remote_code_files(model_type: str) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    from .files import atomic_write_text
+    from ..utils.files import atomic_write_text
 
     atomic_write_text(path, text)
 

@@ -19,7 +19,7 @@ rule (Longformer's default global tokens) and sets the few choices below where t
 
 Pooled rows are each row's first real token (from ``attention_mask``), so left and right padding classify alike.
 The heads' losses (`sequence_classification_loss`, `span_loss`, here because they check their targets with
-`tf_family.validation`, which `tf_family.losses` does not import) are built on `tf_family.losses`; they never write
+`tf_family.modeling.validation`, which `tf_family.modeling.losses` does not import) are built on `tf_family.modeling.losses`; they never write
 ``problem_type`` into the config and honour `Trainer`'s ``num_items_in_batch`` (the sum over the labelled items
 divided by their count over the accumulated batch), so gradient accumulation gives the update of one large batch.
 """
@@ -40,7 +40,7 @@ from transformers.utils import ModelOutput
 
 from .fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from .losses import NumItems, cross_entropy, divide_by_num_items
-from .modeling_utils import Dropout, accepts_past_key_values, build_activation, find_first_real_token
+from .utils import Dropout, accepts_past_key_values, build_activation, find_first_real_token
 from .validation import check_class_labels, check_sequence_labels, check_span_positions, check_tensor
 
 
@@ -63,7 +63,7 @@ def sequence_classification_loss(
 
     With ``num_items_in_batch`` (`Trainer` counts every entry of ``labels``: one per row, ``num_labels`` per row for
     multi-label or multi-output regression) the sum over the entries is divided by it. Labels outside the classes are
-    refused (`tf_family.validation.check_sequence_labels`)."""
+    refused (`tf_family.modeling.validation.check_sequence_labels`)."""
     check_sequence_labels(labels, logits.shape[0], num_labels, problem_type)
     labels = labels.to(logits.device)
     if problem_type is None:
@@ -177,7 +177,7 @@ class _Head:
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds: as the base model takes them.
             labels: see the head's `_loss`.
             num_items_in_batch: the labels (not -100) over the whole accumulated batch, from `Trainer`: the loss is
-                then their sum over it (`tf_family.losses`).
+                then their sum over it (`tf_family.modeling.losses`).
             kwargs: everything else (``output_attentions``, ``output_hidden_states``, the model's own inputs)
                 goes to the base model by name.
         """
@@ -246,7 +246,7 @@ class GenericForMaskedLM(_Head):
 class GenericForSequenceClassification(_Head):
     """A `ClassificationHead` ``classifier`` (RoBERTa's and BigBird's) on each row's first real token. ``labels``:
     ``(B,)`` class ids (floats for regression, ``(B, num_labels)`` for multi-label); the loss follows
-    ``problem_type``, or is inferred from them (`tf_family.losses.sequence_classification_loss`)."""
+    ``problem_type``, or is inferred from them (`tf_family.modeling.losses.sequence_classification_loss`)."""
 
     classifier_activation: str | None = "tanh"
     dropout_field = "classifier_dropout"
@@ -302,7 +302,7 @@ class GenericForTokenClassification(_Head):
 def question_answering_output(
     logits: torch.Tensor, start_positions, end_positions, *, outputs: ModelOutput, num_items_in_batch: NumItems = None
 ) -> QuestionAnsweringModelOutput:
-    """Start / end logits from ``(B, T, 2)`` span ``logits``, with `tf_family.losses.span_loss` when both positions
+    """Start / end logits from ``(B, T, 2)`` span ``logits``, with `tf_family.modeling.losses.span_loss` when both positions
     are given; hidden states and attentions from the base model's ``outputs``."""
     start_logits, end_logits = (x.squeeze(-1).contiguous() for x in logits.split(1, dim=-1))  # (B, T) each
     loss = None

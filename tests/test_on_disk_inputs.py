@@ -1,6 +1,5 @@
-"""Regression tests for bad input on disk (issue 19, classes 1-5 and the on-disk errors of class 7): the restricted
-unpickler's bounds, files named by manifests staying inside their folder, datastore integrity, atomic rebuilds (with a
-kill test) and exact resume. Each example is one the issue names; each test fails on the code before the fix."""
+"""Bad input on disk, refused by name: the restricted unpickler's bounds, files named by manifests staying inside their
+folder, datastore integrity, truncated or changed checkpoints, atomic rebuilds (with a kill test) and exact resume."""
 
 import argparse
 import json
@@ -324,7 +323,7 @@ def test_an_interrupted_conversion_leaves_the_output_folder_as_it_was(tmp_path, 
 KILLED_REBUILD = """
 import sys, time
 import torch
-from tests.test_hardening_disk import tiny_base, token_batches
+from tests.test_on_disk_inputs import tiny_base, token_batches
 from tf_family.retrieval.datastore import build_datastore
 
 folder = sys.argv[1]

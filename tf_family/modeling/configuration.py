@@ -4,7 +4,7 @@
 type of every declared field, the fields several configs share by name (`check_common_fields`: layer counts,
 layer-norm epsilons, init stds, activations, the padding token id, finite floats), then the config's own cross-field
 rules (``validate_architecture``). The value checks they use (`check_int`, `check_float` …) are
-`tf_family.validation`'s, the same that ``forward`` arguments go through; model inputs are checked there too.
+`tf_family.modeling.validation`'s, the same that ``forward`` arguments go through; model inputs are checked there too.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ _BASE_CONFIG_KWARGS = frozenset(
         "_attn_implementation_autoset",
         "rope_scaling",
         "rope_theta",
-        # a remote-code export's Auto classes (`tf_family.remote_code`): kept, so a loaded config saves them again
+        # a remote-code export's Auto classes (`tf_family.shipping.remote_code`): kept, so a loaded config saves them again
         "auto_map",
     }
 )
@@ -66,7 +66,7 @@ _BASE_CONFIG_KWARGS = frozenset(
 # A tf_family config's ``auto_map`` when its folder names no remote code: empty, not missing, because tools read
 # ``config.auto_map`` directly to find a model class that transformers itself does not define (TRL's
 # ``create_model_from_path``, which DPO uses to load the reference model) and transformers' Auto classes test
-# ``name in config.auto_map``. Read-only: a folder with remote code sets its own (`tf_family.remote_code`).
+# ``name in config.auto_map``. Read-only: a folder with remote code sets its own (`tf_family.shipping.remote_code`).
 NO_AUTO_MAP: MappingProxyType = MappingProxyType({})
 
 

@@ -1,7 +1,6 @@
-"""Regression tests for the bad configs and model inputs of issue 19 (classes 6 and 7: silent nonsense, and errors
-that did not name the problem). Each named example now ends in a `ValueError` / `TypeError` naming the field or
-argument; before, each was accepted silently or failed with an unrelated error (KeyError, AssertionError,
-AttributeError, torch's "normal expects std >= 0.0", a raw ``max()`` error).
+"""Bad configs and model inputs (`tf_family.modeling.configuration`, `tf_family.modeling.validation`): each ends in a
+`ValueError` / `TypeError` naming the field or argument, rather than being accepted silently or failing with an
+unrelated error (KeyError, AssertionError, AttributeError, torch's "normal expects std >= 0.0", a raw ``max()`` error).
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ names the field or argument, the value and the fix). Two kinds of check live her
   extreme ids costs one ``min`` / ``max`` per call; nothing is checked inside the layers.
 
 Config validation (unknown keys, field types, the fields every config shares, then ``validate_architecture``) is in
-`tf_family.configuration_utils`, which uses the value checks above.
+`tf_family.modeling.configuration`, which uses the value checks above.
 
-This module imports only torch, transformers and `tf_family.losses` (for `IGNORE_INDEX`; a remote-code export carries
+This module imports only torch, transformers and `tf_family.modeling.losses` (for `IGNORE_INDEX`; a remote-code export carries
 both beside the models).
 """
 

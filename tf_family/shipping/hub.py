@@ -8,8 +8,8 @@ from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, HfApi
 
+from ..utils.files import atomic_write_text
 from .cards import HUB_ID_PATTERN, RUN_INFO_FILE, write_model_card
-from .files import atomic_write_text
 
 # subfolders a saved model loads from (a kNN-LM's datastore): pushed with the folder; other subfolders (training
 # checkpoints, tracker logs) stay local
@@ -153,7 +153,7 @@ def push_folder(
     anything in the folder changes: offline, unreachable or refused, a `HubPushError` says so in one line and the
     folder is left byte for byte as it was. Then, with ``refresh_card``, the card is rendered again for ``repo_id``
     (so its usage snippet names the repository) when the folder holds a recipe's ``training_run.json``, and with
-    ``remote_code`` the folder is exported for loading without tf_family (`tf_family.remote_code.export_remote_code`:
+    ``remote_code`` the folder is exported for loading without tf_family (`tf_family.shipping.remote_code.export_remote_code`:
     code files and ``auto_map``).
     """
     folder = Path(folder)

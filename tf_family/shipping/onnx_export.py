@@ -77,7 +77,7 @@ class GraphSignature:
 
 
 def _task_of(model: nn.Module) -> str:
-    from .registry import find_arch
+    from ..registry import find_arch
 
     spec = find_arch(model.config.model_type)
     if spec is None:
@@ -94,7 +94,7 @@ def _task_of(model: nn.Module) -> str:
 
 
 def _arch_of(model: nn.Module) -> str:
-    from .registry import find_arch
+    from ..registry import find_arch
 
     return find_arch(model.config.model_type).name
 
@@ -186,7 +186,7 @@ def canonical_knn_memory(knn) -> tuple[list[torch.Tensor], list[torch.Tensor], t
 
 def _memory_from_inputs(model: nn.Module, memory: dict[str, torch.Tensor]):
     """The model's memory object built from the graph's ``past_*`` tensors."""
-    from .memory import CompressiveMemory, KNNMemory, MemorizingMemory, SegmentMemory
+    from ..memory import CompressiveMemory, KNNMemory, MemorizingMemory, SegmentMemory
 
     kind = getattr(model, "carried_state", None)
     layers = model.config.n_layer if kind else 0
@@ -325,7 +325,7 @@ def example_inputs(
 
 
 def _dynamic_shapes(model: nn.Module, task: str, inputs: dict[str, torch.Tensor]) -> tuple[dict[int, object], ...]:
-    from .training.encoder import max_input_length
+    from ..training.encoder import max_input_length
 
     limit = None if task == "action" else max_input_length(getattr(model.config, "base_config", None) or model.config)
     if getattr(model, "carried_state", None) == "knn_memory":  # a segment no longer than the kNN memory
@@ -460,7 +460,7 @@ def export_onnx(
 
     import tf_family  # noqa: F401  (registers the architectures with the Auto classes)
 
-    from .registry import find_arch
+    from ..registry import find_arch
 
     source = Path(folder)
     if not (source / "config.json").is_file():

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput
 
-from .memory.compressive import CompressiveMemory
-from .memory.knn_memory import MemorizingMemory
-from .memory.segment import SegmentMemory
+from ..memory.compressive import CompressiveMemory
+from ..memory.knn_memory import MemorizingMemory
+from ..memory.segment import SegmentMemory
 
 
 @dataclass

@@ -1,18 +1,27 @@
-"""Evaluation metrics of the encoder recipes: accuracy and macro-F1 for classification, exact match and F1 for
-extractive question answering (the official SQuAD v1.1 definitions).
+"""Evaluation metrics of the recipes: accuracy and macro-F1 for classification, exact match and F1 for extractive
+question answering (the official SQuAD v1.1 definitions), and a language model's loss, perplexity and bits per token
+and per character.
 
-These are the definitions of the Hugging Face ``evaluate`` metrics ``accuracy``, ``f1`` (``average="macro"``) and
-``squad``, computed here because ``evaluate.load`` fetches its metric scripts from the Hub: it cannot load them on an
-offline machine, and the recipes must run offline. The results are the same numbers (``squad`` reports percentages
-0-100, so do `squad_scores`).
+Each is also a Hugging Face ``evaluate`` module shipped in the package (``modules/<name>/<name>.py``: ``accuracy``,
+``f1``, ``squad``, ``perplexity``), which `load` loads offline by its local path (``evaluate.load(<folder>)``; a
+name alone would fetch the Hub's script) and which can be pushed to the Hub as it is (it needs tf_family installed:
+its ``_compute`` calls the function here, so there is one definition of each metric). `save` writes results with
+``evaluate.save``. The functions give the numbers of ``evaluate``'s own ``accuracy``, ``f1`` (``average="macro"``)
+and ``squad`` (``squad`` reports percentages 0-100, so does `squad_scores`).
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import re
 import string
 from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+# the evaluate modules' folders: MODULES / name / f"{name}.py"
+MODULES = Path(__file__).resolve().parent / "modules"
 
 
 def _check_lengths(predictions: Sequence, references: Sequence) -> None:
@@ -83,4 +92,50 @@ def squad_scores(predictions: Sequence[str], references: Sequence[Sequence[str]]
     return {"exact_match": 100.0 * exact / len(references), "f1": 100.0 * f1 / len(references)}
 
 
-__all__ = ["accuracy", "answer_f1", "macro_f1", "normalize_answer", "squad_scores"]
+def language_model_metrics(nll: float, count: int, characters: int, loss_key: str = "loss") -> dict[str, float]:
+    """Loss (``loss_key``: mean NLL in nats per scored token), perplexity, bits per token and per character from a
+    summed ``nll`` over ``count`` scored tokens of a text of ``characters`` characters."""
+    loss = nll / max(count, 1)
+    return {
+        loss_key: loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "bits_per_token": loss / math.log(2),
+        "bits_per_character": nll / math.log(2) / max(characters, 1),
+    }
+
+
+def module_names() -> list[str]:
+    """The evaluate modules shipped in the package."""
+    return sorted(path.name for path in MODULES.iterdir() if (path / f"{path.name}.py").is_file())
+
+
+def load(name: str, **kwargs: Any):
+    """The shipped evaluate module ``name`` (`module_names`), loaded from its folder: ``evaluate.load(<folder>)``,
+    offline."""
+    if name not in module_names():
+        raise ValueError(f"no evaluate module {name!r} in tf_family.metrics; choose one of {module_names()}.")
+    import evaluate
+
+    return evaluate.load(str(MODULES / name), **kwargs)
+
+
+def save(folder: str | Path, **results: Any) -> Path:
+    """Write ``results`` (metrics, and the run's parameters beside them) as ``evaluate.save`` does: a timestamped
+    JSON file in ``folder``, with the system's description; returns its path."""
+    import evaluate
+
+    return Path(evaluate.save(str(folder), **results))
+
+
+__all__ = [
+    "MODULES",
+    "accuracy",
+    "answer_f1",
+    "language_model_metrics",
+    "load",
+    "macro_f1",
+    "module_names",
+    "normalize_answer",
+    "save",
+    "squad_scores",
+]

@@ -1,8 +1,8 @@
 """Small pieces of modeling code shared by several tf_family models: the `Dropout` module, activations, pooling,
 the cache argument's old name, decoding-step inputs, fused projections and `torch.export` helpers.
 
-What has a concern of its own lives elsewhere: key/value caches in `tf_family.cache_utils`, adaptive-embedding
-resizing in `tf_family.layers.adaptive`, ``save_pretrained(remote_code=True)`` in `tf_family.remote_code_mixin`, the
+What has a concern of its own lives elsewhere: key/value caches in `tf_family.modeling.cache`, adaptive-embedding
+resizing in `tf_family.layers.adaptive`, ``save_pretrained(remote_code=True)`` in `tf_family.modeling.remote_code_mixin`, the
 one ``from_pretrained`` hook (folder checks, foreign formats) in `tf_family.conversion.foreign`.
 """
 
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from .attention.dropout import _check_p, dropout
+from ..attention.dropout import _check_p, dropout
 
 
 class Dropout(nn.Dropout):
