@@ -7,8 +7,8 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...configuration_utils import NO_AUTO_MAP, check_config_kwargs, validate_config
-from ...validation import (
+from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
+from ...modeling.validation import (
     check_activation,
     check_float,
     check_nonnegative_int,

@@ -51,19 +51,19 @@ from ...attention.alibi import alibi_bias, alibi_slopes
 from ...attention.factorized import FactorizedPattern, build_factorized_mask, factorized_attention
 from ...attention.image_local import Local1DPattern, Local2DPattern, build_image_local_mask, image_local_attention
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...cache_utils import GrowingCache
 from ...conversion import FromPretrainedMixin
-from ...fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from ...losses import causal_lm_loss
-from ...modeling_utils import (
+from ...modeling.cache import GrowingCache
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.losses import causal_lm_loss
+from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import (
     Dropout,
     accepts_past_key_values,
     build_activation,
     decoding_step_inputs,
     fused_projections,
 )
-from ...remote_code_mixin import RemoteCodeMixin
-from ...validation import MAX_SIZE, InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
+from ...modeling.validation import MAX_SIZE, InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_sparse_transformer import FACTORS, TffSparseTransformerConfig
 
 logger = logging.get_logger(__name__)
