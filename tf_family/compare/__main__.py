@@ -1,5 +1,5 @@
 """``python -m tf_family.compare``: the same as ``tf-family compare``."""
 
-from .grid import main
+from .cli import main
 
 raise SystemExit(main())

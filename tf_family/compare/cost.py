@@ -9,16 +9,22 @@ trains: a model that carries a memory reads them in segments, the memory carried
 together); the fastest counts (the least disturbed by other work on the machine). Peak memory: on CUDA, the allocator's peak; on CPU, the
 rise of the process's peak resident set (reset before each length, ``/proc/self/clear_refs``) over its size once the
 model was loaded. Each result is written as one JSON line as soon as it is known.
+
+`cost_rows` is the grid's side: it writes the job, starts the child and turns its lines into result rows.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from .rows import row
 
 OUT_OF_MEMORY = "out of memory"
 
@@ -78,7 +84,7 @@ def _train_step(model, length: int, spec: dict, device) -> None:
     from ..training.language_modeling import start_memory
     from .models import has_memory
 
-    ids = torch.randint(1, spec["vocab_size"], (1, length), device=device)
+    ids = torch.randint(1, min(spec["vocab_size"], model.config.vocab_size), (1, length), device=device)
     if spec["task"] == "sequence_classification":
         out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(1, dtype=torch.long))
         out.loss.backward()
@@ -98,7 +104,7 @@ def _decode(model, prompt: int, new_tokens: int, spec: dict, device) -> float | 
     """Tokens/s of greedy decoding after a ``prompt``-token prompt: the time of ``new_tokens`` generated tokens less
     that of one (the prompt's forward pass), each the fastest of two runs; None when the difference is lost in
     timing noise."""
-    ids = torch.randint(1, spec["vocab_size"], (1, prompt), device=device)
+    ids = torch.randint(1, min(spec["vocab_size"], model.config.vocab_size), (1, prompt), device=device)
     kwargs = {"do_sample": False, "pad_token_id": spec["pad_token_id"], "attention_mask": torch.ones_like(ids)}
     times = {}
     with torch.no_grad():
@@ -167,6 +173,74 @@ def run(spec: dict, out: Path) -> None:
             write({"kind": "decode", "length": prompt, "status": "unmeasured: lost in timing noise"})
             continue
         write({"kind": "decode", "length": prompt, "tokens_per_second": speed, "peak_mb": meter.peak()})
+
+
+NAMES = {"train": ("training", "sequence length"), "decode": ("decoding", "prompt")}
+
+
+def _run_child(job: dict, spec_file: Path) -> tuple[list[dict], subprocess.CompletedProcess]:
+    out = spec_file.with_suffix(".jsonl")
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(json.dumps(job))
+    out.unlink(missing_ok=True)
+    out.touch()
+    process = subprocess.run(
+        [sys.executable, "-m", "tf_family.compare.cost", str(spec_file), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TQDM_DISABLE": "1"},
+    )
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()], process
+
+
+def cost_rows(grid, model: str, folder: Path, task: str, lengths: list[int], section: str) -> list[dict]:
+    """Training (and, for a causal model, decoding) cost of the model saved in ``folder``, measured in a child
+    process; a length the process died on is recorded as out of memory, the lengths after it as not measured."""
+    settings = grid.settings
+    job = {
+        "folder": str(folder),
+        "task": task,
+        "device": settings["device"],
+        "vocab_size": len(grid.data.tokenizer),
+        "segment": settings["segment"],
+        "step_limit_s": settings["step_limit_s"],
+        "new_tokens": settings["new_tokens"],
+        "pad_token_id": grid.data.tokenizer.eos_token_id,
+        "lengths": lengths,
+        "prompts": settings["decode_prompts"] if task == "causal_lm" else [],
+    }
+    records, process = _run_child(job, grid.cache / "logs" / f"cost-{folder.name}-{task}.json")
+    wanted = [("train", n) for n in job["lengths"]] + [("decode", n) for n in job["prompts"]]
+    done = {(r["kind"], r["length"]) for r in records}
+    if process.returncode != 0:
+        killed = process.returncode < 0 or process.returncode == 137
+        pending = [w for w in wanted if w not in done]
+        if killed and pending:  # the kernel ended it (out of memory) at the first measurement not written
+            records.append({"kind": pending[0][0], "length": pending[0][1], "status": OUT_OF_MEMORY})
+            done.add(pending[0])
+        else:
+            tail = process.stderr.strip().splitlines()[-1:] or [f"exit status {process.returncode}"]
+            raise RuntimeError(f"the cost measurement failed: {tail[0]}")
+    rows = []
+    for record in records:
+        name, what = NAMES[record["kind"]]
+        setting = f"{what} {record['length']}"
+        if "status" in record:
+            rows.append(row(section, model, f"{name} tokens/s", None, "tokens/s", setting, status=record["status"]))
+            continue
+        rows.append(row(section, model, f"{name} tokens/s", record["tokens_per_second"], "tokens/s", setting))
+        rows.append(row(section, model, f"{name} peak memory", record["peak_mb"], "MiB", setting))
+    stopped = {kind for kind, _ in done}
+    for kind, length in wanted:
+        if (kind, length) not in done:
+            name, what = NAMES[kind]
+            why = (
+                f"skipped: a shorter length took over {settings['step_limit_s']} s"
+                if kind in stopped
+                else "not measured: the measurement before it ended the process"
+            )
+            rows.append(row(section, model, f"{name} tokens/s", None, "tokens/s", f"{what} {length}", status=why))
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,36 +1,17 @@
-"""`tf-family compare`: the family side by side on one corpus, against dense baselines, in one command.
-
-    tf-family compare --quick                                  # all seven causal models + baseline, small lengths
-    tf-family compare --archs transfo_xl memorizing --tokens 2000000 --output_dir runs/compare
-    python -m tf_family.compare --train_file my.txt --validation_file held_out.txt --minutes 5
-
-Reads top to bottom: arguments and settings -> the grid of cells (one model x one measurement each) -> run every
-cell not already cached, with a progress bar and ETA over the whole grid -> the report (`tf_family.compare.report`).
-
-Who: the causal architectures (``--archs``, default all seven), each built with one shared shape (width, depth,
-heads, feed-forward width; `tf_family.compare.models`) and trained by the causal-LM recipe (``recipes/causal_lm.py``)
-on the same data with the same token budget (``--tokens``, or ``--minutes`` per model) and seed, and a dense baseline,
-transformers' ``LlamaForCausalLM`` with SDPA, of the same width and depth, its feed-forward width chosen so that its
-parameter count is nearest the family's median. The kNN-LM is that baseline's trained weights plus a datastore of
-training tokens (``recipes/knn_lm.py``: the paper's setting, a retrieval layer on a trained LM). Encoders
-(``--encoders``: Longformer, BigBird, Reformer, and transformers' RoBERTa as their dense baseline) are trained by the
-sequence-classification recipe on ListOps (generated offline, `tf_family.compare.listops`) and on the Brown genres.
+"""The grid of `tf-family compare`: one cell per model x measurement (x seed), what the cells share, and the loop
+that runs every cell not already cached.
 
 Every cell's result is cached under ``OUTPUT_DIR/cache/<settings fingerprint>/``: a rerun with the same settings
 resumes where the last one stopped; a cell that fails is recorded with its error (and tried again on the next run)
-while the others run.
+while the others run. The command line is `tf_family.compare.cli`; training `training`; the measures `measures` and
+`cost`; the data `data` and `lra`; the report `report`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
-import os
-import platform
-import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -38,182 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .models import (
-    BASELINE,
-    CAUSAL_ARCHS,
-    ENCODER_ARCHS,
-    ENCODER_BASELINE,
-    Shape,
-    arch_overrides,
-    family_parameters,
-    median,
-    override_arguments,
-    save_dense_baseline,
-    save_roberta_baseline,
-)
-
-# ------------------------------------------------------------------------------------------------------- settings
-QUICK = {
-    "width": 64, "depth": 2, "heads": 2, "ffn": 128, "segment": 64, "block": 256, "batch": 8, "tokens": 32_768,
-    "learning_rate": 2e-3, "eval_docs": 2, "eval_length": 2048, "first_bucket": 128,
-    "passkey_distances": [64, 256, 1024], "passkey_steps": 12, "passkey_batch": 4, "passkey_eval_samples": 12,
-    "passkey_learning_rate": 1e-3, "train_lengths": [256, 512, 1024, 2048], "decode_prompts": [256, 1024],
-    "new_tokens": 8, "step_limit_s": 30.0, "knn_memory": 1024, "datastore_tokens": 30_000, "encoder_steps": 20,
-    "encoder_batch": 8, "encoder_learning_rate": 1e-3, "listops_train": 160, "listops_eval": 60,
-    "listops_words": [10, 100], "listops_max_length": 256, "brown_max_length": 256, "train_docs": 40,
-}  # fmt: skip
-DEFAULT = {
-    "width": 256, "depth": 4, "heads": 4, "ffn": 1024, "segment": 128, "block": 512, "batch": 8,
-    "tokens": 1_000_000, "learning_rate": 1e-3, "eval_docs": 4, "eval_length": 16384, "first_bucket": 512,
-    "passkey_distances": [64, 256, 1024, 4096, 8192], "passkey_steps": 200, "passkey_batch": 8,
-    "passkey_eval_samples": 32, "passkey_learning_rate": 5e-4,
-    "train_lengths": [512, 1024, 2048, 4096, 8192, 16384], "decode_prompts": [512, 2048, 8192], "new_tokens": 32,
-    "step_limit_s": 120.0, "knn_memory": 8192, "datastore_tokens": 200_000, "encoder_steps": 300,
-    "encoder_batch": 8, "encoder_learning_rate": 5e-4, "listops_train": 2000, "listops_eval": 500,
-    "listops_words": [100, 1000], "listops_max_length": 2048, "brown_max_length": 4096, "train_docs": None,
-}  # fmt: skip
-MEASURES = ("perplexity", "passkey", "cost")
-ENCODER_TASKS = ("listops", "brown")
+from .data import BROWN_TASK, TASK_TITLES, GridData
+from .family import Shape, causal_archs, encoder_archs, quick_subset, shape_overrides, wraps_base_config
+from .models import BASELINE, ENCODER_BASELINE
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tf-family compare",
-        description="The family side by side on one corpus against dense baselines: perplexity by position, "
-        "passkey retrieval, training and decoding cost, encoders on ListOps and Brown genres.",
-    )
-    parser.add_argument("--quick", action="store_true", help="small sizes and lengths (about 15 min on 2 CPU cores)")
-    parser.add_argument(
-        "--archs", nargs="*", default=list(CAUSAL_ARCHS), help=f"causal models, of {CAUSAL_ARCHS} (none: skip)"
-    )
-    parser.add_argument(
-        "--encoders", nargs="*", default=list(ENCODER_ARCHS), help=f"encoders, of {ENCODER_ARCHS} (none: skip)"
-    )
-    parser.add_argument("--no_baseline", action="store_true", help="leave the dense baselines out")
-    parser.add_argument("--measures", nargs="+", default=list(MEASURES), choices=MEASURES)
-    parser.add_argument("--encoder_tasks", nargs="*", default=list(ENCODER_TASKS), choices=ENCODER_TASKS)
-    parser.add_argument("--tokens", type=int, help="training tokens per causal model (the same for each)")
-    parser.add_argument("--minutes", type=float, help="training minutes per causal model instead of --tokens")
-    parser.add_argument("--train_file", help="training text (.txt/.json/.jsonl/.csv/.parquet; default: bundled SOTU)")
-    parser.add_argument("--validation_file", help="held-out text: its longest documents are the perplexity set")
-    parser.add_argument("--text_column")
-    parser.add_argument("--output_dir", default="runs/compare", help="report, tables, plots and the cell cache")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--cpu", action="store_true", help="run on CPU even if a GPU is present")
-    parser.add_argument(
-        "--report_only",
-        action="store_true",
-        help="write the report from the cells cached so far, running none (e.g. while another run fills the grid)",
-    )
-    parser.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"change a setting of the grid (JSON values), e.g. width=128 'train_lengths=[512,1024]'; keys: "
-        f"{sorted(QUICK)}",
-    )
-    parser.add_argument(
-        "--config_overrides",
-        nargs="*",
-        default=[],
-        metavar="ARCH:KEY=VALUE",
-        help="a config field of one architecture, e.g. longformer:attention_window=64",
-    )
-    return parser
-
-
-def parse_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The grid's settings: the preset, ``--set``, ``--tokens``/``--minutes``; refuses what cannot run."""
-    settings = dict(QUICK if args.quick else DEFAULT)
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or key not in settings:
-            raise ValueError(f"--set {item!r}: use KEY=VALUE with KEY one of {sorted(settings)}.")
-        try:
-            settings[key] = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(f"--set {item!r}: the value must be JSON (a number, a list, a quoted string).") from None
-    if args.tokens is not None and args.minutes is not None:
-        raise ValueError("--tokens and --minutes both set the training budget; pass one of them.")
-    if args.tokens is not None:
-        settings["tokens"] = args.tokens
-    settings["minutes"] = args.minutes
-    for name in ("tokens", "batch", "segment", "block", "width", "depth", "heads", "eval_docs"):
-        if not isinstance(settings[name], int) or settings[name] < 1:
-            raise ValueError(f"setting {name}={settings[name]!r} must be a positive integer.")
-    if args.minutes is not None and args.minutes <= 0:
-        raise ValueError(f"--minutes={args.minutes} must be positive.")
-    unknown = [a for a in args.archs if a not in CAUSAL_ARCHS]
-    if unknown:
-        raise ValueError(f"--archs {unknown}: not causal architectures of the family; choose from {CAUSAL_ARCHS}.")
-    unknown = [a for a in args.encoders if a not in ENCODER_ARCHS]
-    if unknown:
-        raise ValueError(f"--encoders {unknown}: choose from {ENCODER_ARCHS}.")
-    if "knn_lm" in args.archs and args.no_baseline:
-        raise ValueError("--archs knn_lm is the dense baseline plus a datastore: drop --no_baseline or knn_lm.")
-    if args.validation_file and not args.train_file:
-        raise ValueError("--validation_file needs --train_file too (local files replace the bundled corpus).")
-    overrides: dict[str, dict[str, Any]] = {}
-    for item in args.config_overrides:
-        arch, colon, rest = item.partition(":")
-        key, sep, value = rest.partition("=")
-        if not colon or not sep or arch not in (*CAUSAL_ARCHS, *ENCODER_ARCHS):
-            raise ValueError(f"--config_overrides {item!r}: use ARCH:KEY=VALUE, e.g. longformer:attention_window=64.")
-        try:
-            overrides.setdefault(arch, {})[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides.setdefault(arch, {})[key] = value
-    settings["config_overrides"] = overrides
-    settings["device"] = "cpu" if args.cpu else _default_device()
-    return settings
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def shape_of(settings: dict[str, Any]) -> Shape:
-    longest = max(
-        settings["eval_length"] + 1,
-        max(settings["train_lengths"], default=0),
-        max(settings["decode_prompts"], default=0) + settings["new_tokens"],
-        max(settings["passkey_distances"]) + 64,
-        settings["listops_max_length"],
-        settings["brown_max_length"],
-        settings["block"] + 1,
-    )
-    return Shape(
-        width=settings["width"], depth=settings["depth"], heads=settings["heads"], ffn=settings["ffn"],
-        max_length=longest, segment=settings["segment"], block=settings["block"], knn_memory=settings["knn_memory"],
-    )  # fmt: skip
-
-
-def versions() -> dict[str, str]:
-    import accelerate
-    import datasets
-    import torch
-    import transformers
-
-    import tf_family
-
-    return {
-        "tf_family": getattr(tf_family, "__version__", "unknown"),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "accelerate": accelerate.__version__,
-        "datasets": datasets.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs visible, torch threads {torch.get_num_threads()}",
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------- cells
 @dataclass
 class Cell:
-    """One model x one measurement. ``run`` returns result rows; ``needs``: cells whose success it requires."""
+    """One model x one measurement (x one seed). ``run`` returns result rows; ``needs``: cells whose success it
+    requires."""
 
     key: str
     section: str
@@ -223,152 +37,92 @@ class Cell:
     needs: list[str] = field(default_factory=list)
 
 
-def row(section: str, model: str, metric: str, value, unit: str = "", setting: str = "", **extra) -> dict:
-    return {"section": section, "model": model, "metric": metric, "setting": setting, "value": value, "unit": unit,
-            **extra}  # fmt: skip
+def shape_of(settings: dict[str, Any], lengths: list[int]) -> Shape:
+    """The shared shape, its position tables long enough for every input of the grid (``lengths``: the encoder
+    tasks' inputs)."""
+    longest = max(
+        settings["eval_length"] + 1,
+        max(settings["train_lengths"], default=0),
+        max(settings["decode_prompts"], default=0) + settings["new_tokens"],
+        max(settings["passkey_distances"]) + 64,
+        settings["block"] + 1,
+        *lengths,
+    )
+    return Shape(
+        width=settings["width"],
+        depth=settings["depth"],
+        heads=settings["heads"],
+        ffn=settings["ffn"],
+        max_length=longest,
+        segment=settings["segment"],
+        block=settings["block"],
+        knn_memory=settings["knn_memory"],
+    )
+
+
+def _file_stamp(path: str) -> str:
+    stat = Path(path).stat()
+    return f"{Path(path).resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
 
 
 class Grid:
-    """The cells of one comparison and what they share (data, folders, settings)."""
+    """The cells of one comparison and what they share: settings, shape, data, folders."""
 
-    def __init__(self, args: argparse.Namespace, settings: dict[str, Any]):
+    def __init__(self, args, settings: dict[str, Any]):
+        from . import lra
+
         self.args = args
         self.settings = settings
-        self.shape = shape_of(settings)
-        fingerprint_source = {k: v for k, v in settings.items() if k != "device"}
-        fingerprint_source.update(train_file=args.train_file, validation_file=args.validation_file, seed=args.seed)
-        fingerprint_source["data_files"] = [_file_stamp(f) for f in (args.train_file, args.validation_file) if f]
-        self.fingerprint = hashlib.sha256(json.dumps(fingerprint_source, sort_keys=True).encode()).hexdigest()[:12]
+        self.seeds: list[int] = list(settings["seeds"])
+        lengths = [lra.input_length(t, settings) for t in args.encoder_tasks if t in lra.TASKS]
+        if BROWN_TASK in args.encoder_tasks:
+            lengths.append(settings["brown_max_length"])
+        self.shape = shape_of(settings, lengths)
+        source = {k: v for k, v in settings.items() if k != "device"}
+        source.update(train_file=args.train_file, validation_file=args.validation_file)
+        source["data_files"] = [_file_stamp(f) for f in (args.train_file, args.validation_file) if f]
+        self.fingerprint = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:12]
         self.cache = Path(args.output_dir) / "cache" / self.fingerprint
-        self.models = self.cache / "models"
-        self._tokenizer = None
-        self._held_out = None
+        files = {"train_file": args.train_file, "validation_file": args.validation_file}
+        files["text_column"] = args.text_column
+        self.data = GridData(self.cache, settings, files, self.seeds[0])
 
-    # ---- shared data -----------------------------------------------------------------------------------------
-    @property
-    def tokenizer(self):
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
+    # ---- who ---------------------------------------------------------------------------------------------------
+    def causal_models(self) -> list[str]:
+        """The causal architectures of this run (``--archs``), the dense baseline not included."""
+        return list(self.settings["archs"])
 
-            from ..data import SOTU_TOKENIZER_DIR
+    def passkey_seeds(self) -> list[int]:
+        """The seeds whose models the passkey task trains on (``passkey_seeds`` of them: its training is long)."""
+        return self.seeds[: self.settings["passkey_seeds"]]
 
-            self._tokenizer = AutoTokenizer.from_pretrained(SOTU_TOKENIZER_DIR)
-        return self._tokenizer
+    def encoder_models(self) -> list[str]:
+        return list(self.settings["encoders"])
 
-    def held_out(self) -> list[list[int]]:
-        """Token ids of the held-out documents: the validation split's (and the test split's, for the bundled
-        corpus) longest ones."""
-        if self._held_out is None:
-            from datasets import concatenate_datasets
+    def wraps_baseline(self, model: str) -> bool:
+        from ..registry import get_arch
 
-            from ..data import load_text_datasets
+        return wraps_base_config(get_arch(model))
 
-            raw, column = load_text_datasets(
-                "sotu", None, self.args.train_file, self.args.validation_file, self.args.text_column, 5, None
-            )
-            held = [raw[s] for s in ("validation", "test") if s in raw]
-            texts = concatenate_datasets(held)[column] if len(held) > 1 else held[0][column]
-            ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-            self._held_out = sorted(ids, key=len, reverse=True)
-        return self._held_out
-
-    def eval_documents(self) -> list[list[int]]:
-        docs = self.held_out()[: self.settings["eval_docs"]]
-        length = min(self.settings["eval_length"], min(len(d) for d in docs) - 1)
-        if length < 2 * self.settings["block"]:
-            raise ValueError(
-                f"the held-out documents are too short for the perplexity measure ({length + 1} tokens in the "
-                f"shortest of the {len(docs)} longest); pass a --validation_file with longer documents."
-            )
-        return [d[: length + 1] for d in docs]
-
-    def filler(self) -> list[int]:
-        return [t for doc in self.held_out() for t in doc]
-
-    def recipe_data_arguments(self) -> list[str]:
-        data = []
-        if self.args.train_file:
-            data += ["--train_file", self.args.train_file]
-        if self.args.validation_file:
-            data += ["--validation_file", self.args.validation_file]
-        if self.args.text_column:
-            data += ["--text_column", self.args.text_column]
-        return data
-
-    def device_arguments(self) -> list[str]:
-        return ["--cpu"] if self.settings["device"] == "cpu" else []
-
-    # ---- models ----------------------------------------------------------------------------------------------
     def overrides(self, arch: str) -> dict[str, Any]:
-        return {**arch_overrides(arch, self.shape), **self.settings["config_overrides"].get(arch, {})}
+        from ..registry import get_arch
 
-    def folder(self, model: str) -> Path:
-        return self.models / model
+        return {**shape_overrides(get_arch(arch), self.shape), **self.settings["config_overrides"].get(arch, {})}
 
-    def load(self, model: str, task: str = "causal_lm"):
+    # ---- where -------------------------------------------------------------------------------------------------
+    def folder(self, model: str, seed: int) -> Path:
+        return self.cache / "models" / f"{model}-{seed}"
+
+    def load(self, model: str, seed: int, task: str = "causal_lm"):
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
         auto = AutoModelForSequenceClassification if task == "sequence_classification" else AutoModelForCausalLM
-        torch.manual_seed(self.args.seed)
-        return auto.from_pretrained(self.folder(model)).to(self.settings["device"])
+        torch.manual_seed(seed)
+        return auto.from_pretrained(self.folder(model, seed)).to(self.settings["device"])
 
-    def train_steps(self, model: str, build: Callable[[], Any], block: int) -> int:
-        """Optimizer steps giving ``--tokens`` tokens (batch x block each), or fitting ``--minutes`` (timed on two
-        steps of a fresh model)."""
-        batch = self.settings["batch"]
-        if self.settings["minutes"] is None:
-            return max(1, self.settings["tokens"] // (batch * block))
-        import torch
-
-        probe = build().to(self.settings["device"]).train()
-        optimizer = torch.optim.AdamW(probe.parameters(), lr=1e-4)
-        ids = torch.randint(1, len(self.tokenizer), (batch, block), device=self.settings["device"])
-        times = []
-        for _ in range(2):
-            started = time.perf_counter()
-            probe(input_ids=ids, labels=ids).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            times.append(time.perf_counter() - started)
-        return max(1, int(self.settings["minutes"] * 60 / times[-1]))
-
-    def causal_recipe(self, model: str, source: list[str], memory: bool, build: Callable[[], Any]) -> list[dict]:
-        from ..recipes import causal_lm
-
-        block = self.settings["segment"] if memory else self.settings["block"]
-        steps = self.train_steps(model, build, block)
-        argv = [
-            *source, *self.recipe_data_arguments(), *self.device_arguments(), "--block_size", str(block),
-            "--per_device_train_batch_size", str(self.settings["batch"]), "--max_train_steps", str(steps),
-            "--learning_rate", str(self.settings["learning_rate"]), "--num_warmup_steps", str(max(1, steps // 20)),
-            "--seed", str(self.args.seed), "--max_eval_samples", str(self.settings["eval_docs"]),
-            "--output_dir", str(self.folder(model)), "--overwrite_output_dir", "--logging_steps", str(max(1, steps)),
-        ]  # fmt: skip
-        if self.settings["train_docs"]:
-            argv += ["--max_train_samples", str(self.settings["train_docs"])]
-        started = time.perf_counter()
-        with self.logged(f"train-{model}"):
-            summary = causal_lm.main(argv)
-        seconds = time.perf_counter() - started
-        return self.training_rows(model, summary, steps * self.settings["batch"] * block, seconds, block)
-
-    def training_rows(self, model: str, summary: dict, tokens: int, seconds: float, block: int) -> list[dict]:
-        from .models import count_parameters
-
-        parameters = count_parameters(self.load(model))
-        metrics = summary  # a recipe's main returns its metrics at the top level
-        rows = [
-            row("causal", model, "parameters", parameters),
-            row("causal", model, "training tokens", tokens, setting=f"block {block}"),
-            row("causal", model, "training time", seconds, "s"),
-            row("causal", model, "recipe tokens/s", tokens / seconds, "tokens/s"),
-        ]
-        if "perplexity" in metrics:
-            rows.append(row("causal", model, "validation perplexity", metrics["perplexity"]))
-        if "unigram_perplexity" in metrics:
-            rows.append(row("causal", model, "unigram perplexity", metrics["unigram_perplexity"]))
-        return rows
+    def device_arguments(self) -> list[str]:
+        return ["--cpu"] if self.settings["device"] == "cpu" else []
 
     @contextlib.contextmanager
     def logged(self, name: str):
@@ -391,266 +145,94 @@ class Grid:
                 root.removeHandler(handler)
                 handler.close()
 
-    # ---- the cells -------------------------------------------------------------------------------------------
+    # ---- the cells ---------------------------------------------------------------------------------------------
+    def _key(self, measure: str, model: str, seed: int | None) -> str:
+        return f"{measure}:{model}" if seed is None or len(self.seeds) == 1 else f"{measure}:{model}@{seed}"
+
     def cells(self) -> list[Cell]:
+        from .training import train_causal
+
         cells: list[Cell] = []
-        archs = list(self.args.archs)
-        measures = self.args.measures
+        archs = self.causal_models()
         contestants = ([] if self.args.no_baseline or not archs else [BASELINE]) + archs
         for model in contestants:
-            needs = []
-            if model == "knn_lm":
-                needs = [f"train:{BASELINE}"]
-            cells.append(Cell(f"train:{model}", "causal", model, "train", lambda m=model: self.train(m), needs))
-            for measure in measures:
-                function = {"perplexity": self.perplexity, "passkey": self.passkey, "cost": self.cost}[measure]
+            for seed in self.seeds:
+                train = self._key("train", model, seed)
+                needs = (
+                    [self._key("train", BASELINE, seed)] if model != BASELINE and self.wraps_baseline(model) else []
+                )
+                cells.append(Cell(train, "causal", model, "train", _bind(train_causal, self, model, seed), needs))
+                for measure in self.args.measures:
+                    if measure == "cost" or (measure == "passkey" and seed not in self.passkey_seeds()):
+                        continue
+                    run = _bind(_MEASURES[measure], self, model, seed)
+                    cells.append(Cell(self._key(measure, model, seed), "causal", model, measure, run, [train]))
+            if "cost" in self.args.measures:
+                first = self._key("train", model, self.seeds[0])
                 cells.append(
-                    Cell(f"{measure}:{model}", "causal", model, measure, lambda m=model, f=function: f(m),
-                         [f"train:{model}"])
-                )  # fmt: skip
-        encoders = ([] if self.args.no_baseline or not self.args.encoders else [ENCODER_BASELINE]) + list(
-            self.args.encoders
-        )
+                    Cell(self._key("cost", model, None), "causal", model, "cost", _bind(_cost, self, model), [first])
+                )
+        if contestants and "perplexity" in self.args.measures:
+            cells.append(Cell("perplexity:unigram", "causal", "unigram", "perplexity", _bind(_unigram, self)))
+        encoders = self.encoder_models()
+        encoders = ([] if self.args.no_baseline or not encoders else [ENCODER_BASELINE]) + encoders
         for model in encoders:
             for task in self.args.encoder_tasks:
-                cells.append(
-                    Cell(f"{task}:{model}", "encoder", model, task, lambda m=model, t=task: self.encoder_task(m, t))
-                )
+                for seed in self.settings["encoder_seeds"]:
+                    key = f"{task}:{model}" if len(self.settings["encoder_seeds"]) == 1 else f"{task}:{model}@{seed}"
+                    cells.append(Cell(key, "encoder", model, task, _bind(_encoder, self, model, task, seed)))
         return cells
 
-    def train(self, model: str) -> list[dict]:
-        from ..registry import get_arch
 
-        if model == BASELINE:
-            folder = self.cache / "baseline-init"
-            target = median(family_parameters(
-                [a for a in CAUSAL_ARCHS if a in self.args.archs] or list(CAUSAL_ARCHS), self.shape,
-                len(self.tokenizer), self.settings["config_overrides"],
-            ).values())  # fmt: skip
-            with self.logged("baseline-init"):
-                save_dense_baseline(folder, self.shape, target, self.args.seed)
+def _bind(function: Callable, *arguments) -> Callable[[], list[dict]]:
+    return lambda: function(*arguments)
 
-            def build():
-                from transformers import AutoModelForCausalLM
 
-                return AutoModelForCausalLM.from_pretrained(folder)
+def _perplexity(grid: Grid, model: str, seed: int) -> list[dict]:
+    from .measures import perplexity_rows
 
-            return self.causal_recipe(model, ["--model_name_or_path", str(folder)], False, build)
-        if model == "knn_lm":
-            return self.knn_lm()
-        spec = get_arch(model)
-        overrides = self.overrides(model)
+    return perplexity_rows(grid, model, seed)
 
-        def build():
-            config = spec.make_config("tiny", vocab_size=len(self.tokenizer), **overrides)
-            return spec.model_classes["causal_lm"](config)
 
-        memory = spec.carried_state is not None
-        source = ["--arch", model, "--variant", "tiny", "--config_overrides", *override_arguments(overrides)]
-        return self.causal_recipe(model, source, memory, build)
+def _passkey(grid: Grid, model: str, seed: int) -> list[dict]:
+    from .measures import passkey_rows
 
-    def knn_lm(self) -> list[dict]:
-        """The trained baseline plus a datastore of its keys over the first training tokens (``recipes/knn_lm.py``
-        ``build``), then λ and k picked on validation (``eval``), saved as a kNN-LM."""
-        from ..recipes import knn_lm
+    return passkey_rows(grid, model, seed)
 
-        datastore = self.cache / "datastore"
-        block = str(self.settings["block"])
-        common = [*self.recipe_data_arguments(), *self.device_arguments(), "--block_size", block]
-        tokens_per_doc = 8_000  # SOTU addresses: about 7.5k tokens each; the datastore stops at the budget
-        docs = str(max(1, self.settings["datastore_tokens"] // tokens_per_doc))
-        started = time.perf_counter()
-        with self.logged("train-knn_lm"):
-            knn_lm.main(["build", "--model_name_or_path", str(self.folder(BASELINE)), "--output_dir", str(datastore),
-                         "--overwrite_output_dir", "--max_samples", docs, *common])  # fmt: skip
-            result = knn_lm.main([
-                "eval", "--model_name_or_path", str(self.folder(BASELINE)), "--datastore", str(datastore),
-                "--output_dir", str(self.folder("knn_lm")), "--overwrite_output_dir", "--lmbdas", "0.1", "0.25",
-                "0.5", "--ks", "8", "32", "--max_samples", str(self.settings["eval_docs"]), *common,
-            ])  # fmt: skip
-        seconds = time.perf_counter() - started
-        rows = [
-            row("causal", "knn_lm", "parameters", sum(p.numel() for p in self.load("knn_lm").parameters())),
-            row("causal", "knn_lm", "datastore build and λ, k search time", seconds, "s"),
-        ]
-        best = result["best"]
-        rows.append(row("causal", "knn_lm", "validation perplexity", result["validation_knn"]["perplexity"],
-                        setting=f"λ {best['lmbda']}, k {best['k']}"))  # fmt: skip
+
+def _unigram(grid: Grid) -> list[dict]:
+    from .measures import unigram_rows
+
+    return unigram_rows(grid)
+
+
+_MEASURES = {"perplexity": _perplexity, "passkey": _passkey}
+
+
+def _cost(grid: Grid, model: str) -> list[dict]:
+    from .cost import cost_rows
+
+    folder = grid.folder(model, grid.seeds[0])
+    return cost_rows(grid, model, folder, "causal_lm", grid.settings["train_lengths"], "causal")
+
+
+def _encoder(grid: Grid, model: str, task: str, seed: int) -> list[dict]:
+    """Train ``model`` on ``task``; with the first seed also the cost of a training step at the task's length."""
+    from .cost import cost_rows
+    from .training import train_encoder
+
+    rows = train_encoder(grid, model, task, seed)
+    if seed != grid.settings["encoder_seeds"][0]:
         return rows
-
-    def perplexity(self, model: str) -> list[dict]:
-        from .measures import bucket_edges, perplexity_by_position
-
-        documents = self.eval_documents()
-        length = len(documents[0]) - 1
-        edges = bucket_edges(self.settings["first_bucket"], length)
-        result = perplexity_by_position(
-            self.load(model), documents, edges, self.settings["segment"], self.settings["block"]
-        )
-        return [
-            row("causal", model, "perplexity by position", value, setting=bucket, documents=len(documents))
-            for bucket, value in result.items()
-        ]
-
-    def passkey(self, model: str) -> list[dict]:
-        from .measures import passkey_accuracy
-
-        settings = {
-            "steps": self.settings["passkey_steps"], "batch": self.settings["passkey_batch"],
-            "learning_rate": self.settings["passkey_learning_rate"],
-            "eval_samples": self.settings["passkey_eval_samples"], "seed": self.args.seed,
-        }  # fmt: skip
-        result = passkey_accuracy(
-            self.load(model), self.tokenizer, self.filler(), self.settings["passkey_distances"],
-            self.settings["segment"], self.settings["block"], settings,
-        )  # fmt: skip
-        return [
-            row("causal", model, "passkey accuracy", value, setting=f"distance {distance}")
-            for distance, value in result.items()
-        ]
-
-    def cost(self, model: str, task: str = "causal_lm", lengths=None, section: str = "causal") -> list[dict]:
-        """Training and decoding cost, each in its own child process (`tf_family.compare.cost`)."""
-        from .cost import OUT_OF_MEMORY
-
-        lengths = self.settings["train_lengths"] if lengths is None else lengths
-        spec = {
-            "folder": str(self.folder(model)), "task": task, "device": self.settings["device"],
-            "vocab_size": len(self.tokenizer), "segment": self.settings["segment"],
-            "step_limit_s": self.settings["step_limit_s"], "new_tokens": self.settings["new_tokens"],
-            "pad_token_id": self.tokenizer.eos_token_id,
-        }  # fmt: skip
-        job = {**spec, "lengths": lengths, "prompts": self.settings["decode_prompts"] if task == "causal_lm" else []}
-        spec_file = self.cache / "logs" / f"cost-{model}-{task}.json"
-        out = spec_file.with_suffix(".jsonl")
-        spec_file.parent.mkdir(parents=True, exist_ok=True)
-        spec_file.write_text(json.dumps(job))
-        out.unlink(missing_ok=True)
-        out.touch()
-        process = subprocess.run(
-            [sys.executable, "-m", "tf_family.compare.cost", str(spec_file), str(out)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "TQDM_DISABLE": "1"},
-        )
-        records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-        wanted = [("train", n) for n in job["lengths"]] + [("decode", n) for n in job["prompts"]]
-        done = {(r["kind"], r["length"]) for r in records}
-        if process.returncode != 0:
-            killed = process.returncode < 0 or process.returncode == 137
-            pending = [w for w in wanted if w not in done]
-            if killed and pending:  # the kernel ended it (out of memory) at the first measurement not written
-                records.append({"kind": pending[0][0], "length": pending[0][1], "status": OUT_OF_MEMORY})
-                done.add(pending[0])
-            else:
-                tail = process.stderr.strip().splitlines()[-1:] or [f"exit status {process.returncode}"]
-                raise RuntimeError(f"the cost measurement failed: {tail[0]}")
-        names = {"train": ("training", "sequence length"), "decode": ("decoding", "prompt")}
-        rows = []
-        for record in records:
-            name, what = names[record["kind"]]
-            setting = f"{what} {record['length']}"
-            if "status" in record:
-                rows.append(
-                    row(section, model, f"{name} tokens/s", None, "tokens/s", setting, status=record["status"])
-                )
-                continue
-            rows.append(row(section, model, f"{name} tokens/s", record["tokens_per_second"], "tokens/s", setting))
-            rows.append(row(section, model, f"{name} peak memory", record["peak_mb"], "MiB", setting))
-        stopped = {kind for kind, _ in done}
-        for kind, length in wanted:
-            if (kind, length) not in done:
-                name, what = names[kind]
-                why = (
-                    f"skipped: a shorter length took over {self.settings['step_limit_s']} s"
-                    if kind in stopped
-                    else "not measured: the measurement before it ended the process"
-                )
-                rows.append(row(section, model, f"{name} tokens/s", None, "tokens/s", f"{what} {length}", status=why))
-        return rows
-
-    # ---- encoders --------------------------------------------------------------------------------------------
-    def listops_files(self) -> tuple[Path, Path]:
-        from .listops import generate
-
-        folder = self.cache / "data"
-        train, validation = folder / "listops-train.jsonl", folder / "listops-validation.jsonl"
-        if not train.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            low, high = self.settings["listops_words"]
-            for path, count, seed in ((train, self.settings["listops_train"], self.args.seed),
-                                      (validation, self.settings["listops_eval"], self.args.seed + 1)):  # fmt: skip
-                examples = generate(count, seed, min_length=low, max_length=high)
-                partial = path.with_suffix(".partial")
-                partial.write_text("".join(json.dumps(e) + "\n" for e in examples))
-                partial.replace(path)
-        return train, validation
-
-    def majority_rate(self, task: str) -> float:
-        """The accuracy of always answering the validation split's most frequent class: the floor to beat."""
-        from collections import Counter
-
-        if task == "listops":
-            labels = [json.loads(line)["label"] for line in self.listops_files()[1].read_text().splitlines()]
-        else:
-            from ..data import load_brown
-
-            split = load_brown()["validation"]
-            labels = split["genre"] if "genre" in split.column_names else split["label"]
-        return Counter(labels).most_common(1)[0][1] / len(labels)
-
-    def encoder_task(self, model: str, task: str) -> list[dict]:
-        """Train ``model`` on ``task`` with the sequence-classification recipe; accuracy, training tokens/s (the
-        recipe's own run, padded tokens included), then the cost of a step at the task's length."""
-        from ..recipes import sequence_classification
-
-        length = self.settings["listops_max_length" if task == "listops" else "brown_max_length"]
-        name = f"{model}-{task}"
-        if task == "listops":
-            train, validation = self.listops_files()
-            data = ["--train_file", str(train), "--validation_file", str(validation)]
-            labels = 10
-        else:
-            data = ["--dataset_name", "brown"]
-            labels = 15
-        if model == ENCODER_BASELINE:
-            init = self.cache / f"roberta-init-{task}"
-            with self.logged(f"roberta-init-{task}"):
-                save_roberta_baseline(init, self.shape, labels, length, self.args.seed)
-            source = ["--model_name_or_path", str(init)]
-        else:
-            overrides = self.overrides(model)
-            source = ["--arch", model, "--variant", "tiny", "--config_overrides", *override_arguments(overrides)]
-        steps = self.settings["encoder_steps"]
-        argv = [
-            *source, *data, *self.device_arguments(), "--max_length", str(length),
-            "--per_device_train_batch_size", str(self.settings["encoder_batch"]), "--max_train_steps", str(steps),
-            "--learning_rate", str(self.settings["encoder_learning_rate"]), "--num_warmup_steps", str(max(1, steps // 10)),
-            "--seed", str(self.args.seed), "--output_dir", str(self.folder(name)), "--overwrite_output_dir",
-            "--max_eval_samples", "0",
-        ]  # fmt: skip
-        started = time.perf_counter()
-        with self.logged(f"train-{name}"):
-            summary = sequence_classification.main(argv)
-        seconds = time.perf_counter() - started
-        metrics = summary
-        task_name = "ListOps" if task == "listops" else "Brown genres"
-        rows = [
-            row("encoder", model, f"{task_name} accuracy", metrics.get("eval_accuracy", metrics.get("accuracy")),
-                setting=f"max length {length}"),
-            row("encoder", model, f"{task_name} training time", seconds, "s", f"{steps} steps"),
-        ]  # fmt: skip
-        rows.append(row("encoder", model, f"{task_name} majority-class accuracy", self.majority_rate(task)))
-        if "eval_macro_f1" in metrics:
-            rows.append(row("encoder", model, f"{task_name} macro-F1", metrics["eval_macro_f1"]))
-        rows += self.cost(name, "sequence_classification", [length], section="encoder")
-        for r in rows:
-            r["model"] = model
-            if r["metric"].startswith("training "):
-                r["metric"] = f"{task_name} {r['metric']}"
-        return rows
+    length = grid.data.task(task).max_length
+    title = TASK_TITLES[task]
+    folder = grid.folder(f"{model}-{task}", seed)
+    for r in cost_rows(grid, model, folder, "sequence_classification", [length], "encoder"):
+        rows.append({**r, "metric": f"{title} {r['metric']}"})
+    return rows
 
 
+# ----------------------------------------------------------------------------------------------------------- run
 def _cpu_seconds() -> float:
     """CPU time of this process and of its finished children (the cost measurements): beside the wall time, how
     much of a cell's time went to it on a machine that other work shares."""
@@ -660,12 +242,6 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _file_stamp(path: str) -> str:
-    stat = Path(path).stat()
-    return f"{Path(path).resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
-
-
-# ----------------------------------------------------------------------------------------------------------- run
 def run_cells(grid: Grid, cells: list[Cell], report_only: bool = False) -> dict[str, dict]:
     """Run every cell not cached; a cell's result (or error) is written atomically to ``cache/cells/``. With
     ``report_only``, run nothing: the cached cells, and the others as not run yet."""
@@ -676,7 +252,7 @@ def run_cells(grid: Grid, cells: list[Cell], report_only: bool = False) -> dict[
     results: dict[str, dict] = {}
     progress = tqdm(total=len(cells), desc="compare", unit="cell", dynamic_ncols=True)
     for cell in cells:
-        path = folder / (cell.key.replace(":", "--") + ".json")
+        path = folder / (cell.key.replace(":", "--").replace("@", "--") + ".json")
         if path.exists():
             cached = json.loads(path.read_text())
             if "error" not in cached or report_only:
@@ -714,29 +290,13 @@ def run_cells(grid: Grid, cells: list[Cell], report_only: bool = False) -> dict[
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    settings = parse_settings(args)
-    started = time.perf_counter()
-    grid = Grid(args, settings)
-    cells = grid.cells()
-    results = run_cells(grid, cells, args.report_only)
-    from .report import write_report
-
-    paths = write_report(
-        Path(args.output_dir),
-        results,
-        settings,
-        versions(),
-        {"argv": argv, **vars(args)},
-        time.perf_counter() - started,
-    )
-    failed = [k for k, r in results.items() if "error" in r and r["error"] != "not run yet"]
-    sys.stdout.write(f"report: {paths['html']}\ntable: {paths['markdown']}\n")
-    if failed:
-        sys.stdout.write(f"{len(failed)} cell(s) failed (recorded in the report): {', '.join(failed)}\n")
-    return 0
+def default_archs(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The causal and encoder models of a run without ``--archs`` / ``--encoders``: the whole family, or with
+    ``subset`` (``--quick``) one causal model per group and the first ``quick_encoders`` encoders."""
+    causal, encoders = list(causal_archs()), list(encoder_archs())
+    if settings.get("subset"):
+        return quick_subset(causal), encoders[: settings["quick_encoders"]]
+    return causal, encoders
 
 
-__all__ = ["DEFAULT", "QUICK", "Cell", "Grid", "build_parser", "main", "parse_settings", "run_cells"]
+__all__ = ["Cell", "Grid", "default_archs", "run_cells", "shape_of"]

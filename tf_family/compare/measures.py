@@ -3,9 +3,14 @@
 1. `perplexity_by_position`: perplexity per position bucket on held-out long documents, each model at its own best
    inference setting (memory models carry their memory through the document; the others read sliding windows of
    their training length, half of each window scored, so every scored token sees at least half a window);
-2. `passkey_accuracy`: a key of five digits planted in real text, asked for ``distance`` tokens later, after a short
-   fine-tune on the task (the same number of samples for every model); teacher-forced digit accuracy;
+2. `passkey_accuracy`: a key of five digits planted in real text, asked for ``distance`` tokens later; the trained
+   language model is then trained on the task (the same steps and samples for every model, at every distance of
+   the grid, inside and beyond a dense model's window) and scored by teacher-forced digit accuracy on new samples.
+   A model without memory reads the last ``window`` tokens of a sample (its training length): beyond that distance
+   the key is out of its sight, and chance is what it can score;
 3. ``cost`` (its own module, run in a child process so that peak memory is the model's alone).
+
+`perplexity_rows` and `passkey_rows` run them on one trained model of a grid and return result rows.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch.nn.functional as F
 from ..modeling.losses import IGNORE_INDEX
 from ..training.language_modeling import start_memory
 from .models import has_memory
+from .rows import row
 
 KEY_LENGTH = 5
 QUESTION = " What is the pass key? The pass key is"
@@ -181,12 +187,77 @@ def passkey_accuracy(
     return result
 
 
+# ------------------------------------------------------------------------------------------------------ grid cells
+def perplexity_rows(grid, model: str, seed: int) -> list[dict]:
+    """Perplexity by position of ``model`` (trained with ``seed``) on the grid's held-out documents."""
+    documents = grid.data.eval_documents()
+    length = len(documents[0]) - 1
+    edges = bucket_edges(grid.settings["first_bucket"], length)
+    result = perplexity_by_position(
+        grid.load(model, seed), documents, edges, grid.settings["segment"], grid.settings["block"]
+    )
+    return [
+        row("causal", model, "perplexity by position", value, setting=bucket, documents=len(documents), seed=seed)
+        for bucket, value in result.items()
+    ]
+
+
+UNIGRAM = "unigram"  # the reference row of the perplexity table: the add-one unigram model of the training tokens
+
+
+def unigram_rows(grid) -> list[dict]:
+    """Perplexity by position of the unigram model on the grid's held-out documents: the floor to beat."""
+    documents = grid.data.eval_documents()
+    length = len(documents[0]) - 1
+    log_probs = grid.data.unigram_log_probs()
+    targets = torch.tensor([list(doc[1:]) for doc in documents])
+    nll = -log_probs[targets].float()  # (B, T - 1)
+    result = {}
+    edges = bucket_edges(grid.settings["first_bucket"], length)
+    for low, high in zip(edges, edges[1:], strict=False):
+        result[bucket_label(low, high)] = math.exp(nll[:, low:high].mean().item())
+    result["overall"] = math.exp(nll.mean().item())
+    return [
+        row("causal", UNIGRAM, "perplexity by position", value, setting=bucket, documents=len(documents))
+        for bucket, value in result.items()
+    ]
+
+
+def passkey_rows(grid, model: str, seed: int) -> list[dict]:
+    """Passkey accuracy of ``model`` (trained with ``seed``) at each distance of the grid, after its task training."""
+    settings = grid.settings
+    task = {
+        "steps": settings["passkey_steps"],
+        "batch": settings["passkey_batch"],
+        "learning_rate": settings["passkey_learning_rate"],
+        "eval_samples": settings["passkey_eval_samples"],
+        "seed": seed,
+    }
+    result = passkey_accuracy(
+        grid.load(model, seed),
+        grid.data.tokenizer,
+        grid.data.filler(),
+        settings["passkey_distances"],
+        settings["segment"],
+        settings["block"],
+        task,
+    )
+    return [
+        row("causal", model, "passkey accuracy", value, setting=f"distance {distance}", seed=seed)
+        for distance, value in result.items()
+    ]
+
+
 __all__ = [
     "CHANCE",
+    "UNIGRAM",
     "KEY_LENGTH",
     "bucket_edges",
     "bucket_label",
     "passkey_accuracy",
+    "passkey_rows",
     "passkey_sample",
     "perplexity_by_position",
+    "perplexity_rows",
+    "unigram_rows",
 ]
