@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the same names for static tools (type checkers, IDEs, the d
     )
     from .models.knn_lm.configuration_knn_lm import TffKNNLMConfig
     from .models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM, TffKNNLMPreTrainedModel
+    from .models.linformer.configuration_linformer import TffLinformerConfig
     from .models.longformer.configuration_longformer import TffLongformerConfig
     from .models.longformer.modeling_longformer import (
         TffLongformerForCausalLM,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # the same names for static tools (type checkers, IDEs, the d
         TffMemorizingModel,
         TffMemorizingPreTrainedModel,
     )
+    from .models.performer.configuration_performer import TffLinearTransformerConfig, TffPerformerConfig, TffRFAConfig
     from .models.reformer.cache_reformer import TffReformerCache
     from .models.reformer.configuration_reformer import TffReformerConfig
     from .models.reformer.modeling_reformer import (

@@ -17,8 +17,11 @@ from .models.calm import SPEC as CALM
 from .models.compressive import SPEC as COMPRESSIVE
 from .models.decision_transformer import SPEC as DECISION_TRANSFORMER
 from .models.knn_lm import SPEC as KNN_LM
+from .models.linformer import SPEC as LINFORMER
 from .models.longformer import SPEC as LONGFORMER
 from .models.memorizing import SPEC as MEMORIZING
+from .models.performer import LINEAR_TRANSFORMER, RFA
+from .models.performer import SPEC as PERFORMER
 from .models.reformer import SPEC as REFORMER
 from .models.sparse_transformer import SPEC as SPARSE_TRANSFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
@@ -41,6 +44,10 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             KNN_LM,
             CALM,
             DECISION_TRANSFORMER,
+            PERFORMER,
+            LINEAR_TRANSFORMER,
+            RFA,
+            LINFORMER,
             SPARSE_TRANSFORMER,
         )
     }

@@ -47,6 +47,18 @@ def find_first_real_token(attention_mask: torch.Tensor | None, batch: int, devic
     return attention_mask.to(torch.int).argmax(dim=1)  # (B,)
 
 
+def max_input_length(config) -> int | None:
+    """The longest input the model's position table allows (RoBERTa-style offsets counted), or None when it has
+    no absolute positions."""
+    names = ("max_position_embeddings", "n_positions", "n_ctx")
+    positions = next((v for v in (getattr(config, n, None) for n in names) if isinstance(v, int) and v > 0), None)
+    if positions is None:
+        return None
+    if getattr(config, "model_type", "").endswith("longformer") or "roberta" in getattr(config, "model_type", ""):
+        return positions - (config.pad_token_id or 0) - 1
+    return positions
+
+
 def accepts_past_key_values(function):
     """Let a ``forward`` or ``prepare_inputs_for_generation`` that takes the cache as ``cache`` (its name since
     transformers 5.24) also take it under its older name ``past_key_values``, as callers written for earlier
@@ -153,4 +165,5 @@ __all__ = [
     "find_first_real_token",
     "fused_projections",
     "is_plain_linear",
+    "max_input_length",
 ]

@@ -325,7 +325,7 @@ def example_inputs(
 
 
 def _dynamic_shapes(model: nn.Module, task: str, inputs: dict[str, torch.Tensor]) -> tuple[dict[int, object], ...]:
-    from ..training.encoder import max_input_length
+    from ..modeling.utils import max_input_length
 
     limit = None if task == "action" else max_input_length(getattr(model.config, "base_config", None) or model.config)
     if getattr(model, "carried_state", None) == "knn_memory":  # a segment no longer than the kNN memory
@@ -456,9 +456,7 @@ def export_onnx(
     """``tf-family export --format onnx DIR OUT``: write ``OUT/model.onnx`` (the eval forward of the model saved in
     ``DIR``, dynamic batch and sequence length), ``onnx_signature.json`` (its inputs and outputs), ``config.json``
     and the tokenizer files. The folder is written beside ``OUT`` and renamed into place."""
-    from transformers import AutoConfig
-
-    import tf_family  # noqa: F401  (registers the architectures with the Auto classes)
+    from transformers import AutoConfig  # knows our model types: importing this module ran tf_family/__init__
 
     from ..registry import find_arch
 

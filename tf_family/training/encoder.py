@@ -33,6 +33,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from ..data import SOTU_TOKENIZER_DIR
 from ..data.packing import EMPTY_BLOCK
+from ..modeling.utils import max_input_length
 from ..registry import get_arch
 from .arguments import (
     add_lora_and_hub_arguments,
@@ -172,18 +173,6 @@ def build_model(args: argparse.Namespace, task: str, tokenizer, config_overrides
     if vocab is not None and len(tokenizer) > vocab:
         model.resize_token_embeddings(len(tokenizer))
     return model
-
-
-def max_input_length(config) -> int | None:
-    """The longest input the model's position table allows (RoBERTa-style offsets counted), or None when it has
-    no absolute positions."""
-    names = ("max_position_embeddings", "n_positions", "n_ctx")
-    positions = next((v for v in (getattr(config, n, None) for n in names) if isinstance(v, int) and v > 0), None)
-    if positions is None:
-        return None
-    if getattr(config, "model_type", "").endswith("longformer") or "roberta" in getattr(config, "model_type", ""):
-        return positions - (config.pad_token_id or 0) - 1
-    return positions
 
 
 def check_max_length(args: argparse.Namespace, model) -> None:

@@ -13,9 +13,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..metrics import language_model_metrics
 from ..modeling.losses import IGNORE_INDEX
+from ..modeling.utils import max_input_length
 from ..registry import get_arch
 from ..spec import carried_state
-from .encoder import max_input_length
 
 if TYPE_CHECKING:
     from accelerate import Accelerator

@@ -167,6 +167,14 @@ UNSUPPORTED_DECODERS = {
     "tff_big_bird": "BigBird is a bidirectional encoder (masked LM): CALM exits while decoding causally.",
     "tff_decision_transformer": "the Decision Transformer decodes (return, state, action) embeddings into continuous "
     "actions: it has no token vocabulary, so no softmax confidence and no LM head to share between exits.",
+    "tff_performer": "kernelised attention keeps a recurrent state (sum phi(k) v^T), not per-token keys and values: "
+    "a skipped layer's state propagation would have to update that state, which CALM's decoder does not do.",
+    "tff_linear_transformer": "the Linear Transformer's attention is kernelised (a recurrent state, no key/value "
+    "cache): the same obstacle as the Performer.",
+    "tff_rfa": "Random Feature Attention is kernelised and gated (a decaying recurrent state, no key/value cache): "
+    "the same obstacle as the Performer.",
+    "tff_linformer": "the Linformer is a bidirectional encoder (its E / F projections mix every position): CALM exits "
+    "while decoding causally.",
     "tff_sparse_transformer": "the Sparse Transformer's heads attend under factorised sparse patterns (and may use "
     "ALiBi biases) that CALM's dense Llama/GPT-2 attention does not express: its layers cannot be copied one to one.",
 }
