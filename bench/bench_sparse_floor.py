@@ -4,15 +4,14 @@ For each family (Longformer, BigBird) at one length, one process builds transfor
 weights (the config of `bench_sparse_attention.py`) and times, alternating call by call, one training step
 (forward + backward of the mean squared output) of
 
-- tf_family's model as shipped (the *dispatch*: the native kernel at the calls where its calibration measured it
-  faster than the PyTorch path by `native.NATIVE_MARGIN`, `tf_family.attention.native.faster_than_pytorch`); which
-  path each attention call of the step took is counted and reported;
+- tf_family's model as shipped (the *dispatch*: the default ``attn_implementation="tff_native"``, the native kernel
+  on tiles of at least `backend.NATIVE_MIN_ROWS` query rows, the PyTorch path below); which path each attention
+  call of the step took is counted and reported;
 - tf_family's model on its PyTorch path (``TF_FAMILY_NATIVE=0``: `masked_attention` instead of the native kernel);
 - tf_family's model with its sparse attention kernel replaced by the identity on the values (every other op kept:
   projections, global attention, feed-forward, layer norms, dropout, embeddings, masks);
 - transformers' model;
-- tf_family's model with the native kernel forced wherever it runs (``TF_FAMILY_NATIVE=force``: what the dispatch
-  would do without its calibration);
+- tf_family's model with the native kernel on every tile (``NATIVE_MIN_ROWS = 1``);
 - tf_family's and transformers' models under bf16 autocast (a model that fails there is reported as such);
 - a dense encoder of the same width with PyTorch's SDPA (`bench_sparse_attention`'s ``dense_sdpa``: BERT, the same
   dropout), in float32 and under bf16 autocast: what the sparse pattern has to beat (up to ``--dense-max-length``
@@ -79,13 +78,6 @@ def _product_time(batch: int, rows: int, cols: int, inner: int) -> float:
     return slabs * full + tail
 
 
-def _calibration() -> dict:
-    """The native kernel's calibration so far (shape -> both paths' times and the decision)."""
-    from tf_family.attention import native
-
-    return native._load_calibration() if native.extension() is not None else {}
-
-
 def _count_paths(step) -> dict[str, int]:
     """Run ``step`` once and count which function each attention call of the dispatch chose (``native``,
     ``masked``: the PyTorch path, ``sdpa``: PyTorch's SDPA), `backend.attention_backend`'s answer."""
@@ -136,13 +128,18 @@ def measure(family: str, length: int, rounds: int, folder: str, dense_max_length
                     plain()
 
         def run():
+            from tf_family.attention import backend
+
             setattr(module, kernel_name, attention)
-            os.environ["TF_FAMILY_NATIVE"] = native
+            os.environ["TF_FAMILY_NATIVE"] = "1" if native == "force" else native
+            rows = backend.NATIVE_MIN_ROWS
+            backend.NATIVE_MIN_ROWS = 1 if native == "force" else rows  # the kernel on every tile
             try:
                 step()
             finally:
                 setattr(module, kernel_name, kernel)
                 os.environ["TF_FAMILY_NATIVE"] = "1"
+                backend.NATIVE_MIN_ROWS = rows
 
         return run
 
@@ -197,7 +194,6 @@ def measure(family: str, length: int, rounds: int, folder: str, dense_max_length
     return {
         "failed": failed,
         "paths": paths,
-        "calibration": _calibration(),
         "family": family,
         "length": length,
         "times_s": times,
@@ -244,8 +240,8 @@ def markdown(records: list[dict], rounds: int) -> str:
                     "transformers bf16", "dense SDPA fp32", "dense SDPA bf16"]  # fmt: skip
     return (
         f"Training step (forward + backward), batch 1, medians of {rounds} interleaved rounds. dispatch = tf_family "
-        "as shipped (the native kernel at the calls where its calibration measured it faster than the PyTorch path "
-        "by more than the margin); native kernel forced = TF_FAMILY_NATIVE=force; PyTorch path = the native kernel "
+        "as shipped (attn_implementation='tff_native': the native kernel on tiles of >= 128 query rows, the PyTorch "
+        "path below); native kernel forced = the kernel on every tile; PyTorch path = the native kernel "
         "off (TF_FAMILY_NATIVE=0); dispatch / faster of the two: 1.000 or less where the dispatch is never slower "
         "than the better fixed choice (identical choices differ only by the noise of the run); dispatch's calls = "
         "which function the attention calls of one step took (native kernel, masked = the PyTorch path, sdpa = "

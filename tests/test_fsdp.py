@@ -30,6 +30,7 @@ CASES = [
     ("knn_lm", "causal_lm"),
     ("calm", "causal_lm"),
     ("decision_transformer", "action"),
+    ("universal_transformer", "causal_lm"),
 ]
 STEPS, ROWS, LENGTH, LR = 3, 4, 16, 1e-3
 RESUME_CASE = ("compressive", "causal_lm")  # a sharded checkpoint after step 2, resumed for step 3

@@ -178,8 +178,10 @@ def _assert_same_updates(accumulated: dict, large: dict, skip: tuple[str, ...] =
 
 @pytest.mark.parametrize(("name", "task"), CASES, ids=[f"{name}-{task}" for name, task in CASES])
 def test_gradient_accumulation_equals_large_batch(name, task, tmp_path):
-    # CALM's class-balanced meta loss is a per-call quantity (see the module docstring and the test below)
-    model = _tiny_model(name, task, **({"meta_loss_weight": 0.0} if name == "calm" else {}))
+    # CALM's class-balanced meta loss and the Universal Transformer's ponder cost are per-call quantities (see the
+    # module docstring, the test below and tests/models/universal_transformer/)
+    per_call = {"calm": {"meta_loss_weight": 0.0}, "universal_transformer": {"act_loss_weight": 0.0}}
+    model = _tiny_model(name, task, **per_call.get(name, {}))
     examples = _examples(name, task, model)
     large_update, large_loss = _train_one_step(model, examples, 2, 1, tmp_path / "large")
     accumulated_update, accumulated_loss = _train_one_step(model, examples, 1, 2, tmp_path / "accumulated")

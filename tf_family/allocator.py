@@ -8,8 +8,9 @@ threshold and the trim threshold to 2 GiB and pads each heap extension by 1 GiB 
 untouched pages cost nothing), so freed activations stay in the heap and are reused. Peak memory rises a little
 (the heap keeps its high-water mark).
 
-The CLI (``tf-family``) and the recipes (`tf_family.training.make_accelerator`) call it at start-up; a process
-that has it set keeps it. Opt out with ``TF_FAMILY_KEEP_FREED_MEMORY=0``; ``MALLOC_*_`` variables set by the user,
+Only programs of our own call it, at start-up: the CLI (``tf-family``) and the recipes run as commands
+(`tf_family.utils.user_errors.run_main`); importing tf_family or calling its functions from a user's script never does. A
+process that has it set keeps it. Opt out with ``TF_FAMILY_KEEP_FREED_MEMORY=0``; ``MALLOC_*_`` variables set by the user,
 or jemalloc / tcmalloc preloaded (``LD_PRELOAD``), are left alone. `describe` says which allocator runs (the
 benchmarks record it).
 """

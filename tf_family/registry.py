@@ -25,6 +25,7 @@ from .models.performer import SPEC as PERFORMER
 from .models.reformer import SPEC as REFORMER
 from .models.sparse_transformer import SPEC as SPARSE_TRANSFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
+from .models.universal_transformer import SPEC as UNIVERSAL_TRANSFORMER
 from .spec import ArchSpec, Task
 from .utils.user_errors import did_you_mean
 
@@ -48,6 +49,7 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             LINEAR_TRANSFORMER,
             RFA,
             LINFORMER,
+            UNIVERSAL_TRANSFORMER,
             SPARSE_TRANSFORMER,
         )
     }

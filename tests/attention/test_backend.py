@@ -32,19 +32,33 @@ def _assert_same(got, want):
 
 @pytest.mark.parametrize("masked", [True, False], ids=["mask", "no mask"])
 def test_every_path_gives_the_same_values_and_gradients(attention_backend, masked):
-    """float64, a gradient needed: ``"sdpa"`` takes our CPU function (the native kernel, or with the kernel turned
-    off `masked_attention`); ``cpu_kernels=False`` keeps PyTorch's SDPA; ``"eager"`` is the dense twin."""
+    """float64, a gradient needed: ``"tff_native"`` takes our CPU function (the native kernel, or with the kernel
+    turned off `masked_attention`); ``"sdpa"`` is PyTorch's SDPA; ``"eager"`` is the dense twin."""
     tensors, allowed, weights = _inputs()
     allowed = allowed if masked else None
     assert backend.attention_backend(*tensors, 0.0) == ("native" if attention_backend == "native" else "masked")
-    ours = _values_and_grads(tensors, weights, allowed=allowed)
-    torch_sdpa = _values_and_grads(tensors, weights, allowed=allowed, cpu_kernels=False)
+    assert backend.attention_backend(*tensors, 0.0, "sdpa") == "sdpa"
+    ours = _values_and_grads(tensors, weights, allowed=allowed, implementation=backend.NATIVE)
+    torch_sdpa = _values_and_grads(tensors, weights, allowed=allowed)
     eager = _values_and_grads(tensors, weights, allowed=allowed, implementation="eager")
     _assert_same(ours, torch_sdpa)
     _assert_same(eager, torch_sdpa)
-    with torch.no_grad():  # eval: PyTorch's SDPA, whatever cpu_kernels says
+    with torch.no_grad():  # eval: PyTorch's SDPA under every implementation but eager
         assert backend.attention_backend(*tensors, 0.0) == "sdpa"
-        torch.testing.assert_close(attend(*tensors, allowed)[0], torch_sdpa[0], rtol=1e-10, atol=1e-12)
+        got = attend(*tensors, allowed, implementation=backend.NATIVE)[0]
+        torch.testing.assert_close(got, torch_sdpa[0], rtol=1e-10, atol=1e-12)
+
+
+def test_the_default_is_a_rule_by_device_and_dtype(monkeypatch):
+    monkeypatch.delenv("TF_FAMILY_NATIVE", raising=False)
+    native_here = backend.native.can_build()
+    assert backend.default_implementation("cpu", torch.float32) == ("tff_native" if native_here else "sdpa")
+    assert backend.default_implementation("cpu", torch.bfloat16) == backend.default_implementation("cpu")
+    assert backend.default_implementation("cpu", torch.float64) == "sdpa"
+    assert backend.default_implementation("cuda", torch.bfloat16) == "sdpa"
+    assert backend.default_implementation("meta", torch.float32) == "sdpa"
+    monkeypatch.setenv("TF_FAMILY_NATIVE", "0")  # the documented override: no kernel, so no native default
+    assert backend.default_implementation("cpu", torch.float32) == "sdpa"
 
 
 def test_an_additive_bias_with_fully_masked_rows():
@@ -97,10 +111,10 @@ def test_flex_attention_computes_dense_calls_with_pytorch_sdpa():
     """A dense call of the ``"flex_attention"`` route (the sparse kernels take FlexAttention themselves,
     tests/attention/test_flex.py) is PyTorch's SDPA, never our CPU functions."""
     tensors, allowed, weights = _inputs()
-    assert backend._backend(*tensors, 0.0, "flex_attention", True) == "sdpa"
+    assert backend.attention_backend(*tensors, 0.0, "flex_attention") == "sdpa"
     _assert_same(
         _values_and_grads(tensors, weights, allowed=allowed, implementation="flex_attention"),
-        _values_and_grads(tensors, weights, allowed=allowed, cpu_kernels=False),
+        _values_and_grads(tensors, weights, allowed=allowed, implementation="sdpa"),
     )
 
 
@@ -110,8 +124,9 @@ def test_preferred_chunk_follows_the_path():
         assert preferred_chunk(256, query, key, value, 0.0) == 256  # PyTorch's SDPA: one window
         assert preferred_chunk(256, query, key, value, 0.0, "eager") == 128  # the dense twin: half a window
         assert preferred_chunk(40, query, key, value, 0.0) == 64  # never below 64
-    expected = 256 if backend.native_candidate(query, key, value, 0.1) else 128
-    assert preferred_chunk(256, query, key, value, 0.1) == expected
+    assert preferred_chunk(256, query, key, value, 0.1) == 256  # PyTorch's SDPA under dropout too
+    expected = 256 if backend.native.extension() is not None else 128  # the kernel, else `masked_attention`
+    assert preferred_chunk(256, query, key, value, 0.1, backend.NATIVE) == expected
 
 
 # ---------------------------------------------------------------------------------- models: eager against sdpa
@@ -144,12 +159,15 @@ def test_models_give_the_same_outputs_with_eager_and_sdpa(name):
         pytest.skip("kNN-LM wraps a transformers model, whose attention transformers dispatches")
     task = "causal_lm" if "causal_lm" in spec.model_classes else next(iter(spec.model_classes))
     model = build(spec, task)
-    assert type(model)._supports_sdpa and model.config._attn_implementation == "sdpa"  # sdpa is the default
+    assert type(model)._supports_sdpa
+    assert model.config._attn_implementation == backend.default_implementation(dtype=torch.float32)  # the rule
     inputs = _padded_inputs(spec, model, task)
     with torch.no_grad():
-        sdpa = _outputs(spec, model, task, inputs)
-        model.set_attn_implementation("eager")
-        assert model.config._attn_implementation == "eager"
-        eager = _outputs(spec, model, task, inputs)
-    for got, want in zip(eager, sdpa, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        outputs = {}
+        for implementation in ("sdpa", backend.NATIVE, "eager"):
+            model.set_attn_implementation(implementation)
+            assert model.config._attn_implementation == implementation
+            outputs[implementation] = _outputs(spec, model, task, inputs)
+    for other in (backend.NATIVE, "eager"):
+        for got, want in zip(outputs[other], outputs["sdpa"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

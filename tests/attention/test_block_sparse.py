@@ -5,15 +5,21 @@ import torch
 
 import tf_family.attention.block_sparse as block_sparse_module
 from tf_family.attention import (
-    block_sparse_attention,
     block_sparse_attention_reference,
     build_block_sparse_counts,
+    layer_seed,
     random_block_indices,
-    seeded_generator,
 )
+from tf_family.attention.backend import NATIVE
+from tf_family.attention.block_sparse import block_sparse_attention as _block_sparse_attention
 
 B, H, DH = 3, 2, 8
 pytestmark = pytest.mark.usefixtures("attention_backend")  # native kernel and PyTorch path alike
+
+
+def block_sparse_attention(*args, implementation=NATIVE, **kwargs):
+    """The kernel under tf_family's CPU implementation (the fixture picks the native kernel or the PyTorch path)."""
+    return _block_sparse_attention(*args, implementation=implementation, **kwargs)
 
 
 def _inputs(length, seed=0):
@@ -52,7 +58,7 @@ def test_block_sparse_matches_dense_twin(length, num_random, window_blocks, repe
     block = 4
     tensors, padding = _inputs(length, seed=length)
     num_blocks = -(-length // block)
-    random_blocks = random_block_indices(num_blocks, H, num_random, window_blocks, seeded_generator(3, 0))
+    random_blocks = random_block_indices(num_blocks, H, num_random, window_blocks, layer_seed(3, 0))
     if repeated:  # transformers' eval pattern: every random slot on block 0 (repeats the global block)
         random_blocks = torch.zeros_like(random_blocks)
     _check_twin(tensors, padding, block, random_blocks, window_blocks)
@@ -67,7 +73,7 @@ def test_slabs_of_query_blocks_match_dense_twin(monkeypatch, blocks_per_slab):
     score_bytes = B * H * block * slots * block * 8  # float64
     monkeypatch.setattr(block_sparse_module, "_SLAB_BYTES", blocks_per_slab * score_bytes)
     tensors, padding = _inputs(length, seed=7)
-    random_blocks = random_block_indices(-(-length // block), H, num_random, 1, seeded_generator(1, 0))
+    random_blocks = random_block_indices(-(-length // block), H, num_random, 1, layer_seed(1, 0))
     _check_twin(tensors, padding, block, random_blocks, 1)
 
 
@@ -77,7 +83,7 @@ def test_training_path_with_dropout_matches_dense_twin(length, num_random):
     """Under dropout every block goes through our attention function; with a rate that rounds to no dropped entry
     it must give the twin's values and gradients."""
     tensors, padding = _inputs(length, seed=length + 1)
-    random_blocks = random_block_indices(-(-length // 4), H, num_random, 1, seeded_generator(5, 1))
+    random_blocks = random_block_indices(-(-length // 4), H, num_random, 1, layer_seed(5, 1))
     _check_twin(tensors, padding, 4, random_blocks, 1, dropout_p=1e-7)
 
 
@@ -88,7 +94,7 @@ def test_dropout_is_unbiased():
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(1, 1, length, 4, generator=generator).expand(rows, -1, -1, -1).contiguous()
                          for _ in range(3))  # fmt: skip
-    random_blocks = random_block_indices(length // block, 1, 1, 1, seeded_generator(2, 0))
+    random_blocks = random_block_indices(length // block, 1, 1, 1, layer_seed(2, 0))
     torch.manual_seed(1)
     dropped = block_sparse_attention(query, key, value, block, random_blocks, dropout_p=0.3)
     exact = block_sparse_attention(query[:1], key[:1], value[:1], block, random_blocks)
@@ -105,12 +111,12 @@ def test_covering_window_without_random_blocks_is_full_attention():
 
 
 def test_random_blocks_are_seeded_distinct_and_outside_the_window():
-    first = random_block_indices(20, 3, 3, 1, seeded_generator(7, 2))
-    again = random_block_indices(20, 3, 3, 1, seeded_generator(7, 2))
-    other = random_block_indices(20, 3, 3, 1, seeded_generator(7, 3))
+    first = random_block_indices(20, 3, 3, 1, layer_seed(7, 2))
+    again = random_block_indices(20, 3, 3, 1, layer_seed(7, 2))
+    other = random_block_indices(20, 3, 3, 1, layer_seed(7, 3))
     assert torch.equal(first, again) and not torch.equal(first, other)
     state = torch.random.get_rng_state()
-    random_block_indices(20, 3, 3, 1, seeded_generator(0, 0))
+    random_block_indices(20, 3, 3, 1, layer_seed(0, 0))
     assert torch.equal(state, torch.random.get_rng_state())
     for head in range(3):
         for query in range(1, 19):
@@ -118,7 +124,7 @@ def test_random_blocks_are_seeded_distinct_and_outside_the_window():
             assert len(set(chosen)) == 3
             assert all(abs(block - query) > 1 and 0 < block < 19 for block in chosen)
     with pytest.raises(ValueError, match="num_random_blocks=3"):
-        random_block_indices(7, 1, 3, 1, seeded_generator(0, 0))
+        random_block_indices(7, 1, 3, 1, layer_seed(0, 0))
 
 
 def test_counts_follow_the_itc_pattern():
@@ -143,7 +149,7 @@ def test_fast_path_memory_is_linear_in_length():
             sizes.append(tensor.numel())
             return tensor
 
-        blocks = random_block_indices(length // 16, 2, 2, 1, seeded_generator(0, 0))
+        blocks = random_block_indices(length // 16, 2, 2, 1, layer_seed(0, 0))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             block_sparse_attention(query, query, query, 16, blocks).sum()
         saved[length] = sum(sizes)

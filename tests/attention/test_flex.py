@@ -15,20 +15,18 @@ from tf_family.attention import (
     ChunkPattern,
     GlobalTokens,
     WindowPattern,
+    backend,
     block_sparse_attention,
     block_sparse_attention_reference,
     build_block_sparse_counts,
     chunked_local_attention,
     chunked_local_attention_reference,
     flex,
-    hash_vectors,
-    lsh_attention,
-    lsh_rotations,
-    normalize_shared_keys,
     random_block_indices,
     sliding_window_attention,
     sliding_window_attention_reference,
 )
+from tf_family.attention.backend import NATIVE
 from tf_family.registry import ARCHITECTURES
 
 FLEX = "flex_attention"
@@ -58,17 +56,18 @@ def _assert_same_values_and_grads(run_ours, run_twin, inputs, weights):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
 
 
-def _assert_tiles_cover(block_mask, score_mod=None):
+def _assert_tiles_cover(block_mask):
     """reach contains every allowed pair; full tiles are allowed throughout (the kernel's reading of the mask)."""
-    num_key_tiles = block_mask.kv_indices.shape[-1]
+    query_tile, key_tile = block_mask.BLOCK_SIZE
+    query_length, key_length = block_mask.seq_lengths
+    num_key_tiles = key_length // key_tile
     partial = flex._tiles(block_mask.kv_num_blocks, block_mask.kv_indices, num_key_tiles)
     full = flex._tiles(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, num_key_tiles)
-    length = block_mask.seq_lengths[0]
     batch, heads = partial.shape[:2]
     b, h = torch.arange(batch)[:, None, None, None], torch.arange(heads)[None, :, None, None]
-    q_idx, kv_idx = torch.arange(length)[None, None, :, None], torch.arange(length)[None, None, None, :]
-    exact = block_mask.mask_mod(b, h, q_idx, kv_idx).expand(batch, heads, length, length)
-    tiles = exact.reshape(batch, heads, length // 128, 128, length // 128, 128)
+    q_idx, kv_idx = torch.arange(query_length)[None, None, :, None], torch.arange(key_length)[None, None, None, :]
+    exact = block_mask.mask_mod(b, h, q_idx, kv_idx).expand(batch, heads, query_length, key_length)
+    tiles = exact.reshape(batch, heads, query_length // query_tile, query_tile, num_key_tiles, key_tile)
     assert not (tiles.any(5).any(3) & ~(partial | full)).any(), "an allowed pair outside every listed tile"
     assert tiles.all(5).all(3)[full].all(), "a full tile with a masked pair"
     assert not (partial & full).any()
@@ -90,7 +89,8 @@ def test_sliding_window_with_global_tokens(dilation, causal):
         tensors,
         weights,
     )
-    _assert_tiles_cover(flex.sliding_window_block_mask(tensors[0], 40, dilation, causal, valid, global_mask))
+    _assert_tiles_cover(flex.sliding_window_block_mask(384, 128, pattern, "cpu"))
+    _assert_tiles_cover(flex.sliding_window_block_mask(384, 0, pattern, "cpu"))
 
 
 @pytest.mark.parametrize("block_size", [16, 48], ids=["blocks in a tile", "blocks across tiles"])
@@ -99,7 +99,7 @@ def test_block_sparse(block_size, repeats):
     length = 600 if block_size == 48 else LENGTH
     tensors, valid, weights = _tensors(length)
     num_blocks = -(-length // block_size)
-    random_blocks = random_block_indices(num_blocks, HEADS, 2, 1, torch.Generator().manual_seed(0))
+    random_blocks = random_block_indices(num_blocks, HEADS, 2, 1, 0)
     if repeats:  # transformers' eval pattern: every random slot on block 0 (counted twice)
         random_blocks = torch.zeros_like(random_blocks)
     _assert_same_values_and_grads(
@@ -109,8 +109,9 @@ def test_block_sparse(block_size, repeats):
         weights,
     )
     counts = build_block_sparse_counts(num_blocks, random_blocks, 1, HEADS)
-    block_mask, score_mod = flex.block_sparse_block_mask(tensors[0], block_size, counts, valid)
-    assert (score_mod is not None) == repeats
+    block_mask, log_counts = flex.block_sparse_block_mask(block_size, counts, -(-length // 128) * 128)
+    assert bool((log_counts > 0).any()) == repeats
+    assert ((128, 16) if block_size == 16 else (128, 128)) == block_mask.BLOCK_SIZE  # key tiles of one block
     _assert_tiles_cover(block_mask)
 
 
@@ -125,59 +126,72 @@ def test_chunked_local(wrap_around, causal):
         tensors,
         weights,
     )
-    _assert_tiles_cover(flex.chunked_local_block_mask(tensors[0], pattern, valid))
+    _assert_tiles_cover(flex.chunked_local_block_mask(LENGTH, pattern, "cpu"))
 
 
-@pytest.mark.parametrize(
-    "wrap_around, causal, correct_duplicates",
-    [(False, False, False), (False, True, True), (True, False, False), (True, True, False)],
-)
-def test_lsh(wrap_around, causal, correct_duplicates):
-    """Against the chunked path (itself tested against its dense twin in test_lsh.py), with the same buckets."""
-    tensors, valid, weights = _tensors()
-    rotations = lsh_rotations(3, HEADS, HEAD_DIM, 2, 8, dtype=torch.float64)
-    buckets = hash_vectors(tensors[0].detach(), rotations, 8)
-    pattern = ChunkPattern(32, 1, 0, causal, wrap_around)
-
-    def run(implementation):
-        def attention(shared, value):
-            key = normalize_shared_keys(shared)
-            return lsh_attention(
-                shared,
-                key,
-                value,
-                buckets,
-                pattern,
-                valid,
-                correct_duplicates=correct_duplicates,
-                implementation=implementation,
-            )
-
-        return attention
-
-    shared, _, value = tensors
-    _assert_same_values_and_grads(run(FLEX), run("sdpa"), [shared, value], weights)
-
-
-def test_dropout_is_refused_with_the_fix():
+def test_dropout_takes_the_sdpa_path():
+    """FlexAttention has no dropout: under dropout a sparse kernel computes what its ``"sdpa"`` path does."""
     tensors, valid, _ = _tensors()
-    with pytest.raises(ValueError, match="dropout_p=0.1.*attn_implementation='sdpa'"):
-        sliding_window_attention(*tensors, WindowPattern(8), valid, None, 0.1, FLEX)
+    outputs = []
+    for implementation in (FLEX, "sdpa"):
+        torch.manual_seed(0)
+        outputs.append(sliding_window_attention(*tensors, WindowPattern(8), valid, None, 0.1, implementation))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+
+
+def test_block_masks_are_built_once_per_shape_and_pattern():
+    """Every call of the same shape and pattern reuses the cached mask (the layers of a forward, later calls);
+    padding and global tokens are data (score_mod), so a call with other padding reuses it too."""
+    tensors, valid, weights = _tensors()
+    cache = flex.BlockMaskCache()
+    pattern = WindowPattern(40)
+    global_mask = torch.zeros(BATCH, LENGTH, dtype=torch.bool)
+    global_mask[:, 0] = True
+    first = sliding_window_attention(
+        *tensors, pattern, valid, GlobalTokens.from_mask(global_mask, valid), 0.0, FLEX, cache
+    )
+    assert len(cache) == 1
+    other_valid = torch.ones_like(valid)
+    other_globals = GlobalTokens.from_mask(global_mask, other_valid)
+    second = sliding_window_attention(*tensors, pattern, other_valid, other_globals, 0.0, FLEX, cache)
+    assert len(cache) == 1  # same shape and pattern: no new mask
+    want = sliding_window_attention_reference(*tensors, pattern, other_valid, other_globals)
+    torch.testing.assert_close(second, want, rtol=1e-9, atol=1e-11)
+    assert not torch.equal(first, second)
+    sliding_window_attention(*tensors, WindowPattern(20), valid, None, 0.0, FLEX, cache)
+    assert len(cache) == 2  # a new pattern: a new mask
+
+
+def test_bigbird_random_plans_are_drawn_on_the_device_once_per_seed():
+    model = build(ARCHITECTURES["big_bird"], "base")
+    inputs = without_labels(make_inputs(ARCHITECTURES["big_bird"], model.config, "base", batch=1, length=40))
+    model.train()
+    model(**inputs)
+    plans = len(model.block_masks)
+    assert plans == model.config.num_hidden_layers  # one plan per layer
+    model(**inputs)
+    assert len(model.block_masks) == plans  # the same seed: reused
+    model(**inputs, random_seed=1)
+    assert len(model.block_masks) == 2 * plans  # a new seed: new plans
 
 
 # ------------------------------------------------------------------------------------------------------- models
 _MODELS = {"longformer": 40, "big_bird": 40, "reformer": 48}  # lengths that take each sparse path
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", NATIVE, FLEX])
 @pytest.mark.parametrize("name", list(_MODELS))
-def test_models_train_the_same_with_flex_attention(name):
-    """The tiny model's outputs and parameter gradients with ``attn_implementation="flex_attention"`` equal those
-    with ``"eager"`` (the dense twin per chunk; attention dropout off: FlexAttention has none), padding included."""
+def test_models_train_the_same_under_every_implementation(name, implementation, monkeypatch):
+    """The tiny model's outputs and parameter gradients under ``attn_implementation="sdpa"``, ``"tff_native"`` (the
+    native kernel on every tile, where it is built) and ``"flex_attention"`` equal those under ``"eager"`` (the
+    dense twin per chunk; attention dropout off: FlexAttention has none), padding included; the config names what
+    runs, from `from_pretrained` as from `set_attn_implementation`."""
+    monkeypatch.setattr(backend, "NATIVE_MIN_ROWS", 1)
     spec = ARCHITECTURES[name]
     task = "causal_lm" if "causal_lm" in spec.model_classes else next(iter(spec.model_classes))
     overrides = {"lsh_attention_probs_dropout_prob": 0.0, "local_attention_probs_dropout_prob": 0.0}
     model = build(spec, task, **(overrides if name == "reformer" else {})).double()
-    assert type(model)._supports_flex_attn
+    assert type(model)._supports_flex_attn and type(model)._supports_sdpa
     inputs = without_labels(make_inputs(spec, model.config, task, batch=2, length=_MODELS[name]))
     mask = torch.ones_like(inputs["input_ids"])
     mask[1, -5:] = 0
@@ -192,11 +206,19 @@ def test_models_train_the_same_with_flex_attention(name):
     model.train()
     model.set_attn_implementation("eager")
     eager = outputs_and_grads()
-    model.set_attn_implementation(FLEX)
-    assert model.config._attn_implementation == FLEX
-    flexed = outputs_and_grads()
-    for got, want in zip(flexed, eager, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+    model.set_attn_implementation(implementation)
+    assert model.config._attn_implementation == implementation
+    got = outputs_and_grads()
+    for got_tensor, want in zip(got, eager, strict=True):
+        torch.testing.assert_close(got_tensor, want, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa", NATIVE, FLEX])
+def test_from_pretrained_takes_every_implementation(implementation, tmp_path):
+    spec = ARCHITECTURES["big_bird"]
+    build(spec, "masked_lm").save_pretrained(tmp_path)
+    model = spec.model_classes["masked_lm"].from_pretrained(tmp_path, attn_implementation=implementation)
+    assert model.config._attn_implementation == implementation
 
 
 def test_models_without_a_flex_route_are_refused_by_transformers():

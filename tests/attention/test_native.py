@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from tf_family.attention import attend, attention_backend, masked_attention_reference, native
+from tf_family.attention import attend, attention_backend, backend, masked_attention_reference, native
 
 pytestmark = pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
 
@@ -131,16 +131,18 @@ def test_gradient_checkpointing_replays_the_dropout_mask():
 
 
 def test_attend_uses_the_kernel_unless_turned_off(monkeypatch):
-    monkeypatch.setenv("TF_FAMILY_NATIVE", "force")  # the kernel wherever it runs, whatever the calibration says
+    monkeypatch.setattr(backend, "NATIVE_MIN_ROWS", 1)  # the kernel on tiles of any size
     tensors = _inputs()
     allowed = _masks(3, 2, 5, 7)["full"]
     calls = []
     real = native.fused_attention
     monkeypatch.setattr(native, "fused_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    on = attend(*tensors, allowed, None, 0.0)[0]
+    on = attend(*tensors, allowed, None, 0.0, "tff_native")[0]
+    assert calls == [1]
+    attend(*tensors, allowed, None, 0.0, "sdpa")  # "sdpa" is PyTorch's, always
     assert calls == [1]
     monkeypatch.setenv("TF_FAMILY_NATIVE", "0")
-    off = attend(*tensors, allowed, None, 0.0)[0]
+    off = attend(*tensors, allowed, None, 0.0, "tff_native")[0]
     assert calls == [1]
     torch.testing.assert_close(on, off)
 
@@ -162,33 +164,12 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
         warnings.simplefilter("error")
         assert native.extension() is None  # no second warning
         tensors = _inputs()
-        assert attend(*tensors, torch.ones(3, 2, 5, 7, dtype=torch.bool))[0].shape == (3, 2, 5, 4)
-
-
-def test_the_kernel_is_taken_only_where_measured_faster_and_measured_once(monkeypatch, tmp_path):
-    from tf_family.attention import attention_backend
-
-    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
-    monkeypatch.setattr(native, "_decisions", {})
-    measured = []
-
-    def timed(native_s, pytorch_s):
-        return lambda *args: measured.append(args[0].shape) or {"native": native_s, "pytorch": pytorch_s}
-
-    slow, fast = _inputs((3, 2, 5, 7, 4)), _inputs((3, 2, 6, 9, 4))
-    monkeypatch.setattr(native, "_time_paths", timed(2.0, 1.0))  # the kernel slower at this shape: not taken
-    assert attention_backend(*slow, 0.0) == "masked"
-    monkeypatch.setattr(native, "_time_paths", timed(1.0, 2.0))  # faster at that one: taken
-    assert attention_backend(*fast, 0.0) == "native"
-    assert attention_backend(*slow, 0.0) == "masked" and len(measured) == 2  # decided once per shape
-    table = json.loads((tmp_path / "calibration.json").read_text())
-    assert sorted(record["native"] for record in table.values()) == [False, True]
-    # a new process reads the file beside the kernel instead of measuring again
-    monkeypatch.setattr(native, "_decisions", {})
-    monkeypatch.setattr(native, "_time_paths", lambda *args: pytest.fail("measured again"))
-    assert attention_backend(*slow, 0.0) == "masked" and attention_backend(*fast, 0.0) == "native"
-    monkeypatch.setenv("TF_FAMILY_NATIVE", "force")
-    assert attention_backend(*slow, 0.0) == "native"
+        assert attend(*tensors, torch.ones(3, 2, 5, 7, dtype=torch.bool), None, 0.0, "tff_native")[0].shape == (
+            3,
+            2,
+            5,
+            4,
+        )
 
 
 def test_the_kernel_needs_a_clear_margin():
@@ -200,31 +181,10 @@ def test_the_kernel_needs_a_clear_margin():
         native.prefer_native(0.0, 1.0)
 
 
-def test_cached_times_are_judged_by_the_current_rule(monkeypatch, tmp_path):
-    """A calibration file written under the old rule (the faster path, however small the gain: BigBird's global rows
-    on AMD, 2.6 %) is decided again from its times, without measuring."""
-    from tf_family.attention import attention_backend
-
-    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
-    monkeypatch.setattr(native, "_decisions", {})
-    monkeypatch.setattr(native, "_time_paths", lambda *args: pytest.fail("measured again"))
-    close, clear = _inputs((3, 2, 5, 7, 4)), _inputs((3, 2, 6, 9, 4))
-    table = {
-        native._calibration_key(*close, False, 0.0): {"native": True, "native_s": 0.015324, "pytorch_s": 0.015728},
-        native._calibration_key(*clear, False, 0.0): {"native": True, "native_s": 0.0043, "pytorch_s": 0.0054},
-    }
-    (tmp_path / "calibration.json").write_text(json.dumps(table))
-    assert attention_backend(*close, 0.0) == "masked"
-    assert attention_backend(*clear, 0.0) == "native"
-
-
-def test_the_calibration_key_and_timing_follow_the_layout(monkeypatch, tmp_path):
-    """Keys and values transposed from (B, T, H, Dh), as the models hand them over, cost the kernel a copy: they are
-    calibrated apart from contiguous ones of the same shape, on random tensors of the same strides."""
-    from tf_family.attention import attention_backend
-
-    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
-    monkeypatch.setattr(native, "_decisions", {})
+def test_calibrate_is_an_explicit_step_that_writes_a_file(tmp_path):
+    """`native.calibrate` measures the shapes it is given (contiguous and transposed keys apart: the kernel copies
+    strided ones), writes the times and the verdict to the file named, and leaves the random state alone; nothing
+    else measures, and no call of the attention reads the file."""
     contiguous = _inputs((1, 2, 6, 9, 4))
     strided = [t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in contiguous]
     assert not strided[1].is_contiguous()
@@ -232,24 +192,32 @@ def test_the_calibration_key_and_timing_follow_the_layout(monkeypatch, tmp_path)
         made = native._calibration_tensors(tensors, torch.Generator().manual_seed(0))
         assert [t.stride() for t in made] == [t.stride() for t in tensors]
         assert all(t.requires_grad and t.dtype == torch.float64 for t in made)
-    attention_backend(*contiguous, 0.0)
-    attention_backend(*strided, 0.0)
-    keys = sorted(json.loads((tmp_path / "calibration.json").read_text()))
+    state = torch.get_rng_state()
+    path = tmp_path / "calibration.json"
+    table = native.calibrate([(*contiguous, None, 0.0), (*strided, None, 0.1)], path)
+    assert torch.equal(state, torch.get_rng_state())
+    assert json.loads(path.read_text()) == table
+    keys = sorted(table)
     assert len(keys) == 2 and any("layout=ccc" in k for k in keys) and any("layout=sss" in k for k in keys)
+    for record in table.values():
+        assert record["native_s"] > 0 and record["pytorch_s"] > 0
+        assert record["native_faster"] == native.prefer_native(record["native_s"], record["pytorch_s"])
+    path.unlink()  # the user may delete it: the attention never needed it
+    assert attend(*contiguous, None, None, 0.0, "tff_native")[0].shape == contiguous[0].shape
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_reduced_precision_calls_match_the_twin_in_float32(monkeypatch, dtype):
     """Under autocast the attention gets bfloat16: the kernel computes it in float32 (forward and backward) and
     agrees with the float32 dense twin on the same inputs and dropout mask, to the dtype's rounding."""
-    monkeypatch.setenv("TF_FAMILY_NATIVE", "force")
+    monkeypatch.setattr(backend, "NATIVE_MIN_ROWS", 1)
     tensors = [t.detach().to(dtype).requires_grad_() for t in _inputs((2, 2, 9, 13, 8))]
     allowed = _masks(2, 2, 9, 13)["over heads"]
-    assert attention_backend(*tensors, 0.2, allowed) == "native"
+    assert attention_backend(*tensors, 0.2) == "native"
     torch.manual_seed(3)
     seed = int(torch.randint(0, 2**62, ()))
     torch.manual_seed(3)
-    out = attend(*tensors, allowed, None, 0.2)[0]
+    out = attend(*tensors, allowed, None, 0.2, "tff_native")[0]
     assert out.dtype == dtype
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
     grads = torch.autograd.grad((out.float() * weights).sum(), tensors)
@@ -264,25 +232,6 @@ def test_reduced_precision_calls_match_the_twin_in_float32(monkeypatch, dtype):
         torch.testing.assert_close(got.float(), expected, **tolerance)
 
 
-def test_reduced_precision_takes_the_kernel_only_where_measured_faster_than_sdpa(monkeypatch, tmp_path):
-    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
-    monkeypatch.setattr(native, "_decisions", {})
-    slow = [t.detach().bfloat16().requires_grad_() for t in _inputs((3, 2, 5, 7, 4))]
-    fast = [t.detach().bfloat16().requires_grad_() for t in _inputs((3, 2, 6, 9, 4))]
-    monkeypatch.setattr(native, "_time_paths", lambda *args: {"native": 2.0, "pytorch": 1.0})
-    assert attention_backend(*slow, 0.1) == "sdpa"  # PyTorch's SDPA in bfloat16, as before
-    monkeypatch.setattr(native, "_time_paths", lambda *args: {"native": 1.0, "pytorch": 2.0})
-    assert attention_backend(*fast, 0.1) == "native"
-    with torch.no_grad():  # eval without dropout: SDPA, no calibration
-        assert attention_backend(*fast, 0.0) == "sdpa"
-    monkeypatch.setenv("TF_FAMILY_NATIVE", "0")
-    assert attention_backend(*fast, 0.1) == "sdpa"
-    assert len(json.loads((tmp_path / "calibration.json").read_text())) == 2
-    # the real timing of both paths in bfloat16: the kernel in float32 against PyTorch's SDPA
-    times = native._time_paths(*slow, None, 0.1)
-    assert set(times) == {"native", "pytorch"} and all(t > 0 for t in times.values())
-
-
 def test_calibration_times_both_paths_and_leaves_the_random_state_alone():
     query, key, value = _inputs((2, 2, 8, 12, 4))
     allowed = torch.rand(2, 2, 8, 12, generator=torch.Generator().manual_seed(0)) > 0.3
@@ -291,21 +240,3 @@ def test_calibration_times_both_paths_and_leaves_the_random_state_alone():
     times = native._time_paths(query, key, value, allowed, 0.1)
     assert torch.equal(state, torch.get_rng_state())
     assert set(times) == {"native", "pytorch"} and all(t > 0 for t in times.values())
-
-
-def test_a_first_call_inside_a_checkpointed_forward_calibrates_apart(monkeypatch, tmp_path):
-    """The calibration's own forward and backward run in a thread of their own: a first call at a shape inside a
-    `torch.utils.checkpoint` region once saved the calibration's tensors as the forward's, and the recomputation
-    (which found the decision cached) saved fewer: `CheckpointError` under TRL's gradient checkpointing."""
-    from torch.utils.checkpoint import checkpoint
-
-    monkeypatch.delenv("TF_FAMILY_NATIVE", raising=False)
-    monkeypatch.setattr(native, "calibration_path", lambda: tmp_path / "calibration.json")
-    monkeypatch.setattr(native, "_decisions", {})
-    query, key, value = (t.detach().float().requires_grad_() for t in _inputs((2, 2, 8, 12, 4)))
-    allowed = torch.ones(2, 2, 8, 12, dtype=torch.bool)
-    out = checkpoint(lambda q, k, v: attend(q, k, v, allowed)[0] * 2, query, key, value, use_reentrant=False)
-    out.sum().backward()
-    assert json.loads((tmp_path / "calibration.json").read_text())  # it did calibrate, inside the region
-    expected = masked_attention_reference(query.detach(), key.detach(), value.detach(), allowed)
-    torch.testing.assert_close(out.detach(), expected * 2)

@@ -9,12 +9,18 @@ from tf_family.attention import (
     build_sliding_window_mask,
     global_attention,
     global_attention_reference,
-    sliding_window_attention,
     sliding_window_attention_reference,
 )
+from tf_family.attention.backend import NATIVE
+from tf_family.attention.sliding_window import sliding_window_attention as _sliding_window_attention
 
 B, H, DH = 3, 2, 8
 pytestmark = pytest.mark.usefixtures("attention_backend")  # native kernel and PyTorch path alike
+
+
+def sliding_window_attention(*args, implementation=NATIVE, **kwargs):
+    """The kernel under tf_family's CPU implementation (the fixture picks the native kernel or the PyTorch path)."""
+    return _sliding_window_attention(*args, implementation=implementation, **kwargs)
 
 
 def _inputs(length, seed=0):

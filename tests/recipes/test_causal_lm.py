@@ -401,6 +401,7 @@ def test_lora_prints_no_deprecation_noise(trained_txl):
         ("big_bird", "masked_lm"),
         ("reformer", "causal_lm"),
         ("calm", "causal_lm"),
+        ("universal_transformer", "masked_lm"),
         (None, "causal_lm"),
     ],
 )

@@ -25,9 +25,9 @@ from .block_sparse import (
     block_sparse_attention,
     block_sparse_attention_reference,
     build_block_sparse_counts,
+    layer_seed,
     min_sparse_blocks,
     random_block_indices,
-    seeded_generator,
 )
 from .dense import dense_attention
 from .dropout import dropout, dropout_mask
@@ -115,7 +115,7 @@ __all__ = [
     "cached_position_embedding",
     "segment_position_embedding",
     "relative_position_sequence",
-    "seeded_generator",
+    "layer_seed",
     "shared_qk_attention",
     "sinusoid_position_embedding",
     "sliding_window_attention",

@@ -1,16 +1,24 @@
 """The one attention dispatch: every model's attention and every kernel's tiles go through `attend`.
 
-The implementation is a plain string (a model passes ``config._attn_implementation``; nothing here reads a config):
+The implementation is a plain string, ``config._attn_implementation`` (nothing here reads a config), and it names what
+runs:
 
 - ``"eager"``: `dense.dense_attention`, the slow twin, which also returns the probabilities (``output_attentions``);
-- ``"sdpa"`` (and ``None``, transformers' default): PyTorch's `scaled_dot_product_attention`, except where our own
-  CPU path is measured faster (`attention_backend`): for a CPU forward in float32/64 under dropout or a gradient,
-  the native fused kernel (`native.fused_attention`, compiled on first use) or, where that cannot be built or
-  ``TF_FAMILY_NATIVE=0``, `masked.masked_attention` with a `dropout.dropout_mask`; a CPU training call in
-  bfloat16/float16 (``torch.autocast``) takes the native kernel in float32 where it is measured faster than SDPA;
+- ``"sdpa"``: PyTorch's `scaled_dot_product_attention`, on every device and in every mode;
 - ``"flex_attention"``: the sparse kernels (sliding window, BigBird blocks, Reformer's chunks) hand their whole
-  pattern to one FlexAttention call (`flex`, compiled on CUDA); a dense call here (global rows, short inputs,
-  cached steps) is PyTorch's `scaled_dot_product_attention`, never our CPU functions.
+  pattern to FlexAttention (`flex`); a dense call here (global rows, short inputs, cached steps, Reformer's LSH
+  chunks) is PyTorch's SDPA;
+- ``"tff_native"`` (`NATIVE`): tf_family's CPU kernels for CPU training. A CPU call that needs a gradient or dropout
+  goes to the native fused kernel (`native.fused_attention`; bfloat16/float16 computed in float32) when the tile
+  has at least `NATIVE_MIN_ROWS` query rows, else to `masked.masked_attention` (float32/64) or PyTorch's SDPA
+  (bfloat16/float16); every other call (eval, another device, ``torch.compile``, ``torch.export``, a float bias) is
+  PyTorch's SDPA. Where the kernel cannot be built (or ``TF_FAMILY_NATIVE=0``), `masked_attention` takes its calls.
+
+The default (`default_implementation`) is a rule by device and dtype, with no measurement, so every run of the same
+machine makes the same choice: ``"tff_native"`` on CPU where the kernel can be built, ``"sdpa"`` everywhere else.
+A model applies it when it is built (``attn_implementation=None``); ``model.set_attn_implementation(...)`` or
+``from_pretrained(..., attn_implementation=...)`` choose any of `IMPLEMENTATIONS`. Whether the kernel beats PyTorch
+on a machine is measured only on request (`native.calibrate`, which writes a file the user reads and may delete).
 
 `preferred_chunk` says how many queries a chunked kernel (the sliding window) should give each call, since the
 best tile depends on which function the call will reach.
@@ -26,39 +34,52 @@ from .dense import dense_attention
 from .dropout import dropout_mask
 from .masked import masked_attention
 
-IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
 FLEX = "flex_attention"
+NATIVE = "tff_native"
+IMPLEMENTATIONS = ("eager", "sdpa", FLEX, NATIVE)
+# the native kernel's products pay off from 128 query rows per tile (Longformer's chunks); BigBird's 64-row middle
+# blocks ran faster through `masked_attention` (bench/results/sparse_floor_4096_idle.md: 915 ms with the kernel
+# forced against 884 ms without, while Longformer's 256-row chunks gained 808 -> 766 ms)
+NATIVE_MIN_ROWS = 128
+
+
+def check_implementation(implementation: str | None) -> str:
+    """``implementation`` if it is one of `IMPLEMENTATIONS` (``None`` counts as ``"sdpa"``, transformers' default),
+    else a `ValueError` naming the choices."""
+    if implementation is None:
+        return "sdpa"
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention implementation must be one of {IMPLEMENTATIONS} (config._attn_implementation), got "
+            f"{implementation!r}; load the model with attn_implementation= one of them, or call "
+            "model.set_attn_implementation(...)."
+        )
+    return implementation
+
+
+def default_implementation(device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> str:
+    """The default attention of a model built on ``device`` (default: ``torch.get_default_device()``) with weights of
+    ``dtype``: `NATIVE` on CPU in float32/bfloat16/float16 where the native kernel can be built
+    (`native.can_build`), ``"sdpa"`` everywhere else (CUDA and other devices, float64, no compiler target). A rule,
+    not a measurement: the same answer on every run of the same machine."""
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    if device.type != "cpu" or dtype not in (None, torch.float32, *native.REDUCED_DTYPES):
+        return "sdpa"
+    return NATIVE if native.can_build() else "sdpa"
+
+
+def _needs_training_path(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
+    """A CPU call under dropout or a gradient, outside `torch.compile` / `torch.export` (which keep PyTorch's SDPA:
+    our CPU functions are a C++ extension and a custom autograd function, opaque to them)."""
+    if query.device.type != "cpu" or torch.compiler.is_exporting() or torch.compiler.is_compiling():
+        return False
+    return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
 
 
 def takes_masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
-    """Whether `attend` computes with our own CPU function (native kernel or `masked_attention`): on CPU in
-    float32/64, under dropout (PyTorch then takes its unfused math path) or when a gradient is needed (PyTorch's fused
-    CPU backward is slower: measured 1.2-1.35x ours forward+backward at the chunk shapes of Longformer and BigBird,
-    2 cores). Never under `torch.export`: PyTorch's SDPA exports, our CPU functions (a C++ extension, a custom
-    autograd function) do not."""
-    if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.float64):
-        return False
-    if torch.compiler.is_exporting():
-        return False
-    return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
-
-
-def _reduced_cpu_training(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
-    """A CPU call in bfloat16/float16 (``torch.autocast``) under dropout or a gradient, outside `torch.export` and
-    `torch.compile` (which keep PyTorch's SDPA there, as before this route existed)."""
-    if query.device.type != "cpu" or query.dtype not in native.REDUCED_DTYPES:
-        return False
-    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
-        return False
-    return dropout_p > 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
-
-
-def native_candidate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
-    """Whether the native kernel could take this call (our CPU path, or a bfloat16/float16 CPU call under dropout or
-    a gradient, which it computes in float32; 4-D inputs, the kernel built), before the calibration
-    (`native.faster_than_pytorch`) decides whether it does."""
-    ours = takes_masked_attention(query, key, value, dropout_p) or _reduced_cpu_training(query, key, value, dropout_p)
-    return ours and query.dim() == 4 and native.extension() is not None
+    """Whether `NATIVE` computes this call with one of our CPU functions (the kernel or `masked_attention`) rather
+    than PyTorch's SDPA: a float32/64 CPU training call (`_needs_training_path`)."""
+    return query.dtype in (torch.float32, torch.float64) and _needs_training_path(query, key, value, dropout_p)
 
 
 def attention_backend(
@@ -66,39 +87,22 @@ def attention_backend(
     key: torch.Tensor,
     value: torch.Tensor,
     dropout_p: float,
-    allowed: torch.Tensor | None = None,
+    implementation: str | None = NATIVE,
 ) -> str:
-    """Which function the ``"sdpa"`` implementation computes with: ``"sdpa"`` (PyTorch's), or where our own is faster
-    (`takes_masked_attention`) ``"native"`` (the fused kernel, `native.fused_attention`; 4-D inputs, when built and
-    measured faster than the PyTorch path at these shapes on this machine: `native.faster_than_pytorch`) or
-    ``"masked"`` (`masked_attention`). In bfloat16/float16 (under ``torch.autocast``) a CPU training call takes the
-    native kernel in float32 where it is measured faster than PyTorch's SDPA in that dtype, else ``"sdpa"``."""
-    if _reduced_cpu_training(query, key, value, dropout_p):
-        if native_candidate(query, key, value, dropout_p) and native.faster_than_pytorch(
-            query, key, value, allowed, dropout_p
-        ):
-            return "native"
-        return "sdpa"
-    if not takes_masked_attention(query, key, value, dropout_p):
-        return "sdpa"
-    if native_candidate(query, key, value, dropout_p) and native.faster_than_pytorch(
-        query, key, value, allowed, dropout_p
-    ):
-        return "native"
-    return "masked"
-
-
-def _backend(query, key, value, dropout_p: float, implementation: str | None, cpu_kernels: bool, allowed=None) -> str:
+    """The function a call reaches: ``"eager"``, ``"sdpa"`` (PyTorch's), ``"native"`` (`native.fused_attention`,
+    or its float32 upcast for bfloat16/float16) or ``"masked"`` (`masked_attention`). Only `NATIVE` reaches the last
+    two; the rule is in the module's notes."""
+    implementation = check_implementation(implementation)
     if implementation == "eager":
         return "eager"
-    if implementation == FLEX:  # the dense parts of the flex route: PyTorch's SDPA
+    if implementation != NATIVE or not _needs_training_path(query, key, value, dropout_p):
         return "sdpa"
-    if implementation is not None and implementation != "sdpa":
-        raise ValueError(
-            f"attention implementation must be one of {IMPLEMENTATIONS} (config._attn_implementation), got "
-            f"{implementation!r}; load the model with attn_implementation='sdpa', 'eager' or 'flex_attention'."
-        )
-    return attention_backend(query, key, value, dropout_p, allowed) if cpu_kernels else "sdpa"
+    kernel = query.dim() == 4 and query.shape[-2] >= NATIVE_MIN_ROWS and native.extension() is not None
+    if query.dtype in native.REDUCED_DTYPES:
+        return "native" if kernel else "sdpa"
+    if query.dtype not in (torch.float32, torch.float64):
+        return "sdpa"
+    return "native" if kernel else "masked"
 
 
 def attend(
@@ -122,21 +126,18 @@ def attend(
             key, as Transformer-XL's relative-position scores with ``finfo.min`` do). A call with a bias stays on
             PyTorch's SDPA: our CPU functions pass no gradient back to it.
         dropout_p: dropout on the probabilities (0 in eval).
-        implementation: ``"eager"``, ``"sdpa"`` (``None`` counts as ``"sdpa"``) or ``"flex_attention"`` (here
-            PyTorch's SDPA): ``config._attn_implementation``.
-        cpu_kernels: let ``"sdpa"`` use our CPU functions where `attention_backend` says they are faster; False keeps
-            PyTorch's SDPA (a caller whose shapes were not measured, and whose seeded dropout masks stay PyTorch's).
+        implementation: one of `IMPLEMENTATIONS` (``None`` counts as ``"sdpa"``): ``config._attn_implementation``;
+            ``"flex_attention"`` is PyTorch's SDPA here (the dense parts of that route).
+        cpu_kernels: False keeps `NATIVE` calls on PyTorch's SDPA (a caller whose seeded dropout masks must stay
+            PyTorch's).
 
     Returns:
         ``(..., T, Dh)`` and, for ``"eager"``, the ``(..., T, S)`` probabilities (``None`` otherwise).
     """
-    own_cpu_path = cpu_kernels and bias is None and implementation != "eager"
-    own_cpu_path = own_cpu_path and (
-        takes_masked_attention(query, key, value, dropout_p) or _reduced_cpu_training(query, key, value, dropout_p)
-    )
-    if own_cpu_path and allowed is not None and bool(allowed.all()):
-        allowed = None  # nothing masked: no pass over the scores for it (and one calibration for the shape)
-    backend = _backend(query, key, value, dropout_p, implementation, cpu_kernels and bias is None, allowed)
+    implementation = check_implementation(implementation)
+    if implementation == NATIVE and (bias is not None or not cpu_kernels):
+        implementation = "sdpa"
+    backend = attention_backend(query, key, value, dropout_p, implementation)
     if backend == "eager":
         return dense_attention(query, key, value, allowed, dropout_p, key_bias=bias)
     if backend == "sdpa":
@@ -144,6 +145,8 @@ def attend(
         if bias is not None:
             mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p), None
+    if allowed is not None and bool(allowed.all()):
+        allowed = None  # nothing masked (a CPU training call): no pass over the scores for it
     if backend == "native":
         if query.dtype in native.REDUCED_DTYPES:  # autocast's bfloat16: computed in float32, returned in bfloat16
             return native.fused_attention_upcast(query, key, value, allowed, dropout_p), None
@@ -167,25 +170,29 @@ def preferred_chunk(
 ) -> int:
     """Queries per `attend` call for a sliding window of one-sided width ``window`` (at least 64).
 
-    One window suits PyTorch's fused attention (eval) and the native kernel (CPU training; its products are more
-    efficient on 128 rows than on 64, which outweighs the wasted scores of longer spans, as
-    `bench/bench_sparse_attention.py` measures); the functions that hold the whole score tile in memory
-    (`masked_attention`, the eager dense twin) do best with half a window."""
+    One window suits PyTorch's fused attention and the native kernel (its products are more efficient on 128 rows
+    than on 64, which outweighs the wasted scores of longer spans, as `bench/bench_sparse_attention.py` measures); the
+    functions that hold the whole score tile in memory (`masked_attention`, the eager dense twin) do best with half a
+    window."""
+    implementation = check_implementation(implementation)
     if implementation == "eager":
         return max(window // 2, 64)
-    _backend(query, key, value, dropout_p, implementation, False)  # checks the implementation's name
-    candidate = not takes_masked_attention(query, key, value, dropout_p) or native_candidate(
-        query, key, value, dropout_p
-    )  # PyTorch's SDPA, or the native kernel unless its calibration at the chunk's shape says otherwise
-    return max(window if candidate else window // 2, 64)
+    whole = max(window, 64)
+    ours = implementation == NATIVE and takes_masked_attention(query, key, value, dropout_p)
+    if ours and (whole < NATIVE_MIN_ROWS or query.dim() != 4 or native.extension() is None):
+        return max(window // 2, 64)  # `masked_attention`
+    return whole
 
 
 __all__ = [
     "FLEX",
     "IMPLEMENTATIONS",
+    "NATIVE",
+    "NATIVE_MIN_ROWS",
     "attend",
     "attention_backend",
-    "native_candidate",
+    "check_implementation",
+    "default_implementation",
     "preferred_chunk",
     "takes_masked_attention",
 ]

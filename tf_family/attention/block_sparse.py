@@ -5,8 +5,8 @@ to every key and every query attends to them. Every other query block ``q`` atte
 window ``q - w .. q + w`` (``w = window_blocks``; 1 gives the paper's 3 blocks), to the two global blocks, and to
 ``R`` random blocks chosen per head and per query block.
 
-Random blocks are data, not hidden state: `random_block_indices` draws them from a `torch.Generator` the caller
-seeds, so a forward pass never touches the global RNG and the same seed gives the same pattern. A random block may
+Random blocks are data, not hidden state: `random_block_indices` draws them as a hash of a seed the caller gives,
+on the device, so a forward pass never touches the global RNG and the same seed gives the same pattern everywhere. A random block may
 repeat a block the query already sees (transformers' BigBird, in eval mode, points every random slot at block 0);
 a repeated key block then counts as many times as it appears in the softmax, exactly as in that implementation.
 
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from .backend import FLEX, attend
 from .dense import dense_attention
-from .flex import flex_block_sparse_attention
+from .flex import BlockMaskCache, flex_block_sparse_attention, flex_or_sdpa
 
 # CPU score buffers are kept under this size: glibc hands larger fresh allocations out as new pages (mmap), and
 # faulting them in cost more than the products that fill them (docs/benchmarks.md, "Measurements behind choices in
@@ -42,31 +42,51 @@ def _window_blocks_valid(num_blocks: int, window_blocks: int, device) -> tuple[t
     return blocks.clamp(0, num_blocks - 1), valid
 
 
+_MASK31 = 2**31 - 1
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 31-bit integer hash of an int64 tensor (xor-shift-multiply rounds; every product stays below 2**62)."""
+    x = x & _MASK31
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK31
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK31
+    return (x >> 16) ^ x
+
+
 def random_block_indices(
-    num_blocks: int, num_heads: int, num_random_blocks: int, window_blocks: int, generator: torch.Generator
+    num_blocks: int,
+    num_heads: int,
+    num_random_blocks: int,
+    window_blocks: int,
+    seed: int,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Draw the random key blocks of every head and query block: ``(H, N, R)``.
+    """Draw the random key blocks of every head and query block: ``(H, N, R)`` on ``device``.
 
     Each middle query block gets ``R`` distinct blocks, uniformly among those outside its window and the two global
-    blocks; rows 0 and ``N - 1`` (global queries) hold zeros and are not used.
+    blocks; rows 0 and ``N - 1`` (global queries) hold zeros and are not used. The draw is a hash of ``(seed, head,
+    query block, key block)`` computed on ``device`` (no generator, no copy from the CPU, nothing read back): the
+    same seed gives the same blocks on every device and inside a `torch.compile` graph (`layer_seed` gives each
+    layer its own seed).
 
     Raises:
         ValueError: when a query block has fewer than ``R`` blocks to choose from (the input is too short).
     """
     if num_random_blocks == 0 or num_blocks < 3:
-        return torch.zeros(num_heads, num_blocks, num_random_blocks, dtype=torch.long)
-    query = torch.arange(num_blocks)[:, None]
-    key = torch.arange(num_blocks)[None, :]
-    allowed = ((query - key).abs() > window_blocks) & (key > 0) & (key < num_blocks - 1)  # (N, N)
-    fewest = int(allowed[1:-1].sum(dim=1).min())
+        return torch.zeros(num_heads, num_blocks, num_random_blocks, dtype=torch.long, device=device)
+    fewest = (num_blocks - 2) - min(2 * window_blocks + 1, num_blocks - 2)  # keys outside a middle block's window
     if fewest < num_random_blocks:
         raise ValueError(
             f"num_random_blocks={num_random_blocks} needs at least that many blocks outside every window, but an input "
             f"of {num_blocks} blocks leaves {fewest}; use block-sparse attention only for inputs longer than "
             f"{(2 * window_blocks + 3 + 2 * num_random_blocks)} blocks."
         )
-    scores = torch.rand(num_heads, num_blocks, num_blocks, generator=generator)  # (H, N, N)
-    scores = scores.masked_fill(~allowed, -1.0)
+    query = torch.arange(num_blocks, device=device)[:, None]
+    key = torch.arange(num_blocks, device=device)[None, :]
+    allowed = ((query - key).abs() > window_blocks) & (key > 0) & (key < num_blocks - 1)  # (N, N)
+    heads = torch.arange(num_heads, device=device)[:, None, None]
+    scores = _mix(_mix(_mix(heads + seed % _MASK31) ^ query[None]) ^ key[None])  # (H, N, N), uniform 31-bit
+    scores = scores.masked_fill(~allowed, -1)
     chosen = scores.topk(num_random_blocks, dim=-1).indices  # (H, N, R), a uniform R-subset of the allowed blocks
     chosen[:, 0] = 0
     chosen[:, -1] = 0
@@ -146,13 +166,16 @@ def block_sparse_attention(
     key_padding_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     implementation: str | None = "sdpa",
+    block_masks: BlockMaskCache | None = None,
+    plan_key: tuple = (),
 ) -> torch.Tensor:
     """BigBird attention in time and memory linear in ``T``.
 
-    Nine parameters, positional in the order of the dense twin (`block_sparse_attention_reference`, whose first seven
-    they are) and of transformers' BigBird: the three tensors, the pattern (block size, random blocks, window), the
-    padding, then dropout and the implementation (BigBird's model passes the last by keyword). Grouping the pattern
-    into an object would change a public signature the tests and the FlexAttention route share, for no new check.
+    Eleven parameters, positional in the order of the dense twin (`block_sparse_attention_reference`, whose first
+    seven they are) and of transformers' BigBird: the three tensors, the pattern (block size, random blocks, window),
+    the padding, then dropout and the implementation, and the FlexAttention route's cache and the key of the random
+    plan in it (BigBird's model passes the last four by keyword). Grouping the pattern into an object would change a
+    public signature the tests and the FlexAttention route share, for no new check.
 
     Args:
         query, key, value: ``(B, H, T, Dh)``.
@@ -161,8 +184,11 @@ def block_sparse_attention(
         window_blocks: one-sided window in blocks.
         key_padding_mask: ``(B, T)`` bool/0-1, True at real tokens.
         dropout_p: dropout on the attention probabilities.
-        implementation: ``"sdpa"`` or ``"eager"``, how each slab of query blocks attends (`backend.attend`);
-            ``"flex_attention"``: the whole pattern in one FlexAttention call (`flex.flex_block_sparse_attention`).
+        implementation: ``"sdpa"``, ``"tff_native"`` or ``"eager"``, how each slab of query blocks attends
+            (`backend.attend`); ``"flex_attention"``: the whole pattern in one FlexAttention call
+            (`flex.flex_block_sparse_attention`; under dropout, the ``"sdpa"`` path: `flex.flex_or_sdpa`).
+        block_masks, plan_key: the model's `flex.BlockMaskCache` and what identifies ``random_blocks`` in it (layer,
+            seed, mode): ``"flex_attention"`` keeps its block mask there (``None``: built for this call).
 
     Returns:
         ``(B, H, T, Dh)``, equal to `block_sparse_attention_reference` up to float rounding.
@@ -175,9 +201,14 @@ def block_sparse_attention(
             f"random_blocks must have shape ({heads}, {num_blocks}, R) for {heads} heads and {num_blocks} blocks, got "
             f"{tuple(random_blocks.shape)}."
         )
+    implementation = flex_or_sdpa(implementation, dropout_p)
     if implementation == FLEX and num_blocks > 2:  # the whole pattern in one FlexAttention call
-        counts = build_block_sparse_counts(num_blocks, random_blocks, window_blocks, heads)  # (H, N, N)
-        out = flex_block_sparse_attention(query, key, value, block_size, counts.to(query.device), valid, dropout_p)
+
+        def counts():  # (H, N, N), built when the cache does not hold the block mask yet
+            blocks = None if random_blocks is None else random_blocks.to(query.device)
+            return build_block_sparse_counts(num_blocks, blocks, window_blocks, heads).to(query.device)
+
+        out = flex_block_sparse_attention(query, key, value, block_size, counts, valid, block_masks, plan_key)
         return out[:, :, :length]
     if num_blocks <= 2:  # every block is global
         out = attend(query, key, value, valid[:, None, None, :], None, dropout_p, implementation)[0]
@@ -240,9 +271,9 @@ def min_sparse_blocks(num_random_blocks: int, window_blocks: int = 1) -> int:
     return 2 * window_blocks + 3 + 2 * num_random_blocks + 1
 
 
-def seeded_generator(seed: int, layer_index: int) -> torch.Generator:
-    """A CPU generator for one layer's random blocks, derived from a base seed (different per layer)."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + layer_index) % (2**63 - 1))
+def layer_seed(seed: int, layer_index: int) -> int:
+    """One layer's random-block seed, derived from a base seed (different per layer)."""
+    return (seed * 1_000_003 + layer_index) % (2**63 - 1)
 
 
 __all__ = [
@@ -251,5 +282,5 @@ __all__ = [
     "build_block_sparse_counts",
     "min_sparse_blocks",
     "random_block_indices",
-    "seeded_generator",
+    "layer_seed",
 ]

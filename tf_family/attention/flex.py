@@ -1,43 +1,124 @@
 """The ``"flex_attention"`` route: the sparse patterns as FlexAttention block masks (``torch.nn.attention.flex_attention``).
 
-With ``attn_implementation="flex_attention"`` the three sparse kernels hand their whole pattern to one FlexAttention
-call instead of cutting the sequence into chunks or block slabs:
+With ``attn_implementation="flex_attention"`` two sparse kernels hand their whole pattern to one FlexAttention call
+instead of cutting the sequence into chunks or block slabs:
 
 - `flex_sliding_window_attention` (Longformer): the window (with dilation, causal or not) plus the global keys;
 - `flex_block_sparse_attention` (BigBird): the global, window and random blocks, a repeated block counted as often
   as it appears (a ``log(count)`` score term, as `block_sparse_attention_reference` does);
-- `flex_lsh_attention` (Reformer): the sorted chunks of every hashing round (rounds apart or, with
-  ``wrap_around``, transformers' one sequence of rounds) and `flex_chunked_local_attention`.
+- `flex_chunked_local_attention` (Reformer's local layers).
 
-The dense parts (Longformer's global rows, BigBird's short inputs, cached steps) keep going through `backend.attend`,
-which treats ``"flex_attention"`` as ``"sdpa"``.
+Reformer's LSH rounds are not here: they are batched dense chunks whose rounds are combined by their log-sum-exp, so
+they run through `chunked.chunked_window_attention` under every implementation (every tile of a FlexAttention call
+would be partial). The dense parts (Longformer's global rows, BigBird's short inputs, cached steps) go through
+`backend.attend`, which treats ``"flex_attention"`` as ``"sdpa"``.
 
-Each pattern is described twice: exactly, per element, by a ``mask_mod`` (and for Reformer a ``score_mod``: a query's
-own key scores ``self_only``, and with ``correct_duplicates`` ``-log`` of how often the pair met), and per
-``_BLOCK`` x ``_BLOCK`` tile by a block table computed from the pattern's arithmetic (no ``T x T`` tensor is ever
-built): the tiles a query may reach (a superset of the exact mask) and the tiles it sees in full (a subset). A test
-checks both against the exact mask (`tests/attention/test_flex.py`), and the outputs and gradients against the dense
-twins.
+**What a block mask holds.** Each pattern is split in two. The ``mask_mod`` and the block tables hold only what the
+shape and the pattern decide (the window, BigBird's block plan, the chunks); the data of a call (padding, which
+tokens are global) enters through the ``score_mod``, as ``-inf`` scores, which FlexAttention applies in every tile.
+So a `BlockMask` depends on ``(shape, pattern)`` alone: built once per model forward, shared by every layer with the
+same pattern, and kept across calls in a `BlockMaskCache` the model owns. The tables come from the pattern's
+arithmetic (no ``T x T`` tensor is built), with no host synchronisation; a test checks them against the exact
+``mask_mod`` (`tests/attention/test_flex.py`): every allowed pair lies in a listed tile, and a "full" tile (where
+the kernel skips ``mask_mod``) is allowed throughout.
 
-On CUDA the attention runs through one ``torch.compile(flex_attention, dynamic=False)`` (the fused, block-sparse
-Triton kernels); elsewhere uncompiled, PyTorch's reference implementation, which materialises the scores (tests and
-CPU only; it is not a fast path). FlexAttention has no dropout: a call with ``dropout_p > 0`` raises (as
-transformers' ``flex_attention_forward`` does); set the model's attention dropout to 0 or use ``"sdpa"``.
-Sequences are padded inside to a multiple of ``_BLOCK`` (padded keys masked, padded queries dropped).
+**Tiles** (`Tiles`): queries in tiles of 128; keys in tiles of one BigBird block or Reformer chunk where it divides
+128 (``BLOCK_SIZE=(128, 64)`` for 64-token blocks, so the kernel computes no key outside the blocks it needs), else 128.
+Sequences are padded inside to a multiple of 128 (padded keys scored ``-inf``, padded queries dropped).
+
+**Compilation.** On CUDA the attention runs through one ``torch.compile(flex_attention)`` with automatic dynamic
+shapes: a second length recompiles once as a dynamic graph, and further lengths reuse it. If a kernel does not fit
+the device's shared memory (Triton's ``OutOfResources``), the call is repeated with `SMALL_KERNEL_OPTIONS` and the
+cache remembers that for the pattern. Elsewhere FlexAttention runs uncompiled (PyTorch's reference implementation,
+which materialises the scores; tests and CPU only), and a CPU call that needs a gradient, or one under
+``torch.compile``, runs `_tiled_reference` (plain PyTorch over the same block mask: PyTorch's FlexAttention has no CPU
+backward). FlexAttention has no dropout: a call with ``dropout_p > 0`` takes the ``"sdpa"`` path of its kernel
+instead (`flex_or_sdpa`, with a warning once).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers.utils import logging
 
+from .backend import FLEX
 from .patterns import ChunkPattern, WindowPattern
 
-_BLOCK = 128  # FlexAttention's default sparse block; every block table here is in tiles of this size
-_COMPILED: dict[str, object] = {}
+logger = logging.get_logger(__name__)
+
+_TILE = 128  # query tiles, and key tiles unless a pattern's blocks fit them better
+# a smaller kernel for devices whose shared memory a pattern's default one exceeds (pytorch#133254: BigBird's kernel
+# asked 442,368 bytes of an H200's 232,448); the block sizes divide every tile size `Tiles` chooses
+SMALL_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32}
+SMALL_KERNEL_OPTIONS["num_stages"] = 1
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """FlexAttention's sparse block size of a pattern: ``query`` x ``key`` tokens per tile."""
+
+    query: int = _TILE
+    key: int = _TILE
+
+    @classmethod
+    def for_blocks(cls, block: int) -> Tiles:
+        """Key tiles of one ``block`` (BigBird's block, Reformer's chunk) where it divides 128 and is at least 16
+        (the kernel's smallest), else 128."""
+        return cls(_TILE, block if 16 <= block <= _TILE and _TILE % block == 0 else _TILE)
+
+
+class BlockMaskCache:
+    """Block masks (and what goes with them) by ``(shape, pattern)`` key: built once, then shared by the layers of a
+    forward and reused by later calls of the same shape. A model owns one (its state, not a module's); it holds at
+    most ``max_entries`` (the oldest used goes first). Under ``torch.compile`` a model passes a fresh one per forward,
+    so the graph builds the masks once per forward and mutates nothing outside it."""
+
+    def __init__(self, max_entries: int = 32):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple, object] = OrderedDict()
+
+    def get(self, key: tuple, build: Callable[[], object]) -> object:
+        """The entry under ``key``, built by ``build()`` the first time."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return self._entries[key]
+        value = self._entries[key] = build()
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return value
+
+    def lookup(self, key: tuple) -> object | None:
+        """The entry under ``key``, or ``None`` (nothing is built)."""
+        return self._entries.get(key)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def _cached(cache: BlockMaskCache | None, key: tuple, build: Callable[[], object]) -> object:
+    return build() if cache is None else cache.get(key, build)
+
+
+def flex_or_sdpa(implementation: str | None, dropout_p: float) -> str | None:
+    """The implementation a sparse kernel runs: ``"flex_attention"`` takes its ``"sdpa"`` path under attention
+    dropout (FlexAttention has none), said once; anything else as given."""
+    if implementation == FLEX and dropout_p > 0.0:
+        logger.warning_once(
+            f"attn_implementation='flex_attention' has no attention dropout (dropout_p={dropout_p}): the sparse "
+            "attention takes its 'sdpa' path while dropout is on. Set the attention dropout to 0 "
+            "(attention_probs_dropout_prob, local_attention_probs_dropout_prob) to train with FlexAttention."
+        )
+        return "sdpa"
+    return implementation
 
 
 def _flex_module():
@@ -46,40 +127,49 @@ def _flex_module():
     return module
 
 
-def _check_dropout(dropout_p: float) -> None:
-    if dropout_p > 0.0:
-        raise ValueError(
-            f"attn_implementation='flex_attention' has no attention dropout, got dropout_p={dropout_p}; set the "
-            "model's attention dropout to 0 (attention_probs_dropout_prob, lsh/local_attention_probs_dropout_prob) "
-            "for training, call model.eval(), or use attn_implementation='sdpa'."
-        )
+_COMPILED: dict[str, Callable] = {}  # the one compiled FlexAttention function (a memo of torch.compile, no decision)
 
 
-def _run(query, key, value, block_mask, score_mod=None, return_lse: bool = False):
-    """One FlexAttention call: compiled on CUDA, the uncompiled reference elsewhere. Returns ``(out, lse or None)``."""
-    module = _flex_module()
-    function = module.flex_attention
+def _compiled_flex() -> Callable:
+    if "flex" not in _COMPILED:
+        _COMPILED["flex"] = torch.compile(_flex_module().flex_attention)  # automatic dynamic shapes
+    return _COMPILED["flex"]
+
+
+def _is_out_of_shared_memory(error: Exception) -> bool:
+    text = f"{type(error).__name__} {error}".lower()
+    return "outofresources" in text or "shared memory" in text
+
+
+def _run(query, key, value, block_mask, score_mod=None, cache: BlockMaskCache | None = None, pattern_key=()):
+    """One FlexAttention call: compiled on CUDA, the uncompiled reference on CPU in eval, `_tiled_reference` for a
+    CPU call that needs a gradient or runs under ``torch.compile``. Returns ``(B, H, T, Dh)``."""
     if key.dtype != query.dtype or value.dtype != query.dtype:  # FlexAttention takes one dtype
         key, value = key.to(query.dtype), value.to(query.dtype)
-    if query.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        return _tiled_reference(query, key, value, block_mask, score_mod)  # FlexAttention refuses CPU backward
-    if query.device.type == "cuda" and not torch.compiler.is_compiling():
-        function = _COMPILED.get("flex")
-        if function is None:
-            function = _COMPILED["flex"] = torch.compile(module.flex_attention, dynamic=False)
-    kwargs = {"score_mod": score_mod, "block_mask": block_mask}
-    if return_lse:
-        if hasattr(module, "AuxRequest"):
-            kwargs["return_aux"] = module.AuxRequest(lse=True)
-        else:  # torch before 2.9
-            kwargs["return_lse"] = True
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        result = function(query, key, value, **kwargs)
-    if not return_lse:
-        return result, None
-    out, aux = result
-    return out, aux.lse if hasattr(aux, "lse") else aux
+    if query.device.type == "cpu":
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        if needs_grad or torch.compiler.is_compiling():
+            return _tiled_reference(query, key, value, block_mask, score_mod)
+        with warnings.catch_warnings():  # the CPU reference is uncompiled on purpose (tests and CPU only)
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            return _flex_module().flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask)
+    function = _flex_module().flex_attention if torch.compiler.is_compiling() else _compiled_flex()
+    options_key = ("kernel_options", *pattern_key)
+    options = None if cache is None else cache.lookup(options_key)
+    try:
+        return function(query, key, value, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
+    except Exception as error:
+        if options is not None or not _is_out_of_shared_memory(error):
+            raise
+    logger.warning_once(
+        "FlexAttention's default kernel does not fit this device's shared memory; using smaller tiles "
+        f"(kernel_options={SMALL_KERNEL_OPTIONS})."
+    )
+    if cache is not None:
+        cache.get(options_key, lambda: dict(SMALL_KERNEL_OPTIONS))
+    return function(
+        query, key, value, score_mod=score_mod, block_mask=block_mask, kernel_options=dict(SMALL_KERNEL_OPTIONS)
+    )
 
 
 def _tiles(counts: torch.Tensor, indices: torch.Tensor | None, num_key_tiles: int) -> torch.Tensor:
@@ -92,20 +182,24 @@ def _tiles(counts: torch.Tensor, indices: torch.Tensor | None, num_key_tiles: in
 
 
 def _tiled_reference(query, key, value, block_mask, score_mod=None):
-    """What FlexAttention computes, in plain PyTorch autograd over the full scores (CPU training, where PyTorch's
-    FlexAttention refuses a backward; small inputs only): ``mask_mod`` inside the partial tiles, everything inside
-    the full tiles, nothing elsewhere, and ``score_mod`` on every score. Returns ``(out, lse)``."""
+    """What FlexAttention computes, in plain PyTorch autograd over the full scores (CPU training and CPU graphs,
+    where PyTorch's FlexAttention has no backward; small inputs only): ``mask_mod`` inside the partial tiles,
+    everything inside the full tiles, nothing elsewhere, and ``score_mod`` on every score. A row with nothing
+    allowed gives zeros (as FlexAttention does)."""
     batch, heads, length, _ = query.shape
-    num_key_tiles = -(-key.shape[2] // _BLOCK)
+    key_length = key.shape[2]
+    query_tile, key_tile = block_mask.BLOCK_SIZE
+    num_key_tiles = -(-key_length // key_tile)
     partial = _tiles(block_mask.kv_num_blocks, block_mask.kv_indices, num_key_tiles)
     full = _tiles(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, num_key_tiles)
-    b = torch.arange(batch)[:, None, None, None]
-    h = torch.arange(heads)[None, :, None, None]
-    q_idx = torch.arange(length)[None, None, :, None]
-    kv_idx = torch.arange(key.shape[2])[None, None, None, :]
+    device = query.device
+    b = torch.arange(batch, device=device)[:, None, None, None]
+    h = torch.arange(heads, device=device)[None, :, None, None]
+    q_idx = torch.arange(length, device=device)[None, None, :, None]
+    kv_idx = torch.arange(key_length, device=device)[None, None, None, :]
 
     def spread(table):  # tiles -> elements, cut to the lengths
-        return table.repeat_interleave(_BLOCK, -2).repeat_interleave(_BLOCK, -1)[..., :length, : key.shape[2]]
+        return table.repeat_interleave(query_tile, -2).repeat_interleave(key_tile, -1)[..., :length, :key_length]
 
     allowed = (spread(partial) & block_mask.mask_mod(b, h, q_idx, kv_idx)) | spread(full)
     work = torch.promote_types(query.dtype, torch.float32)
@@ -113,9 +207,10 @@ def _tiled_reference(query, key, value, block_mask, score_mod=None):
     if score_mod is not None:
         scores = score_mod(scores, b, h, q_idx, kv_idx)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    lse = scores.logsumexp(dim=-1)
-    probs = (scores - lse[..., None]).exp()
-    return (probs @ value.to(work)).to(query.dtype), lse
+    has_key = torch.isfinite(scores).any(dim=-1, keepdim=True)  # (B, H, T, 1)
+    scores = torch.where(has_key, scores, 0.0)
+    probs = scores.softmax(dim=-1) * has_key
+    return (probs @ value.to(work)).to(query.dtype)
 
 
 def _ordered(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,21 +221,26 @@ def _ordered(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return counts.contiguous(), indices.contiguous()
 
 
-def _block_mask(reach: torch.Tensor, full: torch.Tensor, mask_mod, length: int):
-    """A `BlockMask` from the tiles a query block may reach and those it sees whole (``(B|1, H|1, N, N)`` bool; a
-    full tile is not listed as partial, so the kernel skips ``mask_mod`` there)."""
-    module = _flex_module()
-    full = full & reach
-    partial = reach & ~full
+def _block_mask(reach: torch.Tensor, full: torch.Tensor, mask_mod, lengths: tuple[int, int], tiles: Tiles):
+    """A `BlockMask` from the tiles a query tile may reach and those ``mask_mod`` allows throughout (``(1|H, Nq, Nk)``
+    bool; a full tile is not listed as partial, so the kernel skips ``mask_mod`` there)."""
+    full = (full & reach)[None]
+    partial = reach[None] & ~full
     counts, indices = _ordered(partial)
     full_counts, full_indices = _ordered(full)
-    return module.BlockMask.from_kv_blocks(
-        counts, indices, full_counts, full_indices, BLOCK_SIZE=_BLOCK, mask_mod=mask_mod, seq_lengths=(length, length)
+    return _flex_module().BlockMask.from_kv_blocks(
+        counts,
+        indices,
+        full_counts,
+        full_indices,
+        BLOCK_SIZE=(tiles.query, tiles.key),
+        mask_mod=mask_mod,
+        seq_lengths=lengths,
     )
 
 
-def _pad_to_block(length: int) -> int:
-    return -(-length // _BLOCK) * _BLOCK
+def _pad_to_tile(length: int) -> int:
+    return -(-length // _TILE) * _TILE
 
 
 def _pad_sequence(tensors, padded: int):
@@ -148,10 +248,14 @@ def _pad_sequence(tensors, padded: int):
     return [F.pad(t, (0, 0, 0, padded - t.shape[2])) if t.shape[2] != padded else t for t in tensors]
 
 
-def _tile_range(num_tiles: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(N, 1)`` query tile and ``(1, N)`` key tile indices."""
-    tiles = torch.arange(num_tiles, device=device)
-    return tiles[:, None], tiles[None, :]
+def _touched(num_tiles: int, tile: int, block: int, device) -> torch.Tensor:
+    """``(N, span)`` the blocks of ``block`` tokens each tile of ``tile`` tokens touches (the last one repeated
+    where a tile touches fewer). ``span`` is the bound ``(tile - 1) // block + 2`` from the arithmetic, not a
+    maximum read back from the device."""
+    span = (tile - 1) // block + 2
+    starts = torch.arange(num_tiles, device=device) * tile
+    first, last = starts // block, (starts + tile - 1) // block
+    return torch.minimum(first[:, None] + torch.arange(span, device=device)[None, :], last[:, None])
 
 
 # --------------------------------------------------------------------------------------------------- Longformer
@@ -161,69 +265,109 @@ def flex_sliding_window_attention(
     value: torch.Tensor,
     pattern: WindowPattern,
     key_valid: torch.Tensor | None = None,
-    global_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
+    global_tokens=None,
+    cache: BlockMaskCache | None = None,
 ) -> torch.Tensor:
-    """`sliding_window.sliding_window_attention` in one FlexAttention call.
+    """`sliding_window.sliding_window_attention` in one FlexAttention call (no dropout).
+
+    The keys are laid out as the global tokens' keys first (``G`` slots padded to a tile), then the sequence: the
+    block mask then depends on ``(T, G, pattern)`` only, and which tokens are global enters as data (`score_mod`).
+    A global key that also lies in a window counts once (in the global slots).
 
     Args:
         query, key, value: ``(B, H, T, Dh)``.
         pattern: the `WindowPattern` (one-sided window ``W`` in steps of ``dilation``, causal or not).
         key_valid: ``(B, T)`` bool, True at real tokens (``None``: all real).
-        global_mask: ``(B, T)`` bool, True at global tokens (never at padding), keys every query sees (causal: those
-            at or before it); their own rows are computed like any other (Longformer replaces them).
-        dropout_p: must be 0 (FlexAttention has no dropout).
+        global_tokens: `sliding_window.GlobalTokens` (keys every query sees; causal: those at or before it), or
+            ``None``; their own rows are computed like any other (Longformer replaces them).
+        cache: where the block mask is kept (`BlockMaskCache`); ``None`` builds it for this call.
 
     Returns:
         ``(B, H, T, Dh)``, equal to `sliding_window_attention_reference` up to float rounding.
     """
-    _check_dropout(dropout_p)
-    length = query.shape[2]
-    block_mask = sliding_window_block_mask(
-        query, pattern.window, pattern.dilation, pattern.causal, key_valid, global_mask
-    )
-    query, key, value = _pad_sequence((query, key, value), block_mask.seq_lengths[0])
-    return _run(query, key, value, block_mask)[0][:, :, :length]
-
-
-def sliding_window_block_mask(query, window, dilation=1, causal=False, key_valid=None, global_mask=None):
-    """The `BlockMask` of `flex_sliding_window_attention` (``query``: shape and device), over the length padded to a
-    multiple of 128."""
     batch, _, length, _ = query.shape
     device = query.device
-    padded = _pad_to_block(length)
+    padded = _pad_to_tile(length)
+    num_slots = 0 if global_tokens is None else global_tokens.num_slots
+    global_padded = _pad_to_tile(num_slots) if num_slots else 0
+    block_mask = _cached(
+        cache,
+        ("window", pattern, padded, global_padded, device),
+        lambda: sliding_window_block_mask(padded, global_padded, pattern, device),
+    )
     valid = torch.ones(batch, length, dtype=torch.bool, device=device) if key_valid is None else key_valid.bool()
     valid = F.pad(valid, (0, padded - length), value=False)  # (B, Tp)
-    is_global = None if global_mask is None else F.pad(global_mask.bool() & valid[:, :length], (0, padded - length))
-    reach_steps = window * dilation
+    window_ok = valid
+    if global_tokens is not None:  # a global key is seen through its slot, not again in a window
+        window_ok = valid & ~F.pad(global_tokens.mask.bool(), (0, padded - length), value=False)
+    query, key, value = _pad_sequence((query, key, value), padded)
+    score_mod = _window_score_mod(window_ok, valid, global_tokens, global_padded, pattern.causal)
+    if global_tokens is not None:
+        global_keys, global_values = (
+            F.pad(global_tokens.gather(t, dim=2), (0, 0, 0, global_padded - num_slots)) for t in (key, value)
+        )
+        key, value = torch.cat([global_keys, key], dim=2), torch.cat([global_values, value], dim=2)
+    pattern_key = ("window", pattern, padded, global_padded, device)
+    return _run(query, key, value, block_mask, score_mod, cache, pattern_key)[:, :, :length]
+
+
+def _window_score_mod(window_ok, valid, global_tokens, global_padded: int, causal: bool):
+    """The data of a sliding-window call: ``-inf`` for a padded or global key in a window (a padded query keeps
+    itself), for an unused global slot and (causal) a global key after the query."""
+    padded = valid.shape[1]
+
+    def window_allowed(b, q_idx, position):
+        return window_ok[b, position] | ((position == q_idx) & ~valid[b, q_idx])
+
+    if global_tokens is None:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.where(window_allowed(b, q_idx, kv_idx), score, float("-inf"))
+
+        return score_mod
+
+    slots = global_tokens.num_slots
+    slot_valid = F.pad(global_tokens.valid.bool(), (0, global_padded - slots), value=False)  # (B, Gp)
+    slot_position = F.pad(global_tokens.indices, (0, global_padded - slots))  # (B, Gp)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        slot = kv_idx.clamp(max=global_padded - 1)
+        global_allowed = slot_valid[b, slot]
+        if causal:
+            global_allowed = global_allowed & (slot_position[b, slot] <= q_idx)
+        position = (kv_idx - global_padded).clamp(0, padded - 1)
+        allowed = torch.where(kv_idx < global_padded, global_allowed, window_allowed(b, q_idx, position))
+        return torch.where(allowed, score, float("-inf"))
+
+    return score_mod
+
+
+def sliding_window_block_mask(padded: int, global_padded: int, pattern: WindowPattern, device):
+    """The `BlockMask` of `flex_sliding_window_attention` over ``padded`` queries and ``global_padded + padded``
+    keys (global slots first): the window by distance, every global slot allowed."""
+    reach_steps = pattern.window * pattern.dilation
+    lowest = 0 if pattern.causal else -reach_steps
+    dilation = pattern.dilation
 
     def mask_mod(b, h, q_idx, kv_idx):
-        distance = q_idx - kv_idx
-        in_window = (distance <= reach_steps) & (distance >= (0 if causal else -reach_steps))
+        distance = q_idx - (kv_idx - global_padded)
+        in_window = (distance <= reach_steps) & (distance >= lowest)
         if dilation > 1:
             in_window = in_window & (distance % dilation == 0)
-        allowed = in_window & valid[b, kv_idx]
-        if is_global is not None:
-            see_global = is_global[b, kv_idx]
-            if causal:
-                see_global = see_global & (distance >= 0)
-            allowed = allowed | see_global
-        return allowed | ((distance == 0) & ~valid[b, q_idx])  # a padded query attends to itself
+        return in_window | (kv_idx < global_padded)
 
-    # tiles: the distances between a query tile and a key tile span [d0 - (b-1), d0 + (b-1)], d0 = (i - j) * b
-    num_tiles = padded // _BLOCK
-    query_tile, key_tile = _tile_range(num_tiles, device)
-    start = (query_tile - key_tile) * _BLOCK
-    low, high = start - (_BLOCK - 1), start + (_BLOCK - 1)
-    lowest = 0 if causal else -reach_steps
+    # tiles: the distances between a query tile and a key tile span [d0 - (t-1), d0 + (t-1)], d0 = (i - j) * t
+    num_tiles = padded // _TILE
+    tiles = torch.arange(num_tiles, device=device)
+    start = (tiles[:, None] - tiles[None, :]) * _TILE
+    low, high = start - (_TILE - 1), start + (_TILE - 1)
     reach = (high >= lowest) & (low <= reach_steps)  # (N, N); dilation only thins a tile (exact in mask_mod)
     full = (low >= lowest) & (high <= reach_steps) & (dilation == 1)
-    key_tiles_valid = valid.view(batch, num_tiles, _BLOCK)
-    full = full[None] & key_tiles_valid.all(-1)[:, None, :]  # (B, N, N)
-    reach = reach[None] | (start == 0)[None]  # the diagonal tile (padded queries attend to themselves)
-    if is_global is not None:
-        reach = reach | is_global.view(batch, num_tiles, _BLOCK).any(-1)[:, None, :]
-    return _block_mask(reach[:, None], full[:, None], mask_mod, padded)
+    global_tiles = global_padded // _TILE
+    if global_tiles:
+        every = torch.ones(num_tiles, global_tiles, dtype=torch.bool, device=device)
+        reach, full = torch.cat([every, reach], dim=1), torch.cat([every, full], dim=1)
+    return _block_mask(reach[None], full[None], mask_mod, (padded, global_padded + padded), Tiles())
 
 
 # ------------------------------------------------------------------------------------------------------ BigBird
@@ -232,66 +376,66 @@ def flex_block_sparse_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     block_size: int,
-    counts: torch.Tensor,
-    key_valid: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
+    counts: torch.Tensor | Callable[[], torch.Tensor],
+    key_valid: torch.Tensor,
+    cache: BlockMaskCache | None = None,
+    plan_key: tuple = (),
 ) -> torch.Tensor:
-    """`block_sparse.block_sparse_attention` in one FlexAttention call.
+    """`block_sparse.block_sparse_attention` in one FlexAttention call (no dropout).
 
     Args:
-        query, key, value: ``(B, H, T, Dh)``.
+        query, key, value: ``(B, H, T, Dh)``, ``T`` a multiple of ``block_size``.
         block_size: BigBird's block ``b``.
         counts: ``(H, N, N)`` how often each query block attends to each key block (`build_block_sparse_counts`,
-            ``N = ceil(T / b)``).
-        key_valid: ``(B, T)`` bool, True at real tokens; a row without any real token sees every key.
-        dropout_p: must be 0.
+            ``N = T / b``), on the inputs' device; or a function that builds them (called only when the cache does
+            not hold the block mask yet).
+        key_valid: ``(B, T)`` bool, True at real tokens (a row without any sees every key: `block_sparse._padded`).
+        cache, plan_key: where the block mask is kept, and what identifies ``counts`` there (the caller's random
+            plan: layer, seed, mode); ``cache=None`` builds it for this call.
 
     Returns:
         ``(B, H, T, Dh)``, equal to `block_sparse_attention_reference` up to float rounding.
     """
-    _check_dropout(dropout_p)
     length = query.shape[2]
-    block_mask, score_mod = block_sparse_block_mask(query, block_size, counts, key_valid)
-    query, key, value = _pad_sequence((query, key, value), block_mask.seq_lengths[0])
-    return _run(query, key, value, block_mask, score_mod)[0][:, :, :length]
+    padded = _pad_to_tile(length)
+    work = torch.promote_types(query.dtype, torch.float32)  # the scores' dtype inside FlexAttention
+    full_key = ("blocks", block_size, length, padded, query.device, work, *plan_key)
+
+    def build():
+        return block_sparse_block_mask(block_size, counts() if callable(counts) else counts, padded, work)
+
+    block_mask, log_counts = _cached(cache, full_key, build)
+    valid = F.pad(key_valid.bool(), (0, padded - length), value=False)  # (B, Tp)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        score = score + log_counts[h, q_idx // block_size, kv_idx // block_size]
+        return torch.where(valid[b, kv_idx], score, float("-inf"))
+
+    query, key, value = _pad_sequence((query, key, value), padded)
+    return _run(query, key, value, block_mask, score_mod, cache, full_key)[:, :, :length]
 
 
-def block_sparse_block_mask(query, block_size, counts, key_valid=None):
-    """The `BlockMask` and ``score_mod`` (``None`` unless a block repeats) of `flex_block_sparse_attention`."""
-    batch, heads, length, _ = query.shape
-    device = query.device
+def block_sparse_block_mask(block_size: int, counts: torch.Tensor, padded: int, dtype=torch.float32):
+    """The `BlockMask` of `flex_block_sparse_attention` over ``padded`` positions, and the ``(H, N', N')``
+    ``log(count)`` table (in ``dtype``) its ``score_mod`` reads (the padding past ``N * b`` queries as block 0, a global row whose
+    output is dropped; its keys are never reached)."""
+    device = counts.device
     num_blocks = counts.shape[-1]
-    padded = _pad_to_block(num_blocks * block_size)
-    valid = torch.ones(batch, length, dtype=torch.bool, device=device) if key_valid is None else key_valid.bool()
-    valid = valid | ~valid.any(dim=1, keepdim=True)
-    valid = F.pad(valid, (0, padded - length), value=False)  # (B, Tp)
-    # blocks of the padding beyond N * b: queries as block 0 (a global row: finite, dropped), keys never reached
+    tiles = Tiles.for_blocks(block_size)
     extra = -(-padded // block_size) - num_blocks
-    counts = F.pad(counts.to(device), (0, extra, 0, extra))
+    counts = F.pad(counts, (0, extra, 0, extra))
     counts[:, num_blocks:] = counts[:, :1]
-    repeated = bool((counts > 1).any())
-    log_counts = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log() if repeated else None
+    log_counts = counts.clamp(min=1).to(dtype).log()
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (counts[h, q_idx // block_size, kv_idx // block_size] > 0) & valid[b, kv_idx]
+        return counts[h, q_idx // block_size, kv_idx // block_size] > 0
 
-    score_mod = None
-    if repeated:
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + log_counts[h, q_idx // block_size, kv_idx // block_size]
-
-    # tiles from the block counts: every element of a query tile against every element of a key tile
-    num_tiles = padded // _BLOCK
-    first = torch.arange(num_tiles, device=device) * _BLOCK // block_size  # the blocks each tile touches
-    last = (torch.arange(num_tiles, device=device) * _BLOCK + _BLOCK - 1) // block_size
-    span = int((last - first).max()) + 1
-    touched = torch.minimum(first[:, None] + torch.arange(span, device=device)[None, :], last[:, None])  # (N, span)
-    sub = counts[:, touched][:, :, :, touched] > 0  # (H, N, span, N, span)
+    # every element of a query tile against every element of a key tile, from the blocks they touch
+    query_blocks = _touched(padded // tiles.query, tiles.query, block_size, device)  # (Nq, sq)
+    key_blocks = _touched(padded // tiles.key, tiles.key, block_size, device)  # (Nk, sk)
+    sub = counts[:, query_blocks][:, :, :, key_blocks] > 0  # (H, Nq, sq, Nk, sk)
     reach, full = sub.any(4).any(2), sub.all(4).all(2)
-    key_tiles_valid = valid.view(batch, num_tiles, _BLOCK).all(-1)  # (B, N)
-    full = full[None] & key_tiles_valid[:, None, None, :]  # (B, H, N, N)
-    return _block_mask(reach[None].expand(batch, -1, -1, -1), full, mask_mod, padded), score_mod
+    return _block_mask(reach, full, mask_mod, (padded, padded), tiles), log_counts
 
 
 # ----------------------------------------------------------------------------------------------------- Reformer
@@ -301,153 +445,62 @@ def flex_chunked_local_attention(
     value: torch.Tensor,
     pattern: ChunkPattern,
     key_valid: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
+    cache: BlockMaskCache | None = None,
 ) -> torch.Tensor:
-    """`lsh.chunked_local_attention` in one FlexAttention call: each position attends to the real keys of its own
-    chunk and the ``pattern.before`` / ``pattern.after`` neighbouring chunks (modulo the number of chunks with
-    ``wrap_around``), causal by position; a query without any such key attends to itself."""
-    _check_dropout(dropout_p)
-    length = query.shape[2]
-    block_mask = chunked_local_block_mask(query, pattern, key_valid)
-    query, key, value = _pad_sequence((query, key, value), block_mask.seq_lengths[0])
-    return _run(query, key, value, block_mask)[0][:, :, :length]
-
-
-def chunked_local_block_mask(query: torch.Tensor, pattern: ChunkPattern, key_valid: torch.Tensor | None = None):
-    """The `BlockMask` of `flex_chunked_local_attention`."""
-    chunk_length, before, after = pattern.chunk_length, pattern.before, pattern.after
-    causal, wrap_around = pattern.causal, pattern.wrap_around
+    """`lsh.chunked_local_attention` in one FlexAttention call (no dropout): each position attends to the real keys
+    of its own chunk and the ``pattern.before`` / ``pattern.after`` neighbouring chunks (modulo the number of chunks
+    with ``wrap_around``), causal by position; a query without any such key attends to itself."""
     batch, _, length, _ = query.shape
     device = query.device
-    num_chunks = -(-length // chunk_length)
-    padded = _pad_to_block(length)
-    valid = torch.ones(batch, length, dtype=torch.bool, device=device) if key_valid is None else key_valid.bool()
-    valid = F.pad(valid, (0, padded - length), value=False)
-    offsets = [o % num_chunks if wrap_around else o for o in range(-before, after + 1)]
-
-    def near_chunk(query_chunk, key_chunk):
-        offset = key_chunk - query_chunk
-        if wrap_around:
-            offset = offset % num_chunks
-            return sum((offset == o) for o in sorted(set(offsets))) > 0
-        return (offset >= -before) & (offset <= after)
-
-    # a query without any real key in reach attends to itself, as the chunked path does
-    real = valid[:, :length]
-    if causal:  # real keys in [start of the chunk `before` chunks back, the query] (wrapping reaches only later keys)
+    size, before = pattern.chunk_length, pattern.before
+    padded = _pad_to_tile(length)
+    block_mask = _cached(
+        cache, ("chunks", pattern, length, device), lambda: chunked_local_block_mask(length, pattern, device)
+    )
+    real = torch.ones(batch, length, dtype=torch.bool, device=device) if key_valid is None else key_valid.bool()
+    num_chunks = -(-length // size)
+    if pattern.causal:  # real keys in [start of the chunk `before` chunks back, the query] (wrapping reaches later)
         position = torch.arange(length, device=device)
-        start = ((position // chunk_length - before).clamp(min=0) * chunk_length)[None].expand(batch, -1)
+        start = ((position // size - before).clamp(min=0) * size)[None].expand(batch, -1)
         running = F.pad(real.long().cumsum(1), (1, 0))  # (B, T + 1)
         lonely = (running[:, 1:] - running.gather(1, start)) == 0
     else:
-        chunk_real = F.pad(real, (0, num_chunks * chunk_length - length)).view(batch, num_chunks, -1).any(-1)
+        chunk_real = F.pad(real, (0, num_chunks * size - length)).view(batch, num_chunks, -1).any(-1)
         reach_chunk = torch.zeros(batch, num_chunks, dtype=torch.bool, device=device)
-        for o in sorted(set(offsets)):
-            target = torch.arange(num_chunks, device=device) + o
+        for offset in sorted(set(_chunk_offsets(pattern, num_chunks))):
+            target = torch.arange(num_chunks, device=device) + offset
             inside = (target >= 0) & (target < num_chunks)
-            if wrap_around:
+            if pattern.wrap_around:
                 target, inside = target % num_chunks, torch.ones_like(inside)
             reach_chunk |= inside[None] & chunk_real[:, target.clamp(0, num_chunks - 1)]
-        lonely = ~reach_chunk.repeat_interleave(chunk_length, dim=1)[:, :length]
+        lonely = ~reach_chunk.repeat_interleave(size, dim=1)[:, :length]
     lonely = F.pad(lonely, (0, padded - length), value=True)  # (B, Tp); the padding to the tile sees itself
+    valid = F.pad(real, (0, padded - length), value=False)
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        allowed = near_chunk(q_idx // chunk_length, kv_idx // chunk_length) & valid[b, kv_idx] & (q_idx < length)
-        if causal:
-            allowed = allowed & (kv_idx <= q_idx)
-        return allowed | ((q_idx == kv_idx) & lonely[b, q_idx])  # the padding to the tile: itself only
+    def score_mod(score, b, h, q_idx, kv_idx):
+        allowed = valid[b, kv_idx] | ((q_idx == kv_idx) & lonely[b, q_idx])
+        return torch.where(allowed, score, float("-inf"))
 
-    reach, full = _chunk_tiles(padded, chunk_length, num_chunks, near_chunk, device)
-    if causal:
-        query_tile, key_tile = _tile_range(padded // _BLOCK, device)
-        reach, full = reach & (key_tile <= query_tile), full & (key_tile < query_tile)
-    full = full[None] & valid.view(batch, -1, _BLOCK).all(-1)[:, None, :]
-    return _block_mask(reach[None, None], full[:, None], mask_mod, padded)
+    query, key, value = _pad_sequence((query, key, value), padded)
+    pattern_key = ("chunks", pattern, length, device)
+    return _run(query, key, value, block_mask, score_mod, cache, pattern_key)[:, :, :length]
 
 
-def _chunk_tiles(padded: int, chunk_length: int, num_chunks: int, near_chunk, device):
-    """``(N, N)`` tiles a chunk pattern reaches and covers whole, from the chunks each tile's rows and columns touch
-    (positions past the last chunk count as its own chunk ``num_chunks``, which reaches nothing but the diagonal)."""
-    num_tiles = padded // _BLOCK
-    first = torch.arange(num_tiles, device=device) * _BLOCK // chunk_length
-    last = (torch.arange(num_tiles, device=device) * _BLOCK + _BLOCK - 1) // chunk_length
-    span = int((last - first).max()) + 1
-    touched = first[:, None] + torch.arange(span, device=device)[None, :]  # (N, span) chunks of each tile
-    inside = (touched <= last[:, None]) & (touched < num_chunks)
-    near = near_chunk(touched[:, :, None, None], touched[None, None, :, :])  # (N, span, N, span)
-    near = near & inside[:, :, None, None] & inside[None, None, :, :]
-    query_tile, key_tile = _tile_range(num_tiles, device)
-    reach = near.any(3).any(1) | (query_tile == key_tile)
-    whole = inside.all(1) & (last < num_chunks)  # tile made of real chunks only
-    full = (near | ~(inside[:, :, None, None] & inside[None, None, :, :])).all(3).all(1)
-    return reach, full & whole[:, None] & whole[None, :]
+def _chunk_offsets(pattern: ChunkPattern, num_chunks: int) -> list[int]:
+    offsets = range(-pattern.before, pattern.after + 1)
+    return [o % num_chunks for o in offsets] if pattern.wrap_around else list(offsets)
 
 
-class SortedRows(NamedTuple):
-    """Where the sorted rows of `flex_lsh_attention` come from (`lsh.lsh_attention` sorts them).
-
-    Attributes:
-        positions: ``(B, A, L)`` the position in each slot, ``-1`` for the dummy slots that pad a round.
-        slot_of: ``(B, H, R, T)`` the slot of each position in each round (for ``correct_duplicates``).
-        key_valid: ``(B, T)`` bool, False at padding.
-    """
-
-    positions: torch.Tensor
-    slot_of: torch.Tensor
-    key_valid: torch.Tensor
-
-
-def flex_lsh_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    sorted_rows: SortedRows,
-    pattern: ChunkPattern,
-    masked_self: float,
-    correct_duplicates: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked attention of `lsh.lsh_attention` over its sorted rows, in one FlexAttention call.
-
-    Args:
-        query, key, value: ``(B, A, L, Dh)`` sorted rows (``A`` rows of ``L`` slots: per head and round, or with
-            ``wrap_around`` per head, the rounds one after another).
-        sorted_rows: the position in each slot, the slot of each position, the real positions (`SortedRows`).
-        pattern: the `ChunkPattern` (chunk length, neighbours, causal, wrap-around).
-        masked_self: the score of a query's own key (far below any real score: it counts only when the query has
-            nothing else).
-        correct_duplicates: subtract ``log`` of the number of rounds in which the pair meets.
-
-    Returns:
-        ``(B, A, L, Dh)`` outputs and ``(B, A, L)`` log-sum-exp of the scores.
-    """
-    row_length = query.shape[2]
-    block_mask, score_mod = lsh_block_mask(query, sorted_rows, pattern, masked_self, correct_duplicates)
-    query, key, value = _pad_sequence((query, key, value), block_mask.seq_lengths[0])
-    out, lse = _run(query, key, value, block_mask, score_mod, return_lse=True)
-    return out[:, :, :row_length], lse[:, :, :row_length]
-
-
-def lsh_block_mask(
-    query: torch.Tensor,
-    sorted_rows: SortedRows,
-    pattern: ChunkPattern,
-    masked_self: float,
-    correct_duplicates: bool = False,
-):
-    """The `BlockMask` and ``score_mod`` of `flex_lsh_attention`."""
-    sorted_positions, slot_of, key_valid = sorted_rows
-    chunk_length, before, after = pattern.chunk_length, pattern.before, pattern.after
+def chunked_local_block_mask(length: int, pattern: ChunkPattern, device):
+    """The `BlockMask` of `flex_chunked_local_attention` for ``length`` positions (padded inside to a tile): the
+    chunks in reach (causal by position), and each position itself."""
+    size, before, after = pattern.chunk_length, pattern.before, pattern.after
     causal, wrap_around = pattern.causal, pattern.wrap_around
-    batch, rows, row_length, _ = query.shape
-    device = query.device
-    num_chunks = row_length // chunk_length
-    padded = _pad_to_block(row_length)
-    offsets = sorted({o % num_chunks if wrap_around else o for o in range(-before, after + 1)})
-    length = key_valid.shape[1]
-    positions = F.pad(sorted_positions, (0, padded - row_length), value=-1)  # (B, A, Lp)
-    # a dummy slot (position -1) reads index T of the per-position tables: never valid, never meeting
-    lookup = torch.where(positions >= 0, positions, length)
-    valid = F.pad(key_valid.bool(), (0, 1), value=False)  # (B, T + 1)
+    num_chunks = -(-length // size)
+    chunked = num_chunks * size  # positions past it belong to no chunk
+    padded = _pad_to_tile(length)
+    offsets = sorted(set(_chunk_offsets(pattern, num_chunks)))
+    tiles = Tiles.for_blocks(size)
 
     def near_chunk(query_chunk, key_chunk):
         offset = key_chunk - query_chunk
@@ -457,43 +510,40 @@ def lsh_block_mask(
         return (offset >= -before) & (offset <= after)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        query_position, key_position = positions[b, h, q_idx], positions[b, h, kv_idx]
-        allowed = near_chunk(q_idx // chunk_length, kv_idx // chunk_length) & valid[b, lookup[b, h, kv_idx]]
+        allowed = near_chunk(q_idx // size, kv_idx // size) & (q_idx < chunked) & (kv_idx < chunked)
         if causal:
-            allowed = allowed & (key_position <= query_position)
-        # its own key (scored masked_self) keeps every row non-empty; the dummy slots only see themselves
-        return (allowed & (key_position >= 0) & (q_idx < row_length)) | (q_idx == kv_idx)
+            allowed = allowed & (kv_idx <= q_idx)
+        return allowed | (q_idx == kv_idx)
 
-    rounds = slot_of.shape[2]
-    chunk_of = None
-    if correct_duplicates:
-        chunk_of = F.pad(slot_of // chunk_length, (0, 1), value=-(10**9))  # (B, H, R, T + 1)
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        query_position, key_position = positions[b, h, q_idx], positions[b, h, kv_idx]
-        score = torch.where(key_position == query_position, masked_self, score)
-        if chunk_of is not None:
-            head = h // rounds
-            meets = 0
-            for r in range(rounds):
-                offset = chunk_of[b, head, r, lookup[b, h, kv_idx]] - chunk_of[b, head, r, lookup[b, h, q_idx]]
-                meets = meets + ((offset >= -before) & (offset <= after)).to(score.dtype)
-            score = score - torch.log(torch.clamp(meets, min=1.0))
-        return score
-
-    reach, _ = _chunk_tiles(padded, chunk_length, num_chunks, near_chunk, device)
-    full = torch.zeros_like(reach)  # the self score and the sorted positions are per element: no tile is plain
-    return _block_mask(reach[None, None], full[None, None], mask_mod, padded), score_mod
+    query_chunks = _touched(padded // tiles.query, tiles.query, size, device)  # (Nq, sq)
+    key_chunks = _touched(padded // tiles.key, tiles.key, size, device)  # (Nk, sk)
+    near = near_chunk(query_chunks[:, :, None, None], key_chunks[None, None, :, :])  # (Nq, sq, Nk, sk)
+    inside_q, inside_k = query_chunks < num_chunks, key_chunks < num_chunks
+    near = near & inside_q[:, :, None, None] & inside_k[None, None, :, :]
+    query_tile = torch.arange(padded // tiles.query, device=device)[:, None]
+    key_tile = torch.arange(padded // tiles.key, device=device)[None, :]
+    query_first, query_last = query_tile * tiles.query, query_tile * tiles.query + tiles.query - 1
+    key_first, key_last = key_tile * tiles.key, key_tile * tiles.key + tiles.key - 1
+    diagonal = (key_first <= query_last) & (query_first <= key_last)  # tiles that hold some (i, i)
+    reach = near.any(3).any(1) | diagonal
+    whole_q = (query_last < chunked).expand(-1, key_tile.shape[1])
+    whole_k = (key_last < chunked).expand(query_tile.shape[0], -1)
+    full = near.all(3).all(1) & whole_q & whole_k
+    if causal:  # a tile wholly at or below the diagonal is causal throughout; one wholly above is out of reach
+        reach = reach & (key_first <= query_last)
+        full = full & (key_last <= query_first)
+    return _block_mask(reach[None], full[None], mask_mod, (padded, padded), tiles)
 
 
 __all__ = [
+    "BlockMaskCache",
+    "SMALL_KERNEL_OPTIONS",
+    "Tiles",
     "block_sparse_block_mask",
     "chunked_local_block_mask",
     "flex_block_sparse_attention",
     "flex_chunked_local_attention",
-    "flex_lsh_attention",
+    "flex_or_sdpa",
     "flex_sliding_window_attention",
-    "lsh_block_mask",
-    "SortedRows",
     "sliding_window_block_mask",
 ]

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import FLEX, attend
+from .backend import FLEX, NATIVE, attend, check_implementation
 from .chunked import WindowScores, chunked_window_attention, pad_chunks, window_view
 from .dense import dense_attention
-from .flex import SortedRows, _check_dropout, flex_chunked_local_attention, flex_lsh_attention
+from .flex import BlockMaskCache, flex_chunked_local_attention, flex_or_sdpa
 from .patterns import ChunkPattern
 
 
@@ -183,14 +183,14 @@ def lsh_attention(
         correct_duplicates: subtract ``log`` of how many times a query met a key (over rounds), so each distinct
             key counts once (not in wrap-around mode, where rounds see each other's chunks).
         dropout_p: dropout on the attention probabilities (training).
-        implementation: ``"flex_attention"`` attends over the sorted rounds in one FlexAttention call
-            (`flex.flex_lsh_attention`, in the input's dtype); anything else, `chunked.chunked_window_attention`.
+        implementation: checked, and otherwise not used: the rounds' chunks are batched dense tiles combined by
+            their log-sum-exp, which neither PyTorch's SDPA nor a FlexAttention block mask (every tile partial)
+            computes better, so every implementation runs `chunked.chunked_window_attention` on them.
 
     Returns:
         ``(B, H, T, Dh)``. A padded query's output is finite and meaningless.
     """
-    if implementation == FLEX:
-        _check_dropout(dropout_p)
+    check_implementation(implementation)
     if correct_duplicates and pattern.wrap_around:
         raise NotImplementedError(
             "correct_duplicates is only defined for rounds kept apart; set wrap_around=False (the transformers-"
@@ -198,12 +198,7 @@ def lsh_attention(
         )
     batch, _, length, head_dim = query.shape
     rounds = _SortedRounds.of(buckets, _valid(key_valid, batch, length, query.device), pattern)
-    # the sorted rows in one FlexAttention call, no chunk tensors; bucket-causal rounds (causal_buckets) have no
-    # block mask yet and take the chunked path, which computes the same attention
-    if implementation == FLEX and not pattern.causal_buckets:
-        out, lse = _flex_rounds(query, key, value, rounds, pattern, correct_duplicates)
-    else:
-        out, lse = _chunked_rounds(query, key, value, rounds, pattern, correct_duplicates, dropout_p)
+    out, lse = _chunked_rounds(query, key, value, rounds, pattern, correct_duplicates, dropout_p)
     # back to the original order, per round, then combine the rounds by their log-sum-exp weights
     out, lse = rounds.unsort(out, head_dim), rounds.unsort(lse, 1)[..., 0]  # (B, H, R, T, Dh), (B, H, R, T)
     return _combine_rounds(out, lse, pattern).to(value.dtype)
@@ -283,22 +278,6 @@ class _SortedRounds:
         return _RowGather.apply(flat, self.slot_index, self.position_index, 1).view(
             batch, heads, rounds, length, width
         )
-
-
-def _flex_rounds(query, key, value, rounds: _SortedRounds, pattern: ChunkPattern, correct_duplicates: bool):
-    """The sorted rows' attention in one FlexAttention call: ``(B, rows, chunks, C, Dh)`` outputs and
-    ``(B, rows, chunks, C)`` log-sum-exp."""
-    batch, _, _, head_dim = query.shape
-    size = pattern.chunk_length
-    self_only = _mask_values(_score_dtype(query.dtype), pattern.wrap_around)[1]
-    positions = rounds.positions.view(batch, rounds.rows, rounds.chunks * size)
-    sorted_rows = SortedRows(positions, slot_of=rounds.inverse, key_valid=rounds.valid)
-    out, lse = flex_lsh_attention(
-        rounds.sort(query), rounds.sort(key), rounds.sort(value), sorted_rows, pattern, self_only, correct_duplicates
-    )
-    return out.view(batch, rounds.rows, rounds.chunks, size, head_dim), lse.view(
-        batch, rounds.rows, rounds.chunks, size
-    )
 
 
 def _chunked_rounds(
@@ -562,15 +541,19 @@ def chunked_local_attention(
     key_valid: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     implementation: str | None = "sdpa",
+    block_masks: BlockMaskCache | None = None,
 ) -> torch.Tensor:
     """Local attention by chunks: each chunk of ``C`` queries attends to the keys of its own and its neighbouring
-    chunks. ``(B, H, T, Dh)`` in and out; any ``T`` (the last chunk is padded inside). ``implementation`` ``"sdpa"``
-    (or ``None``) runs `chunked.chunked_window_attention` on float32 / float64 (windows read in place; on this
-    project's CPU it measures faster than one `backend.attend` call over copied windows); ``"eager"`` and other
-    dtypes go through `backend.attend` (``"eager"``: the dense softmax per chunk); ``"flex_attention"``: one
-    FlexAttention call (`flex.flex_chunked_local_attention`)."""
+    chunks. ``(B, H, T, Dh)`` in and out; any ``T`` (the last chunk is padded inside). ``implementation``
+    ``"tff_native"`` runs `chunked.chunked_window_attention` on float32 / float64 (windows read in place; on this
+    project's CPU it measures faster than one `backend.attend` call over copied windows); ``"sdpa"``, ``"eager"``
+    and other dtypes fold the chunks into the batch and go through `backend.attend` (``"sdpa"``: one batched
+    PyTorch SDPA call; ``"eager"``: the dense softmax per chunk); ``"flex_attention"``: one FlexAttention call
+    (`flex.flex_chunked_local_attention`, its block mask kept in ``block_masks``; under dropout, the ``"sdpa"``
+    path: `flex.flex_or_sdpa`)."""
+    implementation = flex_or_sdpa(implementation, dropout_p)
     if implementation == FLEX:
-        return flex_chunked_local_attention(query, key, value, pattern, key_valid, dropout_p)
+        return flex_chunked_local_attention(query, key, value, pattern, key_valid, block_masks)
     batch, heads, length, head_dim = query.shape
     size = pattern.chunk_length
     num_chunks = -(-length // size)
@@ -593,7 +576,7 @@ def chunked_local_attention(
         tensor = torch.nn.functional.pad(tensor, (0, 0, 0, padded - length))
         return tensor.view(batch, heads, num_chunks, size, head_dim)
 
-    if implementation in (None, "sdpa") and query.dtype in (torch.float32, torch.float64):
+    if implementation == NATIVE and query.dtype in (torch.float32, torch.float64):
         scores = WindowScores(blocked=~allowed[:, None], masked=torch.finfo(query.dtype).min, self_only=0.0)
         out, _ = chunked_window_attention(
             chunks(query),

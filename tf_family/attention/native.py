@@ -22,18 +22,15 @@ inside PyTorch's CPU build (Intel MKL on x86-64 Linux). When the build or the lo
 `fused_attention` is the entry point; its dense twin is `masked_attention_reference` given the same dropout mask
 (`fused_keep_mask`).
 
-The kernel is not faster everywhere: on one Intel machine BigBird's tiles ran slower through it than through the
-PyTorch path (`masked_attention`) it replaces. So `backend.attend` takes it only where `faster_than_pytorch` says
-so: the first call at a given shape (tile sizes, memory layout, mask or not, dropout or not, dtype, thread count)
-times both paths, forward and backward, on random tensors of that shape and layout, interleaved, and `prefer_native`
-keeps the kernel only when it is faster by more than `NATIVE_MARGIN`; the times are cached in memory and in
-``calibration.json`` beside the built kernel, so each machine and build measures once (the decision is taken again
-from the cached times, so a change of the rule needs no new measurement). The calibration times the inputs in the
-layout the model hands over (keys and values transposed from ``(B, T, H, Dh)``, which the kernel copies and the
-PyTorch path reads in place), not contiguous copies of them, and `NATIVE_MARGIN` ignores a win within what two
-identical runs differ by on a shared machine: either mistake chose the kernel where BigBird's whole training step was
-slower with it (docs/benchmarks.md, "Measurements behind choices in the code").
-``TF_FAMILY_NATIVE=force`` takes the kernel wherever it runs, without calibrating (tests of the kernel).
+The kernel is not faster everywhere: BigBird's 64-row tiles ran slower through it than through the PyTorch path
+(`masked_attention`) it replaces, on an Intel and on an AMD machine, while Longformer's 256-row chunks ran faster. So
+the ``"tff_native"`` implementation (`backend`) takes it by a fixed rule, for tiles of at least
+`backend.NATIVE_MIN_ROWS` query rows, and measures nothing while a model runs. `calibrate` is the explicit step that
+measures both paths, forward and backward, at the shapes a user names (random tensors of that shape and layout,
+interleaved), and writes the times and the faster path to a JSON file the user reads (and may delete; nothing reads
+it back): with it a user decides between ``attn_implementation="tff_native"`` and ``"sdpa"`` on their machine.
+``TF_FAMILY_NATIVE=0`` is the one setting read from the environment: it turns the kernel off (no build attempt, e.g.
+on a machine without a compiler); `masked_attention` then takes its calls.
 """
 
 from __future__ import annotations
@@ -164,7 +161,7 @@ def extension():
         return None
     if "module" not in _state:
         module = None
-        if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64"):
+        if can_build():
             try:
                 module = _build()
             except Exception as error:  # a missing compiler, ninja or BLAS symbol: fall back, say why once
@@ -186,15 +183,22 @@ def _native_setting() -> str:
 
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_ROUNDS = 5
-# the kernel is taken only when its forward + backward is faster than the PyTorch path's by more than this fraction:
-# gains below it did not survive into a training step (see the module's notes), and the PyTorch path is the safe side
+# `calibrate` calls the kernel faster only when its forward + backward beats the PyTorch path's by more than this
+# fraction: smaller gains did not survive into a training step (see the module's notes)
 NATIVE_MARGIN = 0.05
 REDUCED_DTYPES = (torch.bfloat16, torch.float16)  # taken by the kernel in float32 (`fused_attention_upcast`)
-_decisions: dict[str, dict] = {}
+
+
+def can_build() -> bool:
+    """Whether the kernel can be used here without trying: a Linux x86-64 machine (the targets of its build) and
+    ``TF_FAMILY_NATIVE`` not ``0``. Builds nothing (`extension` does, on first use)."""
+    if _native_setting() in ("0", "false", "no", "off"):
+        return False
+    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
 
 
 def calibration_path() -> Path:
-    """Where this build's calibration is kept: beside the compiled kernel."""
+    """`calibrate`'s default file: beside this environment's build of the kernel."""
     return build_directory() / CALIBRATION_FILE
 
 
@@ -214,33 +218,12 @@ def _calibration_key(
 
 
 def prefer_native(native_s: float, pytorch_s: float, margin: float = NATIVE_MARGIN) -> bool:
-    """The dispatch's rule, given the calibration's forward + backward times of both paths at one shape: the native
-    kernel only when it is faster than the PyTorch path by more than ``margin`` (a fraction of the PyTorch path's
-    time); a tie or a smaller gain keeps the PyTorch path."""
+    """`calibrate`'s verdict on one shape's forward + backward times: the native kernel only when it is faster than
+    the PyTorch path by more than ``margin`` (a fraction of the PyTorch path's time); a tie or a smaller gain says
+    the PyTorch path."""
     if not (native_s > 0 and pytorch_s > 0):
         raise ValueError(f"prefer_native needs two positive times, got native_s={native_s}, pytorch_s={pytorch_s}.")
     return native_s < (1.0 - margin) * pytorch_s
-
-
-def _load_calibration() -> dict:
-    try:
-        return json.loads(calibration_path().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_calibration(key: str, record: dict) -> None:
-    """Add ``record`` under ``key`` to the file (re-read first: another process may have added its own), written
-    beside and renamed, so a reader never sees half a file."""
-    try:
-        path = calibration_path()
-        table = _load_calibration()
-        table[key] = record
-        partial = path.with_name(f".{CALIBRATION_FILE}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(table, indent=1, sort_keys=True))
-        os.replace(partial, path)
-    except OSError:  # a read-only build folder: the decision still holds for this process
-        pass
 
 
 def _calibration_tensors(tensors, generator: torch.Generator) -> list[torch.Tensor]:
@@ -293,52 +276,36 @@ def _time_paths(query, key, value, allowed, dropout_p: float) -> dict[str, float
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _time_paths_apart(query, key, value, allowed, dropout_p: float) -> dict[str, float]:
-    """`_time_paths` in a thread of its own: the first call at a shape may come inside a forward that
-    `torch.utils.checkpoint` records or `torch.autocast` runs, whose hooks and state are per thread; there the
-    calibration's own autograd graphs would be counted as the forward's saved tensors (and the recomputation, which
-    finds the decision cached, would save fewer)."""
-    import threading
+def calibrate(
+    calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float]],
+    path: str | os.PathLike | None = None,
+) -> dict[str, dict]:
+    """The explicit, opt-in measurement: for each ``(query, key, value, allowed, dropout_p)`` (tensors of the shapes,
+    dtype and strides to measure; their values are not used), the median forward + backward seconds of the native
+    kernel and of the PyTorch path, and which is faster by `prefer_native`'s rule. Written as JSON to ``path``
+    (default `calibration_path`; beside, then renamed) and returned. Nothing in tf_family reads the file: it is for
+    the user, who may delete it.
 
-    result: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            result["times"] = _time_paths(query.detach(), key.detach(), value.detach(), allowed, dropout_p)
-        except BaseException as error:  # handed to the caller's thread
-            result["error"] = error
-
-    worker = threading.Thread(target=run, name="tf_family-native-calibration")
-    worker.start()
-    worker.join()
-    if "error" in result:
-        raise result["error"]
-    return result["times"]
-
-
-def faster_than_pytorch(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, dropout_p: float
-) -> bool:
-    """Whether the native kernel is measured faster than the PyTorch path (`masked_attention`; in bfloat16/float16,
-    PyTorch's SDPA against the kernel in float32) for a call of these shapes and layout on this machine, by `prefer_native`'s margin (see the module's notes): measured once per shape
-    and build, then cached. ``True`` without measuring under ``TF_FAMILY_NATIVE=force``; ``False`` when the kernel is
-    not available."""
+    Raises:
+        RuntimeError: when the kernel is not available (`extension`).
+    """
     if extension() is None:
-        return False
-    if _native_setting() == "force":
-        return True
-    key_ = _calibration_key(query, key, value, allowed is not None, dropout_p)
-    decision = _decisions.get(key_)
-    if decision is None:
-        times = _load_calibration().get(key_)
-        if times is None:
-            measured = _time_paths_apart(query, key, value, allowed, dropout_p)
-            times = {"native_s": round(measured["native"], 9), "pytorch_s": round(measured["pytorch"], 9)}
-            times["native"] = prefer_native(times["native_s"], times["pytorch_s"])  # for a reader of the file
-            _save_calibration(key_, times)
-        decision = prefer_native(times["native_s"], times["pytorch_s"])  # the rule of this version, on cached times
-        _decisions[key_] = decision
-    return decision
+        raise RuntimeError("tf_family's native attention kernel is not available here: nothing to calibrate.")
+    table: dict[str, dict] = {}
+    for query, key, value, allowed, dropout_p in calls:
+        measured = _time_paths(query.detach(), key.detach(), value.detach(), allowed, dropout_p)
+        native_s, pytorch_s = round(measured["native"], 9), round(measured["pytorch"], 9)
+        table[_calibration_key(query, key, value, allowed is not None, dropout_p)] = {
+            "native_s": native_s,
+            "pytorch_s": pytorch_s,
+            "native_faster": prefer_native(native_s, pytorch_s),
+        }
+    target = Path(path) if path is not None else calibration_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(table, indent=1, sort_keys=True))
+    os.replace(partial, target)
+    return table
 
 
 def float32_cpu_extension(*tensors: torch.Tensor):
@@ -422,7 +389,7 @@ def fused_attention_upcast(
     """`fused_attention` for bfloat16/float16 inputs (what ``torch.autocast`` hands the attention): computed in
     float32 and returned in the inputs' dtype; the gradients come back in that dtype too. On CPU, PyTorch's SDPA in
     bfloat16 under dropout and a mask (Longformer's chunks) runs its unfused math path and took twice the time of
-    these casts plus the float32 kernel (2 cores, 4096 tokens); `faster_than_pytorch` measures it per shape."""
+    these casts plus the float32 kernel (2 cores, 4096 tokens); `calibrate` measures it per shape on request."""
     if query.dtype not in REDUCED_DTYPES:
         raise ValueError(
             f"fused_attention_upcast takes bfloat16/float16 tensors, got {query.dtype}; call fused_attention."
@@ -445,8 +412,9 @@ __all__ = [
     "CALIBRATION_FILE",
     "NATIVE_MARGIN",
     "build_directory",
+    "calibrate",
     "calibration_path",
-    "faster_than_pytorch",
+    "can_build",
     "build_key",
     "extension",
     "float32_cpu_extension",

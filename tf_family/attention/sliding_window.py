@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .backend import FLEX, attend, preferred_chunk
 from .dense import dense_attention
-from .flex import flex_sliding_window_attention
+from .flex import BlockMaskCache, flex_or_sdpa, flex_sliding_window_attention
 from .patterns import WindowPattern
 
 
@@ -290,8 +290,12 @@ def sliding_window_attention(
     global_tokens: GlobalTokens | None = None,
     dropout_p: float = 0.0,
     implementation: str | None = "sdpa",
+    block_masks: BlockMaskCache | None = None,
 ) -> torch.Tensor:
     """Windowed attention plus attention to the global tokens, in time and memory linear in ``T``.
+
+    Nine parameters: the three tensors, the pattern and the call's two masks (the dense twin's six), then the
+    dispatch: dropout, the implementation and, for ``"flex_attention"``, where its block mask is kept.
 
     Args:
         query, key, value: ``(B, H, T, Dh)``.
@@ -301,15 +305,17 @@ def sliding_window_attention(
             computed like any other here; replace them with `global_attention` (Longformer uses separate
             projections for them).
         dropout_p: dropout on the attention probabilities.
-        implementation: ``"sdpa"`` or ``"eager"``, how each chunk attends (`backend.attend`); ``"flex_attention"``:
-            the whole pattern in one FlexAttention call (`flex.flex_sliding_window_attention`).
+        implementation: ``"sdpa"``, ``"tff_native"`` or ``"eager"``, how each chunk attends (`backend.attend`);
+            ``"flex_attention"``: the whole pattern in one FlexAttention call (`flex.flex_sliding_window_attention`;
+            under dropout, the ``"sdpa"`` path: `flex.flex_or_sdpa`).
+        block_masks: the model's `flex.BlockMaskCache` (``"flex_attention"``; ``None``: built for this call).
 
     Returns:
         ``(B, H, T, Dh)``, equal to `sliding_window_attention_reference` up to float rounding.
     """
+    implementation = flex_or_sdpa(implementation, dropout_p)
     if implementation == FLEX:
-        global_mask = None if global_tokens is None else global_tokens.mask
-        return flex_sliding_window_attention(query, key, value, pattern, key_padding_mask, global_mask, dropout_p)
+        return flex_sliding_window_attention(query, key, value, pattern, key_padding_mask, global_tokens, block_masks)
     batch, heads, length, head_dim = query.shape
     device = query.device
     key_valid = _key_valid(key_padding_mask, batch, length, device)

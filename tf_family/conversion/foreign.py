@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
+from ..attention.backend import NATIVE, default_implementation
 from ..utils.files import atomic_update_dir, check_checkpoint_folder
 from ..utils.user_errors import check_local_path
 from .loading import HUB_KWARGS, check_state_dict, read_config_dict, read_weights, split_load_kwargs
@@ -303,6 +304,25 @@ class FromPretrainedMixin:
         if renames:
             _forget_renames(loaded[0] if isinstance(loaded, tuple) else loaded, renames)
         return loaded
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """transformers' check of ``attn_implementation``, with tf_family's two additions: no choice (``None``) takes
+        `tf_family.attention.backend.default_implementation` (a rule by the default device and the config's dtype:
+        ``"tff_native"`` on CPU where the native kernel can be built, else ``"sdpa"``), and ``"tff_native"`` (tf_family's
+        CPU kernels, `backend.NATIVE`) is accepted wherever ``"sdpa"`` is, since the attention runs through
+        `backend.attend`."""
+        if requested_attention is None and self._supports_sdpa:
+            dtype = getattr(self.config, "dtype", None)
+            dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+            requested_attention = default_implementation(dtype=dtype if isinstance(dtype, torch.dtype) else None)
+        if requested_attention == NATIVE:
+            if not self._supports_sdpa:
+                raise ValueError(
+                    f"{type(self).__name__} does not run its attention through tf_family.attention.attend, so "
+                    f"attn_implementation={NATIVE!r} is not available; use 'eager'."
+                )
+            return NATIVE
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     @classmethod
     def _finish_loading(cls, model: PreTrainedModel, pretrained_model_name_or_path, load_kwargs: dict) -> None:

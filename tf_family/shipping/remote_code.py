@@ -59,6 +59,11 @@ def is_built() -> bool:
     return False
 
 
+def can_build() -> bool:
+    """No kernel travels with remote code, so the attention's default is PyTorch's SDPA."""
+    return False
+
+
 def _unavailable(*args, **kwargs):
     raise RuntimeError(
         "tf_family's native attention kernel is not part of a remote-code export; pip install tf-family to use it."
@@ -66,10 +71,6 @@ def _unavailable(*args, **kwargs):
 
 
 REDUCED_DTYPES = ()  # no kernel, so no dtype is routed to it
-
-
-def faster_than_pytorch(*args, **kwargs):
-    return False
 
 
 fused_attention = fused_attention_upcast = fused_keep_mask = build_directory = build_key = _unavailable

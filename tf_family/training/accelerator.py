@@ -15,15 +15,14 @@ import transformers
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list, set_seed
 
-from ..allocator import keep_freed_memory
 from .checkpointing import lock_output_dir, unlock_output_dir
 
 
 def make_accelerator(args: argparse.Namespace, output_dir: Path) -> Accelerator:
     """The recipes' `Accelerator` (gradient accumulation, ``--cpu``, mixed precision, trackers under ``output_dir``),
-    with logging set up per process and the seed set. Rejects ``--merge_lora`` under FSDP / DeepSpeed. Tells the
-    allocator to keep freed memory first (`tf_family.allocator`; ``TF_FAMILY_KEEP_FREED_MEMORY=0`` opts out)."""
-    keep_freed_memory()
+    with logging set up per process and the seed set. Rejects ``--merge_lora`` under FSDP / DeepSpeed. Changes no
+    process-wide setting: the recipes' command entry (`tf_family.utils.user_errors.run_main`) and the CLI set the
+    allocator (`tf_family.allocator`)."""
     accelerator = Accelerator(
         # DDP's search for parameters without gradient is set per model by `configure_ddp`, before `prepare`
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=False)],

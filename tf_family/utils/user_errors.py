@@ -76,7 +76,11 @@ def report_user_error(error: BaseException, prog: str | None = None) -> int:
 def run_main(main: Callable[[list[str]], object], argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run ``main(argv)`` as a command: a user's mistake (`USER_ERRORS`) prints one line and gives exit code 2,
     unless ``--debug`` is among the arguments, which lets the traceback through. Returns 0 after a normal run, or
-    ``main``'s integer result."""
+    ``main``'s integer result. A command is a program of our own, so it first tells the allocator to keep freed
+    memory (`tf_family.allocator.keep_freed_memory`, a process-wide setting that calling the library never makes)."""
+    from ..allocator import keep_freed_memory
+
+    keep_freed_memory()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         result = main(argv)

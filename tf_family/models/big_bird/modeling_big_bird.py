@@ -34,10 +34,11 @@ from ...attention import (
     attend,
     block_sparse_attention,
     build_block_sparse_counts,
+    layer_seed,
     min_sparse_blocks,
     random_block_indices,
-    seeded_generator,
 )
+from ...attention.flex import BlockMaskCache
 from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling.heads import (
@@ -128,11 +129,14 @@ class TffBigBirdAttention(nn.Module):
             return None
         if not self.training and self.eval_random_blocks == "first_block":
             return torch.zeros(self.num_heads, num_blocks, self.num_random_blocks, dtype=torch.long, device=device)
-        generator = seeded_generator(seed, self.layer_idx)
-        chosen = random_block_indices(
-            num_blocks, self.num_heads, self.num_random_blocks, self.window_blocks, generator
+        return random_block_indices(
+            num_blocks,
+            self.num_heads,
+            self.num_random_blocks,
+            self.window_blocks,
+            layer_seed(seed, self.layer_idx),
+            device,
         )
-        return chosen.to(device)
 
     def _count_table(self, seed: int) -> torch.Tensor:
         """``(N_max + 1, H, N_max, N_max)`` uint8: for every number of blocks ``N`` an input can have, how many times
@@ -163,9 +167,25 @@ class TffBigBirdAttention(nn.Module):
         allowed = (counts > 0)[None] & key_valid[:, None, None, :]  # (B, H, T, T)
         return attend(query, key, value, allowed, bias=bias[None], dropout_p=0.0, implementation="eager")[0]
 
+    def _plan(self, num_blocks: int, seed: int, device, block_masks: BlockMaskCache | None):
+        """This call's random blocks and their key in ``block_masks`` (drawn once per seed, length and mode, then
+        reused from the model's cache)."""
+        mode = "train" if self.training else self.eval_random_blocks
+        plan_key = ("big_bird_plan", self.layer_idx, num_blocks, seed, mode, torch.device(device))
+        if block_masks is None:
+            return self.random_blocks(num_blocks, seed, device), plan_key
+        return block_masks.get(plan_key, lambda: self.random_blocks(num_blocks, seed, device)), plan_key
+
     def forward(
-        self, hidden: torch.Tensor, key_valid: torch.Tensor, seed: int, output_attentions: bool = False
+        self,
+        hidden: torch.Tensor,
+        key_valid: torch.Tensor,
+        seed: int,
+        output_attentions: bool = False,
+        block_masks: BlockMaskCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``block_masks``: the model's cache of random plans and FlexAttention block masks (``None``: drawn and
+        built for this call)."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
         # attention maps come from the dense twin, whatever the configured implementation
@@ -179,7 +199,7 @@ class TffBigBirdAttention(nn.Module):
             attended = self._exported_attention(query, key, value, key_valid, seed)
         elif self.uses_sparse(length):
             num_blocks = -(-length // self.block_size)
-            random_blocks = self.random_blocks(num_blocks, seed, hidden.device)
+            random_blocks, plan_key = self._plan(num_blocks, seed, hidden.device, block_masks)
             if output_attentions:
                 counts = build_block_sparse_counts(num_blocks, random_blocks, self.window_blocks, self.num_heads)
                 counts = counts.repeat_interleave(self.block_size, 1).repeat_interleave(self.block_size, 2)
@@ -200,6 +220,8 @@ class TffBigBirdAttention(nn.Module):
                     window_blocks=self.window_blocks,
                     key_padding_mask=key_valid,
                     implementation=implementation,
+                    block_masks=block_masks,
+                    plan_key=plan_key,
                 )
         else:
             attended, probs = attend(
@@ -222,8 +244,10 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
             config.hidden_dropout_prob,
         )
 
-    def forward(self, hidden, key_valid, seed, output_attentions=False):
-        hidden, probs = self.attention(hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions)
+    def forward(self, hidden, key_valid, seed, output_attentions=False, block_masks=None):
+        hidden, probs = self.attention(
+            hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions, block_masks=block_masks
+        )
         return self.feed_forward(hidden), probs
 
 
@@ -267,6 +291,8 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         self.layers = nn.ModuleList(TffBigBirdLayer(config, i) for i in range(config.num_hidden_layers))
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
         self.gradient_checkpointing = False
+        # the attention's block masks (and BigBird's random plans), built once per (shape, pattern) and reused
+        self.block_masks = BlockMaskCache()
         self.post_init()
 
     # Copied from tf_family.models.longformer.modeling_longformer.TffLongformerModel.get_input_embeddings
@@ -326,11 +352,15 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         seed = self.config.random_seed if random_seed is None else random_seed
 
         hidden = self.embeddings(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        # a compiled graph builds its plans and masks once per forward, in a cache of its own (nothing outside mutated)
+        block_masks = BlockMaskCache() if torch.compiler.is_compiling() else self.block_masks
         all_hidden, all_attentions = (), ()
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden += (hidden,)
-            hidden, probs = layer(hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions)
+            hidden, probs = layer(
+                hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions, block_masks=block_masks
+            )
             if output_attentions:
                 all_attentions += (probs,)
         if output_hidden_states:

@@ -47,6 +47,7 @@ from ...attention import (
     global_attention,
     sliding_window_attention,
 )
+from ...attention.flex import BlockMaskCache
 from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling.cache import GrowingCache
@@ -231,9 +232,11 @@ class TffLongformerAttention(nn.Module):
         output_attentions: bool = False,
         cache: Cache | None = None,
         past_length: int = 0,
+        block_masks: BlockMaskCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``key_valid`` and ``global_tokens`` cover the cached positions too (``past_length`` of them) when a
-        cache is given; ``hidden`` holds the new tokens only."""
+        cache is given; ``hidden`` holds the new tokens only. ``block_masks``: the model's cache of FlexAttention
+        block masks (``None``: built for this call)."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
         # attention maps come from the dense twin, whatever the configured implementation
@@ -268,6 +271,7 @@ class TffLongformerAttention(nn.Module):
                 global_tokens=global_tokens,
                 dropout_p=dropout_p,
                 implementation=implementation,
+                block_masks=block_masks,
             )  # (B, H, T, Dh)
 
         if global_tokens is not None:
@@ -316,7 +320,16 @@ class TffLongformerLayer(GradientCheckpointingLayer):
             config.hidden_dropout_prob,
         )
 
-    def forward(self, hidden, key_valid, global_tokens=None, output_attentions=False, cache=None, past_length=0):
+    def forward(
+        self,
+        hidden,
+        key_valid,
+        global_tokens=None,
+        output_attentions=False,
+        cache=None,
+        past_length=0,
+        block_masks=None,
+    ):
         hidden, probs = self.attention(
             hidden,
             key_valid=key_valid,
@@ -324,6 +337,7 @@ class TffLongformerLayer(GradientCheckpointingLayer):
             output_attentions=output_attentions,
             cache=cache,
             past_length=past_length,
+            block_masks=block_masks,
         )
         return self.feed_forward(hidden), probs
 
@@ -371,6 +385,8 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
         self.layers = nn.ModuleList(TffLongformerLayer(config, i) for i in range(config.num_hidden_layers))
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
         self.gradient_checkpointing = False
+        # the attention's block masks (and BigBird's random plans), built once per (shape, pattern) and reused
+        self.block_masks = BlockMaskCache()
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -450,6 +466,8 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
             "output_attentions": output_attentions,
             "cache": cache,
             "past_length": past_length,
+            # a compiled graph builds its block masks once per forward, in a cache of its own
+            "block_masks": BlockMaskCache() if torch.compiler.is_compiling() else self.block_masks,
         }
         hidden, all_hidden, all_attentions = self._run_layers(hidden, layer_inputs, output_hidden_states)
         pooled = None

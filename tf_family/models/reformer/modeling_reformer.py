@@ -69,6 +69,7 @@ from ...attention import (
     normalize_shared_keys,
     shared_qk_attention,
 )
+from ...attention.flex import BlockMaskCache
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import FromPretrainedMixin
 from ...layers.reversible import ReversibleChain, reversible_layer
@@ -187,6 +188,7 @@ class ReformerLayerInputs:
     seed: int  # seed of this call's rotations
     output_attentions: bool = False
     cache: TffReformerCache | None = None
+    block_masks: BlockMaskCache | None = None  # the model's FlexAttention block masks (local layers)
 
 
 class TffReformerAttention(nn.Module):
@@ -313,6 +315,7 @@ class TffReformerAttention(nn.Module):
                 position_ids=position_ids,
                 dropout_p=dropout_p,
                 output_attentions=output_attentions,
+                block_masks=inputs.block_masks,
             )
         out = out.transpose(1, 2).reshape(*hidden.shape[:2], -1)  # (B, T, H*Dh)
         return self.dropout(self.output(out)), buckets, probs
@@ -333,7 +336,7 @@ class TffReformerAttention(nn.Module):
             implementation=self.config._attn_implementation,
         )
 
-    def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions):
+    def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions, block_masks=None):
         total, new = key.shape[2], query.shape[2]
         pattern = self.pattern
         # an exported graph takes the dense twin (no wrap-around: one chunk's mask is the same with neighbours)
@@ -349,6 +352,7 @@ class TffReformerAttention(nn.Module):
                 key_valid=key_valid,
                 dropout_p=dropout_p,
                 implementation=self.config._attn_implementation,
+                block_masks=block_masks,
             ), None
         if new == total:
             return chunked_local_attention_reference(query, key, value, pattern, key_valid=key_valid)
@@ -472,6 +476,7 @@ class TffReformerModel(TffReformerPreTrainedModel):
         self.layer_norm = nn.LayerNorm(2 * config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.gradient_checkpointing = False
+        self.block_masks = BlockMaskCache()  # the local layers' FlexAttention block masks, built once per shape
         self.post_init()
 
     @property
@@ -552,6 +557,8 @@ class TffReformerModel(TffReformerPreTrainedModel):
             seed=hash_seed if hash_seed is not None else config.hash_seed,
             output_attentions=output_attentions,
             cache=cache,
+            # a compiled graph builds its block masks once per forward, in a cache of its own
+            block_masks=BlockMaskCache() if torch.compiler.is_compiling() else self.block_masks,
         )
         first, second, all_hidden, all_attentions = self._layers(hidden, layer_inputs, output_hidden_states)
         sequence = self.dropout(self.layer_norm(torch.cat([first, second], dim=-1)))  # (B, T, 2D)
@@ -616,9 +623,10 @@ class TffReformerModel(TffReformerPreTrainedModel):
         )
         tokens = _ReformerTokens(input_ids, inputs_embeds, valid, position_ids)
         shift = None
-        # (an exported graph rolls every row: a shift of 0 leaves it as it is, and the graph cannot branch on data)
-        exporting = torch.compiler.is_exporting()
-        if past == 0 and attention_mask is not None and (exporting or bool((~valid[:, 0] & valid.any(dim=1)).any())):
+        # (an exported or compiled graph rolls every row: a shift of 0 leaves it as it is, and a graph cannot branch
+        # on data)
+        tracing = torch.compiler.is_exporting() or torch.compiler.is_compiling()
+        if past == 0 and attention_mask is not None and (tracing or bool((~valid[:, 0] & valid.any(dim=1)).any())):
             shift = _first_real(valid)
             tokens = _ReformerTokens(*(_roll_rows(tensor, shift) for tensor in tokens))
         if tokens.position_ids is None:

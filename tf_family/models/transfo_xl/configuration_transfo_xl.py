@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ...layers.xl_config import XLFamilyConfig
 from ...modeling.validation import check_probability
 
@@ -46,20 +48,34 @@ class TffTransfoXLConfig(XLFamilyConfig):
             embeddings.
         classifier_dropout (`float`, defaults to 0.1): dropout before the sequence-classification head.
         use_cache (`bool`, defaults to `True`): return the memory (`mems`) from `forward`.
+        gating (`str`, defaults to `"none"`): ``"gru"`` makes the model a GTrXL (Parisotto et al. 2020,
+            arXiv:1910.06764): a GRU-type gate in place of each residual connection, with a ReLU on each sublayer's
+            output (`tf_family.layers.gated_residual`); needs `pre_lnorm=True` (the layer norm at each sublayer's
+            input). ``"none"``: Transformer-XL's residuals.
+        gate_bias (`float`, defaults to 2.0): initial gate bias ``b_g``, subtracted in the update gate so that a
+            fresh GTrXL layer starts near the identity (used with `gating="gru"`).
 
     The fields, their derived defaults and their checks are the family's (`tf_family.layers.xl_config`); this class
-    adds the classification head's dropout.
+    adds the classification head's dropout and the GTrXL option (`gating`, `gate_bias`).
     """
 
     model_type = "tff_transfo_xl"
 
     classifier_dropout: float = 0.1
     use_cache: bool = True
+    gating: Literal["none", "gru"] = "none"
+    gate_bias: float = 2.0
 
     def validate_architecture(self):
-        """The family's rules (`XLFamilyConfig.validate_architecture`) and the classifier's dropout."""
+        """The family's rules (`XLFamilyConfig.validate_architecture`), the classifier's dropout and GTrXL's
+        pre-norm."""
         super().validate_architecture()
         check_probability("classifier_dropout", self.classifier_dropout)
+        if self.gating == "gru" and not self.pre_lnorm:
+            raise ValueError(
+                "gating='gru' (GTrXL) puts the layer norm at each sublayer's input: it needs pre_lnorm=True, got "
+                "pre_lnorm=False; set pre_lnorm=True."
+            )
 
 
 __all__ = ["TffTransfoXLConfig"]

@@ -27,6 +27,7 @@ from transformers.utils import logging
 
 from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
+from ...layers.gated_residual import GatedRelativeDecoderLayer
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...memory import SegmentMemory
 from ...modeling.heads import SegmentRecurrentForCausalLM, sequence_classification_loss
@@ -52,6 +53,7 @@ class TffTransfoXLPreTrainedModel(
     config_class = TffTransfoXLConfig
     config: TffTransfoXLConfig
     carried_state = "segment_memory"  # a SegmentMemory, passed as `mems` and returned
+    _no_split_modules = ["RelativeDecoderLayer", "GatedRelativeDecoderLayer"]
 
 
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> SegmentMemory | None:
@@ -72,7 +74,9 @@ class TffTransfoXLModel(XLStackMixin, TffTransfoXLPreTrainedModel):
 
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
-        self._build_stack(config, [RelativeDecoderLayer.from_config(config) for _ in range(config.n_layer)])
+        # GTrXL (gating="gru"): gated residuals in place of Transformer-XL's
+        layer_class = GatedRelativeDecoderLayer if config.gating == "gru" else RelativeDecoderLayer
+        self._build_stack(config, [layer_class.from_config(config) for _ in range(config.n_layer)])
         self.post_init()
 
     def forward(

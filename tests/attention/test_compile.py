@@ -1,0 +1,95 @@
+"""``torch.compile`` of the sparse models (Longformer, BigBird, Reformer) under ``"sdpa"`` and ``"flex_attention"``:
+their forward traces as one graph (``torch._dynamo.explain`` finds no graph break), a training step traces too, and
+inputs of five lengths compile at most twice (the second length makes the graph dynamic). Dynamo's tracing is what
+these tests check, with the ``eager`` / ``aot_eager`` backends (no code generation, seconds on a CPU); the Inductor
+compile of a whole model is the GPU benchmark's (`bench/gpu_bench.py`) and one slow test's."""
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounter
+
+from tests.common.tester import build, make_inputs, without_labels
+from tf_family.registry import ARCHITECTURES
+
+_LENGTHS = {"longformer": 40, "big_bird": 40, "reformer": 48}  # the tiny models' sparse paths
+_NO_DROPOUT = {"lsh_attention_probs_dropout_prob": 0.0, "local_attention_probs_dropout_prob": 0.0}
+
+
+def _model(name: str, implementation: str):
+    spec = ARCHITECTURES[name]
+    task = "causal_lm" if "causal_lm" in spec.model_classes else "base"
+    model = build(spec, task, **(_NO_DROPOUT if name == "reformer" else {}))
+    model.set_attn_implementation(implementation)
+    return spec, task, model
+
+
+def _inputs(spec, model, task, length: int, padded: bool = True) -> dict:
+    inputs = without_labels(make_inputs(spec, model.config, task, batch=2, length=length))
+    if padded:
+        mask = torch.ones_like(inputs["input_ids"])
+        mask[1, -3:] = 0
+        inputs["attention_mask"] = mask
+    return inputs
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
+@pytest.mark.parametrize("name", list(_LENGTHS))
+def test_forward_traces_without_a_graph_break(name, implementation):
+    spec, task, model = _model(name, implementation)
+    inputs = _inputs(spec, model, task, _LENGTHS[name])
+    inputs.pop("global_attention_mask", None)  # how many tokens are global is read once per forward (see below)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(**inputs)
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        got, want = compiled(**inputs), model(**inputs)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    first = next(iter(want.values()))
+    torch.testing.assert_close(next(iter(got.values())), first)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
+@pytest.mark.parametrize("name", ["longformer", "reformer"])
+def test_a_training_step_compiles(name, implementation):
+    """Forward and backward through ``torch.compile`` (``aot_eager``: AOTAutograd's joint graph, no code generation)
+    give the eager model's gradients. BigBird's training graph is not in the list: AOTAutograd's replay of it fails
+    with "view size is not compatible with input tensor's size and stride" (not yet reduced; docs/guides/gpu.md)."""
+    spec, task, model = _model(name, implementation)
+    inputs = _inputs(spec, model, task, _LENGTHS[name])
+    model.train()
+
+    def gradients(run):
+        model.zero_grad()
+        output = next(iter(run(**inputs).values()))
+        output.float().square().mean().backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    want = gradients(model)
+    got = gradients(torch.compile(model, backend="aot_eager"))
+    assert len(got) == len(want)
+    for got_grad, want_grad in zip(got, want, strict=True):
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "implementation"), [("longformer", "flex_attention")])
+def test_five_lengths_compile_at_most_twice(name, implementation):
+    """Only where it is shown to hold so far: Longformer's ``"sdpa"`` route compiles more often at the tiny model's
+    lengths (below one chunk of queries, whose count the graph specialises on); BigBird and Reformer not measured
+    yet (docs/guides/gpu.md)."""
+    spec, task, model = _model(name, implementation)
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    base = _LENGTHS[name]
+    with torch.no_grad():
+        for length in (base, base + 4, base + 8, base + 12, base + 20):
+            inputs = _inputs(spec, model, task, length)
+            inputs.pop("global_attention_mask", None)
+            compiled(**inputs)
+    assert counter.frame_count <= 2, f"{counter.frame_count} compilations for 5 lengths"

@@ -1,0 +1,215 @@
+"""The Universal Transformer with ACT beyond the common tester: the model's loop against tensor2tensor's
+``universal_transformer_act`` (transcribed in tests/layers/test_halting.py) with the model's own modules, the ponder
+outputs and loss, the per-step key/value cache, the attention backends and the input checks."""
+
+import pytest
+import torch
+
+from tests.layers.test_halting import t2t_act
+from tf_family.models.universal_transformer.configuration_universal_transformer import TffUniversalTransformerConfig
+from tf_family.models.universal_transformer.modeling_universal_transformer import (
+    TffUniversalTransformerForCausalLM,
+    TffUniversalTransformerForMaskedLM,
+    TffUniversalTransformerForSequenceClassification,
+    TffUniversalTransformerModel,
+    build_allowed_mask,
+    timing_signal,
+)
+from tf_family.registry import get_arch
+
+
+def make_config(**overrides) -> TffUniversalTransformerConfig:
+    return get_arch("universal_transformer").tiny_config(**{"act_max_steps": 6, **overrides})
+
+
+def varied_halting(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Halting weights large enough that positions halt at different steps (the fresh init halts all at step 2)."""
+    generator = torch.Generator().manual_seed(seed)
+    unit = model.get_submodule("transformer.halting" if hasattr(model, "transformer") else "halting")
+    with torch.no_grad():
+        unit.linear.weight.copy_(torch.randn(unit.linear.weight.shape, generator=generator) * 0.3)
+        unit.linear.bias.fill_(-3.0)
+    return model.eval()
+
+
+def ids(batch: int = 2, length: int = 9, seed: int = 0) -> torch.Tensor:
+    return torch.randint(1, 128, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_timing_signal_is_tensor2tensors():
+    # get_timing_signal_1d(length=3, channels=6): sin then cos of 3 timescales 1, 100, 1e4
+    signal = timing_signal(torch.arange(3), 6)
+    inverse = torch.tensor([1.0, 1e-2, 1e-4])
+    positions = torch.arange(3.0)[:, None] * inverse
+    torch.testing.assert_close(signal, torch.cat([positions.sin(), positions.cos()], dim=-1))
+    assert timing_signal(torch.arange(2), 5).shape == (2, 5)  # odd width: a zero column
+
+
+def test_allowed_mask_rows_are_never_empty():
+    valid = torch.tensor([[False, False, True, True]])
+    allowed = build_allowed_mask(valid, 4, causal=True)
+    assert allowed.any(-1).all()
+    assert allowed[0, 0].tolist() == [True, False, False, False]  # a padding query attends to itself only
+    assert allowed[0, 3].tolist() == [False, False, True, True]
+
+
+@pytest.mark.parametrize("act_type", ["basic", "accumulated"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_model_equals_tensor2tensor_loop(act_type, causal):
+    """tensor2tensor's loop with the model's halting unit, timing signals and blocks equals the model: the unweighted
+    state feeds the next step, halted positions are still computed and still serve as keys, the timing signals are
+    added at every step, the weighted state is the output."""
+    torch.manual_seed(0)
+    config = make_config(act_type=act_type, causal=causal, layers_per_step=2)
+    model = varied_halting(TffUniversalTransformerModel(config))
+    input_ids = ids()
+    with torch.no_grad():
+        outputs = model(input_ids, use_cache=False)
+        embeddings = model.word_embeddings(input_ids)
+        length = input_ids.shape[1]
+        position = timing_signal(torch.arange(length), config.hidden_size)
+        steps = timing_signal(torch.arange(config.act_max_steps), config.hidden_size)
+        allowed = build_allowed_mask(torch.ones(2, length, dtype=torch.bool), length, causal)
+
+        def transform(state, step):
+            for block in model.blocks:
+                state = block(state, allowed)[0]
+            return state
+
+        expected, n_updates, remainders = t2t_act(
+            embeddings,
+            lambda state, step: state + position + steps[step],
+            model.halting,
+            transform,
+            config.act_max_steps,
+            config.act_threshold,
+            act_type,
+        )
+    assert len(set(n_updates.flatten().tolist())) > 1, "positions should halt at different steps"
+    torch.testing.assert_close(outputs.last_hidden_state, model.final_layer_norm(expected), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outputs.ponder_steps, n_updates)
+    torch.testing.assert_close(outputs.remainders, remainders)
+    torch.testing.assert_close(outputs.ponder_cost, (n_updates + remainders).mean())
+
+
+def test_ponder_outputs_skip_padding_and_enter_the_loss():
+    torch.manual_seed(0)
+    model = varied_halting(TffUniversalTransformerForMaskedLM(make_config()))
+    input_ids = ids()
+    mask = torch.ones_like(input_ids)
+    mask[1, :3] = 0
+    labels = input_ids.clone()
+    with torch.no_grad():
+        outputs = model(input_ids, attention_mask=mask, labels=labels)
+        model.config.act_loss_weight = 0.0
+        without = model(input_ids, attention_mask=mask, labels=labels)
+    assert outputs.ponder_steps.shape == input_ids.shape
+    assert (outputs.ponder_steps[mask.bool()] >= 1).all() and (outputs.ponder_steps[~mask.bool()] == 0).all()
+    real = mask.bool()
+    expected_cost = (outputs.ponder_steps + outputs.remainders)[real].mean()
+    torch.testing.assert_close(outputs.ponder_cost, expected_cost)
+    torch.testing.assert_close(outputs.loss, without.loss + 0.01 * expected_cost)
+
+
+def test_ponder_cost_under_gradient_accumulation_is_weighted_by_the_calls_share():
+    """With `Trainer`'s ``num_items_in_batch`` the token loss is a sum over it and the ponder cost (a mean over the
+    call) enters weighted by the call's share of the counted labels (`tf_family.modeling.losses.batch_share`)."""
+    model = varied_halting(TffUniversalTransformerForCausalLM(make_config()))
+    input_ids = ids()
+    labels = input_ids.clone()
+    labels[0, 4:] = -100
+    counted = int((labels[:, 1:] != -100).sum())
+    with torch.no_grad():
+        outputs = model(input_ids, labels=labels, num_items_in_batch=3 * counted)
+        model.config.act_loss_weight = 0.0
+        token_sum = model(input_ids, labels=labels, num_items_in_batch=1).loss
+    torch.testing.assert_close(outputs.loss, token_sum / (3 * counted) + 0.01 * outputs.ponder_cost / 3)
+
+
+def test_classifier_returns_ponder_steps():
+    model = varied_halting(TffUniversalTransformerForSequenceClassification(make_config(num_labels=3)))
+    outputs = model(ids(), labels=torch.tensor([0, 2]))
+    assert outputs.logits.shape == (2, 3) and outputs.ponder_steps.shape == (2, 9)
+    outputs.loss.backward()
+    assert model.transformer.halting.linear.weight.grad.abs().sum() > 0  # the ponder cost trains the halting unit
+
+
+def test_cache_runs_every_step_and_changes_no_output():
+    """With a cache every position runs all steps (its keys may be needed later); the outputs equal the early-stopped
+    forward, and decoding token by token from the cache equals the full forward."""
+    torch.manual_seed(0)
+    model = varied_halting(TffUniversalTransformerForCausalLM(make_config()))
+    input_ids = ids(length=10)
+    with torch.no_grad():
+        uncached = model(input_ids, use_cache=False)
+        cached = model(input_ids[:, :6], use_cache=True)
+        assert len(cached.cache.layers) == model.config.act_max_steps  # one layer per step and block
+        logits = [cached.logits]
+        cache = cached.cache
+        for t in range(6, 10):
+            step = model(input_ids[:, t : t + 1], cache=cache, use_cache=True)
+            logits.append(step.logits)
+            cache = step.cache
+    torch.testing.assert_close(torch.cat(logits, 1), uncached.logits, rtol=1e-5, atol=1e-5)
+    assert len(set(uncached.ponder_steps.flatten().tolist())) > 1
+
+
+def test_generation_with_varied_halting_equals_uncached():
+    torch.manual_seed(0)
+    model = varied_halting(TffUniversalTransformerForCausalLM(make_config()), seed=1)
+    prompt = ids(length=5)
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "attention_mask": torch.ones_like(prompt)}
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kwargs)
+        uncached = model.generate(prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+
+
+def test_eager_and_sdpa_agree():
+    torch.manual_seed(0)
+    model = varied_halting(TffUniversalTransformerForMaskedLM(make_config()))
+    input_ids = ids()
+    mask = torch.ones_like(input_ids)
+    mask[0, -2:] = 0
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        eager = model(input_ids, attention_mask=mask).logits
+        model.set_attn_implementation("sdpa")
+        sdpa = model(input_ids, attention_mask=mask).logits
+    torch.testing.assert_close(sdpa[mask.bool()], eager[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+def test_attentions_and_hidden_states_per_step():
+    model = TffUniversalTransformerModel(make_config(layers_per_step=2)).eval()
+    outputs = model(ids(), output_attentions=True, output_hidden_states=True)
+    steps = int(outputs.ponder_steps.max())
+    assert len(outputs.attentions) == 2 * steps
+    assert len(outputs.hidden_states) == steps + 2  # embeddings, every step's state, the output
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"act_epsilon": 0.0}, "act_epsilon"),
+        ({"act_max_steps": 0}, "act_max_steps"),
+        ({"act_type": "graves"}, "act_type"),
+        ({"hidden_size": 30, "num_attention_heads": 4}, "num_attention_heads"),
+        ({"act_loss_weight": -1.0}, "act_loss_weight"),
+    ],
+)
+def test_config_errors_name_the_field(overrides, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make_config(**overrides)
+
+
+def test_input_errors():
+    encoder = TffUniversalTransformerModel(make_config()).eval()
+    with pytest.raises(ValueError, match="token_type_ids"):
+        encoder(ids(), token_type_ids=torch.zeros(2, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="causal model"):
+        encoder(ids(), use_cache=True)
+    with pytest.raises(ValueError, match="add_pooling_layer"):
+        TffUniversalTransformerModel(make_config(), add_pooling_layer=True)
+    decoder = TffUniversalTransformerForCausalLM(make_config()).eval()
+    with pytest.raises(ValueError, match="attention_mask"):
+        decoder(ids(), attention_mask=torch.ones(2, 4, dtype=torch.long))
