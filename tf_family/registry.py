@@ -23,6 +23,7 @@ from .models.memorizing import SPEC as MEMORIZING
 from .models.performer import LINEAR_TRANSFORMER, RFA
 from .models.performer import SPEC as PERFORMER
 from .models.reformer import SPEC as REFORMER
+from .models.sparse_transformer import SPEC as SPARSE_TRANSFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .models.universal_transformer import SPEC as UNIVERSAL_TRANSFORMER
 from .spec import ArchSpec, Task
@@ -49,6 +50,7 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             RFA,
             LINFORMER,
             UNIVERSAL_TRANSFORMER,
+            SPARSE_TRANSFORMER,
         )
     }
 )

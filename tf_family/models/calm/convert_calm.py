@@ -177,6 +177,8 @@ UNSUPPORTED_DECODERS = {
     "while decoding causally.",
     "tff_universal_transformer": "the Universal Transformer applies one shared block recurrently with its own "
     "per-position halting (ACT): it has no stack of distinct layers to exit from, and its depth is already adaptive.",
+    "tff_sparse_transformer": "the Sparse Transformer's heads attend under factorised sparse patterns (and may use "
+    "ALiBi biases) that CALM's dense Llama/GPT-2 attention does not express: its layers cannot be copied one to one.",
 }
 
 TRANSFORMERS_LLAMA = ForeignFormat(

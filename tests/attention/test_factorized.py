@@ -1,0 +1,120 @@
+"""The Sparse Transformer's factorised patterns: each efficient kernel agrees with its dense twin (values and
+gradients, lengths that are not multiples of the stride, with and without ALiBi), and the patterns as the model
+combines them (split across heads, or interleaved across layers) reach every earlier position in two hops."""
+
+import pytest
+import torch
+
+from tf_family.attention.alibi import alibi_slopes
+from tf_family.attention.factorized import (
+    FactorizedPattern,
+    build_factorized_mask,
+    factorized_attention,
+    factorized_attention_reference,
+)
+
+B, H, DH = 2, 3, 8
+PATTERNS = [
+    FactorizedPattern("local", 4),
+    FactorizedPattern("strided", 4),
+    FactorizedPattern("block", 4),
+    FactorizedPattern("summary", 4, summary_start=3, summary_size=1),
+    FactorizedPattern("summary", 5, summary_start=1, summary_size=2),
+]
+
+
+def _inputs(length, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, length, DH, generator=generator, dtype=torch.float64, requires_grad=True) for _ in "qkv"]
+
+
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+@pytest.mark.parametrize("length", [1, 7, 12, 13])
+@pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: f"{p.kind}{p.stride}-{p.summary_start}")
+def test_kernel_matches_dense_twin(pattern, length, alibi):
+    tensors = _inputs(length)
+    slopes = alibi_slopes(H).double() if alibi else None
+    weights = torch.randn(B, H, length, DH, dtype=torch.float64)
+    fast = factorized_attention(*tensors, pattern, slopes)
+    reference = factorized_attention_reference(*tensors, pattern, slopes)
+    torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-10)
+    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
+    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
+    for got, expected in zip(fast_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():  # without a gradient `attend` takes PyTorch's fused attention
+        torch.testing.assert_close(factorized_attention(*tensors, pattern, slopes), reference, rtol=1e-6, atol=1e-6)
+
+
+def test_masks_follow_the_paper():
+    positions = torch.arange(10)
+    local = build_factorized_mask(FactorizedPattern("local", 3), positions, positions)
+    assert local[7].nonzero().flatten().tolist() == [5, 6, 7]
+    strided = build_factorized_mask(FactorizedPattern("strided", 3), positions, positions)
+    assert strided[7].nonzero().flatten().tolist() == [1, 4, 7]
+    block = build_factorized_mask(FactorizedPattern("block", 3), positions, positions)
+    assert block[7].nonzero().flatten().tolist() == [6, 7]
+    summary = build_factorized_mask(FactorizedPattern("summary", 3, 2, 1), positions, positions)
+    assert summary[7].nonzero().flatten().tolist() == [2, 5, 7]  # the last column of each block, and itself
+    assert build_factorized_mask(FactorizedPattern("summary", 3, 2, 1), positions, positions).diagonal().all()
+
+
+def _reaches_everything(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether attention under ``first`` then ``second`` (bool ``(T, T)`` masks) carries every earlier position to
+    every later one: ``(second @ first)[i, j] > 0`` for all ``j <= i``."""
+    hops = (second.double() @ first.double()) > 0
+    length = first.shape[0]
+    return bool(torch.equal(hops, torch.ones(length, length, dtype=torch.bool).tril()))
+
+
+def _layer_masks(config_kwargs, length):
+    """The union over heads of every layer's mask, as the model builds its patterns."""
+    from tf_family.models.sparse_transformer.configuration_sparse_transformer import TffSparseTransformerConfig
+    from tf_family.models.sparse_transformer.modeling_sparse_transformer import layer_head_patterns
+
+    config = TffSparseTransformerConfig(**config_kwargs)
+    positions = torch.arange(length)
+    masks = []
+    for layer in range(config.num_hidden_layers):
+        heads = [build_factorized_mask(p, positions, positions) for p in layer_head_patterns(config, layer)]
+        masks.append(torch.stack(heads).any(0))
+    return masks
+
+
+@pytest.mark.parametrize("layout", ["heads", "layers"])
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+def test_two_hops_cover_the_past(pattern, layout):
+    length = 200  # stride near sqrt(length), as in the paper
+    kwargs = {
+        "sparsity_pattern": pattern,
+        "pattern_layout": layout,
+        "stride": 14,
+        "summary_size": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+    }
+    first, second = _layer_masks(kwargs, length)
+    assert _reaches_everything(first, second)
+    assert not first.all() or not second.all()  # and the patterns are sparse
+    density = (first.sum() + second.sum()).item() / (2 * length * (length + 1) / 2)
+    assert density < 0.45
+
+
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+def test_one_factor_alone_does_not_cover(pattern):
+    """The paper's point that both factors are needed: either factor's layer twice leaves positions unreached."""
+    kwargs = {"sparsity_pattern": pattern, "pattern_layout": "layers", "stride": 7, "summary_size": 2}
+    kwargs.update(num_attention_heads=4, hidden_size=32, num_hidden_layers=2)
+    first, second = _layer_masks(kwargs, 50)
+    assert not _reaches_everything(first, first)
+    assert not _reaches_everything(second, second)
+
+
+def test_pattern_validation():
+    with pytest.raises(ValueError, match="kind"):
+        FactorizedPattern("diagonal", 4)
+    with pytest.raises(ValueError, match="summary_size"):
+        FactorizedPattern("summary", 4, 0, 5)
+    with pytest.raises(ValueError, match="summary_start"):
+        FactorizedPattern("summary", 4, 3, 2)

@@ -1,0 +1,140 @@
+"""Sparse Transformer: the efficient path equals the dense masked twin (values and gradients, both patterns and
+layouts, every position type, left and right padding, lengths that are not multiples of the stride); the efficient
+path builds no ``T x T`` tensor; cached generation equals uncached; config errors name the field."""
+
+import pytest
+import torch
+
+import tf_family.attention.factorized as factorized_module
+import tf_family.attention.image_local as image_local_module
+import tf_family.models.sparse_transformer.modeling_sparse_transformer as modeling
+from tf_family import create_model
+
+SETTINGS = [
+    {"sparsity_pattern": "strided", "pattern_layout": "heads", "position_embedding_type": "absolute"},
+    {"sparsity_pattern": "strided", "pattern_layout": "layers", "position_embedding_type": "rotary"},
+    {"sparsity_pattern": "fixed", "pattern_layout": "heads", "position_embedding_type": "alibi", "summary_size": 2},
+    {"sparsity_pattern": "fixed", "pattern_layout": "layers", "position_embedding_type": "rotary"},
+    {"sparsity_pattern": "strided", "pattern_layout": "heads", "position_embedding_type": "alibi", "stride": 5},
+    {"sparsity_pattern": "local_1d", "stride": 4, "memory_length": 3, "position_embedding_type": "rotary"},
+    {
+        "sparsity_pattern": "local_2d",
+        "image_width": 6,
+        "block_height": 2,
+        "block_width": 3,
+        "memory_height": 1,
+        "memory_width": 1,
+    },
+]
+
+
+def _model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = create_model("sparse_transformer", "causal_lm", "tiny", **overrides).double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+def _batch(length=13):
+    ids = torch.randint(0, 128, (3, length), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    mask[2, -5:] = 0  # right padding
+    return ids, mask
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(str(v) for v in s.values()))
+def test_efficient_path_equals_dense_twin(settings):
+    model = _model(**settings)
+    ids, mask = _batch()
+    real = mask.bool()
+    labels = ids.masked_fill(~real, -100)
+    labels[1, 4] = -100  # the first real token of the left-padded row: a padded position would predict it
+    model.config._attn_implementation = "sdpa"
+    fast = model(input_ids=ids, attention_mask=mask, labels=labels)
+    model.config._attn_implementation = "eager"
+    dense = model(input_ids=ids, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(fast.logits[real], dense.logits[real], rtol=1e-9, atol=1e-9)
+    fast_grads = torch.autograd.grad(fast.loss, list(model.parameters()), allow_unused=True)
+    dense_grads = torch.autograd.grad(dense.loss, list(model.parameters()), allow_unused=True)
+    for (name, _), got, expected in zip(model.named_parameters(), fast_grads, dense_grads, strict=True):
+        if expected is None:
+            assert got is None, name
+            continue
+        torch.testing.assert_close(got, expected, rtol=1e-8, atol=1e-10, msg=name)
+
+
+def test_padding_in_the_middle_takes_the_dense_path():
+    model = _model()
+    ids, mask = _batch()
+    mask[0, 5] = 0  # a hole: real tokens not one run
+    with torch.no_grad():
+        fast = model(input_ids=ids, attention_mask=mask).logits
+        model.config._attn_implementation = "eager"
+        dense = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(fast[mask.bool()], dense[mask.bool()], rtol=1e-9, atol=1e-9)
+
+
+def test_efficient_path_builds_no_dense_mask(monkeypatch):
+    """The sparse path never evaluates a pattern over T x T positions, nor calls the dense twin."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the efficient path built a dense T x T mask")
+
+    monkeypatch.setattr(modeling, "_pattern_mask", refuse)
+    monkeypatch.setattr(factorized_module, "dense_attention", refuse)
+    monkeypatch.setattr(image_local_module, "dense_attention", refuse)
+    for settings in SETTINGS:
+        model = _model(**settings)
+        ids, mask = _batch(length=40)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("settings", SETTINGS[1:3], ids=["strided-rotary", "fixed-alibi"])
+def test_cached_generation_equals_uncached(settings):
+    model = _model(**settings).float()
+    prompt, mask = _batch(length=9)
+    kwargs = {"max_new_tokens": 7, "do_sample": False, "attention_mask": mask, "pad_token_id": 0}
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kwargs)
+        full = model.generate(prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached, full)
+
+
+def test_output_attentions_follow_the_pattern():
+    model = _model(pattern_layout="layers")
+    ids = torch.arange(10)[None]
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions
+    local, strided = (attention[0, 0] > 0 for attention in attentions)  # stride 3
+    assert local[7].nonzero().flatten().tolist() == [5, 6, 7]
+    assert strided[7].nonzero().flatten().tolist() == [1, 4, 7]
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"sparsity_pattern": "dilated"}, "sparsity_pattern"),
+        ({"pattern_layout": "heads", "num_attention_heads": 1, "hidden_size": 32}, "num_attention_heads"),
+        ({"pattern_layout": "layers", "num_hidden_layers": 1}, "num_hidden_layers"),
+        ({"sparsity_pattern": "fixed", "stride": 4, "summary_size": 5}, "summary_size"),
+        ({"position_embedding_type": "rotary", "hidden_size": 12, "num_attention_heads": 4}, "rotary"),
+        ({"stride": 0}, "stride"),
+        ({"position_embedding_type": "sinusoid"}, "position_embedding_type"),
+    ],
+)
+def test_config_errors_name_the_field(overrides, field):
+    with pytest.raises((ValueError, TypeError), match=field):
+        create_model("sparse_transformer", "causal_lm", "tiny", **overrides)
+
+
+def test_absolute_positions_refuse_long_inputs_and_alibi_does_not():
+    model = _model(max_position_embeddings=16)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(input_ids=torch.zeros(1, 20, dtype=torch.long))
+    alibi = _model(max_position_embeddings=16, position_embedding_type="alibi")
+    with torch.no_grad():
+        assert alibi(input_ids=torch.zeros(1, 20, dtype=torch.long)).logits.shape == (1, 20, 128)

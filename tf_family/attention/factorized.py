@@ -1,0 +1,249 @@
+"""The Sparse Transformer's factorised causal attention patterns (Child, Gray, Radford & Sutskever 2019,
+arXiv:1904.10509, section 4), each a pure mask function with a dense twin and an efficient kernel.
+
+A pattern says, for a query at position ``i`` and a key at position ``j <= i`` (every pattern here is causal), whether
+the query attends to the key. With stride ``l`` and ``d = i - j``:
+
+- ``"local"`` (the strided pattern's A(1)): ``d < l``, the previous ``l`` positions;
+- ``"strided"`` (its A(2)): ``d % l == 0``, every ``l``-th earlier position;
+- ``"block"`` (the fixed pattern's A(1)): ``i // l == j // l``, the query's own block of ``l`` positions;
+- ``"summary"`` (its A(2)): ``j % l`` in ``[s, s + c)`` (the summary columns of every block, ``c`` of them
+  starting at ``s``), plus the query itself. The paper gives different heads different summary sub-blocks; the
+  query itself is added so that no row is empty (a position before the first summary column) and so that, one layer
+  after a ``"block"`` layer, a query reaches its own block through itself: the two-hop coverage of section 4.2
+  (`tests/attention/test_factorized.py` proves it for both patterns and both ways of combining them).
+
+`build_factorized_mask` evaluates a pattern on any positions (the dense twin, and a decoding step's row over the
+cache); `factorized_attention_reference` is plain attention under that mask. `factorized_attention` computes the same
+without a ``T x T`` tensor, by regrouping the sequence (positions ``0 .. T - 1``, padded inside to a multiple of ``l``):
+
+- ``"local"``: blocks of ``l`` queries against their own and the previous block (``2l`` keys): ``O(T l)``;
+- ``"strided"``: the sequence as an ``(T / l, l)`` grid, attention down each column (the paper's transposed
+  sequence): ``O(T^2 / l)``;
+- ``"block"``: attention inside each block: ``O(T l)``;
+- ``"summary"``: the ``c T / l`` summary keys gathered, plus the query's own key: ``O(c T^2 / l)``.
+
+The first three go through `backend.attend` (PyTorch's SDPA, or on CPU under a gradient the native kernel), on
+4-D tensors whose batch axis holds (heads x groups); the summary keys' softmax with the query's own key is written out
+here. An optional ALiBi slope per head adds ``-m_h (i - j)`` to the scores (`alibi.alibi_bias`) in both paths.
+Tensors are ``(B, H, T, Dh)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .alibi import alibi_bias
+from .backend import attend
+from .dense import dense_attention
+from .dropout import dropout
+
+PATTERN_KINDS = ("local", "strided", "block", "summary")
+
+
+@dataclass(frozen=True)
+class FactorizedPattern:
+    """One head's factorised pattern.
+
+    Attributes:
+        kind: one of `PATTERN_KINDS`.
+        stride: ``l``, the block length / stride.
+        summary_start: ``s``, the first summary column inside a block (``"summary"`` only).
+        summary_size: ``c``, summary columns per block (``"summary"`` only).
+    """
+
+    kind: str
+    stride: int
+    summary_start: int = 0
+    summary_size: int = 0
+
+    def __post_init__(self):
+        if self.kind not in PATTERN_KINDS:
+            raise ValueError(f"kind must be one of {PATTERN_KINDS}, got {self.kind!r}.")
+        if not isinstance(self.stride, int) or isinstance(self.stride, bool) or self.stride < 1:
+            raise ValueError(f"stride must be an int >= 1, got {self.stride!r}.")
+        if self.kind == "summary":
+            size, start = self.summary_size, self.summary_start
+            if not isinstance(size, int) or not 1 <= size <= self.stride:
+                raise ValueError(f"summary_size must be an int in [1, stride={self.stride}], got {size!r}.")
+            if not isinstance(start, int) or not 0 <= start <= self.stride - size:
+                raise ValueError(
+                    f"summary_start must be an int in [0, stride - summary_size = {self.stride - size}], got {start!r}."
+                )
+
+
+def build_factorized_mask(
+    pattern: FactorizedPattern, query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
+    """Where a query may attend under ``pattern``: bool ``(..., T, S)`` from positions ``(..., T)`` and ``(..., S)``
+    (any matching leading shape); causal (``j <= i``) included."""
+    query = query_positions[..., :, None]  # (..., T, 1)
+    key = key_positions[..., None, :]  # (..., 1, S)
+    distance = query - key
+    stride = pattern.stride
+    if pattern.kind == "local":
+        allowed = distance < stride
+    elif pattern.kind == "strided":
+        allowed = distance % stride == 0
+    elif pattern.kind == "block":
+        allowed = torch.div(query, stride, rounding_mode="floor") == torch.div(key, stride, rounding_mode="floor")
+    else:
+        column = key % stride
+        summary = (column >= pattern.summary_start) & (column < pattern.summary_start + pattern.summary_size)
+        allowed = summary | (distance == 0)
+    return allowed & (distance >= 0)
+
+
+def factorized_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pattern: FactorizedPattern,
+    slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dense twin of `factorized_attention`: plain attention under `build_factorized_mask` over positions
+    ``0 .. T - 1`` (plus the ALiBi bias of ``slopes`` ``(H,)``). ``(B, H, T, Dh)``."""
+    positions = torch.arange(query.shape[2], device=query.device)
+    allowed = build_factorized_mask(pattern, positions, positions)  # (T, T)
+    bias = None if slopes is None else alibi_bias(slopes, positions[None], positions[None])  # (1, H, T, T)
+    return dense_attention(query, key, value, allowed, key_bias=bias)[0]
+
+
+def _padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
+    """``(B, H, T, Dh)`` padded to ``N * l`` positions and cut into blocks: ``(B, H, N, l, Dh)``."""
+    batch, heads, length, head_dim = tensor.shape
+    padded = -(-length // stride) * stride
+    tensor = F.pad(tensor, (0, 0, 0, padded - length)) if padded != length else tensor
+    return tensor.view(batch, heads, padded // stride, stride, head_dim)
+
+
+def _grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, implementation):
+    """`attend` on ``(B, H, N, Tq, Dh)`` queries and ``(B, H, N, Tk, Dh)`` keys/values (groups ``N`` merged into the
+    head axis), with ``allowed`` / ``distance`` ``(N | 1, Tq, Tk)`` shared by the heads (``distance``: ``i - j``, for
+    the ALiBi bias). Returns ``(B, H, N, Tq, Dh)``."""
+    batch, heads, groups, queries, head_dim = query.shape
+    keys = key.shape[3]
+
+    def merged(tensor):  # (B, H, N, ., Dh) -> (B, H * N, ., Dh)
+        return tensor.reshape(batch, heads * groups, tensor.shape[3], head_dim)
+
+    allowed = (
+        allowed.expand(groups, queries, keys)[None].expand(heads, -1, -1, -1).reshape(1, heads * groups, queries, keys)
+    )
+    bias = None
+    if slopes is not None:
+        bias = -slopes.to(query.device, torch.float32)[:, None, None, None] * distance.to(torch.float32)[None]
+        bias = bias.expand(heads, groups, queries, keys).reshape(1, heads * groups, queries, keys).to(query.dtype)
+    out, _ = attend(
+        merged(query), merged(key), merged(value), allowed, bias, dropout_p=dropout_p, implementation=implementation
+    )
+    return out.view(batch, heads, groups, queries, head_dim)
+
+
+def _local(query, key, value, stride, slopes, dropout_p, implementation):
+    blocks_q, blocks_k, blocks_v = (_padded_blocks(t, stride) for t in (query, key, value))  # (B, H, N, l, Dh)
+    num_blocks = blocks_q.shape[2]
+
+    def with_previous(blocks):  # (B, H, N, 2l, Dh): the previous block (zeros before the first) and the block itself
+        previous = F.pad(blocks, (0, 0, 0, 0, 1, 0))[:, :, :-1]
+        return torch.cat([previous, blocks], dim=3)
+
+    offsets_q = torch.arange(stride, device=query.device)[:, None]  # (l, 1): a
+    offsets_k = torch.arange(2 * stride, device=query.device)[None, :]  # (1, 2l): b, key j = (n - 1) l + b
+    distance = stride + offsets_q - offsets_k  # (l, 2l): i - j
+    allowed = (distance >= 0) & (distance < stride)
+    first = (torch.arange(num_blocks, device=query.device) > 0)[:, None, None] | (offsets_k >= stride)[None]
+    allowed = allowed[None] & first  # (N, l, 2l): block 0 has no previous block
+    out = _grouped_attend(
+        blocks_q,
+        with_previous(blocks_k),
+        with_previous(blocks_v),
+        allowed,
+        distance[None],
+        slopes,
+        dropout_p,
+        implementation,
+    )
+    return out.flatten(2, 3)
+
+
+def _strided(query, key, value, stride, slopes, dropout_p, implementation):
+    # the (N, l) grid read down its columns: (B, H, l, N, Dh), position i = n l + a sits at column a, row n
+    columns = [_padded_blocks(t, stride).transpose(2, 3) for t in (query, key, value)]
+    rows = torch.arange(columns[0].shape[3], device=query.device)
+    distance = (rows[:, None] - rows[None, :]) * stride  # (N, N)
+    allowed = distance >= 0
+    out = _grouped_attend(*columns, allowed[None], distance[None], slopes, dropout_p, implementation)
+    return out.transpose(2, 3).flatten(2, 3)
+
+
+def _block(query, key, value, stride, slopes, dropout_p, implementation):
+    blocks = [_padded_blocks(t, stride) for t in (query, key, value)]
+    offsets = torch.arange(stride, device=query.device)
+    distance = offsets[:, None] - offsets[None, :]  # (l, l)
+    out = _grouped_attend(*blocks, (distance >= 0)[None], distance[None], slopes, dropout_p, implementation)
+    return out.flatten(2, 3)
+
+
+def _summary(query, key, value, pattern: FactorizedPattern, slopes, dropout_p, training):
+    stride, start, size = pattern.stride, pattern.summary_start, pattern.summary_size
+    batch, heads, length, head_dim = query.shape
+    summary_keys, summary_values = (
+        _padded_blocks(t, stride)[:, :, :, start : start + size].flatten(2, 3) for t in (key, value)
+    )  # (B, H, N * c, Dh)
+    positions = torch.arange(length, device=query.device)
+    blocks = torch.arange(summary_keys.shape[2] // size, device=query.device)
+    summary_positions = (blocks[:, None] * stride + start + torch.arange(size, device=query.device)).flatten()
+    distance = positions[:, None] - summary_positions[None, :]  # (T, N * c)
+    work = torch.promote_types(query.dtype, torch.float32)
+    scale = head_dim**-0.5
+    scores = torch.einsum("bhtd,bhsd->bhts", query.to(work), summary_keys.to(work)) * scale  # (B, H, T, N * c)
+    own = (query.to(work) * key.to(work)).sum(-1, keepdim=True) * scale  # (B, H, T, 1): the query's own key
+    if slopes is not None:
+        scores = scores - slopes.to(query.device, work)[:, None, None] * distance.to(work)
+    # strictly earlier summary keys: a query that is itself a summary column is counted once, as its own key
+    scores = scores.masked_fill(~(distance > 0), float("-inf"))
+    probs = torch.cat([scores, own], dim=-1).softmax(dim=-1)  # (B, H, T, N * c + 1)
+    probs = dropout(probs, dropout_p, training).to(value.dtype)
+    out = torch.einsum("bhts,bhsd->bhtd", probs[..., :-1], summary_values) + probs[..., -1:] * value
+    return out
+
+
+def factorized_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pattern: FactorizedPattern,
+    slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    implementation: str | None = "sdpa",
+) -> torch.Tensor:
+    """Causal attention under ``pattern`` over positions ``0 .. T - 1``, without a ``T x T`` tensor (module docstring).
+
+    Args:
+        query, key, value: ``(B, H, T, Dh)``, every head with this pattern.
+        pattern: the heads' `FactorizedPattern`.
+        slopes: ``(H,)`` ALiBi slopes, or ``None``.
+        dropout_p: dropout on the probabilities (0 in eval).
+        implementation: ``config._attn_implementation``, for `backend.attend`.
+
+    Returns:
+        ``(B, H, T, Dh)``, equal to `factorized_attention_reference` up to float rounding.
+    """
+    length = query.shape[2]
+    if pattern.kind == "summary":
+        return _summary(query, key, value, pattern, slopes, dropout_p, dropout_p > 0.0)
+    function = {"local": _local, "strided": _strided, "block": _block}[pattern.kind]
+    return function(query, key, value, pattern.stride, slopes, dropout_p, implementation)[:, :, :length]
+
+
+__all__ = [
+    "PATTERN_KINDS",
+    "FactorizedPattern",
+    "build_factorized_mask",
+    "factorized_attention",
+    "factorized_attention_reference",
+]
