@@ -171,6 +171,13 @@ def test_models_give_the_same_outputs_with_eager_and_sdpa(name):
             model.set_attn_implementation(implementation)
             assert model.config._attn_implementation == implementation
             outputs[implementation] = _outputs(spec, model, task, inputs)
+    # padded query positions carry no promise (transformers' Llama differs there between eager and sdpa too): the
+    # comparison covers the real tokens
+    mask = inputs["attention_mask"].bool()
+
+    def real(tensor):
+        return tensor[mask] if tensor.shape[:2] == mask.shape else tensor
+
     for other in (backend.NATIVE, "eager"):
         for got, want in zip(outputs[other], outputs["sdpa"], strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(real(got), real(want), rtol=1e-5, atol=1e-5)
