@@ -93,12 +93,6 @@ def _task_of(model: nn.Module) -> str:
     )
 
 
-def _arch_of(model: nn.Module) -> str:
-    from ..registry import find_arch
-
-    return find_arch(model.config.model_type).name
-
-
 def main_output_names(task: str, model: nn.Module) -> tuple[str, ...]:
     """The model outputs an exported graph returns for ``task`` (before any carried memory)."""
     if task == "question_answering":
