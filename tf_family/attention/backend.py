@@ -63,8 +63,6 @@ def default_implementation(device: torch.device | str | None = None, dtype: torc
     (`native.can_build`), ``"sdpa"`` everywhere else (CUDA and other devices, float64, no compiler target). A rule,
     not a measurement: the same answer on every run of the same machine."""
     device = torch.device(device) if device is not None else torch.get_default_device()
-    if device.type == "meta":  # from_pretrained builds the model on the meta device, then loads it onto the CPU
-        device = torch.device("cpu")
     if device.type != "cpu" or dtype not in (None, torch.float32, *native.REDUCED_DTYPES):
         return "sdpa"
     return NATIVE if native.can_build() else "sdpa"

@@ -314,7 +314,13 @@ class FromPretrainedMixin:
         if requested_attention is None and self._supports_sdpa:
             dtype = getattr(self.config, "dtype", None)
             dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-            requested_attention = default_implementation(dtype=dtype if isinstance(dtype, torch.dtype) else None)
+            # from_pretrained builds the model on the meta device and then loads its weights onto the CPU: the rule
+            # is read for the CPU there, so a loaded model runs what the same model built directly runs
+            device = torch.get_default_device()
+            device = torch.device("cpu") if device.type == "meta" else device
+            requested_attention = default_implementation(
+                device, dtype=dtype if isinstance(dtype, torch.dtype) else None
+            )
         if requested_attention == NATIVE:
             if not self._supports_sdpa:
                 raise ValueError(
