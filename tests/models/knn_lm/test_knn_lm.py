@@ -471,3 +471,22 @@ def test_exporting_retrieval_is_refused_clearly(built):
     with torch.no_grad():
         expected = model(ids, use_cache=False, lmbda=0.0).logits
         torch.testing.assert_close(exported.module()(ids, use_cache=False, lmbda=0.0).logits, expected)
+
+
+def test_the_attention_implementation_is_the_base_models(tmp_path):
+    # the wrapper computes no attention: its config names what its base runs, in every way it is built, and a client
+    # that copies it into from_pretrained (TRL's DPO builds its reference model so) gets a value the base accepts
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    wrapped = TffKNNLMForCausalLM.from_base(gpt2)
+    assert wrapped.config._attn_implementation == gpt2.config._attn_implementation == "sdpa"
+    wrapped.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config._attn_implementation == loaded.lm.config._attn_implementation == "sdpa"
+    again = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=loaded.config._attn_implementation)
+    assert again.lm.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="tff_native"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="tff_native")
+    # around one of ours, the wrapper takes tf_family's rule, as its base does
+    xl = create_model("transfo_xl", "causal_lm", "tiny")
+    assert TffKNNLMForCausalLM.from_base(xl).config._attn_implementation == xl.config._attn_implementation

@@ -91,6 +91,16 @@ class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrai
         # the wrapper owns no parameters; the base model (a PreTrainedModel) initialises its own
         return
 
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """The wrapper computes no attention of its own: its ``attn_implementation`` is its base model's, checked by
+        the base model's class (transformers' rule for a transformers model, tf_family's for one of ours), so that
+        ``config._attn_implementation`` names what runs and a client that copies it (TRL builds its reference model
+        with the policy's) gets a value the base model accepts."""
+        base_class = AutoModelForCausalLM._model_mapping.get(type(self.config.base_config), None)
+        if base_class is None or not issubclass(base_class, FromPretrainedMixin):
+            return PreTrainedModel.get_correct_attn_implementation(self, requested_attention, is_init_check)
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
+
 
 class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGenerationMixin):
     """A causal LM whose next-token distribution is interpolated with a kNN distribution over a datastore.
