@@ -1,5 +1,7 @@
 """The adaptive softmax's output product through oneDNN (tf_family.layers.adaptive_kernels) against its dense twin,
-F.linear: the same values up to rounding, F.linear kept wherever oneDNN may not run, one decision per shape."""
+F.linear: the same values up to rounding, F.linear kept wherever oneDNN may not run, one fixed rule and no measuring unless asked."""
+
+import json
 
 import pytest
 import torch
@@ -62,25 +64,39 @@ def test_products_that_need_a_gradient_stay_on_f_linear(monkeypatch):
 
 
 @needs_onednn
-def test_the_first_call_at_a_shape_measures_both_paths_and_keeps_the_decision(monkeypatch):
-    monkeypatch.setenv(adaptive_kernels.ENV_VAR, "1")
-    monkeypatch.setattr(adaptive_kernels, "_decisions", {})
+def test_the_rule_takes_onednn_for_large_products_only_and_measures_nothing(monkeypatch):
+    monkeypatch.delenv(adaptive_kernels.ENV_VAR, raising=False)
     small = _tensors()
+    hidden, weight, bias = _tensors(rows=64, inner=128, out=600)
+    monkeypatch.setattr(adaptive_kernels, "MIN_MACS", hidden.shape[0] * hidden.shape[1] * weight.shape[0])
+    calls, onednn_linear = [], adaptive_kernels.onednn_linear
+    monkeypatch.setattr(adaptive_kernels, "onednn_linear", lambda *args: calls.append(1) or onednn_linear(*args))
+    monkeypatch.setattr(adaptive_kernels, "interleaved_times", lambda *args, **kwargs: pytest.fail("timed a call"))
     with torch.no_grad():
-        assert torch.equal(adaptive_kernels.output_linear(*small), F.linear(*small))  # under MIN_MACS: no measuring
-        assert adaptive_kernels.decisions() == {}
-        hidden, weight, bias = _tensors(rows=64, inner=128, out=600)
-        monkeypatch.setattr(adaptive_kernels, "MIN_MACS", hidden.shape[0] * hidden.shape[1] * weight.shape[0])
+        assert torch.equal(adaptive_kernels.output_linear(*small), F.linear(*small))  # under MIN_MACS
+        assert not calls and not adaptive_kernels.uses_onednn(*small)
         first = adaptive_kernels.output_linear(hidden, weight, bias)
-        (key, decision), *others = adaptive_kernels.decisions().items()
-        assert not others and key == (64, 128, 600, True, torch.get_num_threads())
-        assert decision["aten_s"] > 0 and decision["onednn_s"] > 0 and isinstance(decision["onednn"], bool)
         second = adaptive_kernels.output_linear(hidden, weight, bias)
-        fewer_rows = adaptive_kernels.output_linear(hidden[:40], weight, bias)  # the same power-of-two bucket
-        assert len(adaptive_kernels.decisions()) == 1
+        assert len(calls) == 2 and adaptive_kernels.uses_onednn(hidden, weight, bias)
+        monkeypatch.setenv(adaptive_kernels.ENV_VAR, "0")
+        assert torch.equal(adaptive_kernels.output_linear(hidden, weight, bias), F.linear(hidden, weight, bias))
+        assert len(calls) == 2
     torch.testing.assert_close(first, F.linear(hidden, weight, bias), rtol=1e-5, atol=1e-5)
-    assert torch.equal(first, second)  # the path chosen at the first call serves the later ones
-    torch.testing.assert_close(fewer_rows, first[:40], rtol=1e-5, atol=1e-5)
+    assert torch.equal(first, second)
+
+
+@needs_onednn
+def test_measure_is_explicit_and_writes_a_file_the_user_can_read(tmp_path):
+    products = [_tensors(rows=16, inner=32, out=64), (_tensors()[0], _tensors()[1], None)]
+    target = tmp_path / "sub" / "onednn.json"
+    records = adaptive_kernels.measure(products, target)
+    assert json.loads(target.read_text()) == records
+    assert [record["shape"] for record in records] == [[16, 32, 64], [24, 32, 300]]
+    assert [record["bias"] for record in records] == [True, False]
+    for record in records:
+        assert record["aten_s"] > 0 and record["onednn_s"] > 0
+        assert record["onednn_faster"] == (record["onednn_s"] < record["aten_s"])
+    assert [path.name for path in target.parent.iterdir()] == ["onednn.json"]  # nothing left beside it
 
 
 def test_an_unknown_setting_is_refused_with_the_variable_named(monkeypatch):

@@ -1,5 +1,5 @@
 """Timing two or more ways of computing the same thing against each other, interleaved, for the dispatches that
-choose by measurement (`native.calibrate`, on request; `tf_family.layers.adaptive_kernels.faster_path`)."""
+choose by measurement (`native.calibrate`, on request; `tf_family.layers.adaptive_kernels.measure`, on request)."""
 
 from __future__ import annotations
 

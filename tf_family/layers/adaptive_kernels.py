@@ -1,24 +1,28 @@
-"""The adaptive softmax's output product ``hidden @ weight.T + bias`` through oneDNN where it is measured faster.
+"""The adaptive softmax's output product ``hidden @ weight.T + bias`` through oneDNN, by a fixed rule.
 
 Evaluating a Transformer-XL of the peer baselines' size (vocabulary 32000, width 256, segments of 128 tokens) spends
 most of its time in one product: the output layer's ``(128, 256) x (256, 32000)``. ``F.linear`` runs it through
-MKL's sgemm; on an AMD EPYC machine oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, the op TorchInductor
-calls for CPU linears, bias added inside the product) computes it faster (docs/benchmarks.md). MKL may be the
-faster one elsewhere (an Intel machine), so neither is chosen blindly: the first call at a given shape (rows,
-widths, bias or not, thread count) times both on the call's own tensors, interleaved, and the faster one serves
-that shape for the rest of the process (`faster_path`).
+MKL's sgemm; oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, the op TorchInductor calls for CPU linears,
+bias added inside the product) computed it faster on the AMD EPYC machine the project is built on
+(docs/benchmarks.md).
 
-oneDNN is considered only where its result is F.linear's up to rounding (a few ulps; not bit-identical): 2-D
-float32 CPU tensors, nothing that needs a gradient (the op has no backward: training keeps F.linear), no autocast,
-not under ``torch.compile`` / ``torch.export`` or a ``torch.func`` transform, and products of at least `MIN_MACS`
-multiply-adds (below that a calibration costs more than it can save; tiny models stay on F.linear).
-``TF_FAMILY_ONEDNN_LINEAR=0`` keeps F.linear everywhere; ``=force`` takes oneDNN wherever it may run, without
-calibrating (tests). ``F.linear`` is the dense twin (`tests/layers/test_adaptive_kernels.py` compares them).
+The rule (`output_linear`), the same on every run: oneDNN wherever it may run and the product has at least
+`MIN_MACS` multiply-adds; ``F.linear`` everywhere else. oneDNN may run where its result is F.linear's up to rounding
+(a few ulps; not bit-identical): 2-D float32 CPU tensors, nothing that needs a gradient (the op has no backward:
+training keeps F.linear), no autocast, not under ``torch.compile`` / ``torch.export`` or a ``torch.func``
+transform. Nothing is timed at run time and nothing is remembered between calls. MKL may be the faster one on
+another CPU (an Intel machine): `measure` is the explicit, opt-in step that times both paths on the shapes you
+give it and writes the result to a file you can read and delete (nothing in tf_family reads it);
+``TF_FAMILY_ONEDNN_LINEAR=0`` then keeps F.linear everywhere (``=force`` takes oneDNN wherever it may run, whatever
+the size: tests). ``F.linear`` is the dense twin (`tests/layers/test_adaptive_kernels.py` compares them).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -28,31 +32,27 @@ from ..attention.timing import interleaved_times
 ENV_VAR = "TF_FAMILY_ONEDNN_LINEAR"
 MIN_MACS = 1 << 22  # rows * in_features * out_features; the 32000-word head of a 128-token segment has 1 << 30
 CALIBRATION_ROUNDS = 5
-_SETTINGS = {"0": "off", "off": "off", "false": "off", "no": "off", "1": "auto", "auto": "auto", "force": "force"}
-_decisions: dict[tuple, dict] = {}
-_available: list[bool] = []  # filled on first use
+_SETTINGS = {"0": "off", "off": "off", "false": "off", "no": "off", "1": "rule", "rule": "rule", "force": "force"}
 
 
 def _setting() -> str:
     value = os.environ.get(ENV_VAR, "1").strip().lower()
     if value not in _SETTINGS:
         raise ValueError(
-            f"{ENV_VAR}={value!r} is not a setting; use 1 (measure once per shape, the default), 0 (always "
-            "F.linear) or force (always oneDNN where it may run)."
+            f"{ENV_VAR}={value!r} is not a setting; use 1 (the rule: oneDNN for products of at least {MIN_MACS} "
+            "multiply-adds where it may run, the default), 0 (always F.linear) or force (always oneDNN where it may "
+            "run)."
         )
     return _SETTINGS[value]
 
 
+@functools.cache
 def onednn_available() -> bool:
     """Whether this PyTorch build has oneDNN's linear op (x86-64 and aarch64 builds do)."""
-    if not _available:
-        available = torch.backends.mkldnn.is_available()
-        try:
-            available = available and torch.ops.mkldnn._linear_pointwise.default is not None
-        except (AttributeError, RuntimeError):
-            available = False
-        _available.append(available)
-    return _available[0]
+    try:
+        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._linear_pointwise.default is not None
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def onednn_linear(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -77,46 +77,62 @@ def _may_use_onednn(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return onednn_available()
 
 
-def _shape_key(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    """What a decision holds for: the rows rounded up to a power of two (a tail cluster of the adaptive softmax gets
-    a different number of rows at every call), the widths, bias or not, and the thread count."""
-    rows_bucket = 1 << max(hidden.shape[0] - 1, 0).bit_length()
-    return rows_bucket, hidden.shape[1], weight.shape[0], bias is not None, torch.get_num_threads()
+def measure(
+    products: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], path: str | os.PathLike | None = None
+) -> list[dict]:
+    """The explicit, opt-in measurement: for each ``(hidden, weight, bias)`` product, the fastest of
+    `CALIBRATION_ROUNDS` interleaved timings of F.linear and of oneDNN (after one warm-up each) and which was faster.
+    Returned, and written as JSON to ``path`` when one is given (beside, then renamed). Nothing in tf_family reads
+    it: set ``TF_FAMILY_ONEDNN_LINEAR=0`` where it says F.linear is faster at your shapes.
+
+    Raises:
+        RuntimeError: when this PyTorch build has no oneDNN linear (`onednn_available`).
+    """
+    if not onednn_available():
+        raise RuntimeError(
+            "this PyTorch build has no oneDNN linear (torch.ops.mkldnn._linear_pointwise): nothing to measure."
+        )
+    records = []
+    with torch.no_grad():
+        for hidden, weight, bias in products:
+            paths = {
+                "aten": lambda h=hidden, w=weight, b=bias: F.linear(h, w, b),
+                "onednn": lambda h=hidden, w=weight, b=bias: onednn_linear(h, w, b),
+            }
+            times, _ = interleaved_times(paths, CALIBRATION_ROUNDS)
+            best = {name: min(values) for name, values in times.items()}  # a co-tenant only ever adds time: the min
+            records.append(  # is the steadiest estimate on a shared machine
+                {
+                    "shape": [hidden.shape[0], hidden.shape[1], weight.shape[0]],
+                    "bias": bias is not None,
+                    "threads": torch.get_num_threads(),
+                    "aten_s": best["aten"],
+                    "onednn_s": best["onednn"],
+                    "onednn_faster": best["onednn"] < best["aten"],
+                }
+            )
+    if path is not None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(records, indent=1))
+        os.replace(partial, target)
+    return records
 
 
-def faster_path(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool, torch.Tensor]:
-    """Time F.linear and oneDNN on this call's tensors (one warm-up each, then `CALIBRATION_ROUNDS` interleaved
-    rounds; the fastest time of each), record which is faster for the shape, and return that decision with the
-    faster path's result."""
-    paths = {"aten": lambda: F.linear(hidden, weight, bias), "onednn": lambda: onednn_linear(hidden, weight, bias)}
-    times, results = interleaved_times(paths, CALIBRATION_ROUNDS)
-    best = {name: min(values) for name, values in times.items()}  # a co-tenant only ever adds time: the min is
-    use_onednn = best["onednn"] < best["aten"]  # the steadiest estimate on a shared machine
-    decision = {"aten_s": best["aten"], "onednn_s": best["onednn"], "onednn": use_onednn}
-    _decisions[_shape_key(hidden, weight, bias)] = decision
-    return use_onednn, results["onednn" if use_onednn else "aten"]
+def uses_onednn(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether `output_linear` takes oneDNN for this product (the module's rule and ``TF_FAMILY_ONEDNN_LINEAR``)."""
+    setting = _setting()
+    if setting == "off" or not _may_use_onednn(hidden, weight, bias):
+        return False
+    return setting == "force" or hidden.shape[0] * hidden.shape[1] * weight.shape[0] >= MIN_MACS
 
 
 def output_linear(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(hidden, weight, bias)``, through oneDNN where it may run and is measured faster for the shape (see
-    the module's notes; ``TF_FAMILY_ONEDNN_LINEAR``)."""
-    setting = _setting()
-    if setting == "off" or not _may_use_onednn(hidden, weight, bias):
-        return F.linear(hidden, weight, bias)
-    if setting == "force":
+    """``F.linear(hidden, weight, bias)``, through oneDNN where the module's rule says (`uses_onednn`)."""
+    if uses_onednn(hidden, weight, bias):
         return onednn_linear(hidden, weight, bias)
-    if hidden.shape[0] * hidden.shape[1] * weight.shape[0] < MIN_MACS:
-        return F.linear(hidden, weight, bias)
-    decision = _decisions.get(_shape_key(hidden, weight, bias))
-    if decision is None:
-        return faster_path(hidden, weight, bias)[1]
-    return onednn_linear(hidden, weight, bias) if decision["onednn"] else F.linear(hidden, weight, bias)
+    return F.linear(hidden, weight, bias)
 
 
-def decisions() -> dict[tuple, dict]:
-    """The shapes measured in this process: ``(rows rounded up to a power of two, in_features, out_features, bias,
-    threads)`` -> the fastest seconds of each path and whether oneDNN was chosen (benchmarks record it)."""
-    return {key: dict(value) for key, value in _decisions.items()}
-
-
-__all__ = ["MIN_MACS", "decisions", "faster_path", "onednn_available", "onednn_linear", "output_linear"]
+__all__ = ["MIN_MACS", "measure", "onednn_available", "onednn_linear", "output_linear", "uses_onednn"]
