@@ -1,7 +1,9 @@
 """The native kernel's build: a cache folder per environment (keyed on what changes the build), an honest message on
 stderr before a build whoever triggers it, and `tf-family build-kernels` to build ahead of time."""
 
+import os
 import sys
+import time
 
 import pytest
 import torch.utils.cpp_extension
@@ -59,3 +61,17 @@ def test_build_kernels_command(monkeypatch, capsys):
 @pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built here")
 def test_the_built_kernel_sits_in_its_keyed_folder():
     assert native.is_built() and native.build_directory().name.endswith(native.build_key())
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
+    # a killed build leaves `lock` behind and PyTorch's builder would wait on it forever
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    native._clear_stale_lock(tmp_path)
+    assert lock.exists() and "waiting for another process's build" in capsys.readouterr().err
+    old = time.time() - native.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    native._clear_stale_lock(tmp_path)
+    assert not lock.exists() and "did not finish" in capsys.readouterr().err
+    native._clear_stale_lock(tmp_path)  # no lock: nothing to say
+    assert capsys.readouterr().err == ""

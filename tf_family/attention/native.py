@@ -123,6 +123,33 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
+# a build takes minutes (`BUILD_TIME_NOTE`); a lock file older than this was left by a build that was killed
+STALE_LOCK_S = 30 * 60
+
+
+def _clear_stale_lock(directory: Path, stale_after_s: float = STALE_LOCK_S) -> None:
+    """PyTorch's extension builder holds a ``lock`` file in the build directory while it compiles and waits, without
+    end and without a word, while one exists. A build killed part-way leaves it behind, and every later import of a
+    model would hang. A lock older than ``stale_after_s`` is removed, saying so; a younger one is another process's
+    build, which this one waits for, saying where the lock is."""
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > stale_after_s:
+        lock.unlink(missing_ok=True)
+        say(
+            f"tf_family: removed {lock}, left {age / 60:.0f} minutes ago by a native-kernel build that did not "
+            "finish (a killed process); building again."
+        )
+    else:
+        say(
+            f"tf_family: waiting for another process's build of the native kernel ({lock}, {age:.0f} s old). If no "
+            "other build is running, delete that file, or set TF_FAMILY_NATIVE=0 to use the PyTorch path."
+        )
+
+
 def _build():
     from torch.utils.cpp_extension import load
 
@@ -135,6 +162,7 @@ def _build():
         pass
     name = _module_name()
     fresh = not is_built()
+    _clear_stale_lock(build_directory())
     if fresh:  # said on stderr, whoever uses the model (a recipe, a plain Trainer, a notebook)
         say(
             f"tf_family: compiling the native CPU attention kernel for this environment, once ({BUILD_TIME_NOTE}; "
