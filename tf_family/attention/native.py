@@ -131,7 +131,12 @@ def _clear_stale_lock(directory: Path, stale_after_s: float = STALE_LOCK_S) -> N
     """PyTorch's extension builder holds a ``lock`` file in the build directory while it compiles and waits, without
     end and without a word, while one exists. A build killed part-way leaves it behind, and every later import of a
     model would hang. A lock older than ``stale_after_s`` is removed, saying so; a younger one is another process's
-    build, which this one waits for, saying where the lock is."""
+    build, which this one waits for, saying where the lock is. PyTorch releases 2.14 and later hold an OS advisory
+    lock on that file instead (released by the kernel when its holder dies; the file stays): nothing to do there."""
+    import torch.utils.cpp_extension
+
+    if not hasattr(torch.utils.cpp_extension, "FileBaton"):  # the advisory lock (torch 2.14+)
+        return
     lock = directory / "lock"
     try:
         age = time.time() - lock.stat().st_mtime
