@@ -446,7 +446,7 @@ def check_bf16_autocast(spec: ArchSpec) -> None:
 
 
 # The bf16 check: model seeds (and input seeds) it runs; further configs per architecture, as overrides of its tiny
-# config; architectures held to one seed, with the reason.
+# config.
 BF16_SEEDS = (0, 1, 2)
 BF16_CONFIGS = {
     # the causal LSH + local shape of tests/models/reformer/test_parity_reformer.py: LSH and local chunks of 4, so 24
@@ -466,9 +466,6 @@ BF16_CONFIGS = {
             "axial_norm_std": 0.1,
         }
     },
-}
-BF16_ONE_SEED = {
-    "memorizing": "its bfloat16 forward takes minutes on the CPU (5 min for one seed on the project machine)"
 }
 # tasks held to one seed: as initialised, a sequence-level head's few logits are a cancelling sum (about 1e-2 against
 # unit hidden states), so a relative error on them is ill-conditioned (Longformer's multiple choice, seed 2: 2.85 %
@@ -530,13 +527,13 @@ def check_bf16_weights_match_float32(spec: ArchSpec) -> None:
     """Every task's output with its weights in bfloat16 (``model.to(torch.bfloat16)``) stays within 2 % of float32
     (largest difference against the largest output value; sequence-level heads: relative norm), on the model as
     initialised (no weight perturbation: a bad init is what loses the tokens to bfloat16 rounding, as Reformer's
-    unitialised axial positions did at 11-21 %), for model and input seeds `BF16_SEEDS` (one seed: `BF16_ONE_SEED`,
+    unitialised axial positions did at 11-21 %), for model and input seeds `BF16_SEEDS` (one seed:
     `BF16_ONE_SEED_TASKS`) and the tiny config plus the architecture's `BF16_CONFIGS`; discrete decisions
     (`REPLAYED_DECISIONS`) are the float32 forward's. 24 tokens: past Reformer's 16-token LSH chunk. Language-model
     logits are centred per position (log-probabilities differ from logits by a constant)."""
     configs = {"tiny": {}, **BF16_CONFIGS.get(spec.name, {})}
     for task in spec.model_classes:
-        one_seed = spec.name in BF16_ONE_SEED or task in BF16_ONE_SEED_TASKS
+        one_seed = task in BF16_ONE_SEED_TASKS
         for name, overrides in configs.items():
             for seed in BF16_SEEDS[:1] if one_seed else BF16_SEEDS:
                 torch.manual_seed(seed)
