@@ -34,6 +34,12 @@ Deviations from transformers' Reformer:
 - dropout on axial position encodings is element-wise (transformers drops whole rows);
 - `attentions` (``output_attentions=True``) are dense ``(B, H, T, T)`` probabilities from the dense twins.
 
+Reduced precision: hashing runs in float32, the LSH chunks' attention in float32 (`lsh.lsh_attention`). Bucket
+decisions near a boundary still flip under bfloat16 weights and activations (as under float32 arithmetic on the
+rounded weights), and a flipped decision changes whom a token attends to: with the float32 buckets the bfloat16 logits
+stay within 2 % of float32 (tests/common/tester.py replays them), without them a seed may land further off
+(bench/results/reformer_bf16_error.md).
+
 Config field <-> paper symbol: `lsh_attn_chunk_length` = m, `num_hashes` = n_rounds, `num_buckets` = n_buckets.
 """
 
