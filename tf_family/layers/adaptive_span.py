@@ -80,9 +80,15 @@ class AdaptiveSpan(nn.Module):
 
 
 def _save_clamped(module: AdaptiveSpan, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-    key = prefix + "span"
-    if key in state_dict:
-        state_dict[key] = state_dict[key].clamp(0, 1)
+    """State-dict hook: a span out of range (an optimiser step since the last forward) is saved clamped. A span in
+    range is left as the object it is (a ``keep_vars=True`` caller gets the parameter); a meta or wrapped tensor
+    (loading, sharding) is left alone."""
+    value = state_dict.get(prefix + "span")
+    if type(value) not in (torch.Tensor, nn.Parameter) or value.is_meta:
+        return
+    with torch.no_grad():
+        if bool(((value < 0) | (value > 1)).any()):
+            state_dict[prefix + "span"] = value.detach().clamp(0, 1)
 
 
 class AdaptiveSpanAttention(RelativeMultiHeadAttention):

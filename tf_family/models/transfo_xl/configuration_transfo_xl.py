@@ -66,8 +66,9 @@ class TffTransfoXLConfig(XLFamilyConfig):
         adaptive_span_init (`float`, defaults to 0.0): initial ``z / S`` of every head, in ``[0, 1]`` (0: every head
             starts at the ramp alone, ``R`` tokens, and grows its span where the loss asks for it).
         adaptive_span_loss (`float`, defaults to 2e-6): the L1 penalty's coefficient per token of span: the loss gets
-            ``adaptive_span_loss * mean(z)`` over every head of every layer (``z`` in tokens), added to every
-            predicted token's loss (reported as `span_loss`).
+            ``adaptive_span_loss * mean(z)`` over every head of every layer (``z`` in tokens), added by the
+            language-model head to every predicted token's loss (reported as `span_loss`; the sequence classifier
+            does not add it).
         adaptive_span_round (`int`, defaults to 64): the memory read and kept is trimmed to the largest span plus
             ``R``, rounded up to a multiple of this (so the key length changes only in steps).
         adaptive_span_trim (`bool`, defaults to `True`): trim the memory to the spans (False reads and keeps all
