@@ -316,3 +316,14 @@ def test_config_defaults_and_span_within_a_segment():
 )
 def test_adaptive_span_passes_the_common_checks(check):
     check(ADAPTIVE_SPAN)
+
+
+def test_remote_code_export_loads_without_tf_family(tmp_path):
+    """A model with the option saved with its code (`save_pretrained(remote_code=True)`) loads in a process that
+    cannot import tf_family and gives the same outputs (span_loss included)."""
+    from tests.test_remote_code import _export_and_expect, _load_without_tf_family
+
+    folder, tensors = tmp_path / "causal_lm" / "model", tmp_path / "causal_lm.safetensors"
+    _load_without_tf_family(
+        {"causal_lm": _export_and_expect(ADAPTIVE_SPAN, "causal_lm", folder, tensors, tmp_path)}, tmp_path
+    )
