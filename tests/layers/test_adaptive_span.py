@@ -311,6 +311,10 @@ def test_config_defaults_and_span_within_a_segment():
         tester.check_generation_cache,
         tester.check_gradient_checkpointing,
         tester.check_determinism_and_rng,
+        tester.check_bf16_autocast,
+        tester.check_generation_from_inputs_embeds,
+        tester.check_config_round_trip,
+        tester.check_auto_from_config,
     ],
     ids=lambda check: check.__name__.removeprefix("check_"),
 )
