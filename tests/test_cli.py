@@ -132,3 +132,20 @@ def test_a_failed_push_leaves_the_folder_byte_identical(tmp_path, env):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     reason = "HF_HUB_OFFLINE is set" if env["HF_HUB_OFFLINE"] == "1" else "the Hub is unreachable"
     assert reason in result.stderr and "the folder was left unchanged" in result.stderr
+
+
+def test_list_names_each_option_and_its_setting_builds():
+    """`tf-family list` names the systems that are options of an architecture (GTrXL, adaptive span on
+    Transformer-XL) with their config setting, and each setting is a valid config that switches the option on."""
+    table = zoo_table()
+    options = [(spec, name, setting) for spec in ARCHITECTURES.values() for name, setting in spec.options]
+    assert {name for _, name, _ in options} >= {
+        "GTrXL (Parisotto et al. 2020)",
+        "Adaptive Attention Span (Sukhbaatar et al. 2019)",
+    }
+    for spec, name, setting in options:
+        assert f"{name}, `{setting}`" in table
+        overrides = eval(f"dict({setting})")  # the setting as the user types it
+        config = spec.tiny_config(**overrides)
+        assert all(getattr(config, field) == value for field, value in overrides.items())
+        assert spec.config_class().to_dict() != config.to_dict()

@@ -43,15 +43,17 @@ if TYPE_CHECKING:  # the conversion machinery imports torch: `tf-family --help` 
 
 
 def zoo_table() -> str:
-    """The zoo as a Markdown table: architecture, model_type, tasks, reference implementation, parity status."""
+    """The zoo as a Markdown table: architecture (with the systems that are options of it, and their config
+    setting), model_type, tasks, reference implementation, parity status."""
     rows = [
         "| architecture | model_type | tasks | reference implementation | parity |",
         "| --- | --- | --- | --- | --- |",
     ]
     for spec in ARCHITECTURES.values():
         model_types = ", ".join(f"`{t}`" for t in spec.model_types)
+        options = "".join(f"; option: {name}, `{setting}`" for name, setting in spec.options)
         rows.append(
-            f"| {spec.title} (`{spec.name}`) | {model_types} | {', '.join(spec.tasks)} | {spec.reference} | "
+            f"| {spec.title} (`{spec.name}`){options} | {model_types} | {', '.join(spec.tasks)} | {spec.reference} | "
             f"{spec.parity} |"
         )
     return "\n".join(rows)

@@ -111,6 +111,9 @@ class ArchSpec:
         foreign: what ``tf-family convert`` reads from other implementations (`foreign_formats`), as a tuple or a
             ``"module:NAME"`` reference to one: checkpoint formats that the models' ``from_pretrained`` also reads
             (`tf_family.conversion.ForeignFormat`) and tokenizer files (`tf_family.conversion.ForeignTokenizer`).
+        options: systems that are options of this architecture, each ``(name with the paper, config setting)``,
+            e.g. ``("GTrXL (Parisotto et al. 2020)", 'gating="gru", pre_lnorm=True')``: the setting is what to pass
+            to the config (keyword arguments, as Python writes them); ``tf-family list`` names them.
         exports: further public names of the architecture as ``"module:Name"`` references (its
             ``PreTrainedModel`` base, a cache class...): with the config and model classes they are the names
             ``tf_family`` offers at its top level (``tf_family.TffLongformerModel``; `public_names`).
@@ -133,6 +136,7 @@ class ArchSpec:
     ia3_target_modules: tuple[str, ...] = ()
     ia3_feedforward_modules: tuple[str, ...] = ()
     exports: tuple[str, ...] = ()
+    options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.legacy) != len(self.legacy_model_types):

@@ -27,6 +27,7 @@ from transformers import initialization as init
 
 from ..attention import build_causal_memory_mask, build_key_padding_mask, segment_position_embedding
 from .adaptive import AdaptiveEmbedding, AdaptiveTokenEmbeddingsMixin, ProjectedAdaptiveLogSoftmax
+from .adaptive_span import AdaptiveSpan
 from .gated_residual import GRUGate
 from .relative_attention import RelativeAttentionInputs, RelativeMultiHeadAttention
 
@@ -71,6 +72,8 @@ class XLPreTrainedMixin(AdaptiveTokenEmbeddingsMixin):
             init.zeros_(module.cluster_bias)
         elif isinstance(module, GRUGate):  # GTrXL: b_g starts at its configured value (a fresh layer near identity)
             init.constant_(module.gate_bias, module.gate_bias_init)
+        elif isinstance(module, AdaptiveSpan):  # adaptive span: z / S starts at its configured value
+            init.constant_(module.span, module.init)
         elif isinstance(module, RelativeMultiHeadAttention | XLStackMixin):
             for name in ("content_bias", "position_bias"):
                 if getattr(module, name, None) is not None:

@@ -539,7 +539,13 @@ class SegmentRecurrentForCausalLM(FusedLMHeadMixin, MemoryGenerationMixin):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+        output = self._add_auxiliary_losses(output, labels, num_items_in_batch)
         return output if return_dict else output.to_tuple()
+
+    def _add_auxiliary_losses(self, output: ModelOutput, labels: torch.Tensor | None, num_items_in_batch: NumItems):
+        """A model's own terms of the loss (Transformer-XL's adaptive-span penalty), added to ``output.loss`` and
+        reported in their own fields; none here."""
+        return output
 
 
 __all__ = [

@@ -75,6 +75,10 @@ SPEC = ArchSpec(
     ia3_target_modules=("qkv", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
     exports=("tf_family.models.transfo_xl.modeling_transfo_xl:TffTransfoXLPreTrainedModel",),
+    options=(
+        ("GTrXL (Parisotto et al. 2020)", 'gating="gru", pre_lnorm=True'),
+        ("Adaptive Attention Span (Sukhbaatar et al. 2019)", "adaptive_span=True"),
+    ),
     reference="transformers 4.35.2 TransfoXLLMHeadModel (committed fixtures)",
     parity="logits within 1e-5 over 3 segments with memory (3 configs)",
     card="transfo_xl.md",

@@ -14,24 +14,33 @@ Deviations from that implementation:
 - per-token `losses` come back in token order (4.x returned them grouped by softmax cluster);
 - only the paper's attention (4.x ``attn_type=0``); no sampled softmax (4.x did not implement it either).
 
+Options: `gating="gru"` makes it a GTrXL (Parisotto et al. 2020, `tf_family.layers.gated_residual`);
+`adaptive_span=True` gives every head a learned span (Sukhbaatar et al. 2019, `tf_family.layers.adaptive_span`): the
+model trims each layer's memory to what its spans reach (`_span_limits`), keeps no more than the widest layer needs,
+and the language-model head adds the span penalty to the loss (`span_loss`).
+
 Config field <-> paper symbol: `mem_len` = M, `n_layer` = N, `n_head` = n, `d_head` = d_h, `d_model` = d,
 `content_bias` = u, `position_bias` = v, `position_proj` = W_{k,R}.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
+from ...attention.adaptive_span import span_key_limit
 from ...conversion import FromPretrainedMixin
-from ...layers import RelativeDecoderLayer
+from ...layers import PositionwiseFeedForward, RelativeDecoderLayer, RelativeMultiHeadAttention
+from ...layers.adaptive_span import AdaptiveSpan, AdaptiveSpanAttention
 from ...layers.gated_residual import GatedRelativeDecoderLayer
 from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
 from ...memory import SegmentMemory
 from ...modeling.heads import SegmentRecurrentForCausalLM, sequence_classification_loss
-from ...modeling.losses import NumItems
+from ...modeling.losses import IGNORE_INDEX, NumItems, item_mean
 from ...modeling.outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from ...modeling.remote_code_mixin import RemoteCodeMixin
 from ...modeling.validation import (
@@ -43,6 +52,14 @@ from ...modeling.validation import (
 from .configuration_transfo_xl import TffTransfoXLConfig
 
 logger = logging.get_logger(__name__)
+
+
+@dataclass
+class TransfoXLCausalLMOutput(MemoryCausalLMOutput):
+    """`MemoryCausalLMOutput` and, with ``adaptive_span=True``, ``span_loss``: the span penalty
+    ``adaptive_span_loss * mean(z)`` (a scalar), which ``loss`` includes when labels are given."""
+
+    span_loss: torch.FloatTensor | None = None
 
 
 class TffTransfoXLPreTrainedModel(
@@ -74,10 +91,41 @@ class TffTransfoXLModel(XLStackMixin, TffTransfoXLPreTrainedModel):
 
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
-        # GTrXL (gating="gru"): gated residuals in place of Transformer-XL's
-        layer_class = GatedRelativeDecoderLayer if config.gating == "gru" else RelativeDecoderLayer
-        self._build_stack(config, [layer_class.from_config(config) for _ in range(config.n_layer)])
+        self._build_stack(config, [self._build_layer(config) for _ in range(config.n_layer)])
         self.post_init()
+
+    @staticmethod
+    def _build_layer(config: TffTransfoXLConfig) -> nn.Module:
+        # adaptive span: each head learns its span; GTrXL (gating="gru"): gated residuals in place of the residuals
+        attention_class = AdaptiveSpanAttention if config.adaptive_span else RelativeMultiHeadAttention
+        attention, feed_forward = attention_class.from_config(config), PositionwiseFeedForward.from_config(config)
+        if config.gating == "gru":
+            return GatedRelativeDecoderLayer(attention, feed_forward, config.gate_bias)
+        return RelativeDecoderLayer(attention, feed_forward)
+
+    def adaptive_spans(self) -> list[AdaptiveSpan]:
+        """The layers' `AdaptiveSpan` modules (empty without ``adaptive_span``)."""
+        return [layer.attention.adaptive_span for layer in self.layers if self.config.adaptive_span]
+
+    def span_loss(self) -> torch.Tensor | None:
+        """The span penalty ``adaptive_span_loss * mean(z)`` over every head of every layer (``z`` in tokens), or
+        None without ``adaptive_span``."""
+        spans = self.adaptive_spans()
+        if not spans:
+            return None
+        return self.config.adaptive_span_loss * torch.cat([span.spans() for span in spans]).mean()
+
+    def _span_limits(self) -> list[int] | None:
+        """Per layer, how many of the most recent memory slots its spans reach (rounded up to
+        ``adaptive_span_round``); None when nothing is trimmed. One read from the device for all layers."""
+        spans = self.adaptive_spans()
+        if not spans or not self.config.adaptive_span_trim:
+            return None
+        if self.training:  # the paper's clamp after each optimiser step, done before the spans are read
+            for span in spans:
+                span.clamp_()
+        widest = torch.stack([span.spans().detach().max() for span in spans]).tolist()  # L floats
+        return [span_key_limit(z, self.config.adaptive_span_ramp, self.config.adaptive_span_round) for z in widest]
 
     def forward(
         self,
@@ -111,15 +159,20 @@ class TffTransfoXLModel(XLStackMixin, TffTransfoXLPreTrainedModel):
             memory = memory.reset(reset_mems)
         masks = self._segment_masks(embeddings, attention_mask, None if memory is None else memory.mask)
         inputs = self._attention_inputs(embeddings, masks.allowed, flags.output_attentions)
+        limits = self._span_limits()  # adaptive span: the memory slots each layer's spans reach
 
         def call_layer(index: int, layer: nn.Module, hidden: torch.Tensor):
-            return layer(hidden, None if memory is None else memory.states[index], inputs=inputs)
+            states = None if memory is None else memory.states[index]  # (B, M, D)
+            if limits is not None and states is not None and states.shape[1] > limits[index]:
+                states = states[:, -limits[index] :]  # (B, limit, D): the slots beyond weigh 0
+            return layer(hidden, states, inputs=inputs)
 
         stack = self._run_layers(embeddings, flags, call_layer)
         new_memory = None
         if flags.use_cache:
             previous = memory if memory is not None else SegmentMemory.empty_like(stack.layer_inputs)
-            new_memory = previous.update(stack.layer_inputs, mem_len=self.config.mem_len, new_mask=masks.segment)
+            mem_len = self.config.mem_len if limits is None else min(self.config.mem_len, max(limits))
+            new_memory = previous.update(stack.layer_inputs, mem_len=mem_len, new_mask=masks.segment)
         output = MemoryModelOutput(
             last_hidden_state=stack.hidden,
             mems=new_memory,
@@ -134,12 +187,24 @@ class TffTransfoXLLMHeadModel(
 ):
     """Transformer-XL with an adaptive softmax language-model head. `logits` are log-probabilities."""
 
-    causal_lm_output_class = MemoryCausalLMOutput
+    causal_lm_output_class = TransfoXLCausalLMOutput
 
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
         self._add_lm_head(config, TffTransfoXLModel(config))
         self.post_init()
+
+    def _add_auxiliary_losses(self, output, labels: torch.Tensor | None, num_items_in_batch: NumItems):
+        """Adaptive span: report ``span_loss`` and, with labels, add it to every predicted token's loss (so that
+        with ``num_items_in_batch`` the accumulated batch counts it once, as it counts the tokens)."""
+        span_loss = self.transformer.span_loss()
+        if span_loss is None:
+            return output
+        output.span_loss = span_loss
+        if output.loss is not None:
+            counted = labels[:, 1:] != IGNORE_INDEX  # (B, T-1)
+            output.loss = output.loss + item_mean(span_loss.expand(counted.shape), counted, num_items_in_batch)
+        return output
 
 
 class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):
@@ -219,4 +284,5 @@ __all__ = [
     "TffTransfoXLLMHeadModel",
     "TffTransfoXLModel",
     "TffTransfoXLPreTrainedModel",
+    "TransfoXLCausalLMOutput",
 ]
