@@ -188,9 +188,25 @@ def test_lora_target_registration_is_idempotent_and_keeps_the_users_entries(monk
 PROMPT_TASKS = {"causal_lm", "sequence_classification", "question_answering"}  # PEFT pads no token-cls labels
 PROMPT_CASES = [(name, task) for name, task in CASES if task in PROMPT_TASKS]
 # prefix tuning passes keys and values per layer: the causal LMs that attend over a key/value cache read it
-PREFIX_WORKS = ["longformer", "knn_lm", "calm"]
-PREFIX_REFUSED = ["transfo_xl", "compressive", "memorizing", "reformer"]  # their state is not keys and values
+PREFIX_WORKS = ["longformer", "knn_lm", "calm", "sparse_transformer", "universal_transformer"]
+# their state is not keys and values: a memory (the XL family, Reformer) or a recurrent state (the kernelised ones)
+PREFIX_REFUSED = ["transfo_xl", "compressive", "memorizing", "reformer", "performer", "linear_transformer", "rfa"]
 NO_DROPOUT = {"calm": {"meta_loss_weight": 0.0}}
+
+
+def _prefix_config(model, virtual: int = 3):
+    """PEFT's prefix tuning for ``model``: one prefix per layer of its key/value cache, which for the Universal
+    Transformer is one per recurrent step and block (PEFT's default reads ``num_hidden_layers``, the blocks of one
+    step; `test_universal_transformer_prefix_with_peft_defaults_names_the_layer_count`)."""
+    from peft import PrefixTuningConfig
+
+    config = model.config
+    layers = (
+        {"num_layers": config.act_max_steps * config.layers_per_step}
+        if config.model_type.endswith("universal_transformer")
+        else {}
+    )
+    return PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=virtual, **layers)
 
 
 def _one_step(peft_model, batch) -> tuple[torch.Tensor, set[str]]:
@@ -271,14 +287,12 @@ def test_prompt_tuning_trains_its_virtual_tokens(name, task):
 
 @pytest.mark.parametrize("name", PREFIX_WORKS)
 def test_prefix_tuning_trains_its_prefix_on_the_causal_lms_with_a_key_value_cache(name):
-    from peft import PrefixTuningConfig
 
     model = _tiny_model(name, "causal_lm", **NO_DROPOUT.get(name, {}))
     batch = _collate(_examples(name, "causal_lm", model))
     with torch.no_grad():
         plain = model.eval()(**batch).loss
-    config = PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3)
-    prefixed = get_peft_model(model, config)
+    prefixed = get_peft_model(model, _prefix_config(model))
     with torch.no_grad():
         assert not torch.equal(prefixed.eval()(**batch).loss, plain)  # the prefix is read
     loss, changed = _one_step(prefixed, batch)
@@ -318,13 +332,11 @@ PREFIX_GENERATE = [
 
 @pytest.mark.parametrize("name", PREFIX_GENERATE)
 def test_prefix_tuned_generate_equals_a_loop_that_feeds_the_prefix(name):
-    from peft import PrefixTuningConfig
 
     model = _llama_control() if name == "llama" else _tiny_model(name, "causal_lm", **NO_DROPOUT.get(name, {}))
     model.eval()
     virtual, new_tokens = 3, 5
-    config = PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=virtual)
-    prefixed = get_peft_model(model, config).eval()
+    prefixed = get_peft_model(model, _prefix_config(model, virtual)).eval()
     torch.manual_seed(1)
     with torch.no_grad():  # a prefix large enough to change what is generated
         prefixed.prompt_encoder.default.embedding.weight.normal_(0.0, 1.0)
@@ -343,6 +355,16 @@ def test_prefix_tuned_generate_equals_a_loop_that_feeds_the_prefix(name):
             sequence = torch.cat([sequence, logits[:, -1:].argmax(-1)], dim=1)
     assert not torch.equal(sequence, plain), "the prefix changes nothing: the test cannot tell"
     assert torch.equal(generated, sequence), (generated[:, ids.shape[1] :], sequence[:, ids.shape[1] :])
+
+
+def test_universal_transformer_prefix_with_peft_defaults_names_the_layer_count():
+    from peft import PrefixTuningConfig
+
+    model = _tiny_model("universal_transformer", "causal_lm")
+    layers = model.config.act_max_steps * model.config.layers_per_step
+    prefixed = get_peft_model(model, PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
+    with pytest.raises(ValueError, match=rf"act_max_steps x layers_per_step.*PrefixTuningConfig\(num_layers={layers}"):
+        prefixed(**_collate(_examples("universal_transformer", "causal_lm", model)))
 
 
 @pytest.mark.parametrize("name", ["decision_transformer", "llama"])

@@ -183,7 +183,7 @@ def test_sft_packed_and_completion_only(name, tmp_path):
     _assert_trained_and_reloads(completion, before, _train(completion), tmp_path / "completion_saved")
 
 
-@pytest.mark.parametrize("name", ["transfo_xl", "longformer"])
+@pytest.mark.parametrize("name", CAUSAL)
 def test_sft_padding_free_packing_is_refused_with_what_works(name, tmp_path):
     trainer = SFTTrainer(
         model=_model(name),

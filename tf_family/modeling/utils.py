@@ -133,6 +133,26 @@ def decoding_step_inputs(
     return {"inputs_embeds": torch.cat([inputs_embeds, generated], dim=1)[:, past_length:]}
 
 
+def key_value_generation_inputs(
+    model, input_ids, cache, attention_mask, inputs_embeds, use_cache: bool, next_sequence_length: int | None
+) -> dict:
+    """One `generate` step's inputs for a causal LM with a key/value cache (its ``prepare_inputs_for_generation``):
+    with a cache (the default), only the tokens it has not seen; without, the whole sequence every step.
+    ``attention_mask`` always covers the whole sequence. The cache goes under `GENERATION_CACHE_KEY`, where PEFT's
+    prefix tuning finds it, and the positions it has seen are counted by `decoding_past_length`, which leaves out
+    a prefix put in it before the first step."""
+    past_length = decoding_past_length(
+        cache if use_cache else None, input_ids, attention_mask, inputs_embeds, next_sequence_length
+    )
+    model_inputs = {"attention_mask": attention_mask, "use_cache": bool(use_cache)}
+    if use_cache:
+        model_inputs[GENERATION_CACHE_KEY] = cache
+    model_inputs.update(
+        decoding_step_inputs(input_ids, past_length, attention_mask, inputs_embeds, model.get_input_embeddings())
+    )
+    return model_inputs
+
+
 @contextlib.contextmanager
 def real_tensors_while_exporting():
     """Inside, tensor code runs on real tensors even while `torch.export` traces the model: what it computes (random
@@ -188,6 +208,7 @@ __all__ = [
     "Dropout",
     "build_activation",
     "decoding_step_inputs",
+    "key_value_generation_inputs",
     "find_first_real_token",
     "fused_projections",
     "is_plain_linear",

@@ -63,13 +63,11 @@ from ...modeling.heads import (
 from ...modeling.losses import causal_lm_loss
 from ...modeling.remote_code_mixin import RemoteCodeMixin
 from ...modeling.utils import (
-    GENERATION_CACHE_KEY,
     Dropout,
     accepts_past_key_values,
-    decoding_past_length,
-    decoding_step_inputs,
     find_first_real_token,
     fused_projections,
+    key_value_generation_inputs,
 )
 from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_longformer import TffLongformerConfig
@@ -697,16 +695,10 @@ class TffLongformerForCausalLM(FusedLMHeadMixin, TffLongformerPreTrainedModel, V
     ) -> dict:
         """With a cache (the default), only the tokens it has not seen; without, the whole prefix every step.
         ``attention_mask`` and ``global_attention_mask`` always cover the whole sequence."""
-        past_length = decoding_past_length(
-            cache if use_cache else None, input_ids, attention_mask, inputs_embeds, kwargs.get("next_sequence_length")
+        model_inputs = key_value_generation_inputs(
+            self, input_ids, cache, attention_mask, inputs_embeds, use_cache, kwargs.get("next_sequence_length")
         )
         total = attention_mask.shape[1] if attention_mask is not None else None
-        model_inputs = {"attention_mask": attention_mask}
-        if use_cache:
-            model_inputs.update({GENERATION_CACHE_KEY: cache, "use_cache": True})
-        model_inputs.update(
-            decoding_step_inputs(input_ids, past_length, attention_mask, inputs_embeds, self.get_input_embeddings())
-        )
         if total is None:  # the whole sequence: prompt embeddings (if any) and tokens
             total = input_ids.shape[1] + (inputs_embeds.shape[1] if inputs_embeds is not None else 0)
         if kwargs.get("global_attention_mask") is not None:

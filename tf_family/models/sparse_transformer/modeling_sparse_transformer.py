@@ -60,8 +60,8 @@ from ...modeling.utils import (
     Dropout,
     accepts_past_key_values,
     build_activation,
-    decoding_step_inputs,
     fused_projections,
+    key_value_generation_inputs,
 )
 from ...modeling.validation import MAX_SIZE, InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_sparse_transformer import FACTORS, TffSparseTransformerConfig
@@ -482,14 +482,9 @@ class TffSparseTransformerForCausalLM(FusedLMHeadMixin, TffSparseTransformerPreT
     ) -> dict:
         """With a cache (the default), only the tokens it has not seen; without, the whole prefix every step.
         ``attention_mask`` always covers the whole sequence."""
-        past_length = cache.get_seq_length() if cache is not None and use_cache else 0
-        model_inputs = {"attention_mask": attention_mask}
-        if use_cache:
-            model_inputs.update(cache=cache, use_cache=True)
-        model_inputs.update(
-            decoding_step_inputs(input_ids, past_length, attention_mask, inputs_embeds, self.get_input_embeddings())
+        return key_value_generation_inputs(
+            self, input_ids, cache, attention_mask, inputs_embeds, use_cache, kwargs.get("next_sequence_length")
         )
-        return model_inputs
 
 
 __all__ = [

@@ -62,7 +62,7 @@ from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, LMPredictionHead
 from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share, causal_lm_loss
 from ...modeling.remote_code_mixin import RemoteCodeMixin
-from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, decoding_step_inputs
+from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, key_value_generation_inputs
 from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_universal_transformer import TffUniversalTransformerConfig
 
@@ -396,6 +396,15 @@ class TffUniversalTransformerModel(TffUniversalTransformerPreTrainedModel):
             if position_ids.shape[1] != length or position_ids.shape[0] not in (1, batch):
                 raise ValueError(f"position_ids must have shape {(batch, length)}, got {tuple(position_ids.shape)}.")
         check_cache(cache, batch, config.num_attention_heads, config.hidden_size // config.num_attention_heads)
+        cache_layers = config.act_max_steps * config.layers_per_step
+        if cache is not None and cache.layer_class_to_replicate is None and len(cache.layers) != cache_layers:
+            raise ValueError(
+                f"cache holds {len(cache.layers)} layers of keys and values, but this Universal Transformer keeps one "
+                f"per recurrent step and block: act_max_steps x layers_per_step = {config.act_max_steps} x "
+                f"{config.layers_per_step} = {cache_layers}. For PEFT prefix tuning, pass "
+                f"PrefixTuningConfig(num_layers={cache_layers}, ...) (PEFT reads num_hidden_layers, the blocks of one "
+                "step)."
+            )
         if use_cache is None:
             use_cache = config.use_cache and config.causal and not self.training
         if (cache is not None or use_cache) and not config.causal:
@@ -550,14 +559,9 @@ class TffUniversalTransformerForCausalLM(
     ) -> dict:
         """With a cache (the default), only the tokens it has not seen; without, the whole prefix every step.
         ``attention_mask`` always covers the whole sequence."""
-        past_length = cache.get_seq_length() if cache is not None and use_cache else 0
-        model_inputs = {"attention_mask": attention_mask, "use_cache": bool(use_cache)}
-        if use_cache:
-            model_inputs["cache"] = cache
-        model_inputs.update(
-            decoding_step_inputs(input_ids, past_length, attention_mask, inputs_embeds, self.get_input_embeddings())
+        return key_value_generation_inputs(
+            self, input_ids, cache, attention_mask, inputs_embeds, use_cache, kwargs.get("next_sequence_length")
         )
-        return model_inputs
 
 
 __all__ = [
