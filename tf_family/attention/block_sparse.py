@@ -238,7 +238,9 @@ def block_sparse_attention(
     flat_index = (table.transpose(0, 1) + head_offset).reshape(-1)  # ((N-2)*H*K,)
 
     key_valid = valid.view(batch, num_blocks, block_size)[:, table.transpose(0, 1)]  # (B, N-2, H, K, b)
-    mask = key_valid & slot_valid.transpose(0, 1)[None, :, :, :, None]
+    # a copy in the standard layout: the layout PyTorch gives `&` of these broadcast operands differs between the
+    # fake tensors `torch.compile` traces with and the real ones, and a traced reshape of it then fails as a view
+    mask = (key_valid & slot_valid.transpose(0, 1)[None, :, :, :, None]).clone(memory_format=torch.contiguous_format)
     middle_query = query.view(batch, heads, num_blocks, block_size, head_dim)[:, :, 1:-1].transpose(1, 2)
     flat_keys, flat_values = (t.reshape(batch, heads * num_blocks, block_size * head_dim) for t in (key, value))
 
