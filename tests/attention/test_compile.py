@@ -84,8 +84,9 @@ def test_a_training_step_compiles(name, implementation):
 def test_five_lengths_compile_at_most_twice(name, implementation):
     """The second length makes the graph dynamic and the later ones reuse it: nothing in the traced forward
     specialises on the length (a traced Longformer keeps whole chunks of queries below one chunk, BigBird's middle
-    blocks go in one slab, and the keys of the compiled forward's block-mask cache leave their symbolic sizes out).
-    The lengths are 4 to 20 tokens apart, not all multiples of one chunk, block or tile."""
+    blocks go in one slab, the keys of the compiled forward's block-mask cache leave their sizes out, and Reformer's
+    LSH slots are gathered, not sliced). The lengths are 4 apart, some multiples of Reformer's chunk and some not,
+    all inside one FlexAttention tile (128)."""
     spec, task, model = _model(name, implementation)
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter)
