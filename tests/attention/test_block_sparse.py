@@ -154,3 +154,75 @@ def test_fast_path_memory_is_linear_in_length():
             block_sparse_attention(query, query, query, 16, blocks).sum()
         saved[length] = sum(sizes)
     assert saved[2048] <= 4 * saved[512] * 1.1, saved
+
+
+def _spy_sdpa(monkeypatch) -> list[tuple[int, bool]]:
+    """Record ``(query rows, masked)`` of every call of PyTorch's `scaled_dot_product_attention`."""
+    calls, original = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, **kwargs):
+        calls.append((query.shape[0], attn_mask is not None))
+        return original(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize("window_blocks", [1, 2])
+def test_interior_blocks_without_padding_carry_no_mask(monkeypatch, window_blocks):
+    """Without a padding mask and with whole blocks, the global rows and the middle blocks whose window lies inside
+    the sequence reach PyTorch's SDPA with ``attn_mask=None`` (flash-eligible on a GPU); only the ``w`` edge blocks
+    at each end carry a mask. Values and gradients stay the dense twin's; with a padding mask every call is
+    masked."""
+    length, block, num_random = 64, 4, 2
+    num_blocks = length // block
+    tensors, _ = _inputs(length, seed=11)
+    random_blocks = random_block_indices(num_blocks, H, num_random, window_blocks, layer_seed(4, 0))
+    calls = _spy_sdpa(monkeypatch)
+    fast = _block_sparse_attention(*tensors, block, random_blocks, window_blocks, None, implementation="sdpa")
+    fast_grads = torch.autograd.grad(fast.square().sum(), tensors)
+    reference = block_sparse_attention_reference(*tensors, block, random_blocks, window_blocks, None)
+    reference_grads = torch.autograd.grad(reference.square().sum(), tensors)
+    torch.testing.assert_close(fast, reference, rtol=1e-9, atol=1e-10)
+    for got, expected in zip(fast_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
+    unmasked_blocks = sum(rows // B for rows, masked in calls if not masked and rows % B == 0 and rows != B)
+    masked_blocks = sum(rows // B for rows, masked in calls if masked)
+    assert (B, False) in calls  # the global rows
+    assert unmasked_blocks == num_blocks - 2 - 2 * window_blocks
+    assert masked_blocks == 2 * window_blocks
+
+    calls.clear()
+    padding = torch.ones(B, length, dtype=torch.bool)
+    _block_sparse_attention(*tensors, block, random_blocks, window_blocks, padding, implementation="sdpa")
+    assert calls and all(masked for _, masked in calls)
+    calls.clear()  # a tail block: its padding is a mask too
+    _block_sparse_attention(
+        *(t[:, :, :-1] for t in tensors), block, random_blocks, window_blocks, None, implementation="sdpa"
+    )
+    assert calls and all(masked for _, masked in calls)
+
+
+def test_big_bird_without_attention_mask_calls_sdpa_without_a_mask(monkeypatch):
+    """The model side of the rule: a BigBird forward without ``attention_mask`` hands the kernel no padding mask, so
+    its global rows and interior blocks reach SDPA unmasked (and a short input's dense attention too); the outputs
+    equal those of an all-ones ``attention_mask``, whose calls all carry a mask."""
+    from tests.common.tester import build, make_inputs, without_labels
+    from tf_family.registry import ARCHITECTURES
+
+    spec = ARCHITECTURES["big_bird"]
+    model = build(spec, "base").eval()
+    model.set_attn_implementation("sdpa")
+    calls = _spy_sdpa(monkeypatch)
+    for length in (40, 8):  # block-sparse, then dense (too short for blocks)
+        inputs = without_labels(make_inputs(spec, model.config, "base", batch=2, length=length))
+        inputs.pop("attention_mask", None)
+        calls.clear()
+        with torch.no_grad():
+            free = model(**inputs).last_hidden_state
+        assert any(not masked for _, masked in calls)
+        calls.clear()
+        with torch.no_grad():
+            ones = model(**inputs, attention_mask=torch.ones_like(inputs["input_ids"])).last_hidden_state
+        assert calls and all(masked for _, masked in calls)
+        torch.testing.assert_close(free, ones)

@@ -56,11 +56,11 @@ def test_forward_traces_without_a_graph_break(name, implementation):
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
-@pytest.mark.parametrize("name", ["longformer", "reformer"])
+@pytest.mark.parametrize("name", list(_LENGTHS))
 def test_a_training_step_compiles(name, implementation):
     """Forward and backward through ``torch.compile`` (``aot_eager``: AOTAutograd's joint graph, no code generation)
-    give the eager model's gradients. BigBird's training graph is not in the list: AOTAutograd's replay of it fails
-    with "view size is not compatible with input tensor's size and stride" (not yet reduced; docs/guides/gpu.md)."""
+    give the eager model's gradients (BigBird's padded input included: its slab mask is copied to the standard
+    layout before the reshape the graph traces as a view, `block_sparse.block_sparse_attention`)."""
     spec, task, model = _model(name, implementation)
     inputs = _inputs(spec, model, task, _LENGTHS[name])
     model.train()
@@ -69,26 +69,30 @@ def test_a_training_step_compiles(name, implementation):
         model.zero_grad()
         output = next(iter(run(**inputs).values()))
         output.float().square().mean().backward()
-        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        # a parameter the output does not reach (BigBird's pooler) has no gradient in eager, zeros from AOTAutograd
+        return {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
     want = gradients(model)
     got = gradients(torch.compile(model, backend="aot_eager"))
-    assert len(got) == len(want)
-    for got_grad, want_grad in zip(got, want, strict=True):
-        torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-5)
+    assert any(grad.any() for grad in want.values())
+    for name, want_grad in want.items():
+        torch.testing.assert_close(got[name], want_grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize(("name", "implementation"), [("longformer", "flex_attention")])
+@pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
+@pytest.mark.parametrize("name", list(_LENGTHS))
 def test_five_lengths_compile_at_most_twice(name, implementation):
-    """Only where it is shown to hold so far: Longformer's ``"sdpa"`` route compiles more often at the tiny model's
-    lengths (below one chunk of queries, whose count the graph specialises on); BigBird and Reformer not measured
-    yet (docs/guides/gpu.md)."""
+    """The second length makes the graph dynamic and the later ones reuse it: nothing in the traced forward
+    specialises on the length (a traced Longformer keeps whole chunks of queries below one chunk, BigBird's middle
+    blocks go in one slab, the keys of the compiled forward's block-mask cache leave their sizes out, and Reformer's
+    LSH slots are gathered, not sliced). The lengths are 4 apart, some multiples of Reformer's chunk and some not,
+    all inside one FlexAttention tile (128)."""
     spec, task, model = _model(name, implementation)
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter)
     base = _LENGTHS[name]
     with torch.no_grad():
-        for length in (base, base + 4, base + 8, base + 12, base + 20):
+        for length in (base, base + 4, base + 8, base + 12, base + 16):  # Reformer: at most 64 (axial positions)
             inputs = _inputs(spec, model, task, length)
             inputs.pop("global_attention_mask", None)
             compiled(**inputs)

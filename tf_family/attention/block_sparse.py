@@ -214,16 +214,21 @@ def block_sparse_attention(
         out = attend(query, key, value, valid[:, None, None, :], None, dropout_p, implementation)[0]
         return out[:, :, :length]
 
+    # Without a padding mask and with whole blocks, every key a global row or an interior middle block gathers is
+    # allowed: those calls carry no mask, so PyTorch may choose its flash kernel for them. Decided from the
+    # arguments and shapes alone (a look at the values of a mask would be a host sync and a graph break).
+    unpadded = key_padding_mask is None and padded_length == length
+
     # global query blocks: the first and the last, against every key
     global_rows = torch.cat([query[:, :, :block_size], query[:, :, -block_size:]], dim=2)  # (B, H, 2b, Dh)
-    global_allowed = valid[:, None, None, :]
+    global_allowed = None if unpadded else valid[:, None, None, :]
     global_out = attend(global_rows, key, value, global_allowed, None, dropout_p, implementation)[0]  # (B, H, 2b, Dh)
 
     # middle query blocks: window blocks + the two global blocks + random blocks, gathered per head
     device = query.device
     window, window_valid = _window_blocks_valid(num_blocks, window_blocks, device)  # (N-2, 2w+1)
     middle = num_blocks - 2
-    globals_ = torch.tensor([0, num_blocks - 1], device=device).expand(middle, 2)
+    globals_ = (torch.arange(2, device=device) * (num_blocks - 1)).expand(middle, 2)  # blocks 0 and N - 1
     table = torch.cat([globals_, window], dim=1)[None].expand(heads, -1, -1)  # (H, N-2, 2w+3)
     slot_valid = torch.cat([torch.ones(middle, 2, dtype=torch.bool, device=device), window_valid], 1)
     slot_valid = slot_valid[None].expand(heads, -1, -1)
@@ -238,17 +243,21 @@ def block_sparse_attention(
     flat_index = (table.transpose(0, 1) + head_offset).reshape(-1)  # ((N-2)*H*K,)
 
     key_valid = valid.view(batch, num_blocks, block_size)[:, table.transpose(0, 1)]  # (B, N-2, H, K, b)
-    mask = key_valid & slot_valid.transpose(0, 1)[None, :, :, :, None]
+    # a copy in the standard layout: the layout PyTorch gives `&` of these broadcast operands differs between the
+    # fake tensors `torch.compile` traces with and the real ones, and a traced reshape of it then fails as a view
+    mask = (key_valid & slot_valid.transpose(0, 1)[None, :, :, :, None]).clone(memory_format=torch.contiguous_format)
     middle_query = query.view(batch, heads, num_blocks, block_size, head_dim)[:, :, 1:-1].transpose(1, 2)
     flat_keys, flat_values = (t.reshape(batch, heads * num_blocks, block_size * head_dim) for t in (key, value))
 
     # On CPU, query blocks go in slabs whose score buffers (unfused path) stay under _SLAB_BYTES (see there), which
-    # also bounds the gathered key and value blocks (as large when block_size == Dh); elsewhere in one piece
+    # also bounds the gathered key and value blocks (as large when block_size == Dh); elsewhere, and in a
+    # `torch.compile` graph (whose slab count would otherwise specialise on the length), in one piece
     score_bytes = batch * heads * block_size * slots * block_size * query.element_size()  # per query block
-    per_slab = max(1, _SLAB_BYTES // score_bytes) if device.type == "cpu" else middle
+    per_slab = None
+    if device.type == "cpu" and not torch.compiler.is_compiling():
+        per_slab = max(1, _SLAB_BYTES // score_bytes)
     pieces = []
-    for first in range(0, middle, per_slab):
-        last = min(first + per_slab, middle)
+    for first, last, interior in _slabs(middle, window_blocks, per_slab, unpadded):
         count = last - first
         index = flat_index[first * heads * slots : last * heads * slots]  # the slab's (block, head, slot) ids
 
@@ -256,13 +265,32 @@ def block_sparse_attention(
             return flat.index_select(1, index).view(batch * count, heads, slots * block_size, head_dim)
 
         slab_query = middle_query[:, first:last].reshape(batch * count, heads, block_size, head_dim)
-        slab_mask = mask[:, first:last].reshape(batch * count, heads, 1, slots * block_size)
+        slab_mask = None if interior else mask[:, first:last].reshape(batch * count, heads, 1, slots * block_size)
         slab_keys, slab_values = blocks(flat_keys), blocks(flat_values)
         slab_out = attend(slab_query, slab_keys, slab_values, slab_mask, None, dropout_p, implementation)[0]
         pieces.append(slab_out.view(batch, count, heads, block_size, head_dim))
     middle_out = torch.cat(pieces, dim=1).transpose(1, 2).reshape(batch, heads, middle * block_size, head_dim)
     out = torch.cat([global_out[:, :, :block_size], middle_out, global_out[:, :, block_size:]], dim=2)
     return out[:, :, :length] if padded_length != length else out
+
+
+def _slabs(middle: int, window_blocks: int, per_slab: int | None, unpadded: bool) -> list[tuple[int, int, bool]]:
+    """The slabs ``(first, last, interior)`` of the ``middle`` query blocks, at most ``per_slab`` each (``None``:
+    no limit, no loop over the block count, which may be a symbolic size in a compiled graph). ``interior``:
+    every key the slab gathers is allowed (``unpadded`` and no window slot of its blocks falls outside the sequence
+    or onto a global block: the blocks ``w .. middle - 1 - w``); the ``w`` edge blocks at each end go in slabs of
+    their own, with a mask."""
+    edge = min(window_blocks, middle)
+    ranges = [(0, middle, False)]
+    if unpadded and middle > 2 * edge:
+        ranges = [(0, edge, False), (edge, middle - edge, True), (middle - edge, middle, False)]
+    if per_slab is None:
+        return ranges
+    return [
+        (first, min(first + per_slab, stop), interior)
+        for start, stop, interior in ranges
+        for first in range(start, stop, per_slab)
+    ]
 
 
 def min_sparse_blocks(num_random_blocks: int, window_blocks: int = 1) -> int:

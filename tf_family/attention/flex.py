@@ -73,6 +73,14 @@ class Tiles:
         return cls(_TILE, block if 16 <= block <= _TILE and _TILE % block == 0 else _TILE)
 
 
+def size_key(*sizes: int) -> tuple[int, ...]:
+    """The sizes (lengths, block counts) that go into a `BlockMaskCache` key: ``sizes``, or ``()`` inside a
+    `torch.compile` graph. There a size may be symbolic, and looking it up in a dict would specialise the graph on
+    it (one compilation per length); the cache of a compiled forward is its own, and every size in its keys comes
+    from that forward's one input shape, so the keys stay distinct without them."""
+    return () if torch.compiler.is_compiling() else sizes
+
+
 class BlockMaskCache:
     """Block masks (and what goes with them) by ``(shape, pattern)`` key: built once, then shared by the layers of a
     forward and reused by later calls of the same shape. A model owns one (its state, not a module's); it holds at
@@ -292,7 +300,7 @@ def flex_sliding_window_attention(
     global_padded = _pad_to_tile(num_slots) if num_slots else 0
     block_mask = _cached(
         cache,
-        ("window", pattern, padded, global_padded, device),
+        ("window", pattern, *size_key(padded, global_padded), device),
         lambda: sliding_window_block_mask(padded, global_padded, pattern, device),
     )
     valid = torch.ones(batch, length, dtype=torch.bool, device=device) if key_valid is None else key_valid.bool()
@@ -307,7 +315,7 @@ def flex_sliding_window_attention(
             F.pad(global_tokens.gather(t, dim=2), (0, 0, 0, global_padded - num_slots)) for t in (key, value)
         )
         key, value = torch.cat([global_keys, key], dim=2), torch.cat([global_values, value], dim=2)
-    pattern_key = ("window", pattern, padded, global_padded, device)
+    pattern_key = ("window", pattern, *size_key(padded, global_padded), device)
     return _run(query, key, value, block_mask, score_mod, cache, pattern_key)[:, :, :length]
 
 
@@ -399,7 +407,7 @@ def flex_block_sparse_attention(
     length = query.shape[2]
     padded = _pad_to_tile(length)
     work = torch.promote_types(query.dtype, torch.float32)  # the scores' dtype inside FlexAttention
-    full_key = ("blocks", block_size, length, padded, query.device, work, *plan_key)
+    full_key = ("blocks", block_size, *size_key(length, padded), query.device, work, *plan_key)
 
     def build():
         return block_sparse_block_mask(block_size, counts() if callable(counts) else counts, padded, work)
@@ -455,7 +463,9 @@ def flex_chunked_local_attention(
     size, before = pattern.chunk_length, pattern.before
     padded = _pad_to_tile(length)
     block_mask = _cached(
-        cache, ("chunks", pattern, length, device), lambda: chunked_local_block_mask(length, pattern, device)
+        cache,
+        ("chunks", pattern, *size_key(length), device),
+        lambda: chunked_local_block_mask(length, pattern, device),
     )
     real = torch.ones(batch, length, dtype=torch.bool, device=device) if key_valid is None else key_valid.bool()
     num_chunks = -(-length // size)
@@ -482,7 +492,7 @@ def flex_chunked_local_attention(
         return torch.where(allowed, score, float("-inf"))
 
     query, key, value = _pad_sequence((query, key, value), padded)
-    pattern_key = ("chunks", pattern, length, device)
+    pattern_key = ("chunks", pattern, *size_key(length), device)
     return _run(query, key, value, block_mask, score_mod, cache, pattern_key)[:, :, :length]
 
 
@@ -545,5 +555,6 @@ __all__ = [
     "flex_chunked_local_attention",
     "flex_or_sdpa",
     "flex_sliding_window_attention",
+    "size_key",
     "sliding_window_block_mask",
 ]

@@ -241,7 +241,10 @@ class _SortedRounds:
         order = _sort_order(buckets, valid, padded)  # (B, H, R, Tp): the position in each sorted slot
         arange = torch.arange(padded, device=order.device).expand_as(order)
         inverse = torch.empty_like(order).scatter_(-1, order, arange)
-        inverse = inverse[..., :length]  # (B, H, R, T): the slot of each position
+        # (B, H, R, T): the slot of each position, gathered into a tensor of its own rather than sliced (a compiled
+        # graph would guard on whether the slice is contiguous, i.e. on T being a multiple of the chunk, and compile
+        # once more for the lengths that are)
+        inverse = inverse.gather(-1, torch.arange(length, device=order.device).expand(batch, heads, rounds, length))
         offsets = torch.arange(rounds, device=order.device)[:, None]
         # slots beyond T read position T - 1 (masked as keys, dropped as queries); their gradient goes nowhere
         sort_index = (order.clamp(max=length - 1)).view(batch, heads, rounds * padded)

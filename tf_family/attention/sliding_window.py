@@ -240,7 +240,11 @@ def _banded_attention(
     ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
     """
     batch, length, heads, head_dim = query.shape
-    chunk = min(preferred_chunk(window, query, key, value, dropout_p, implementation), length)
+    chunk = preferred_chunk(window, query, key, value, dropout_p, implementation)
+    if not torch.compiler.is_compiling():
+        # an input shorter than a chunk attends in one piece of its own length; a traced graph keeps the whole
+        # chunk (padded queries), so that its shapes do not specialise on the length of a short input
+        chunk = min(chunk, length)
     num_chunks = -(-length // chunk)
     padded_length = num_chunks * chunk
     right = 0 if causal else window

@@ -38,7 +38,7 @@ from ...attention import (
     min_sparse_blocks,
     random_block_indices,
 )
-from ...attention.flex import BlockMaskCache
+from ...attention.flex import BlockMaskCache, size_key
 from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling.heads import (
@@ -171,7 +171,7 @@ class TffBigBirdAttention(nn.Module):
         """This call's random blocks and their key in ``block_masks`` (drawn once per seed, length and mode, then
         reused from the model's cache)."""
         mode = "train" if self.training else self.eval_random_blocks
-        plan_key = ("big_bird_plan", self.layer_idx, num_blocks, seed, mode, torch.device(device))
+        plan_key = ("big_bird_plan", self.layer_idx, *size_key(num_blocks), seed, mode, torch.device(device))
         if block_masks is None:
             return self.random_blocks(num_blocks, seed, device), plan_key
         return block_masks.get(plan_key, lambda: self.random_blocks(num_blocks, seed, device)), plan_key
@@ -179,15 +179,19 @@ class TffBigBirdAttention(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
-        key_valid: torch.Tensor,
+        key_valid: torch.Tensor | None,
         seed: int,
         output_attentions: bool = False,
         block_masks: BlockMaskCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``block_masks``: the model's cache of random plans and FlexAttention block masks (``None``: drawn and
-        built for this call)."""
+        """``key_valid``: ``(B, T)`` bool, True at real tokens, or ``None`` for a call without an ``attention_mask``
+        (nothing padded). ``block_masks``: the model's cache of random plans and FlexAttention block masks
+        (``None``: drawn and built for this call)."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
+        padding = key_valid  # None: no attention_mask (the block-sparse path's interior blocks then carry no mask)
+        if key_valid is None:
+            key_valid = torch.ones(batch, length, dtype=torch.bool, device=hidden.device)
         # attention maps come from the dense twin, whatever the configured implementation
         implementation = "eager" if output_attentions else self.config._attn_implementation
         query, key, value = (
@@ -218,15 +222,14 @@ class TffBigBirdAttention(nn.Module):
                     block_size=self.block_size,
                     random_blocks=random_blocks,
                     window_blocks=self.window_blocks,
-                    key_padding_mask=key_valid,
+                    key_padding_mask=padding,
                     implementation=implementation,
                     block_masks=block_masks,
                     plan_key=plan_key,
                 )
         else:
-            attended, probs = attend(
-                query, key, value, key_valid[:, None, None, :], dropout_p=dropout_p, implementation=implementation
-            )
+            allowed = None if padding is None else key_valid[:, None, None, :]  # None: flash-eligible
+            attended, probs = attend(query, key, value, allowed, dropout_p=dropout_p, implementation=implementation)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 
@@ -344,11 +347,7 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         )
         if random_seed is not None:
             check_seed("random_seed", random_seed)
-        key_valid = (
-            torch.ones(batch, length, dtype=torch.bool, device=source.device)
-            if attention_mask is None
-            else attention_mask.to(torch.bool)
-        )
+        key_valid = None if attention_mask is None else attention_mask.to(torch.bool)  # None: no padding
         seed = self.config.random_seed if random_seed is None else random_seed
 
         hidden = self.embeddings(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
