@@ -244,3 +244,51 @@ def test_two_reformers_with_both_self_scores_run_flex_attention_in_one_process()
         model.set_attn_implementation("eager")
         with torch.no_grad():
             torch.testing.assert_close(outputs[-1], model(**inputs).logits, rtol=1e-5, atol=1e-5)
+
+
+def _python_numbers_closed_over(function, seen=None) -> list:
+    """The Python floats ``function`` reads from its closure, following the functions it closes over."""
+    seen = set() if seen is None else seen
+    if function is None or id(function) in seen:
+        return []
+    seen.add(id(function))
+    found = []
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, float):
+            found.append(value)
+        elif callable(value):
+            found.extend(_python_numbers_closed_over(value, seen))
+    return found
+
+
+@pytest.mark.parametrize("name", ["longformer", "big_bird", "reformer"])
+def test_no_compiled_attention_function_closes_over_a_python_float(name, monkeypatch):
+    """A Python float read by a compiled score or mask function is specialised on: another value recompiles, and
+    newer torch makes it a SymFloat that flex_attention refuses (Reformer's LSH score once closed over its self-score,
+    ``finfo.min / 2`` or ``-1e5``). Every FlexAttention call of the three sparse models, Reformer in both chunking
+    modes, passes score and mask functions that read no Python float."""
+    from tf_family.attention import flex
+
+    calls, run = [], flex._run
+
+    def spy(query, key, value, block_mask, score_mod=None, *args, **kwargs):
+        calls.append((score_mod, getattr(block_mask, "mask_mod", None)))
+        return run(query, key, value, block_mask, score_mod, *args, **kwargs)
+
+    monkeypatch.setattr(flex, "_run", spy)
+    spec = ARCHITECTURES[name]
+    task = "causal_lm" if "causal_lm" in spec.model_classes else "base"
+    for overrides in ({"chunk_wrap_around": False}, {"chunk_wrap_around": True}) if name == "reformer" else ({},):
+        model = build(spec, task, **overrides)
+        model.set_attn_implementation(FLEX)
+        with torch.no_grad():
+            # BigBird's tiny model attends densely below 40 tokens
+            model(**without_labels(make_inputs(spec, model.config, task, batch=2, length=40)))
+    assert calls, "no FlexAttention call: the test cannot tell"
+    for score_mod, mask_mod in calls:
+        assert _python_numbers_closed_over(score_mod) == [], score_mod
+        assert _python_numbers_closed_over(mask_mod) == [], mask_mod
