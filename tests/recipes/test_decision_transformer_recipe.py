@@ -238,3 +238,15 @@ def test_two_processes_train_the_same_weights(tmp_path):
             model, target_return=entry["target_return"], num_episodes=3, seed=run["evaluation"]["seed"]
         )
         assert again["returns"] == entry["returns"]
+
+
+def test_gtrxl_blocks_train_through_the_recipe(tmp_path):
+    """GTrXL as the Decision Transformer's sequence model: ``--config_overrides gating=gru`` (issue 41, item 4)."""
+    decision_transformer.main([*DATA, *TINY, "--config_overrides", "gating=gru", "--max_train_steps", "3",
+                               "--eval_episodes", "1", "--eval_target_returns", "100", "--no_plot",
+                               "--output_dir", str(tmp_path)])  # fmt: skip
+    model = AutoModel.from_pretrained(tmp_path)
+    assert model.config.gating == "gru"
+    assert model.layers[0].attention_gate is not None
+    run = json.loads((tmp_path / "training_run.json").read_text())
+    assert len(run["evaluation"]["targets"]) == 1

@@ -251,3 +251,74 @@ def test_torch_compile_captures_one_graph():
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # no graph break anywhere in forward
     with torch.no_grad():
         torch.testing.assert_close(compiled(**inputs).action_preds, model(**inputs).action_preds, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------- GTrXL blocks (gating="gru")
+def _gated_spec():
+    spec = copy.copy(SPEC)
+    variants = dict(SPEC.variants)
+    variants["tiny"] = MappingProxyType({**SPEC.variants["tiny"], "gating": "gru"})
+    object.__setattr__(spec, "variants", MappingProxyType(variants))
+    return spec
+
+
+@pytest.mark.parametrize("check", tester.ALL_CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
+def test_common_checks_with_gtrxl_blocks(check):
+    check(_gated_spec())
+
+
+def test_gtrxl_block_is_the_gated_formula():
+    """``x1 = g1(x, relu(attn(ln(x))))``, ``out = g2(x1, relu(mlp(ln(x1))))``, with GRU gates (eq. 5-8 of the
+    paper, `GRUGate`) in place of both residuals; a GPT-2 block of the same weights adds instead."""
+    from tf_family.layers.gated_residual import GRUGate
+
+    model = _model(gating="gru").eval()
+    block = model.layers[0]
+    assert isinstance(block.attention_gate, GRUGate) and isinstance(block.mlp_gate, GRUGate)
+    hidden = torch.randn(2, 9, model.config.hidden_size)
+    allowed = build_trajectory_attention_mask(torch.ones(2, 3, dtype=torch.bool))
+    attended, _ = block.attention(block.attention_norm(hidden), allowed)
+    middle = block.attention_gate(hidden, F.relu(attended))
+    expected = block.mlp_gate(middle, F.relu(block.mlp(block.mlp_norm(middle))))
+    torch.testing.assert_close(block(hidden, allowed)[0], expected)
+    plain = _model().eval().layers[0]
+    assert plain.attention_gate is None and plain.mlp_gate is None
+
+
+def test_fresh_gtrxl_blocks_start_near_the_identity():
+    """``b_g`` is subtracted in the update gate: a large bias closes every gate, so a fresh block passes its input
+    through unchanged; the default (2, the paper's) keeps the update gate near ``sigmoid(-2)``."""
+    allowed = build_trajectory_attention_mask(torch.ones(2, 3, dtype=torch.bool))
+    hidden = torch.randn(2, 9, 32)
+    config = _model(gating="gru", hidden_size=32).config  # the tester's model has its weights perturbed: a fresh one
+    closed_config = copy.deepcopy(config)
+    closed_config.gate_bias = 40.0
+    closed = TffDecisionTransformerModel(closed_config)
+    torch.testing.assert_close(closed.eval().layers[0](hidden, allowed)[0], hidden, atol=1e-6, rtol=0)
+    model = TffDecisionTransformerModel(config)
+    gate = model.layers[0].attention_gate
+    assert torch.equal(gate.gate_bias, torch.full((32,), 2.0))
+    update = torch.sigmoid(gate.update_y(hidden) + gate.update_x(hidden) - gate.gate_bias)
+    assert 0.05 < update.mean().item() < 0.25
+    # every gate parameter learns
+    out = model(**_inputs(model.config))
+    out.loss.backward()
+    for name, parameter in model.named_parameters():
+        if "_gate." in name:
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_gtrxl_config_is_validated():
+    with pytest.raises(TypeError, match="gating"):
+        TffDecisionTransformerConfig(gating="lstm")
+    with pytest.raises((TypeError, ValueError), match="gate_bias"):
+        TffDecisionTransformerConfig(gating="gru", gate_bias=float("nan"))
+
+
+def test_gtrxl_blocks_load_as_remote_code_without_tf_family(tmp_path):
+    from ...test_remote_code import _export_and_expect, _load_without_tf_family
+
+    folder, tensors = tmp_path / "action" / "model", tmp_path / "action.safetensors"
+    _load_without_tf_family(
+        {"action": _export_and_expect(_gated_spec(), "action", folder, tensors, tmp_path)}, tmp_path
+    )

@@ -74,6 +74,7 @@ SPEC = ArchSpec(
         "tf_family.models.decision_transformer.modeling_decision_transformer:TffDecisionTransformerPreTrainedModel",
         "tf_family.models.decision_transformer.modeling_decision_transformer:TrajectoryContext",
     ),
+    options=(("GTrXL blocks (Parisotto et al. 2020)", 'gating="gru"'),),
     reference="transformers 5 DecisionTransformerModel (installed)",
     parity="state/action/return predictions within 1e-5 (random tiny model, converted folder)",
     card="decision_transformer.md",

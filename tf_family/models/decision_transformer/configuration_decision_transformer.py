@@ -64,6 +64,12 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
             paper's ``env_targets[0]``, e.g. 3600 for Hopper); usually the best return in the data.
         env_id (`str`, *optional*): the gymnasium id of the environment the model acts in (used by the evaluation
             helper when no environment is given).
+        gating (`str`, defaults to `"none"`): ``"gru"`` makes every block a GTrXL block (Parisotto et al. 2020,
+            arXiv:1910.06764): a GRU-type gate in place of each residual connection, with a ReLU on each sublayer's
+            output (`tf_family.layers.gated_residual.GRUGate`); the layer norms already sit at each sublayer's input
+            (GTrXL's "identity map reordering"). ``"none"``: GPT-2's residuals, as in the paper and transformers.
+        gate_bias (`float`, defaults to 2.0): initial gate bias ``b_g``, subtracted in the update gate so that a
+            fresh gated block starts near the identity (used with `gating="gru"`).
     """
 
     auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
@@ -95,6 +101,8 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
     return_scale: float = 1.0
     target_return: float | None = None
     env_id: str | None = None
+    gating: Literal["none", "gru"] = "none"
+    gate_bias: float = 2.0
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -152,6 +160,11 @@ class TffDecisionTransformerConfig(PreTrainedConfig):
         check_float("return_scale", self.return_scale, minimum=0.0, min_open=True, fix="set return_scale > 0")
         if self.target_return is not None:
             check_float("target_return", self.target_return, fix="set target_return to a finite return, or None")
+        if self.gating not in ("none", "gru"):
+            raise ValueError(
+                f"gating must be 'none' (GPT-2's residuals) or 'gru' (GTrXL's gated residuals), got {self.gating!r}."
+            )
+        check_float("gate_bias", self.gate_bias, fix="set gate_bias to a finite number (2.0 in the GTrXL paper)")
 
 
 __all__ = ["TffDecisionTransformerConfig"]

@@ -41,6 +41,7 @@ from transformers.utils import ModelOutput, logging
 
 from ...attention import attend
 from ...conversion import FromPretrainedMixin
+from ...layers.gated_residual import GRUGate
 from ...modeling.losses import IGNORE_INDEX
 from ...modeling.remote_code_mixin import RemoteCodeMixin
 from ...modeling.validation import (
@@ -154,7 +155,8 @@ class TffDecisionTransformerMLP(nn.Module):
 
 
 class TffDecisionTransformerBlock(GradientCheckpointingLayer):
-    """A pre-norm GPT-2 block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+    """A pre-norm GPT-2 block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``; with ``gating="gru"`` a GTrXL block:
+    ``x1 = g1(x, relu(attn(ln(x))))``, then ``g2(x1, relu(mlp(ln(x1))))`` (`GRUGate` in place of each residual)."""
 
     def __init__(self, config: TffDecisionTransformerConfig, layer_idx: int):
         super().__init__()
@@ -162,13 +164,19 @@ class TffDecisionTransformerBlock(GradientCheckpointingLayer):
         self.attention = TffDecisionTransformerAttention(config, layer_idx)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.mlp = TffDecisionTransformerMLP(config)
+        gated = config.gating == "gru"
+        self.attention_gate = GRUGate(config.hidden_size, config.gate_bias) if gated else None
+        self.mlp_gate = GRUGate(config.hidden_size, config.gate_bias) if gated else None
 
     def forward(
         self, hidden: torch.Tensor, allowed: torch.Tensor, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attended, probs = self.attention(self.attention_norm(hidden), allowed, output_attentions)
-        hidden = hidden + attended
-        return hidden + self.mlp(self.mlp_norm(hidden)), probs
+        if self.attention_gate is None:
+            hidden = hidden + attended
+            return hidden + self.mlp(self.mlp_norm(hidden)), probs
+        hidden = self.attention_gate(hidden, F.relu(attended))
+        return self.mlp_gate(hidden, F.relu(self.mlp(self.mlp_norm(hidden)))), probs
 
 
 class TffDecisionTransformerPreTrainedModel(
@@ -222,6 +230,8 @@ class TffDecisionTransformerPreTrainedModel(
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        elif isinstance(module, GRUGate):  # GTrXL: b_g starts at its configured value (a fresh block near identity)
+            init.constant_(module.gate_bias, module.gate_bias_init)
 
 
 class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
