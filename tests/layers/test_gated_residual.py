@@ -47,6 +47,20 @@ def test_a_fresh_model_starts_near_the_identity():
         torch.testing.assert_close(closed(ids).last_hidden_state, closed.word_embeddings(ids), rtol=1e-5, atol=1e-6)
 
 
+def test_gate_matrices_start_xavier_not_at_the_models_small_normal_init():
+    """`_init_weights` gives every linear layer N(0, init_std = 0.02); the gate's six matrices are then reset to
+    Xavier-uniform (RLlib's choice; std 1/sqrt(d)), so a fresh gate does not shrink a sublayer's output by ~0.02*sqrt(d)
+    (bench/bench_gtrxl_memory.py). The model's other linear layers keep the normal init."""
+    d_model = 64
+    model = TffTransfoXLLMHeadModel(GTRXL.tiny_config(d_model=d_model, d_embed=d_model, d_inner=128))
+    layer = model.transformer.layers[0]
+    for name in ("reset_y", "reset_x", "update_y", "update_x", "candidate_y", "candidate_x"):
+        weight = getattr(layer.attention_gate, name).weight
+        assert abs(float(weight.std()) - d_model**-0.5) < 0.15 * d_model**-0.5, name
+        assert float(weight.abs().max()) <= (6 / (2 * d_model)) ** 0.5 + 1e-6, name  # uniform on +-sqrt(6/(2d))
+    assert float(layer.feed_forward.fc_in.weight.std()) < 0.03
+
+
 def test_gating_needs_pre_norm():
     with pytest.raises(ValueError, match="pre_lnorm"):
         TRANSFO_XL.tiny_config(gating="gru")

@@ -10,7 +10,11 @@ The gate (section 3, eq. 5-8; ``x`` the residual stream, ``y`` the sublayer's ou
     g(x, y) = (1 - z) * x + z * h
 
 ``b_g`` (``gate_bias``, 2 in the paper) is *subtracted*, so a fresh block keeps ``z`` near ``sigmoid(-2)`` = 0.12 and
-passes the residual stream almost unchanged: the layer starts near the identity. Reference: DI-engine
+passes the residual stream almost unchanged: the layer starts near the identity. The six matrices start Xavier-uniform
+(`GRUGate.reset_parameters`, as ray's RLlib ``GRUGate`` does; DI-engine keeps PyTorch's default, of the same scale),
+not at a model's small normal init (0.02): with ``W_g`` that small, a fresh gate passes a sublayer's output scaled by
+about 0.02·√d, and the gated model learns several times slower than the ungated one
+(``bench/bench_gtrxl_memory.py``). Reference: DI-engine
 ``ding/torch_utils/network/gtrxl.py`` (``GRUGatingUnit``, ``GatedTransformerXLLayer``), read, not copied.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .feed_forward import PositionwiseFeedForward
@@ -38,6 +43,16 @@ class GRUGate(nn.Module):
         self.candidate_y = nn.Linear(d_model, d_model, bias=False)  # W_g
         self.candidate_x = nn.Linear(d_model, d_model, bias=False)  # U_g
         self.gate_bias = nn.Parameter(torch.full((d_model,), float(gate_bias)))  # b_g
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Xavier-uniform matrices and ``b_g = gate_bias``: what a model's ``_init_weights`` calls for this module
+        (after its linear layers got the model's normal init, which this overrides). Through transformers'
+        ``initialization`` functions, which leave a parameter loaded by ``from_pretrained`` as it was loaded."""
+        for linear in (self.reset_y, self.reset_x, self.update_y, self.update_x, self.candidate_y, self.candidate_x):
+            init.xavier_uniform_(linear.weight)
+        init.constant_(self.gate_bias, self.gate_bias_init)
 
     def forward(self, residual: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         reset = torch.sigmoid(self.reset_y(update) + self.reset_x(residual))

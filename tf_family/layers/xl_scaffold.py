@@ -70,8 +70,8 @@ class XLPreTrainedMixin(AdaptiveTokenEmbeddingsMixin):
         elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
             init.normal_(module.cluster_weight, mean=0.0, std=std)
             init.zeros_(module.cluster_bias)
-        elif isinstance(module, GRUGate):  # GTrXL: b_g starts at its configured value (a fresh layer near identity)
-            init.constant_(module.gate_bias, module.gate_bias_init)
+        elif isinstance(module, GRUGate):  # GTrXL: Xavier matrices, b_g at its configured value (near identity)
+            module.reset_parameters()
         elif isinstance(module, AdaptiveSpan):  # adaptive span: z / S starts at its configured value
             init.constant_(module.span, module.init)
         elif isinstance(module, RelativeMultiHeadAttention | XLStackMixin):

@@ -230,8 +230,8 @@ class TffDecisionTransformerPreTrainedModel(
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        elif isinstance(module, GRUGate):  # GTrXL: b_g starts at its configured value (a fresh block near identity)
-            init.constant_(module.gate_bias, module.gate_bias_init)
+        elif isinstance(module, GRUGate):  # GTrXL: Xavier matrices, b_g at its configured value (near identity)
+            module.reset_parameters()
 
 
 class TffDecisionTransformerModel(TffDecisionTransformerPreTrainedModel):
