@@ -100,19 +100,18 @@ def generate_with_exits(
     try:
         for start in range(0, prompts.shape[0], batch_size):
             batch = prompts[start : start + batch_size].to(device)
-            log: list[torch.Tensor] = []
             out = model.generate(
                 batch,
                 attention_mask=torch.ones_like(batch),
                 max_new_tokens=max_new_tokens,
                 min_new_tokens=max_new_tokens,
                 do_sample=False,
-                exit_log=log,
+                output_exit_layers=True,
+                return_dict_in_generate=True,
                 pad_token_id=model.config.pad_token_id if model.config.pad_token_id is not None else 0,
             )
-            tokens.append(out[:, batch.shape[1] :].cpu())
-            # the first generated token comes from the prompt's last position
-            exits.append(torch.cat([log[0][:, -1:], *log[1:]], dim=1).cpu())
+            tokens.append(out.sequences[:, batch.shape[1] :].cpu())
+            exits.append(out.exit_layers.cpu())  # (the first generated token's is the prompt's last position's)
     finally:
         model.config.exit_threshold = saved
     return Generations(torch.cat(tokens), torch.cat(exits))

@@ -48,6 +48,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -55,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, Cache, PreTrainedModel
 from transformers import initialization as init
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import logging
@@ -473,6 +475,14 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
+@dataclass
+class CalmGenerateOutput(GenerateDecoderOnlyOutput):
+    """transformers' `GenerateDecoderOnlyOutput` plus ``exit_layers`` ``(B, new tokens)``: after how many layers each
+    generated token exited (``generate(..., output_exit_layers=True, return_dict_in_generate=True)``)."""
+
+    exit_layers: torch.LongTensor | None = None
+
+
 class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
     """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
 
@@ -558,7 +568,6 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         return_dict: bool | None = None,
         exit_layer: int | None = None,
         exit_targets: torch.LongTensor | None = None,
-        exit_log: list | None = None,
         num_items_in_batch: NumItems = None,
         logits_to_keep: int = 0,
         **kwargs,
@@ -575,8 +584,6 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
                 ``use_cache`` and none; one given is read even without); also ``past_key_values`` (before 5.24).
             exit_layer: force every token of this call to exit after this many layers (keys and values of the
                 layers above propagated from the exit state).
-            exit_log: a list; each call appends its ``(B, T)`` exit layers (so a `generate` call reports the exit
-                layer of every token: ``torch.cat(exit_log[1:], dim=1)`` are the generated ones).
             num_items_in_batch: `Trainer`'s count of ``labels[:, 1:]`` over the accumulated batch (see the module
                 docstring for how each loss uses it).
             logits_to_keep: only the last that many positions' logits (0: all); `generate` passes 1, so a prompt's
@@ -593,7 +600,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         if use_cache and cache is None:
             cache = GrowingCache(self.config)
         returned_cache = cache if use_cache else None  # one passed in is read anyway (PEFT prefix tuning's prefix)
-        self._check_exit_options(exit_layer, logits_to_keep, labels, exit_targets, exit_log)
+        self._check_exit_options(exit_layer, logits_to_keep, labels, exit_targets)
         inputs = self.model.prepare(input_ids, inputs_embeds, attention_mask, position_ids, cache)
         batch, length = inputs.hidden.shape[:2]
         self._check_lm_labels(labels, batch, length)
@@ -615,8 +622,6 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
                 losses = self._training_losses(all_hidden, logits, labels, exit_targets, num_items_in_batch)
             if exit_layer is not None:  # forced exits report no per-layer states
                 all_hidden = all_attentions = None
-        if exit_log is not None:
-            exit_log.append(exit_layers)
         output = EarlyExitCausalLMOutput(
             loss=losses.get("loss"),
             logits=logits,
@@ -630,7 +635,36 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         )
         return output if return_dict else output.to_tuple()
 
-    def _check_exit_options(self, exit_layer, logits_to_keep, labels, exit_targets, exit_log) -> None:
+    def generate(self, inputs: torch.Tensor | None = None, *args, output_exit_layers: bool = False, **kwargs):
+        """transformers' `generate`; with ``output_exit_layers=True`` (and ``return_dict_in_generate=True``) the
+        output also has ``exit_layers`` ``(B, new tokens)``: after how many layers each generated token exited (the
+        first generated token comes from the prompt's last position). Read from each forward's
+        `EarlyExitCausalLMOutput.exit_layers` through a forward hook held for this call only. Greedy and sampling
+        (one sequence per row: beam search reorders rows, so its per-step exits belong to no final sequence)."""
+        if not output_exit_layers:
+            return super().generate(inputs, *args, **kwargs)
+        generation_config = kwargs.get("generation_config") or self.generation_config
+        beams = kwargs.get("num_beams", generation_config.num_beams) or 1
+        returns = kwargs.get("num_return_sequences", generation_config.num_return_sequences) or 1
+        if not kwargs.get("return_dict_in_generate", generation_config.return_dict_in_generate):
+            raise ValueError(
+                "output_exit_layers=True adds exit_layers to generate's output object: pass "
+                "return_dict_in_generate=True as well."
+            )
+        if beams > 1 or returns > 1:
+            raise ValueError(
+                f"output_exit_layers=True records one exit per row and step; num_beams={beams} / "
+                f"num_return_sequences={returns} reorder or repeat rows. Use num_beams=1 and num_return_sequences=1."
+            )
+        steps: list[torch.Tensor] = []
+        hook = self.register_forward_hook(lambda module, args, output: steps.append(output.exit_layers))
+        try:
+            out = super().generate(inputs, *args, **kwargs)
+        finally:
+            hook.remove()
+        return CalmGenerateOutput(**out, exit_layers=torch.cat([steps[0][:, -1:], *steps[1:]], dim=1))
+
+    def _check_exit_options(self, exit_layer, logits_to_keep, labels, exit_targets) -> None:
         """`forward`'s own options checked at the edge (the token inputs are checked by `TffCalmModel.prepare`)."""
         depth = self.model.depth
         if exit_layer is not None:
@@ -641,10 +675,6 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             raise ValueError(
                 f"logits_to_keep={logits_to_keep} with labels or exit_targets: the losses need every position's "
                 "logits; pass logits_to_keep=0 when training."
-            )
-        if exit_log is not None and not isinstance(exit_log, list):
-            raise TypeError(
-                f"exit_log must be a list (each call appends its exit layers), got {type(exit_log).__name__}."
             )
 
     def _exits_while_decoding(self, length: int) -> bool:
@@ -818,9 +848,8 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             model_inputs[GENERATION_CACHE_KEY] = cache
         step = decoding_step_inputs(input_ids, past, attention_mask, inputs_embeds, self.get_input_embeddings())
         model_inputs.update(step)
-        for name in ("exit_layer", "exit_log"):
-            if kwargs.get(name) is not None:
-                model_inputs[name] = kwargs[name]
+        if kwargs.get("exit_layer") is not None:
+            model_inputs["exit_layer"] = kwargs["exit_layer"]
         return model_inputs
 
 
