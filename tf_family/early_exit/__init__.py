@@ -5,7 +5,9 @@
   schedule, the anytime-loss weights and the exits' self-distillation term (the official t5x/flaxformer formulas);
 - `calibration`: Learn-then-Test (Angelopoulos et al. 2021) — Hoeffding and Hoeffding–Bentkus p-values and
   fixed-sequence testing over a descending threshold grid, which the paper uses for its consistency guarantee and
-  which no released CALM code implements.
+  which no released CALM code implements;
+- `depth_adaptive`: the Depth-Adaptive Transformer's halting classifiers (Elbayad et al. 2020; geometric-like and
+  multinomial), their oracles and losses: an exit strategy beside CALM's confidence measures.
 """
 
 from .calibration import (
@@ -33,10 +35,28 @@ from .confidence import (
     softmax_max_confidence,
     state_confidence,
 )
+from .depth_adaptive import (
+    HALTING_MEASURES,
+    ORACLES,
+    geometric_exit_distribution,
+    geometric_halting_confidence,
+    geometric_halting_loss,
+    multinomial_halting_confidence,
+    multinomial_halting_loss,
+    oracle_exits,
+)
 
 __all__ = [
     "AGGREGATIONS",
     "CONFIDENCE_MEASURES",
+    "HALTING_MEASURES",
+    "ORACLES",
+    "geometric_exit_distribution",
+    "geometric_halting_confidence",
+    "geometric_halting_loss",
+    "multinomial_halting_confidence",
+    "multinomial_halting_loss",
+    "oracle_exits",
     "LTTResult",
     "anytime_loss_weights",
     "binomial_cdf",

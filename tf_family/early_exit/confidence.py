@@ -14,7 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-CONFIDENCE_MEASURES = ("softmax_diff", "softmax_max", "state", "meta", "restricted_softmax")
+# the last two are the Depth-Adaptive Transformer's halting classifiers (`tf_family.early_exit.depth_adaptive`)
+CONFIDENCE_MEASURES = ("softmax_diff", "softmax_max", "state", "meta", "restricted_softmax", "halting", "multinomial")
 AGGREGATIONS = ("geometric", "uniform", "linear")
 
 

@@ -124,6 +124,8 @@ class EarlyExitCausalLMOutput(ModelOutput):
         aux_loss: with ``exit_targets``: what the caller adds to the last layer's cross entropy to get ``loss``.
         lm_loss: the last layer's cross entropy (when targets are given).
         meta_loss: the meta classifier's class-balanced loss (when targets are given).
+        halting_loss: the Depth-Adaptive halting classifier's loss against the oracle exits (the ``"halting"`` and
+            ``"multinomial"`` measures, when targets are given); weighted like ``meta_loss`` in ``loss``.
     """
 
     loss: torch.FloatTensor | None = None
@@ -135,6 +137,7 @@ class EarlyExitCausalLMOutput(ModelOutput):
     aux_loss: torch.FloatTensor | None = None
     lm_loss: torch.FloatTensor | None = None
     meta_loss: torch.FloatTensor | None = None
+    halting_loss: torch.FloatTensor | None = None
 
 
 @dataclass

@@ -49,6 +49,7 @@ SPEC = ArchSpec(
     ia3_target_modules=("k_proj", "v_proj", "down_proj"),
     ia3_feedforward_modules=("down_proj",),
     exports=("tf_family.models.calm.modeling_calm:TffCalmPreTrainedModel",),
+    options=(("Depth-Adaptive Transformer (Elbayad et al. 2020)", 'confidence_measure="halting" or "multinomial"'),),
     reference="transformers LlamaForCausalLM / GPT2LMHeadModel (same weights); exit rules from t5x contrib/calm",
     parity=(
         "no exit equals Llama's and GPT-2's logits and tokens; forced exits equal k layers + propagated K/V; "

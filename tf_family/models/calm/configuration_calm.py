@@ -6,7 +6,7 @@ from typing import Literal
 
 from transformers import PreTrainedConfig
 
-from ...early_exit import AGGREGATIONS, CONFIDENCE_MEASURES, exit_points
+from ...early_exit import AGGREGATIONS, CONFIDENCE_MEASURES, ORACLES, exit_points
 from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
 from ...modeling.validation import check_choice, check_float, check_int, check_positive_int, check_probability
 
@@ -39,7 +39,12 @@ class TffCalmConfig(PreTrainedConfig):
         confidence_measure (`str`, defaults to ``"softmax_diff"``): ``"softmax_diff"`` (top-1 minus top-2
             probability), ``"softmax_max"``, ``"state"`` (cosine of the hidden states at consecutive exits),
             ``"meta"`` (the meta classifier), ``"restricted_softmax"`` (top-1 minus top-2 over
-            ``restricted_vocab`` only: cheap when the full output layer costs about a layer).
+            ``restricted_vocab`` only: cheap when the full output layer costs about a layer). The Depth-Adaptive
+            Transformer's exits (Elbayad et al. 2020, `tf_family.early_exit.depth_adaptive`): ``"halting"`` (the
+            geometric-like model: a halting classifier per exit, leave when its probability reaches the threshold)
+            and ``"multinomial"`` (one classifier over the exits from the first exit's state, leave when the
+            cumulative probability reaches it); both add ``halting_classifier``, trained against the oracle exits
+            on detached states (``halting_loss``, weighted by ``meta_loss_weight`` beside the meta classifier's).
         exit_threshold (`float`, *optional*): λ. ``None`` (or ``inf``): never exit early (the full model);
             `recipes/calm_calibrate.py` writes the calibrated value.
         position_temperature (`float`, defaults to 4.0): τ in λ'(t) = 0.9 λ + 0.1 λ exp(-τ t / N); 0 keeps λ.
@@ -55,6 +60,10 @@ class TffCalmConfig(PreTrainedConfig):
             this weight times the mean over the intermediate exits of ``KL(p_final || p_exit)`` (a token mean; the
             last layer's distribution detached), so the exits learn to predict what the full model will, which is
             what the consistency guarantee counts. 0 trains the paper's anytime loss only.
+        halting_oracle (`str`, defaults to ``"likelihood"``): the Depth-Adaptive oracle the halting classifier learns:
+            ``"likelihood"`` (the exit maximising log p(y) - ``halting_depth_penalty`` x layers) or
+            ``"correctness"`` (the first exit whose argmax is the target).
+        halting_depth_penalty (`float`, defaults to 0.0): λ of the likelihood oracle, in nats per layer.
         calibration (`dict`, *optional*): what `recipes/calm_calibrate.py` certified (δ, ε, the risk, n, p-value).
     """
 
@@ -86,7 +95,9 @@ class TffCalmConfig(PreTrainedConfig):
     first_exit: int = 1
     exit_interval: int = 1
     min_exit: int = 1
-    confidence_measure: Literal["softmax_diff", "softmax_max", "state", "meta", "restricted_softmax"] = "softmax_diff"
+    confidence_measure: Literal[
+        "softmax_diff", "softmax_max", "state", "meta", "restricted_softmax", "halting", "multinomial"
+    ] = "softmax_diff"
     exit_threshold: float | None = None
     position_temperature: float = 4.0
     decay_length: int | None = None
@@ -94,6 +105,8 @@ class TffCalmConfig(PreTrainedConfig):
     aggregation: str | int = "linear"
     meta_loss_weight: float = 1.0
     distillation_weight: float = 0.0
+    halting_oracle: Literal["likelihood", "correctness"] = "likelihood"
+    halting_depth_penalty: float = 0.0
     calibration: dict | None = None
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -179,6 +192,10 @@ class TffCalmConfig(PreTrainedConfig):
             "distillation_weight", self.distillation_weight, minimum=0.0, fix="set distillation_weight >= 0 (0: off)"
         )
         check_choice("confidence_measure", self.confidence_measure, CONFIDENCE_MEASURES)
+        check_choice("halting_oracle", self.halting_oracle, ORACLES)
+        check_float(
+            "halting_depth_penalty", self.halting_depth_penalty, minimum=0.0, fix="set halting_depth_penalty >= 0"
+        )
 
 
 __all__ = ["TffCalmConfig"]

@@ -65,11 +65,17 @@ from ...attention import attend
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import FromPretrainedMixin, build_converted, declared_formats
 from ...early_exit import (
+    HALTING_MEASURES,
     anytime_loss_weights,
     class_balanced_meta_loss,
     decayed_threshold,
     distillation_kl,
+    geometric_halting_confidence,
+    geometric_halting_loss,
     meta_confidence,
+    multinomial_halting_confidence,
+    multinomial_halting_loss,
+    oracle_exits,
     restricted_softmax_confidence,
     softmax_diff_confidence,
     softmax_max_confidence,
@@ -497,6 +503,11 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         self.model = TffCalmModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.meta_classifier = nn.Linear(config.hidden_size, 2)  # does the exit agree with the last layer?
+        # Depth-Adaptive exits: one logit per exit point (geometric-like: the point's own; multinomial: all of them
+        # from the first exit's state)
+        exits = len(config.exit_points())
+        halting = config.confidence_measure in HALTING_MEASURES
+        self.halting_classifier = nn.Linear(config.hidden_size, exits) if halting else None
         self.post_init()
 
     def get_output_embeddings(self):
@@ -632,6 +643,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             aux_loss=losses.get("aux_loss"),
             lm_loss=losses.get("lm_loss"),
             meta_loss=losses.get("meta_loss"),
+            halting_loss=losses.get("halting_loss"),
         )
         return output if return_dict else output.to_tuple()
 
@@ -688,10 +700,11 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         # (B, T): position t predicts t + 1
         targets = F.pad(labels[:, 1:], (0, 1), value=-100) if labels is not None else exit_targets
         targets = targets.to(logits.device)
-        anytime, lm_loss, meta_loss = self._exit_losses(all_hidden, logits, targets, num_items_in_batch)
+        anytime, lm_loss, meta_loss, halting_loss = self._exit_losses(all_hidden, logits, targets, num_items_in_batch)
         counted = (targets != IGNORE_INDEX).sum()
-        total = anytime + self.config.meta_loss_weight * batch_share(meta_loss, counted, num_items_in_batch)
-        losses = {"lm_loss": lm_loss, "meta_loss": meta_loss}
+        classifiers = meta_loss if halting_loss is None else meta_loss + halting_loss
+        total = anytime + self.config.meta_loss_weight * batch_share(classifiers, counted, num_items_in_batch)
+        losses = {"lm_loss": lm_loss, "meta_loss": meta_loss, "halting_loss": halting_loss}
         if labels is not None:
             losses["loss"] = total
         else:
@@ -711,6 +724,8 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         anytime = final_logits.new_zeros((), dtype=torch.float32)
         meta_losses, distillations = [], []
         distill = self.config.distillation_weight > 0
+        halting = self.halting_classifier is not None
+        exit_states, target_log_probs, correct = [], [], []  # per exit, for the Depth-Adaptive oracle
         lm_loss = None
         for weight, point in zip(weights, points, strict=True):
             if point == points[-1]:
@@ -718,6 +733,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             else:
                 normed = self.model.norm(all_hidden[point])  # (B, T, D)
                 logits = self.lm_head(normed)
+                exit_states.append(normed.detach())
                 agrees = logits.detach().argmax(-1) == final_prediction  # (B, T)
                 meta_logits = self.meta_classifier(normed.detach())
                 meta_losses.append(
@@ -725,6 +741,10 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
                 )
                 if distill:  # a token mean over the counted positions, as the cross entropies
                     distillations.append(item_mean(distillation_kl(logits, final_logits), valid, num_items_in_batch))
+            if halting:
+                safe = targets.clamp(min=0)[..., None]
+                target_log_probs.append(torch.log_softmax(logits.detach().float(), -1).gather(-1, safe)[..., 0])
+                correct.append(logits.detach().argmax(-1) == targets)
             exit_loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_targets, num_items_in_batch)
             if not bool(valid.any()):
                 exit_loss = logits.sum() * 0.0
@@ -736,7 +756,27 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             meta_loss = torch.stack(meta_losses).mean()
         else:  # one exit only: nothing to classify, but the classifier stays in the graph
             meta_loss = self.meta_classifier(all_hidden[-1].detach()).sum() * 0.0
-        return anytime, lm_loss, meta_loss
+        halting_loss = None
+        if halting:  # the Depth-Adaptive halting classifier, beside the meta classifier
+            halting_loss = self._halting_loss(exit_states, all_hidden, target_log_probs, correct, valid, points)
+        return anytime, lm_loss, meta_loss, halting_loss
+
+    def _halting_loss(self, exit_states, all_hidden, target_log_probs, correct, valid, points) -> torch.Tensor:
+        """``-log q(n*)`` of the halting classifier against the oracle exits (`oracle_exits`), a mean over the counted
+        tokens, on detached states (the classifier never changes the language model)."""
+        if len(points) == 1:  # one exit: nothing to decide, but the classifier stays in the graph
+            return self.halting_classifier(all_hidden[-1].detach()).sum() * 0.0
+        oracle = oracle_exits(
+            torch.stack(target_log_probs),
+            torch.stack(correct),
+            points,
+            self.config.halting_oracle,
+            self.config.halting_depth_penalty,
+        )  # (B, T) exit indices
+        if self.config.confidence_measure == "multinomial":
+            return multinomial_halting_loss(self.halting_classifier(exit_states[0]), oracle, valid)
+        per_exit = [self.halting_classifier(state)[..., index] for index, state in enumerate(exit_states)]
+        return geometric_halting_loss(torch.stack(per_exit, dim=-1), oracle, valid)  # (B, T, P - 1) logits
 
     # -------------------------------------------------------------------------------------------------- exiting
     def _restricted_weight(self) -> torch.Tensor:
@@ -751,13 +791,19 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             self._restricted_cache = cached
         return cached[1]
 
-    def _confidence(self, measure: str, hidden, previous):
-        """Every row's confidence ``(B,)`` at an exit, the exit logits ``(B, 1, V)`` when the measure computed
-        them, and the normed exit states when it computed those (``previous``: the hidden states at the previous
-        exit, for ``state``)."""
+    def _confidence(self, measure: str, hidden, previous, first, index: int):
+        """Every row's confidence ``(B,)`` at exit ``index`` (of the exit points), the exit logits ``(B, 1, V)``
+        when the measure computed them, and the normed exit states when it computed those (``previous``: the hidden
+        states at the previous exit, for ``state``; ``first``: at the first exit, for ``multinomial``)."""
         if measure == "state":
             return state_confidence(previous, hidden)[:, 0], None, None
+        if measure == "multinomial":
+            exit_logits = self.halting_classifier(self.model.norm(first))  # (B, 1, P)
+            return multinomial_halting_confidence(exit_logits, index)[:, 0], None, None
         normed = self.model.norm(hidden)
+        if measure == "halting":
+            logit = F.linear(normed, self.halting_classifier.weight[index], self.halting_classifier.bias[index])
+            return geometric_halting_confidence(logit)[:, 0], None, normed
         if measure == "meta":
             return meta_confidence(self.meta_classifier(normed))[:, 0], None, normed
         if measure == "restricted_softmax":
@@ -793,7 +839,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         running = None  # (B,) bool once a row has left (None: every row runs)
         remaining = batch
         rows = None  # the running rows' indices once at most half the batch runs
-        previous = None  # the hidden states at the previous exit (the state measure)
+        previous = first = None  # the hidden states at the previous exit (state) and at the first (multinomial)
         for count, layer in enumerate(base.layers[:depth], start=1):
             updated, _ = layer(hidden, cos, sin, allowed, cache, rows)
             hidden = (
@@ -801,6 +847,8 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
                 if running is None or rows is not None
                 else torch.where(running[:, None, None], updated, hidden)
             )
+            if count == points[0]:
+                first = hidden
             if count not in checked:
                 if count in points:
                     previous = hidden
@@ -808,7 +856,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             if measure == "state" and previous is None:
                 previous = hidden
                 continue
-            confidence, logits, normed = self._confidence(measure, hidden, previous)
+            confidence, logits, normed = self._confidence(measure, hidden, previous, first, points.index(count))
             previous = hidden
             leaving = confidence >= threshold
             if running is not None:
