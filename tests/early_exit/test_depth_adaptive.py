@@ -60,3 +60,12 @@ def test_multinomial_loss_and_cumulative_confidence():
     torch.testing.assert_close(loss, -q[1].log())
     for index in range(3):
         torch.testing.assert_close(multinomial_halting_confidence(logits, index)[0, 0], q[: index + 1].sum())
+
+
+def test_every_confidence_measure_has_a_default_calibration_grid():
+    from tf_family.early_exit import CONFIDENCE_MEASURES
+    from tf_family.training.early_exit import DEFAULT_GRIDS
+
+    assert set(DEFAULT_GRIDS) == set(CONFIDENCE_MEASURES)
+    for grid in DEFAULT_GRIDS.values():
+        assert list(grid) == sorted(grid, reverse=True)  # fixed-sequence testing walks a descending grid

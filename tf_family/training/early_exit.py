@@ -21,6 +21,7 @@ CONSISTENCY_KINDS = ("token", "rouge_l", "risk")
 # where the inconsistency really exceeds δ. Fine where a measure's values crowd: small top-1 minus top-2 gaps,
 # cosines near 1, meta probabilities around 0.5.
 _SOFTMAX_GRID = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.07, 0.05, 0.035, 0.025, 0.015, 0.01, 0.005, 0.0)
+_PROBABILITY_GRID = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.3, 0.2, 0.0)
 DEFAULT_GRIDS = {
     "softmax_diff": _SOFTMAX_GRID,
     "restricted_softmax": _SOFTMAX_GRID,
@@ -45,7 +46,10 @@ DEFAULT_GRIDS = {
         0.6,
         0.0,
     ),
-    "meta": (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.3, 0.2, 0.0),
+    "meta": _PROBABILITY_GRID,
+    # the Depth-Adaptive halting classifiers: a probability of leaving (geometric-like) or of having left (multinomial)
+    "halting": _PROBABILITY_GRID,
+    "multinomial": _PROBABILITY_GRID,
 }
 
 

@@ -113,3 +113,10 @@ def test_config_names_the_bad_field():
         TffCalmConfig(confidence_measure="halting", halting_oracle="sequence")
     with pytest.raises(ValueError, match="halting_depth_penalty"):
         TffCalmConfig(confidence_measure="halting", halting_depth_penalty=-1.0)
+
+
+def test_a_model_without_the_classifier_refuses_the_halting_measures_by_name():
+    model = build("softmax_diff", exit_threshold=0.5)
+    model.config.confidence_measure = "halting"
+    with pytest.raises(ValueError, match="built without"):
+        model.generate(prompt(), max_new_tokens=2, do_sample=False)

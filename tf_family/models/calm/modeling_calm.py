@@ -829,6 +829,12 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         depth = base.depth
         points = config.exit_points(depth)
         measure = config.confidence_measure
+        if measure in HALTING_MEASURES and self.halting_classifier is None:
+            raise ValueError(
+                f"confidence_measure={measure!r} reads the Depth-Adaptive halting classifier, which this model was "
+                "built without (it is built when the config's measure is 'halting' or 'multinomial'); build the model "
+                f"with confidence_measure={measure!r} and train its classifier, or choose one of CALM's measures."
+            )
         decay_length = config.decay_length or config.max_position_embeddings
         threshold = decayed_threshold(
             config.exit_threshold, positions[:, 0], decay_length, config.position_temperature
