@@ -1,8 +1,9 @@
 """``torch.compile`` of the sparse models (Longformer, BigBird, Reformer) under ``"sdpa"`` and ``"flex_attention"``:
 their forward traces as one graph (``torch._dynamo.explain`` finds no graph break), a training step traces too, and
 inputs of five lengths compile at most twice (the second length makes the graph dynamic). Dynamo's tracing is what
-these tests check, with the ``eager`` / ``aot_eager`` backends (no code generation, seconds on a CPU); the Inductor
-compile of a whole model is the GPU benchmark's (`bench/gpu_bench.py`) and one slow test's."""
+these tests check, with the ``eager`` / ``aot_eager`` backends (no code generation, seconds on a CPU). The Inductor
+compile of a whole model's training step takes minutes per case on 2 cores: `bench/inductor_cpu_check.py` (CPU,
+against eager) and the GPU benchmark (`bench/gpu_bench.py`) run it."""
 
 import pytest
 import torch
