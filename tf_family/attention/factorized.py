@@ -112,7 +112,7 @@ def factorized_attention_reference(
     return dense_attention(query, key, value, allowed, key_bias=bias)[0]
 
 
-def _padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
+def padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
     """``(B, H, T, Dh)`` padded to ``N * l`` positions and cut into blocks: ``(B, H, N, l, Dh)``."""
     batch, heads, length, head_dim = tensor.shape
     padded = -(-length // stride) * stride
@@ -120,7 +120,7 @@ def _padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
     return tensor.view(batch, heads, padded // stride, stride, head_dim)
 
 
-def _grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, implementation):
+def grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, implementation):
     """`attend` on ``(B, H, N, Tq, Dh)`` queries and ``(B, H, N, Tk, Dh)`` keys/values (groups ``N`` merged into the
     head axis), with ``allowed`` / ``distance`` ``(N | 1, Tq, Tk)`` shared by the heads (``distance``: ``i - j``, for
     the ALiBi bias). Returns ``(B, H, N, Tq, Dh)``."""
@@ -144,7 +144,7 @@ def _grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, imp
 
 
 def _local(query, key, value, stride, slopes, dropout_p, implementation):
-    blocks_q, blocks_k, blocks_v = (_padded_blocks(t, stride) for t in (query, key, value))  # (B, H, N, l, Dh)
+    blocks_q, blocks_k, blocks_v = (padded_blocks(t, stride) for t in (query, key, value))  # (B, H, N, l, Dh)
     num_blocks = blocks_q.shape[2]
 
     def with_previous(blocks):  # (B, H, N, 2l, Dh): the previous block (zeros before the first) and the block itself
@@ -157,7 +157,7 @@ def _local(query, key, value, stride, slopes, dropout_p, implementation):
     allowed = (distance >= 0) & (distance < stride)
     first = (torch.arange(num_blocks, device=query.device) > 0)[:, None, None] | (offsets_k >= stride)[None]
     allowed = allowed[None] & first  # (N, l, 2l): block 0 has no previous block
-    out = _grouped_attend(
+    out = grouped_attend(
         blocks_q,
         with_previous(blocks_k),
         with_previous(blocks_v),
@@ -172,19 +172,19 @@ def _local(query, key, value, stride, slopes, dropout_p, implementation):
 
 def _strided(query, key, value, stride, slopes, dropout_p, implementation):
     # the (N, l) grid read down its columns: (B, H, l, N, Dh), position i = n l + a sits at column a, row n
-    columns = [_padded_blocks(t, stride).transpose(2, 3) for t in (query, key, value)]
+    columns = [padded_blocks(t, stride).transpose(2, 3) for t in (query, key, value)]
     rows = torch.arange(columns[0].shape[3], device=query.device)
     distance = (rows[:, None] - rows[None, :]) * stride  # (N, N)
     allowed = distance >= 0
-    out = _grouped_attend(*columns, allowed[None], distance[None], slopes, dropout_p, implementation)
+    out = grouped_attend(*columns, allowed[None], distance[None], slopes, dropout_p, implementation)
     return out.transpose(2, 3).flatten(2, 3)
 
 
 def _block(query, key, value, stride, slopes, dropout_p, implementation):
-    blocks = [_padded_blocks(t, stride) for t in (query, key, value)]
+    blocks = [padded_blocks(t, stride) for t in (query, key, value)]
     offsets = torch.arange(stride, device=query.device)
     distance = offsets[:, None] - offsets[None, :]  # (l, l)
-    out = _grouped_attend(*blocks, (distance >= 0)[None], distance[None], slopes, dropout_p, implementation)
+    out = grouped_attend(*blocks, (distance >= 0)[None], distance[None], slopes, dropout_p, implementation)
     return out.flatten(2, 3)
 
 
@@ -192,7 +192,7 @@ def _summary(query, key, value, pattern: FactorizedPattern, slopes, dropout_p, t
     stride, start, size = pattern.stride, pattern.summary_start, pattern.summary_size
     batch, heads, length, head_dim = query.shape
     summary_keys, summary_values = (
-        _padded_blocks(t, stride)[:, :, :, start : start + size].flatten(2, 3) for t in (key, value)
+        padded_blocks(t, stride)[:, :, :, start : start + size].flatten(2, 3) for t in (key, value)
     )  # (B, H, N * c, Dh)
     positions = torch.arange(length, device=query.device)
     blocks = torch.arange(summary_keys.shape[2] // size, device=query.device)
@@ -246,4 +246,6 @@ __all__ = [
     "build_factorized_mask",
     "factorized_attention",
     "factorized_attention_reference",
+    "grouped_attend",
+    "padded_blocks",
 ]

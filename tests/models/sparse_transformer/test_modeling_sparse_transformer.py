@@ -5,6 +5,7 @@ path builds no ``T x T`` tensor; cached generation equals uncached; config error
 import pytest
 import torch
 
+import tf_family.attention.blockwise as blockwise_module
 import tf_family.attention.factorized as factorized_module
 import tf_family.attention.image_local as image_local_module
 import tf_family.models.sparse_transformer.modeling_sparse_transformer as modeling
@@ -25,6 +26,9 @@ SETTINGS = [
         "memory_height": 1,
         "memory_width": 1,
     },
+    {"sparsity_pattern": "blockwise", "stride": 3, "position_embedding_type": "absolute"},
+    {"sparsity_pattern": "blockwise", "stride": 4, "block_shifts": [0, 2, 0, 1], "position_embedding_type": "alibi"},
+    {"sparsity_pattern": "blockwise", "stride": 2, "block_shifts": [1, 0, 3, 3], "position_embedding_type": "rotary"},
 ]
 
 
@@ -86,6 +90,7 @@ def test_efficient_path_builds_no_dense_mask(monkeypatch):
     monkeypatch.setattr(modeling, "_pattern_mask", refuse)
     monkeypatch.setattr(factorized_module, "dense_attention", refuse)
     monkeypatch.setattr(image_local_module, "dense_attention", refuse)
+    monkeypatch.setattr(blockwise_module, "dense_attention", refuse)
     for settings in SETTINGS:
         model = _model(**settings)
         ids, mask = _batch(length=40)
@@ -124,6 +129,12 @@ def test_output_attentions_follow_the_pattern():
         ({"position_embedding_type": "rotary", "hidden_size": 12, "num_attention_heads": 4}, "rotary"),
         ({"stride": 0}, "stride"),
         ({"position_embedding_type": "sinusoid"}, "position_embedding_type"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": [0, 1, 2]}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": [0, 0, 0, 0]}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": [1, 1, 2, 3]}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": [0, -1, 2, 3]}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": "0123"}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "num_attention_heads": 1}, "num_attention_heads"),
     ],
 )
 def test_config_errors_name_the_field(overrides, field):
@@ -138,3 +149,34 @@ def test_absolute_positions_refuse_long_inputs_and_alibi_does_not():
     alibi = _model(max_position_embeddings=16, position_embedding_type="alibi")
     with torch.no_grad():
         assert alibi(input_ids=torch.zeros(1, 20, dtype=torch.long)).logits.shape == (1, 20, 128)
+
+
+def test_blockwise_heads_take_different_block_permutations():
+    """Every head of a blockwise layer has its own shift (default ``0 .. H - 1``), so the heads' masks differ, and
+    each is causal with no empty row."""
+    model = _model(sparsity_pattern="blockwise", stride=3)
+    patterns = model.model.layers[0].self_attn.patterns
+    assert [p.shift for p in patterns] == [0, 1, 2, 3]
+    positions = torch.arange(12)
+    masks = [modeling._pattern_mask(p, positions, positions) for p in patterns]
+    for first in range(len(masks)):
+        assert not masks[first].triu(1).any() and masks[first].any(-1).all()
+        for second in range(first):
+            assert not torch.equal(masks[first], masks[second])
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions[0][0]  # (H, T, T)
+    assert attentions[0, 7].nonzero().flatten().tolist() == [6, 7]  # shift 0: own block up to the query
+    assert attentions[1, 7].nonzero().flatten().tolist() == [3, 4, 5]  # shift 1: the block before
+    assert attentions[2, 7].nonzero().flatten().tolist() == [0, 1, 2]  # shift 2: two blocks back
+    assert attentions[3, 7].nonzero().flatten().tolist() == [7]  # shift 3: no block 3 back, the query itself
+
+
+def test_blockwise_cached_generation_equals_uncached():
+    model = _model(sparsity_pattern="blockwise", stride=3, block_shifts=[0, 1, 0, 2]).float()
+    prompt, mask = _batch(length=9)
+    kwargs = {"max_new_tokens": 7, "do_sample": False, "attention_mask": mask, "pad_token_id": 0}
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kwargs)
+        full = model.generate(prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached, full)

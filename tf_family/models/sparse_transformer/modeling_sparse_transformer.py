@@ -8,6 +8,12 @@ split across each layer's heads or interleaved across layers (``pattern_layout``
 every earlier one in two layers (proved by `tests/attention/test_factorized.py`). With ``l`` near ``sqrt(T)``
 attention costs ``O(T sqrt(T))``.
 
+The same house holds two more fixed patterns, each on every head and layer: the Image Transformer's local 1-D / 2-D
+attention (Parmar et al. 2018, `tf_family.attention.image_local`) and blockwise self-attention (``"blockwise"``, Qiu
+et al. 2020, BlockBERT, arXiv:1911.02972, `tf_family.attention.blockwise`): blocks of ``stride`` positions, head ``h``
+reading block ``b - k_h`` (``block_shifts``), the causal partial form of the paper's cyclic block shifts (the paper's
+model is a bidirectional encoder; this house is a decoder, so a block reads only itself or earlier blocks).
+
 Attention paths (the same outputs, `tests/models/sparse_transformer/test_modeling_sparse_transformer.py`):
 
 - the efficient path (``attn_implementation`` ``"sdpa"``, the default): a forward without a filled cache regroups
@@ -48,6 +54,7 @@ from transformers.utils import logging
 
 from ...attention import attend
 from ...attention.alibi import alibi_bias, alibi_slopes
+from ...attention.blockwise import BlockwisePattern, blockwise_attention, build_blockwise_mask
 from ...attention.factorized import FactorizedPattern, build_factorized_mask, factorized_attention
 from ...attention.image_local import Local1DPattern, Local2DPattern, build_image_local_mask, image_local_attention
 from ...attention.rotary import apply_rotary, rotary_cos_sin
@@ -100,6 +107,9 @@ class TffSparseTransformerMLP(nn.Module):
 def layer_head_patterns(config: TffSparseTransformerConfig, layer_idx: int) -> list:
     """The pattern of every head of layer ``layer_idx`` (built here, beside the kernels that read them)."""
     heads = config.num_attention_heads
+    if config.sparsity_pattern == "blockwise":  # head h: shift k_h (block_shifts, default 0 .. H - 1), causal
+        shifts = config.block_shifts if config.block_shifts is not None else range(heads)
+        return [BlockwisePattern(config.stride, shift) for shift in shifts]
     if config.sparsity_pattern == "local_1d":
         return [Local1DPattern(config.stride, config.memory_length)] * heads
     if config.sparsity_pattern == "local_2d":
@@ -132,6 +142,8 @@ def _pattern_mask(pattern, query_positions: torch.Tensor, key_positions: torch.T
     """A head's bool mask ``(..., T, S)`` (its pattern's mask function)."""
     if isinstance(pattern, FactorizedPattern):
         return build_factorized_mask(pattern, query_positions, key_positions)
+    if isinstance(pattern, BlockwisePattern):
+        return build_blockwise_mask(pattern, query_positions, key_positions)
     return build_image_local_mask(pattern, query_positions, key_positions)
 
 
@@ -170,9 +182,11 @@ class TffSparseTransformerAttention(nn.Module):
         parts, implementation = [], self.config._attn_implementation
         for first, end, pattern in self.groups:
             heads = (query[:, first:end], key[:, first:end], value[:, first:end])
+            slopes = None if inputs.slopes is None else inputs.slopes[first:end]
             if isinstance(pattern, FactorizedPattern):
-                slopes = None if inputs.slopes is None else inputs.slopes[first:end]
                 attended = factorized_attention(*heads, pattern, slopes, dropout_p, implementation)
+            elif isinstance(pattern, BlockwisePattern):
+                attended = blockwise_attention(*heads, pattern, slopes, dropout_p, implementation)
             else:  # the Image Transformer's local 1-D / 2-D attention (no ALiBi: the config refuses it)
                 attended = image_local_attention(*heads, pattern, dropout_p, implementation)
             parts.append(attended)
