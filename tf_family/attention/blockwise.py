@@ -19,7 +19,8 @@ paper's point: with the identity alone a block is an island). The paper's permut
 `build_blockwise_mask` evaluates a pattern on positions (the dense twin's mask, and a decoding step's row over the
 cache); `blockwise_attention_reference` is plain attention under it; `blockwise_attention` gathers each query block's
 key block and attends to it (``O(T l)`` time and memory, never ``T x T``), through `factorized.grouped_attend` (the
-Sparse Transformer kernels' grouped `backend.attend`), with the same optional ALiBi slopes ``-m_h (i - j)``.
+Sparse Transformer kernels' grouped `backend.attend`), with the same optional ALiBi slopes ``-m_h (i - j)`` or
+DA-Transformer's distance-aware weights (`distance_aware`).
 Tensors are ``(B, H, T, Dh)``.
 """
 
@@ -29,8 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .alibi import alibi_bias
-from .dense import dense_attention
+from .distance_aware import DistanceAware, reference_attention
 from .factorized import grouped_attend, padded_blocks
 
 
@@ -86,16 +86,16 @@ def blockwise_attention_reference(
     key: torch.Tensor,
     value: torch.Tensor,
     pattern: BlockwisePattern,
-    slopes: torch.Tensor | None = None,
+    slopes: torch.Tensor | DistanceAware | None = None,
 ) -> torch.Tensor:
     """Dense twin of `blockwise_attention`: plain attention under `build_blockwise_mask` over positions
-    ``0 .. T - 1`` (plus the ALiBi bias of ``slopes`` ``(H,)``). ``(B, H, T, Dh)``."""
+    ``0 .. T - 1`` (plus the ALiBi bias of ``slopes`` ``(H,)``; or, for a `DistanceAware`, the distance-aware
+    attention). ``(B, H, T, Dh)``."""
     length = query.shape[2]
     positions = torch.arange(length, device=query.device)
     num_blocks = -(-length // pattern.block_length)
     allowed = build_blockwise_mask(pattern, positions, positions, num_blocks)  # (T, T)
-    bias = None if slopes is None else alibi_bias(slopes, positions[None], positions[None])  # (1, H, T, T)
-    return dense_attention(query, key, value, allowed, key_bias=bias)[0]
+    return reference_attention(query, key, value, allowed, slopes)
 
 
 def key_blocks(pattern: BlockwisePattern, num_blocks: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +114,7 @@ def blockwise_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     pattern: BlockwisePattern,
-    slopes: torch.Tensor | None = None,
+    slopes: torch.Tensor | DistanceAware | None = None,
     dropout_p: float = 0.0,
     implementation: str | None = "sdpa",
 ) -> torch.Tensor:
@@ -124,7 +124,7 @@ def blockwise_attention(
     Args:
         query, key, value: ``(B, H, T, Dh)``, every head with this pattern.
         pattern: the heads' `BlockwisePattern`.
-        slopes: ``(H,)`` ALiBi slopes, or ``None``.
+        slopes: ``(H,)`` ALiBi slopes, a `DistanceAware` (DA-Transformer's ``w_h``, ``v_h``), or ``None``.
         dropout_p: dropout on the probabilities (0 in eval).
         implementation: ``config._attn_implementation``, for `backend.attend`.
 

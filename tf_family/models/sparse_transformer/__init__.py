@@ -133,7 +133,12 @@ SPEC = ArchSpec(
     ia3_target_modules=("k_proj", "v_proj", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
     exports=(f"{_MODELING}:TffSparseTransformerPreTrainedModel",),
-    options=(("Blockwise self-attention (Qiu et al. 2020)", 'sparsity_pattern="blockwise"'),),
+    options=(
+        ("Blockwise self-attention (Qiu et al. 2020)", 'sparsity_pattern="blockwise"'),
+        ("Rotary positions (Su et al. 2021)", 'position_embedding_type="rotary"'),
+        ("ALiBi (Press et al. 2022)", 'position_embedding_type="alibi"'),
+        ("DA-Transformer distance-aware positions (Wu et al. 2021)", 'position_embedding_type="distance_aware"'),
+    ),
     reference="dense twin of every pattern (openai/sparse_attention get_attn_mask); no released weights",
     parity=(
         "efficient path equals the dense masked twin (values and gradients, 1e-10 in float64); two-hop coverage "

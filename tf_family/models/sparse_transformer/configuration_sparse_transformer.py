@@ -70,7 +70,12 @@ class TffSparseTransformerConfig(PreTrainedConfig):
     Positions:
         position_embedding_type (`str`, defaults to ``"absolute"``): ``"absolute"`` (learned, up to
             ``max_position_embeddings``), ``"rotary"`` (Su et al. 2021, Llama's pairing: dimension ``k`` with
-            ``k + Dh / 2``) or ``"alibi"`` (Press et al. 2022: a linear bias per head, no length limit).
+            ``k + Dh / 2``), ``"alibi"`` (Press et al. 2022: a linear bias per head, no length limit) or
+            ``"distance_aware"`` (DA-Transformer, Wu et al. 2021: per head and layer a learned weight ``w_h`` on the
+            real distance ``|i - j|`` through a learnable sigmoid re-scales the ReLU'd scores, which are then
+            re-normalised instead of a softmax; `tf_family.attention.distance_aware`; no length limit). ALiBi and
+            distance-aware positions need the distance the strided, fixed and blockwise kernels see, not the local
+            patterns.
         rope_base (`float`, defaults to 10000.0): the rotary base θ.
     """
 
@@ -99,7 +104,7 @@ class TffSparseTransformerConfig(PreTrainedConfig):
     memory_height: int = 8
     memory_width: int = 16
     block_shifts: list[int] | None = None
-    position_embedding_type: Literal["absolute", "rotary", "alibi"] = "absolute"
+    position_embedding_type: Literal["absolute", "rotary", "alibi", "distance_aware"] = "absolute"
     rope_base: float = 10000.0
     tie_word_embeddings: bool = True
     use_cache: bool = True
@@ -144,10 +149,10 @@ class TffSparseTransformerConfig(PreTrainedConfig):
         if self.block_shifts is not None:
             self._check_block_shifts()
         local = self.sparsity_pattern in ("local_1d", "local_2d")
-        if local and self.position_embedding_type == "alibi":
+        if local and self.position_embedding_type in ("alibi", "distance_aware"):
             raise ValueError(
-                f"position_embedding_type='alibi' is defined here for the strided and fixed patterns, not for "
-                f"sparsity_pattern={self.sparsity_pattern!r}; use 'absolute' or 'rotary'."
+                f"position_embedding_type={self.position_embedding_type!r} is defined here for the strided, fixed and "
+                f"blockwise patterns, not for sparsity_pattern={self.sparsity_pattern!r}; use 'absolute' or 'rotary'."
             )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
