@@ -78,7 +78,8 @@ def build_blockwise_mask(
     if pattern.shift == 0:
         return (key_block == query_block) & (key <= query)
     target = query_block - pattern.shift
-    return torch.where(target >= 0, key_block == target, key == query)
+    exists = target >= 0  # (logical operators, not a bool `where`, which onnxruntime does not implement)
+    return (exists & (key_block == target)) | (~exists & (key == query))
 
 
 def blockwise_attention_reference(

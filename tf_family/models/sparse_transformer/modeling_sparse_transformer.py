@@ -196,7 +196,7 @@ class TffSparseTransformerAttention(nn.Module):
                 attended = factorized_attention(*heads, pattern, slopes, dropout_p, implementation)
             elif isinstance(pattern, BlockwisePattern):
                 attended = blockwise_attention(*heads, pattern, slopes, dropout_p, implementation)
-            else:  # the Image Transformer's local 1-D / 2-D attention (no ALiBi: the config refuses it)
+            else:  # the Image Transformer's local 1-D / 2-D attention (no ALiBi, no DA: the config refuses them)
                 attended = image_local_attention(*heads, pattern, dropout_p, implementation)
             parts.append(attended)
         attended = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
