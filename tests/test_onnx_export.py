@@ -51,10 +51,10 @@ def _compare(name: str, got: np.ndarray, expected: torch.Tensor, mask: torch.Ten
     return float((got.float() - expected.float()).abs().max()) if expected.numel() else 0.0
 
 
-def check_onnx_matches_eager(arch: str, task: str, folder) -> float:
-    """Export ``arch``'s ``task`` model, run `SHAPES` (two segments for memory models) in onnxruntime and in eager;
-    returns the largest difference (asserting it is within `TOLERANCE`)."""
-    model = prepare_model(build(ARCHITECTURES[arch], task))
+def check_onnx_matches_eager(arch: str, task: str, folder, **overrides) -> float:
+    """Export ``arch``'s ``task`` model (its tiny config with ``overrides``), run `SHAPES` (two segments for memory
+    models) in onnxruntime and in eager; returns the largest difference (asserting it is within `TOLERANCE`)."""
+    model = prepare_model(build(ARCHITECTURES[arch], task, **overrides))
     path = folder / f"{arch}-{task}.onnx"
     signature = export_model(model, path)
     wrapper = OnnxForward(model, task)
@@ -83,6 +83,19 @@ def check_onnx_matches_eager(arch: str, task: str, folder) -> float:
 @pytest.mark.parametrize("arch", list(HEADS))
 def test_every_architecture_exports_and_runs_in_onnxruntime(arch, tmp_path):
     check_onnx_matches_eager(arch, HEADS[arch], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"sparsity_pattern": "blockwise"},  # its causal shift's mask once had a bool Where onnxruntime lacks
+        {"sparsity_pattern": "blockwise", "position_embedding_type": "distance_aware"},
+        {"sparsity_pattern": "fixed", "position_embedding_type": "distance_aware"},
+    ],
+    ids=["blockwise", "blockwise-distance-aware", "fixed-distance-aware"],
+)
+def test_sparse_transformer_options_export(overrides, tmp_path):
+    check_onnx_matches_eager("sparse_transformer", "causal_lm", tmp_path, **overrides)
 
 
 @pytest.mark.slow

@@ -25,7 +25,9 @@ without a ``T x T`` tensor, by regrouping the sequence (positions ``0 .. T - 1``
 
 The first three go through `backend.attend` (PyTorch's SDPA, or on CPU under a gradient the native kernel), on
 4-D tensors whose batch axis holds (heads x groups); the summary keys' softmax with the query's own key is written out
-here. An optional ALiBi slope per head adds ``-m_h (i - j)`` to the scores (`alibi.alibi_bias`) in both paths.
+here. An optional ALiBi slope per head adds ``-m_h (i - j)`` to the scores (`alibi.alibi_bias`) in both paths; or,
+given a `distance_aware.DistanceAware` in its place, every kernel computes DA-Transformer's re-normalised
+distance-aware weights (`distance_aware.distance_aware_attention`) on the same groups instead of the softmax.
 Tensors are ``(B, H, T, Dh)``.
 """
 
@@ -36,9 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .alibi import alibi_bias
 from .backend import attend
-from .dense import dense_attention
+from .distance_aware import ROW_SUM_FLOOR, DistanceAware, distance_aware_attention, reference_attention
 from .dropout import dropout
 
 PATTERN_KINDS = ("local", "strided", "block", "summary")
@@ -102,17 +103,17 @@ def factorized_attention_reference(
     key: torch.Tensor,
     value: torch.Tensor,
     pattern: FactorizedPattern,
-    slopes: torch.Tensor | None = None,
+    slopes: torch.Tensor | DistanceAware | None = None,
 ) -> torch.Tensor:
     """Dense twin of `factorized_attention`: plain attention under `build_factorized_mask` over positions
-    ``0 .. T - 1`` (plus the ALiBi bias of ``slopes`` ``(H,)``). ``(B, H, T, Dh)``."""
+    ``0 .. T - 1`` (plus the ALiBi bias of ``slopes`` ``(H,)``; or, for a `DistanceAware`, the distance-aware
+    attention). ``(B, H, T, Dh)``."""
     positions = torch.arange(query.shape[2], device=query.device)
     allowed = build_factorized_mask(pattern, positions, positions)  # (T, T)
-    bias = None if slopes is None else alibi_bias(slopes, positions[None], positions[None])  # (1, H, T, T)
-    return dense_attention(query, key, value, allowed, key_bias=bias)[0]
+    return reference_attention(query, key, value, allowed, slopes)
 
 
-def _padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
+def padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
     """``(B, H, T, Dh)`` padded to ``N * l`` positions and cut into blocks: ``(B, H, N, l, Dh)``."""
     batch, heads, length, head_dim = tensor.shape
     padded = -(-length // stride) * stride
@@ -120,10 +121,11 @@ def _padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
     return tensor.view(batch, heads, padded // stride, stride, head_dim)
 
 
-def _grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, implementation):
+def grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, implementation):
     """`attend` on ``(B, H, N, Tq, Dh)`` queries and ``(B, H, N, Tk, Dh)`` keys/values (groups ``N`` merged into the
     head axis), with ``allowed`` / ``distance`` ``(N | 1, Tq, Tk)`` shared by the heads (``distance``: ``i - j``, for
-    the ALiBi bias). Returns ``(B, H, N, Tq, Dh)``."""
+    the ALiBi bias of ``slopes`` ``(H,)``; or, when ``slopes`` is a `DistanceAware`, `distance_aware_attention` in
+    place of `attend`). Returns ``(B, H, N, Tq, Dh)``."""
     batch, heads, groups, queries, head_dim = query.shape
     keys = key.shape[3]
 
@@ -133,6 +135,12 @@ def _grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, imp
     allowed = (
         allowed.expand(groups, queries, keys)[None].expand(heads, -1, -1, -1).reshape(1, heads * groups, queries, keys)
     )
+    if isinstance(slopes, DistanceAware):
+        work = torch.promote_types(query.dtype, torch.float32)
+        coefficients = slopes.coefficients(distance, work).transpose(0, 1)  # (H, N | 1, Tq, Tk)
+        coefficients = coefficients.expand(heads, groups, queries, keys).reshape(1, heads * groups, queries, keys)
+        out, _ = distance_aware_attention(merged(query), merged(key), merged(value), allowed, coefficients, dropout_p)
+        return out.view(batch, heads, groups, queries, head_dim)
     bias = None
     if slopes is not None:
         bias = -slopes.to(query.device, torch.float32)[:, None, None, None] * distance.to(torch.float32)[None]
@@ -144,7 +152,7 @@ def _grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, imp
 
 
 def _local(query, key, value, stride, slopes, dropout_p, implementation):
-    blocks_q, blocks_k, blocks_v = (_padded_blocks(t, stride) for t in (query, key, value))  # (B, H, N, l, Dh)
+    blocks_q, blocks_k, blocks_v = (padded_blocks(t, stride) for t in (query, key, value))  # (B, H, N, l, Dh)
     num_blocks = blocks_q.shape[2]
 
     def with_previous(blocks):  # (B, H, N, 2l, Dh): the previous block (zeros before the first) and the block itself
@@ -157,7 +165,7 @@ def _local(query, key, value, stride, slopes, dropout_p, implementation):
     allowed = (distance >= 0) & (distance < stride)
     first = (torch.arange(num_blocks, device=query.device) > 0)[:, None, None] | (offsets_k >= stride)[None]
     allowed = allowed[None] & first  # (N, l, 2l): block 0 has no previous block
-    out = _grouped_attend(
+    out = grouped_attend(
         blocks_q,
         with_previous(blocks_k),
         with_previous(blocks_v),
@@ -172,19 +180,19 @@ def _local(query, key, value, stride, slopes, dropout_p, implementation):
 
 def _strided(query, key, value, stride, slopes, dropout_p, implementation):
     # the (N, l) grid read down its columns: (B, H, l, N, Dh), position i = n l + a sits at column a, row n
-    columns = [_padded_blocks(t, stride).transpose(2, 3) for t in (query, key, value)]
+    columns = [padded_blocks(t, stride).transpose(2, 3) for t in (query, key, value)]
     rows = torch.arange(columns[0].shape[3], device=query.device)
     distance = (rows[:, None] - rows[None, :]) * stride  # (N, N)
     allowed = distance >= 0
-    out = _grouped_attend(*columns, allowed[None], distance[None], slopes, dropout_p, implementation)
+    out = grouped_attend(*columns, allowed[None], distance[None], slopes, dropout_p, implementation)
     return out.transpose(2, 3).flatten(2, 3)
 
 
 def _block(query, key, value, stride, slopes, dropout_p, implementation):
-    blocks = [_padded_blocks(t, stride) for t in (query, key, value)]
+    blocks = [padded_blocks(t, stride) for t in (query, key, value)]
     offsets = torch.arange(stride, device=query.device)
     distance = offsets[:, None] - offsets[None, :]  # (l, l)
-    out = _grouped_attend(*blocks, (distance >= 0)[None], distance[None], slopes, dropout_p, implementation)
+    out = grouped_attend(*blocks, (distance >= 0)[None], distance[None], slopes, dropout_p, implementation)
     return out.flatten(2, 3)
 
 
@@ -192,7 +200,7 @@ def _summary(query, key, value, pattern: FactorizedPattern, slopes, dropout_p, t
     stride, start, size = pattern.stride, pattern.summary_start, pattern.summary_size
     batch, heads, length, head_dim = query.shape
     summary_keys, summary_values = (
-        _padded_blocks(t, stride)[:, :, :, start : start + size].flatten(2, 3) for t in (key, value)
+        padded_blocks(t, stride)[:, :, :, start : start + size].flatten(2, 3) for t in (key, value)
     )  # (B, H, N * c, Dh)
     positions = torch.arange(length, device=query.device)
     blocks = torch.arange(summary_keys.shape[2] // size, device=query.device)
@@ -202,11 +210,17 @@ def _summary(query, key, value, pattern: FactorizedPattern, slopes, dropout_p, t
     scale = head_dim**-0.5
     scores = torch.einsum("bhtd,bhsd->bhts", query.to(work), summary_keys.to(work)) * scale  # (B, H, T, N * c)
     own = (query.to(work) * key.to(work)).sum(-1, keepdim=True) * scale  # (B, H, T, 1): the query's own key
-    if slopes is not None:
-        scores = scores - slopes.to(query.device, work)[:, None, None] * distance.to(work)
     # strictly earlier summary keys: a query that is itself a summary column is counted once, as its own key
-    scores = scores.masked_fill(~(distance > 0), float("-inf"))
-    probs = torch.cat([scores, own], dim=-1).softmax(dim=-1)  # (B, H, T, N * c + 1)
+    earlier = distance > 0
+    if isinstance(slopes, DistanceAware):  # ReLU'd scores re-scaled by f(w |i - j|; v), f(0) = 1 for the own key
+        weights = F.relu(scores) * slopes.coefficients(distance, work).masked_fill(~earlier, 0.0)
+        weights = torch.cat([weights, F.relu(own)], dim=-1)  # (B, H, T, N * c + 1)
+        probs = weights / weights.sum(dim=-1, keepdim=True).clamp_min(ROW_SUM_FLOOR)
+    else:
+        if slopes is not None:
+            scores = scores - slopes.to(query.device, work)[:, None, None] * distance.to(work)
+        scores = scores.masked_fill(~earlier, float("-inf"))
+        probs = torch.cat([scores, own], dim=-1).softmax(dim=-1)  # (B, H, T, N * c + 1)
     probs = dropout(probs, dropout_p, training).to(value.dtype)
     out = torch.einsum("bhts,bhsd->bhtd", probs[..., :-1], summary_values) + probs[..., -1:] * value
     return out
@@ -217,7 +231,7 @@ def factorized_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     pattern: FactorizedPattern,
-    slopes: torch.Tensor | None = None,
+    slopes: torch.Tensor | DistanceAware | None = None,
     dropout_p: float = 0.0,
     implementation: str | None = "sdpa",
 ) -> torch.Tensor:
@@ -226,7 +240,7 @@ def factorized_attention(
     Args:
         query, key, value: ``(B, H, T, Dh)``, every head with this pattern.
         pattern: the heads' `FactorizedPattern`.
-        slopes: ``(H,)`` ALiBi slopes, or ``None``.
+        slopes: ``(H,)`` ALiBi slopes, a `DistanceAware` (DA-Transformer's ``w_h``, ``v_h``), or ``None``.
         dropout_p: dropout on the probabilities (0 in eval).
         implementation: ``config._attn_implementation``, for `backend.attend`.
 
@@ -246,4 +260,6 @@ __all__ = [
     "build_factorized_mask",
     "factorized_attention",
     "factorized_attention_reference",
+    "grouped_attend",
+    "padded_blocks",
 ]

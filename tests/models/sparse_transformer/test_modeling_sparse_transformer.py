@@ -5,6 +5,8 @@ path builds no ``T x T`` tensor; cached generation equals uncached; config error
 import pytest
 import torch
 
+import tf_family.attention.blockwise as blockwise_module
+import tf_family.attention.distance_aware as distance_aware_module
 import tf_family.attention.factorized as factorized_module
 import tf_family.attention.image_local as image_local_module
 import tf_family.models.sparse_transformer.modeling_sparse_transformer as modeling
@@ -25,6 +27,13 @@ SETTINGS = [
         "memory_height": 1,
         "memory_width": 1,
     },
+    {"sparsity_pattern": "blockwise", "stride": 3, "position_embedding_type": "absolute"},
+    {"sparsity_pattern": "blockwise", "stride": 4, "block_shifts": [0, 2, 0, 1], "position_embedding_type": "alibi"},
+    {"sparsity_pattern": "blockwise", "stride": 2, "block_shifts": [1, 0, 3, 3], "position_embedding_type": "rotary"},
+    {"sparsity_pattern": "strided", "pattern_layout": "heads", "position_embedding_type": "distance_aware"},
+    {"sparsity_pattern": "fixed", "pattern_layout": "heads", "position_embedding_type": "distance_aware", "stride": 4},
+    {"sparsity_pattern": "fixed", "pattern_layout": "layers", "position_embedding_type": "distance_aware"},
+    {"sparsity_pattern": "blockwise", "stride": 3, "position_embedding_type": "distance_aware"},
 ]
 
 
@@ -84,7 +93,9 @@ def test_efficient_path_builds_no_dense_mask(monkeypatch):
         raise AssertionError("the efficient path built a dense T x T mask")
 
     monkeypatch.setattr(modeling, "_pattern_mask", refuse)
-    monkeypatch.setattr(factorized_module, "dense_attention", refuse)
+    monkeypatch.setattr(factorized_module, "reference_attention", refuse)
+    monkeypatch.setattr(blockwise_module, "reference_attention", refuse)
+    monkeypatch.setattr(distance_aware_module, "dense_attention", refuse)
     monkeypatch.setattr(image_local_module, "dense_attention", refuse)
     for settings in SETTINGS:
         model = _model(**settings)
@@ -124,6 +135,14 @@ def test_output_attentions_follow_the_pattern():
         ({"position_embedding_type": "rotary", "hidden_size": 12, "num_attention_heads": 4}, "rotary"),
         ({"stride": 0}, "stride"),
         ({"position_embedding_type": "sinusoid"}, "position_embedding_type"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": [0, 1, 2]}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": [0, 0, 0, 0]}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": [1, 1, 2, 3]}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": [0, -1, 2, 3]}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "block_shifts": "0123"}, "block_shifts"),
+        ({"sparsity_pattern": "blockwise", "num_attention_heads": 1}, "num_attention_heads"),
+        ({"sparsity_pattern": "local_1d", "position_embedding_type": "distance_aware"}, "position_embedding_type"),
+        ({"position_embedding_type": "distance-aware"}, "position_embedding_type"),
     ],
 )
 def test_config_errors_name_the_field(overrides, field):
@@ -138,3 +157,90 @@ def test_absolute_positions_refuse_long_inputs_and_alibi_does_not():
     alibi = _model(max_position_embeddings=16, position_embedding_type="alibi")
     with torch.no_grad():
         assert alibi(input_ids=torch.zeros(1, 20, dtype=torch.long)).logits.shape == (1, 20, 128)
+
+
+def test_blockwise_heads_take_different_block_permutations():
+    """Every head of a blockwise layer has its own shift (default ``0 .. H - 1``), so the heads' masks differ, and
+    each is causal with no empty row."""
+    model = _model(sparsity_pattern="blockwise", stride=3)
+    patterns = model.model.layers[0].self_attn.patterns
+    assert [p.shift for p in patterns] == [0, 1, 2, 3]
+    positions = torch.arange(12)
+    masks = [modeling._pattern_mask(p, positions, positions) for p in patterns]
+    for first in range(len(masks)):
+        assert not masks[first].triu(1).any() and masks[first].any(-1).all()
+        for second in range(first):
+            assert not torch.equal(masks[first], masks[second])
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions[0][0]  # (H, T, T)
+    assert attentions[0, 7].nonzero().flatten().tolist() == [6, 7]  # shift 0: own block up to the query
+    assert attentions[1, 7].nonzero().flatten().tolist() == [3, 4, 5]  # shift 1: the block before
+    assert attentions[2, 7].nonzero().flatten().tolist() == [0, 1, 2]  # shift 2: two blocks back
+    assert attentions[3, 7].nonzero().flatten().tolist() == [7]  # shift 3: no block 3 back, the query itself
+
+
+def test_blockwise_cached_generation_equals_uncached():
+    model = _model(sparsity_pattern="blockwise", stride=3, block_shifts=[0, 1, 0, 2]).float()
+    prompt, mask = _batch(length=9)
+    kwargs = {"max_new_tokens": 7, "do_sample": False, "attention_mask": mask, "pad_token_id": 0}
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kwargs)
+        full = model.generate(prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached, full)
+
+
+def _distance_aware_model(**overrides):
+    model = _model(position_embedding_type="distance_aware", **overrides)
+    with torch.no_grad():  # w_h, v_h away from their initial values, so that a reload that dropped them would show
+        for layer in model.model.layers:
+            layer.self_attn.distance_aware.weight.copy_(torch.tensor([-0.9, 0.4, 0.05, 1.3]))
+            layer.self_attn.distance_aware.offset.copy_(torch.tensor([0.3, -0.7, 1.1, 0.0]))
+    return model
+
+
+def test_distance_aware_parameters_train_and_round_trip(tmp_path):
+    model = _distance_aware_model()
+    ids, mask = _batch()
+    model.train()
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(~mask.bool(), -100)).loss
+    loss.backward()
+    for layer in model.model.layers:  # every head's w_h and v_h gets a gradient
+        assert layer.self_attn.distance_aware.weight.grad.abs().min() > 0
+        assert layer.self_attn.distance_aware.offset.grad.abs().min() > 0
+    model.eval()
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path).double().eval()
+    assert reloaded.config.position_embedding_type == "distance_aware"
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(reloaded.get_parameter(name), parameter, rtol=0, atol=0, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded(input_ids=ids, attention_mask=mask).logits, model(input_ids=ids, attention_mask=mask).logits
+        )
+    fresh = create_model("sparse_transformer", "causal_lm", "tiny", position_embedding_type="distance_aware")
+    assert fresh.model.layers[1].self_attn.distance_aware.weight.tolist() == pytest.approx([-1, -1 / 3, 1 / 3, 1])
+    assert not fresh.model.layers[1].self_attn.distance_aware.offset.any()
+
+
+def test_distance_aware_has_no_length_limit_and_is_causal():
+    model = _distance_aware_model(max_position_embeddings=16)
+    ids = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(3))
+    changed = ids.clone()
+    changed[0, 15:] = (changed[0, 15:] + 1) % 128
+    with torch.no_grad():
+        logits, changed_logits = model(input_ids=ids).logits, model(input_ids=changed).logits
+    assert logits.shape == (1, 24, 128)  # past max_position_embeddings: no learned positions
+    torch.testing.assert_close(changed_logits[:, :15], logits[:, :15], rtol=0, atol=0)
+    assert not torch.allclose(changed_logits[:, 15:], logits[:, 15:])
+
+
+@pytest.mark.parametrize("sparsity_pattern", ["strided", "blockwise"])
+def test_distance_aware_cached_generation_equals_uncached(sparsity_pattern):
+    model = _distance_aware_model(sparsity_pattern=sparsity_pattern).float()
+    prompt, mask = _batch(length=9)
+    kwargs = {"max_new_tokens": 7, "do_sample": False, "attention_mask": mask, "pad_token_id": 0}
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kwargs)
+        full = model.generate(prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached, full)

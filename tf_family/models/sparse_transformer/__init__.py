@@ -100,6 +100,20 @@ SPEC = ArchSpec(
                     "memory_width": 2,
                 }
             ),
+            # blockwise self-attention (Qiu et al. 2020): blocks of 3 (the tests' lengths are not multiples), head h
+            # reads the block h back (block_shifts 0 .. 3)
+            "tiny-blockwise": MappingProxyType(
+                {
+                    "vocab_size": 128,
+                    "hidden_size": 32,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 4,
+                    "intermediate_size": 64,
+                    "max_position_embeddings": 64,
+                    "sparsity_pattern": "blockwise",
+                    "stride": 3,
+                }
+            ),
             # enwik8-style byte model at 4,096 tokens: l = 64 = sqrt(T)
             "small": MappingProxyType(
                 {
@@ -119,6 +133,12 @@ SPEC = ArchSpec(
     ia3_target_modules=("k_proj", "v_proj", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
     exports=(f"{_MODELING}:TffSparseTransformerPreTrainedModel",),
+    options=(
+        ("Blockwise self-attention (Qiu et al. 2020)", 'sparsity_pattern="blockwise"'),
+        ("Rotary positions (Su et al. 2021)", 'position_embedding_type="rotary"'),
+        ("ALiBi (Press et al. 2022)", 'position_embedding_type="alibi"'),
+        ("DA-Transformer distance-aware positions (Wu et al. 2021)", 'position_embedding_type="distance_aware"'),
+    ),
     reference="dense twin of every pattern (openai/sparse_attention get_attn_mask); no released weights",
     parity=(
         "efficient path equals the dense masked twin (values and gradients, 1e-10 in float64); two-hop coverage "

@@ -1,5 +1,6 @@
 """Configuration of the Sparse Transformer (Child, Gray, Radford & Sutskever 2019, arXiv:1904.10509) and of the fixed
-patterns of the same house: the Image Transformer's local 1-D and 2-D attention (Parmar et al. 2018, arXiv:1802.05751)."""
+patterns of the same house: the Image Transformer's local 1-D and 2-D attention (Parmar et al. 2018, arXiv:1802.05751)
+and blockwise self-attention (Qiu et al. 2020, arXiv:1911.02972)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate
 from ...modeling.validation import (
     check_activation,
     check_float,
+    check_list_of,
     check_nonnegative_int,
     check_positive_int,
     check_probability,
@@ -18,7 +20,7 @@ from ...modeling.validation import (
 
 # each pattern's two factors: A(1) then A(2) (section 4.2)
 FACTORS = {"strided": ("local", "strided"), "fixed": ("block", "summary")}
-SPARSITY_PATTERNS = ("strided", "fixed", "local_1d", "local_2d")
+SPARSITY_PATTERNS = ("strided", "fixed", "local_1d", "local_2d", "blockwise")
 
 
 class TffSparseTransformerConfig(PreTrainedConfig):
@@ -56,10 +58,24 @@ class TffSparseTransformerConfig(PreTrainedConfig):
             (`int`, 8), block_width (`int`, 32; divides image_width), memory_height (`int`, 8), memory_width
             (`int`, 16).
 
+    Blockwise self-attention (Qiu et al. 2020, section 3; every layer, ``pattern_layout`` unused),
+    ``sparsity_pattern="blockwise"``: the sequence in blocks of ``stride`` positions (the paper's ``T / n``); head
+    ``h`` lets block ``b`` attend to block ``b - k_h``, the causal partial form of the paper's cyclic shift
+    (`tf_family.attention.blockwise`: shift 0 is the own block up to the query; the first ``k_h`` blocks of a head
+    with ``k_h > 0`` see only the query itself).
+        block_shifts (`list[int]`, *optional*): ``k_h`` per head, ints >= 0 that must differ across heads (at least
+            one 0, for the own block, and one > 0, or no information leaves a block); defaults to ``0 .. H - 1``
+            (head ``h`` shifts by ``h`` blocks: one layer reaches ``H - 1`` blocks back).
+
     Positions:
         position_embedding_type (`str`, defaults to ``"absolute"``): ``"absolute"`` (learned, up to
             ``max_position_embeddings``), ``"rotary"`` (Su et al. 2021, Llama's pairing: dimension ``k`` with
-            ``k + Dh / 2``) or ``"alibi"`` (Press et al. 2022: a linear bias per head, no length limit).
+            ``k + Dh / 2``), ``"alibi"`` (Press et al. 2022: a linear bias per head, no length limit) or
+            ``"distance_aware"`` (DA-Transformer, Wu et al. 2021: per head and layer a learned weight ``w_h`` on the
+            real distance ``|i - j|`` through a learnable sigmoid re-scales the ReLU'd scores, which are then
+            re-normalised instead of a softmax; `tf_family.attention.distance_aware`; no length limit). ALiBi and
+            distance-aware positions need the distance the strided, fixed and blockwise kernels see, not the local
+            patterns.
         rope_base (`float`, defaults to 10000.0): the rotary base θ.
     """
 
@@ -77,7 +93,7 @@ class TffSparseTransformerConfig(PreTrainedConfig):
     initializer_range: float = 0.02
     hidden_dropout_prob: float = 0.0
     attention_dropout: float = 0.0
-    sparsity_pattern: Literal["strided", "fixed", "local_1d", "local_2d"] = "strided"
+    sparsity_pattern: Literal["strided", "fixed", "local_1d", "local_2d", "blockwise"] = "strided"
     pattern_layout: Literal["heads", "layers"] = "heads"
     stride: int = 128
     summary_size: int = 8
@@ -87,7 +103,8 @@ class TffSparseTransformerConfig(PreTrainedConfig):
     block_width: int = 32
     memory_height: int = 8
     memory_width: int = 16
-    position_embedding_type: Literal["absolute", "rotary", "alibi"] = "absolute"
+    block_shifts: list[int] | None = None
+    position_embedding_type: Literal["absolute", "rotary", "alibi", "distance_aware"] = "absolute"
     rope_base: float = 10000.0
     tie_word_embeddings: bool = True
     use_cache: bool = True
@@ -97,6 +114,8 @@ class TffSparseTransformerConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         check_config_kwargs(type(self).__name__, kwargs)
+        if isinstance(self.block_shifts, tuple):
+            self.block_shifts = list(self.block_shifts)
         super().__post_init__(**kwargs)
         validate_config(self)
 
@@ -127,22 +146,30 @@ class TffSparseTransformerConfig(PreTrainedConfig):
                 f"image_width={self.image_width} must be a multiple of block_width={self.block_width} (query blocks "
                 "tile each image row)."
             )
+        if self.block_shifts is not None:
+            self._check_block_shifts()
         local = self.sparsity_pattern in ("local_1d", "local_2d")
-        if local and self.position_embedding_type == "alibi":
+        if local and self.position_embedding_type in ("alibi", "distance_aware"):
             raise ValueError(
-                f"position_embedding_type='alibi' is defined here for the strided and fixed patterns, not for "
-                f"sparsity_pattern={self.sparsity_pattern!r}; use 'absolute' or 'rotary'."
+                f"position_embedding_type={self.position_embedding_type!r} is defined here for the strided, fixed and "
+                f"blockwise patterns, not for sparsity_pattern={self.sparsity_pattern!r}; use 'absolute' or 'rotary'."
             )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} must be a multiple of num_attention_heads={self.num_attention_heads}."
             )
-        if not local and self.pattern_layout == "heads" and self.num_attention_heads < 2:
+        factorised = self.sparsity_pattern in FACTORS
+        if self.sparsity_pattern == "blockwise" and self.block_shifts is None and self.num_attention_heads < 2:
+            raise ValueError(
+                "sparsity_pattern='blockwise' needs heads with different block shifts, so num_attention_heads >= 2, "
+                f"got {self.num_attention_heads}."
+            )
+        if factorised and self.pattern_layout == "heads" and self.num_attention_heads < 2:
             raise ValueError(
                 f"pattern_layout='heads' splits the two factors across heads and needs num_attention_heads >= 2, got "
                 f"{self.num_attention_heads}; use pattern_layout='layers' or more heads."
             )
-        if not local and self.pattern_layout == "layers" and self.num_hidden_layers < 2:
+        if factorised and self.pattern_layout == "layers" and self.num_hidden_layers < 2:
             raise ValueError(
                 f"pattern_layout='layers' interleaves the two factors across layers and needs num_hidden_layers >= 2, "
                 f"got {self.num_hidden_layers}; use pattern_layout='heads' or more layers."
@@ -158,6 +185,15 @@ class TffSparseTransformerConfig(PreTrainedConfig):
         check_float("layer_norm_eps", self.layer_norm_eps, minimum=0.0, min_open=True, fix="set layer_norm_eps > 0")
         for name in ("hidden_dropout_prob", "attention_dropout"):
             check_probability(name, getattr(self, name))
+
+    def _check_block_shifts(self):
+        shifts = self.block_shifts
+        check_list_of("block_shifts", shifts, check_nonnegative_int, length=self.num_attention_heads)
+        if 0 not in shifts or max(shifts) == 0:
+            raise ValueError(
+                f"block_shifts={shifts} must differ across heads, with at least one 0 (the own block) and one > 0 "
+                "(an earlier block): otherwise no information leaves a block or a token never sees its own block."
+            )
 
 
 __all__ = ["TffSparseTransformerConfig"]

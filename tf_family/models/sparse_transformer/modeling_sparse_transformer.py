@@ -8,6 +8,12 @@ split across each layer's heads or interleaved across layers (``pattern_layout``
 every earlier one in two layers (proved by `tests/attention/test_factorized.py`). With ``l`` near ``sqrt(T)``
 attention costs ``O(T sqrt(T))``.
 
+The same house holds two more fixed patterns, each on every head and layer: the Image Transformer's local 1-D / 2-D
+attention (Parmar et al. 2018, `tf_family.attention.image_local`) and blockwise self-attention (``"blockwise"``, Qiu
+et al. 2020, BlockBERT, arXiv:1911.02972, `tf_family.attention.blockwise`): blocks of ``stride`` positions, head ``h``
+reading block ``b - k_h`` (``block_shifts``), the causal partial form of the paper's cyclic block shifts (the paper's
+model is a bidirectional encoder; this house is a decoder, so a block reads only itself or earlier blocks).
+
 Attention paths (the same outputs, `tests/models/sparse_transformer/test_modeling_sparse_transformer.py`):
 
 - the efficient path (``attn_implementation`` ``"sdpa"``, the default): a forward without a filled cache regroups
@@ -19,9 +25,11 @@ Attention paths (the same outputs, `tests/models/sparse_transformer/test_modelin
   decoding step, whose one query row over the cache costs ``O(S)``.
 
 Positions: ``position_embedding_type`` ``"absolute"`` (learned, added to the token embeddings), ``"rotary"`` (queries
-and keys rotated, Llama's pairing, `tf_family.attention.rotary`) or ``"alibi"`` (a per-head linear bias,
-`tf_family.attention.alibi`). Positions count real tokens (left padding starts at 0), and the pattern is laid on
-those positions, so padding on either side changes nothing.
+and keys rotated, Llama's pairing, `tf_family.attention.rotary`), ``"alibi"`` (a per-head linear bias,
+`tf_family.attention.alibi`) or ``"distance_aware"`` (DA-Transformer, Wu et al. 2021: each layer's
+`DistanceAwareScaling` re-scales the ReLU'd scores by a learnable sigmoid of ``w_h |i - j|`` and re-normalises them,
+`tf_family.attention.distance_aware`; causal: the same over keys ``j <= i``; both paths). Positions count real tokens
+(left padding starts at 0), and the pattern is laid on those positions, so padding on either side changes nothing.
 
 The block is GPT-2's pre-norm layer (LayerNorm, attention, LayerNorm, GELU MLP). Deviations from the paper: no
 recomputation of attention in the backward pass (gradient checkpointing is the layer-level equivalent), no
@@ -48,10 +56,13 @@ from transformers.utils import logging
 
 from ...attention import attend
 from ...attention.alibi import alibi_bias, alibi_slopes
+from ...attention.blockwise import BlockwisePattern, blockwise_attention, build_blockwise_mask
+from ...attention.distance_aware import distance_aware_attention
 from ...attention.factorized import FactorizedPattern, build_factorized_mask, factorized_attention
 from ...attention.image_local import Local1DPattern, Local2DPattern, build_image_local_mask, image_local_attention
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import FromPretrainedMixin
+from ...layers.distance_aware import DistanceAwareScaling, initial_distance_weights
 from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import causal_lm_loss
@@ -100,6 +111,9 @@ class TffSparseTransformerMLP(nn.Module):
 def layer_head_patterns(config: TffSparseTransformerConfig, layer_idx: int) -> list:
     """The pattern of every head of layer ``layer_idx`` (built here, beside the kernels that read them)."""
     heads = config.num_attention_heads
+    if config.sparsity_pattern == "blockwise":  # head h: shift k_h (block_shifts, default 0 .. H - 1), causal
+        shifts = config.block_shifts if config.block_shifts is not None else range(heads)
+        return [BlockwisePattern(config.stride, shift) for shift in shifts]
     if config.sparsity_pattern == "local_1d":
         return [Local1DPattern(config.stride, config.memory_length)] * heads
     if config.sparsity_pattern == "local_2d":
@@ -132,6 +146,8 @@ def _pattern_mask(pattern, query_positions: torch.Tensor, key_positions: torch.T
     """A head's bool mask ``(..., T, S)`` (its pattern's mask function)."""
     if isinstance(pattern, FactorizedPattern):
         return build_factorized_mask(pattern, query_positions, key_positions)
+    if isinstance(pattern, BlockwisePattern):
+        return build_blockwise_mask(pattern, query_positions, key_positions)
     return build_image_local_mask(pattern, query_positions, key_positions)
 
 
@@ -158,6 +174,9 @@ class TffSparseTransformerAttention(nn.Module):
         self.groups = _head_groups(self.patterns)
         width = config.hidden_size
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(width, width) for _ in range(4))
+        distance_aware = config.position_embedding_type == "distance_aware"
+        # DA-Transformer's w_h, v_h of this layer (None unless position_embedding_type="distance_aware")
+        self.distance_aware = DistanceAwareScaling(self.num_heads) if distance_aware else None
 
     def _heads(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.view(*tensor.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
@@ -170,10 +189,14 @@ class TffSparseTransformerAttention(nn.Module):
         parts, implementation = [], self.config._attn_implementation
         for first, end, pattern in self.groups:
             heads = (query[:, first:end], key[:, first:end], value[:, first:end])
+            slopes = None if inputs.slopes is None else inputs.slopes[first:end]
+            if self.distance_aware is not None:  # the kernels take DA's (w_h, v_h) where they take ALiBi slopes
+                slopes = self.distance_aware.heads(first, end)
             if isinstance(pattern, FactorizedPattern):
-                slopes = None if inputs.slopes is None else inputs.slopes[first:end]
                 attended = factorized_attention(*heads, pattern, slopes, dropout_p, implementation)
-            else:  # the Image Transformer's local 1-D / 2-D attention (no ALiBi: the config refuses it)
+            elif isinstance(pattern, BlockwisePattern):
+                attended = blockwise_attention(*heads, pattern, slopes, dropout_p, implementation)
+            else:  # the Image Transformer's local 1-D / 2-D attention (no ALiBi, no DA: the config refuses them)
                 attended = image_local_attention(*heads, pattern, dropout_p, implementation)
             parts.append(attended)
         attended = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
@@ -194,6 +217,11 @@ class TffSparseTransformerAttention(nn.Module):
             index_k = torch.arange(key.shape[2], device=query.device)[None, :]
             padded_query = ~inputs.key_valid[:, None, past:, None]  # (B, 1, T, 1)
             allowed = allowed | (padded_query & (index_q == index_k))
+        if self.distance_aware is not None:
+            distance = inputs.query_positions[:, :, None] - inputs.key_positions[:, None, :]  # (B, T, S): i - j
+            work = torch.promote_types(query.dtype, torch.float32)
+            coefficients = self.distance_aware.heads().coefficients(distance, work)  # (B, H, T, S)
+            return distance_aware_attention(query, key, value, allowed, coefficients, dropout_p)
         bias = None
         if inputs.slopes is not None:
             bias = alibi_bias(inputs.slopes, inputs.query_positions, inputs.key_positions).to(query.dtype)
@@ -265,6 +293,9 @@ class TffSparseTransformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin,
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        elif isinstance(module, DistanceAwareScaling):
+            init.copy_(module.weight, initial_distance_weights(module.weight.shape[0]))
+            init.zeros_(module.offset)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
