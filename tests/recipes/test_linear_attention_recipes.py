@@ -3,6 +3,7 @@ and sequence-classification recipes (tiny model, tiny real data): each trains to
 reloads through the Auto classes and gives the outputs of the trained model it saved."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ def labelled(corpus, tmp_path_factory):
     folder = tmp_path_factory.mktemp("labelled")
     files = {}
     for split in ("train", "validation"):
-        rows = [json.loads(line) for line in open(corpus[split])]
+        rows = [json.loads(line) for line in Path(corpus[split]).read_text().splitlines()]
         rows = [{"text": r["text"][:300], "label": ("first", "second")[n % 2]} for n, r in enumerate(rows)]
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         files[split] = str(folder / f"{split}.jsonl")
