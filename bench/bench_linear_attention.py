@@ -227,7 +227,17 @@ def part_references(args, record: dict, flush) -> None:
             "linformer LinformerLM": sum(p.numel() for p in theirs_linformer.parameters()),
         }
         record["references"].append(
-            {"length": length, "linformer_k": k, "loadavg": loadavg(), "step": times, "parameters": params}
+            {
+                "length": length,
+                "linformer_k": k,
+                "loadavg": loadavg(),
+                "step": times,
+                "parameters": params,
+                "attn_implementation": {
+                    "ours Performer (causal)": ours_performer.config._attn_implementation,
+                    "ours Linformer (masked LM head)": ours_linformer.config._attn_implementation,
+                },
+            }
         )
         flush()
 
@@ -240,8 +250,8 @@ def markdown(args, record: dict) -> str:
         f"batch 1, float32, {args.features or 'default'} random features, dropout 0. Training step = forward + "
         f"backward of the LM loss (no optimiser). Step times: median (min) in ms over {args.rounds} interleaved "
         "rounds after one warm-up, one process. Saved activations: distinct storages autograd keeps for backward in "
-        "one forward (MiB), not peak RSS. The machine was shared with a CI run: the load average is recorded per "
-        "length; trust the same-row ratios more than the absolute times.",
+        "one forward (MiB), not peak RSS. The machine is shared with other sessions' runs: the load average is recorded "
+        "per length; trust the same-row ratios more than the absolute times.",
         "",
         "## 1. Training step against length (causal)",
         "",
@@ -303,6 +313,14 @@ def markdown(args, record: dict) -> str:
         " (one E, F per layer shared by its heads, LinformerLM's layout); LinformerLM unties its output layer. Their losses: cross-entropy on their logits (ours: the models' "
         "own loss)."
     )
+    implementations = {n: i for cell in record["references"] for n, i in cell.get("attn_implementation", {}).items()}
+    if implementations:
+        lines.append(
+            "Ours as built (default `attn_implementation`): "
+            + ", ".join(f"{name}: `{impl}`" for name, impl in implementations.items())
+            + " (the Linformer computes its softmax over the projected slots with PyTorch's SDPA under `sdpa` and "
+            "`tff_native`, the explicit twin under `eager`; the kernelised models have no softmax to dispatch)."
+        )
     if record["not_measured"]:
         lines += ["", "Not measured: " + "; ".join(record["not_measured"]) + "."]
     return "\n".join(lines)

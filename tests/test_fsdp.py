@@ -31,6 +31,13 @@ CASES = [
     ("calm", "causal_lm"),
     ("decision_transformer", "action"),
     ("universal_transformer", "causal_lm"),
+    ("linformer", "masked_lm"),
+    ("linformer", "sequence_classification"),
+    ("performer", "causal_lm"),
+    ("performer", "masked_lm"),
+    ("linear_transformer", "causal_lm"),
+    ("rfa", "causal_lm"),
+    ("sparse_transformer", "causal_lm"),
 ]
 STEPS, ROWS, LENGTH, LR = 3, 4, 16, 1e-3
 RESUME_CASE = ("compressive", "causal_lm")  # a sharded checkpoint after step 2, resumed for step 3
@@ -161,6 +168,15 @@ def test_fsdp2_on_two_processes_matches_one_process(two_process_run, arch, task)
     difference = _max_difference(two_process_run["results"][key], single)
     print(f"FSDP2 {arch} {task}: max |dw| = {difference:.2e}")
     assert difference <= 1e-5
+
+
+def test_every_architecture_has_a_case():
+    """A new architecture cannot skip FSDP2: every registry entry has at least one (architecture, head) case."""
+    from tf_family.registry import ARCHITECTURES
+
+    covered = {arch for arch, _ in CASES}
+    assert set(ARCHITECTURES) <= covered, f"add FSDP2 cases for {sorted(set(ARCHITECTURES) - covered)}"
+    assert all(task in ARCHITECTURES[arch].tasks for arch, task in CASES)
 
 
 @pytest.mark.slow

@@ -160,8 +160,8 @@ def test_models_give_the_same_outputs_with_eager_and_sdpa(name):
     task = "causal_lm" if "causal_lm" in spec.model_classes else next(iter(spec.model_classes))
     model = build(spec, task)
     if not type(model)._supports_sdpa:
-        # kernelised (Performer, Linear Transformer, RFA) and low-rank (Linformer) attention have no softmax kernel
-        # for attn_implementation to choose
+        # kernelised attention (Performer, Linear Transformer, RFA) has no softmax kernel for attn_implementation to
+        # choose
         pytest.skip(f"{name} declares no SDPA attention (_supports_sdpa = False)")
     assert model.config._attn_implementation == backend.default_implementation(dtype=torch.float32)  # the rule
     inputs = _padded_inputs(spec, model, task)

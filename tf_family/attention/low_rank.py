@@ -3,7 +3,9 @@ axis, ``S -> K``, by learned matrices ``E`` and ``F`` before softmax attention, 
 
 `project_along_sequence` picks each real position's row of the projection by its position (the count of real tokens
 before it), so left and right padding give the same projection, and leaves padding out (its keys and values are
-zeroed before the projection, not mixed in). `low_rank_attention` is softmax attention over the ``K`` projected
+zeroed before the projection, not mixed in). `project_prefix_along_sequence` is the same projection where every real
+token's position is its index (no padding, or padding on the right only): the first ``S`` rows are sliced instead of
+gathered per row, so the projection's gradient is one product instead of a scatter-add of ``B S`` rows. `low_rank_attention` is softmax attention over the ``K`` projected
 slots; its dense twin `low_rank_attention_reference` builds the ``(T, S)`` matrix the two steps imply
 (``softmax(q (E^T k)^T) F^T``) and applies it to the original values.
 
@@ -29,9 +31,24 @@ def project_along_sequence(
     """``E^T x`` along the sequence: ``(B, H, S, Dh)`` keys or values, ``(P, N, K)`` projection, ``(B, S)``
     positions (``< N``) and ``key_valid`` -> ``(B, H, K, Dh)``. Padding contributes nothing."""
     rows = _gathered_projection(projection, positions, key_valid)  # (B, P, S, K)
-    rows = rows.expand(-1, states.shape[1], -1, -1)  # (B, H, S, K): one projection per head, or one for all
     states = torch.where(key_valid[:, None, :, None], states, torch.zeros((), dtype=states.dtype))
+    if rows.shape[1] == 1:  # one projection for all heads: not expanded to (B, H, S, K), whose gradient is a sum
+        return torch.einsum("bsk,bhsd->bhkd", rows[:, 0], states)
     return torch.einsum("bhsk,bhsd->bhkd", rows, states)
+
+
+def project_prefix_along_sequence(
+    states: torch.Tensor, projection: torch.Tensor, key_valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`project_along_sequence` for inputs whose real tokens sit at positions ``0 ..`` (each real token's position
+    is its index: no padding, or padding on the right only): ``(B, H, S, Dh)`` keys or values, ``(P, N, K)``
+    projection, ``key_valid`` ``(B, S)`` or ``None`` (no padding) -> ``(B, H, K, Dh)``. Padding contributes nothing."""
+    rows = projection[:, : states.shape[2]]  # (P, S, K): rows 0 .. S-1
+    if key_valid is not None:
+        states = torch.where(key_valid[:, None, :, None], states, torch.zeros((), dtype=states.dtype))
+    if rows.shape[0] == 1:
+        return torch.einsum("sk,bhsd->bhkd", rows[0], states)
+    return torch.einsum("hsk,bhsd->bhkd", rows, states)
 
 
 def low_rank_attention(
@@ -69,4 +86,9 @@ def low_rank_attention_reference(
     return torch.einsum("bhts,bhsd->bhtd", weights, value)
 
 
-__all__ = ["low_rank_attention", "low_rank_attention_reference", "project_along_sequence"]
+__all__ = [
+    "low_rank_attention",
+    "low_rank_attention_reference",
+    "project_along_sequence",
+    "project_prefix_along_sequence",
+]

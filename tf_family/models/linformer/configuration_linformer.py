@@ -35,6 +35,8 @@ class TffLinformerConfig(PreTrainedConfig):
             and ``F`` are uniform in ``[-1/sqrt(k), 1/sqrt(k)]``).
         layer_norm_eps (`float`, defaults to 1e-5): layer norm epsilon.
         pad_token_id (`int`, defaults to 0): the padding token.
+        bos_token_id, eos_token_id (`int`, *optional*): the tokenizer's sequence start and end (the masked-LM
+            recipe records its ``[CLS]`` and ``[SEP]`` here, as for the other encoders).
         classifier_dropout (`float`, *optional*): dropout of the classification heads; defaults to
             `hidden_dropout_prob`.
         tie_word_embeddings (`bool`, defaults to `True`): tie the masked-LM decoder to the input embeddings.
@@ -58,6 +60,8 @@ class TffLinformerConfig(PreTrainedConfig):
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-5
     pad_token_id: int | None = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
     classifier_dropout: float | None = None
     tie_word_embeddings: bool = True
 

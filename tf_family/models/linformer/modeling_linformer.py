@@ -28,8 +28,9 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput
 
+from ...attention.backend import attend
 from ...attention.dropout import dropout
-from ...attention.low_rank import low_rank_attention, project_along_sequence
+from ...attention.low_rank import low_rank_attention, project_along_sequence, project_prefix_along_sequence
 from ...conversion import FromPretrainedMixin
 from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, GenericForTokenClassification
 from ...modeling.remote_code_mixin import RemoteCodeMixin
@@ -75,6 +76,7 @@ class TffLinformerAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.sharing = config.projection_sharing
         self.attention_dropout = config.attention_probs_dropout_prob
+        self.config = config  # `config._attn_implementation` is read at every call
         width = config.hidden_size
         self.query, self.key, self.value = (nn.Linear(width, width) for _ in range(3))
         self.out_proj = nn.Linear(width, width)
@@ -95,17 +97,35 @@ class TffLinformerAttention(nn.Module):
         return self.key_projection, self.value_projection
 
     def forward(self, hidden, key_valid, position_ids, shared_projection=None, output_attentions=False):
+        """``position_ids`` ``(B, T)`` pick the rows of ``E`` / ``F``; ``None`` where each real token's position is its
+        index (the rows are sliced); ``key_valid`` ``(B, T)``, or ``None`` without padding."""
         batch, length, _ = hidden.shape
         query, key, value = (self._heads(linear(hidden)) for linear in (self.query, self.key, self.value))
         key_projection, value_projection = self.projections(shared_projection)
-        projected_key = project_along_sequence(key, key_projection, position_ids, key_valid)  # (B, H, K, Dh)
-        projected_value = project_along_sequence(value, value_projection, position_ids, key_valid)
-        attended, probs = low_rank_attention(
-            query,
-            projected_key,
-            projected_value,
-            dropout=lambda p: dropout(p, self.attention_dropout, self.training),
-        )
+        if position_ids is None:
+            projected_key = project_prefix_along_sequence(key, key_projection, key_valid)  # (B, H, K, Dh)
+            projected_value = project_prefix_along_sequence(value, value_projection, key_valid)
+        else:
+            projected_key = project_along_sequence(key, key_projection, position_ids, key_valid)  # (B, H, K, Dh)
+            projected_value = project_along_sequence(value, value_projection, position_ids, key_valid)
+        if output_attentions or self.config._attn_implementation == "eager":  # the explicit twin, with probabilities
+            attended, probs = low_rank_attention(
+                query,
+                projected_key,
+                projected_value,
+                dropout=lambda p: dropout(p, self.attention_dropout, self.training),
+            )
+        else:  # softmax over the K slots by PyTorch's fused SDPA (no (B, H, T, K) tensors kept for backward)
+            # `cpu_kernels=False`: the native CPU kernel's tiles suit long key axes, not K slots; it was the slower
+            # of the two on the Linformer training step (bench/results/linformer_vs_reference.md)
+            attended, probs = attend(
+                query,
+                projected_key,
+                projected_value,
+                dropout_p=self.attention_dropout if self.training else 0.0,
+                implementation=self.config._attn_implementation,
+                cpu_kernels=False,
+            )
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.out_proj(attended), (probs if output_attentions else None)
 
@@ -153,6 +173,10 @@ class TffLinformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPre
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TffLinformerLayer"]
+    # softmax over the projected slots through `attention.backend.attend`; eager (`low_rank_attention`, the explicit
+    # twin) and sdpa agree: tests/attention/test_backend.py, tests/attention/test_low_rank.py
+    _supports_sdpa = True
+    _can_set_attn_implementation_cached_value = True  # read at every call, so switching it later is safe
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
@@ -238,6 +262,13 @@ class TffLinformerModel(TffLinformerPreTrainedModel):
             key_valid = torch.ones(batch, length, dtype=torch.bool, device=device)
         else:
             key_valid = attention_mask.to(torch.bool)
+        # each real token's position is its index (no padding, or padding on the right only): the layers slice the
+        # rows of E / F instead of gathering them per row (`project_prefix_along_sequence`); the check reads the
+        # mask, so a traced forward (torch.compile / export) with a mask gathers
+        prefix = position_ids is None and (
+            attention_mask is None
+            or (not torch.compiler.is_compiling() and bool((key_valid[:, 1:] <= key_valid[:, :-1]).all()))
+        )
         if position_ids is None:
             position_ids = (key_valid.long().cumsum(dim=1) - 1).clamp_min(0)  # (B, T)
         else:
@@ -258,8 +289,8 @@ class TffLinformerModel(TffLinformerPreTrainedModel):
                 all_hidden += (hidden,)
             hidden, probs = layer(
                 hidden,
-                key_valid=key_valid,
-                position_ids=position_ids,
+                key_valid=None if prefix and attention_mask is None else key_valid,
+                position_ids=None if prefix else position_ids,
                 shared_projection=self.shared_projection,
                 output_attentions=output_attentions,
             )
