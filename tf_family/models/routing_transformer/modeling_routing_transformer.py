@@ -338,8 +338,9 @@ class TffRoutingTransformerModel(TffRoutingTransformerPreTrainedModel):
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, hidden.dtype)
         routing_cos, routing_sin = _interleaved_tables(cos, sin)
         eager = self.config._attn_implementation == "eager" or output_attentions
-        padded = key_valid is not None and not bool(key_valid.all())
-        sparse = not (past or eager or padded or torch.compiler.is_exporting())
+        # (no data-dependent branch while exporting: the dense path is the exported one)
+        sparse = not (past or eager or torch.compiler.is_exporting())
+        sparse = sparse and (key_valid is None or bool(key_valid.all()))
         centroids = updates = None
         if self.training:  # the layers read a copy; the buffers move after the layer loop
             attentions = (layer.self_attn for layer in self.layers)
