@@ -21,8 +21,8 @@ earlier shares its cluster.
 `routing_attention` gathers each cluster's members (a ``(B, H, K, W)`` index, `nearest_members` packs the nearest
 clusters into such a grid), attends within each cluster and scatters the outputs back (``O(T W)`` per head, never
 ``T x T``); `routing_attention_reference` is its dense twin: every cluster as a ``(T, S)`` mask of full attention.
-`kmeans_step` and `ema_update` are the online k-means (section 4.1: centroids move by an exponential moving average
-of the normalised sums of their members). Tensors are ``(B, H, T, Dh)``.
+`kmeans_statistics`, `kmeans_centroids` (together `kmeans_step`) and `ema_update` are the online k-means (section
+4.1: centroids move by an exponential moving average of the normalised sums of their members). Tensors are ``(B, H, T, Dh)``.
 """
 
 from __future__ import annotations
@@ -175,29 +175,45 @@ def routing_attention_reference(
 
 
 @torch.no_grad()
-def kmeans_step(
-    normalized: torch.Tensor, clusters: torch.Tensor, centroids: torch.Tensor, valid: torch.Tensor | None = None
-) -> torch.Tensor:
-    """One k-means step: each centroid moves to the normalised sum of the unit vectors nearest to it (over the batch
-    and sequence); a centroid no token is nearest to stays. ``(H, K, Dh)`` in the centroids' dtype.
+def kmeans_statistics(
+    normalized: torch.Tensor, clusters: torch.Tensor, num_clusters: int, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a k-means step needs: per head and centroid, the sum of the unit vectors nearest to it ``(H, K, Dh)`` and
+    their count ``(H, K)``, over the batch and sequence (sums that data-parallel ranks add up).
 
     Args:
         normalized: ``(B, H, T, Dh)`` unit vectors; clusters: ``(B, H, T)`` from `nearest_centroid`.
-        centroids: ``(H, K, Dh)``; valid: ``(B, T)`` bool, False at padding (left out).
+        num_clusters: ``K``; valid: ``(B, T)`` bool, False at padding (left out).
     """
     head_dim = normalized.shape[-1]
-    vectors = normalized.to(centroids.dtype)
-    weight = torch.ones(clusters.shape, dtype=centroids.dtype, device=clusters.device)
+    dtype = torch.promote_types(normalized.dtype, torch.float32)
+    vectors = normalized.to(dtype)
+    weight = torch.ones(clusters.shape, dtype=dtype, device=clusters.device)
     if valid is not None:
-        weight = weight * valid[:, None, :].to(centroids.dtype)
+        weight = weight * valid[:, None, :].to(dtype)
         vectors = vectors * weight[..., None]
     batch, heads = clusters.shape[:2]
-    num_clusters = centroids.shape[1]
     sums = vectors.new_zeros(batch, heads, num_clusters, head_dim)
     sums.scatter_add_(2, clusters[..., None].expand(-1, -1, -1, head_dim), vectors)
     counts = weight.new_zeros(batch, heads, num_clusters).scatter_add_(2, clusters, weight)
-    moved = F.normalize(sums.sum(0), dim=-1)  # (H, K, Dh)
-    return torch.where(counts.sum(0)[..., None] > 0, moved, centroids)
+    return sums.sum(0), counts.sum(0)
+
+
+@torch.no_grad()
+def kmeans_centroids(sums: torch.Tensor, counts: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """The k-means step from `kmeans_statistics`: each centroid moves to the normalised sum of its members; a centroid
+    with none stays. ``(H, K, Dh)`` in the centroids' dtype."""
+    moved = F.normalize(sums, dim=-1).to(centroids.dtype)
+    return torch.where(counts[..., None] > 0, moved, centroids)
+
+
+@torch.no_grad()
+def kmeans_step(
+    normalized: torch.Tensor, clusters: torch.Tensor, centroids: torch.Tensor, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One k-means step on one process's tokens (`kmeans_statistics` then `kmeans_centroids`). ``(H, K, Dh)``."""
+    sums, counts = kmeans_statistics(normalized, clusters, centroids.shape[1], valid)
+    return kmeans_centroids(sums, counts, centroids)
 
 
 @torch.no_grad()
@@ -211,6 +227,8 @@ __all__ = [
     "balanced_members",
     "centroid_similarity",
     "ema_update",
+    "kmeans_centroids",
+    "kmeans_statistics",
     "kmeans_step",
     "nearest_centroid",
     "nearest_members",

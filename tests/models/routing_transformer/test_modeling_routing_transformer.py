@@ -341,3 +341,40 @@ def test_all_local_heads_and_all_routing_heads():
             fast = model(input_ids=ids).logits
             model.config._attn_implementation = "eager"
             torch.testing.assert_close(model(input_ids=ids).logits, fast, rtol=1e-10, atol=1e-10)
+
+
+def _data_parallel_worker(rank, world, port, folder):
+    import os
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = _model(kmeans_ema_decay=0.0).train()
+        ids = _ids(batch=4)
+        model(input_ids=ids[rank * 2 : rank * 2 + 2], labels=ids[rank * 2 : rank * 2 + 2])
+        centroids = [a.centroids for a in _routing_modules(model)]
+        torch.save(centroids, f"{folder}/rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_data_parallel_ranks_move_the_centroids_as_one_process(tmp_path):
+    """Two gloo ranks, two rows each: the k-means sums are added over the ranks, so both take the step one process
+    takes on the four rows (decay 0: the step itself)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_data_parallel_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    single = _model(kmeans_ema_decay=0.0).train()
+    ids = _ids(batch=4)
+    single(input_ids=ids, labels=ids)
+    expected = [a.centroids for a in _routing_modules(single)]
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -13,8 +13,10 @@ the reference implementations' top-k) gives equal cluster sizes but ranks tokens
 generation recomputes the prefix at each step (no cache).
 
 Centroids are buffers: saved in the checkpoint, moved by an exponential moving average of one k-means step
-(`kmeans_step`, `ema_update`) at every *training* forward, never in eval. The update is applied after the layer loop;
-the layers of a training forward read a copy taken before it, so gradient checkpointing recomputes the same clusters.
+(`kmeans_statistics`, `kmeans_centroids`, `ema_update`) at every *training* forward, never in eval. The update is
+applied after the layer loop; the layers of a training forward read a copy taken before it, so gradient checkpointing
+recomputes the same clusters. Under data parallelism the k-means sums are added over the ranks first (one
+``all_reduce`` per training forward), so the centroids move as one process's would on the whole batch.
 
 Attention paths (the same outputs, `tests/models/routing_transformer/test_modeling_routing_transformer.py`):
 
@@ -61,7 +63,8 @@ from ...attention.routing import (
     balanced_members,
     centroid_similarity,
     ema_update,
-    kmeans_step,
+    kmeans_centroids,
+    kmeans_statistics,
     nearest_centroid,
     nearest_members,
     routing_attention,
@@ -91,7 +94,7 @@ class RoutingLayerInputs(NamedTuple):
     key_valid: torch.Tensor | None  # (B, S) bool, False at padding (None: no padding)
     sparse: bool  # take the efficient path (no filled cache, no padding)
     centroids: dict | None  # layer index -> (H_routing, K, Dh) copy read in training (None: the buffers)
-    centroid_updates: list | None  # training: (attention module, new centroids) pairs, applied after the layers
+    centroid_updates: list | None  # training: (attention module, k-means sums, counts), applied after the layers
 
 
 def _interleaved_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,7 +182,7 @@ class TffRoutingTransformerAttention(nn.Module):
         if self.training and inputs.centroid_updates is not None:
             with torch.no_grad():
                 nearest = nearest_centroid(centroid_similarity(new_keys, centroids))
-            inputs.centroid_updates.append((self, kmeans_step(new_keys, nearest, centroids, query_valid)))
+            inputs.centroid_updates.append((self, *kmeans_statistics(new_keys, nearest, num_clusters, query_valid)))
         routes = self.route(new_keys, centroids, query_valid)
         if inputs.sparse and not eager:
             members, exists = (routes, None) if balanced else nearest_members(routes, num_clusters)
@@ -360,6 +363,27 @@ class TffRoutingTransformerModel(TffRoutingTransformerPreTrainedModel):
         )
         return self.dropout(hidden), inputs
 
+    @torch.no_grad()
+    def _move_centroids(self, updates: list) -> None:
+        """One EMA k-means step of every routing head from its ``(module, sums, counts)``. Under data parallelism
+        (an initialised process group of several ranks) the sums and counts are added over the ranks first, so every
+        rank takes the step the whole batch gives and the centroids stay equal across ranks (every rank runs its
+        training forwards, as DDP and FSDP do)."""
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and torch.distributed.get_world_size() > 1:
+            flat = torch.cat([torch.cat([sums.flatten(), counts.flatten()]) for _, sums, counts in updates])
+            torch.distributed.all_reduce(flat)
+            reduced, offset = [], 0
+            for attention, sums, counts in updates:
+                total = sums.numel() + counts.numel()
+                chunk = flat[offset : offset + total]
+                reduced.append((attention, chunk[: sums.numel()].view_as(sums), chunk[sums.numel() :].view_as(counts)))
+                offset += total
+            updates = reduced
+        for attention, sums, counts in updates:
+            moved = kmeans_centroids(sums, counts, attention.centroids)
+            ema_update(attention.centroids, moved, self.config.kmeans_ema_decay)
+
     @accepts_past_key_values
     def forward(
         self,
@@ -412,8 +436,8 @@ class TffRoutingTransformerModel(TffRoutingTransformerPreTrainedModel):
         hidden = self.norm(hidden)
         if output_hidden_states:
             all_hidden += (hidden,)
-        for attention, new_centroids in inputs.centroid_updates or ():
-            ema_update(attention.centroids, new_centroids, self.config.kmeans_ema_decay)
+        if inputs.centroid_updates:
+            self._move_centroids(inputs.centroid_updates)
         output = BaseModelOutputWithPast(
             last_hidden_state=hidden,
             cache=cache if use_cache else None,
