@@ -1,5 +1,6 @@
 """Routing Transformer: the efficient path equals the dense twin (values and gradients, both memberships, lengths that
-are not multiples of the block, with and without padding); the gathered kernel builds no ``T x T`` tensor; centroids
+are not multiples of the block; the kernels alone: tests/attention/test_routing.py); the efficient path builds no
+``T x T`` tensor; padding changes nothing; centroids
 are saved and reloaded, move in training only; the nearest membership is causal and decodes with a cache; the
 balanced membership gives equal cluster sizes; ``sparsity_skip_first`` layers have no routing heads; config errors
 name the field."""
@@ -10,14 +11,7 @@ import torch
 import tf_family.attention.routing as routing_module
 import tf_family.models.routing_transformer.modeling_routing_transformer as modeling
 from tf_family import create_model
-from tf_family.attention.routing import (
-    balanced_members,
-    centroid_similarity,
-    nearest_centroid,
-    nearest_members,
-    routing_attention,
-    routing_attention_reference,
-)
+from tf_family.attention.routing import centroid_similarity, nearest_centroid
 
 MEMBERSHIPS = ["nearest", "balanced"]
 
@@ -37,68 +31,6 @@ def _ids(batch=3, length=13, seed=1):
 
 def _routing_modules(model):
     return [layer.self_attn for layer in model.model.layers if layer.self_attn.routing_heads]
-
-
-# ------------------------------------------------------------------------------------------------- kernel and twin
-def _kernel_inputs(seed=0, batch=2, heads=3, length=11, head_dim=8, clusters=3):
-    generator = torch.Generator().manual_seed(seed)
-    query = torch.randn(batch, heads, length, head_dim, generator=generator, dtype=torch.float64)
-    value = torch.randn(batch, heads, length, head_dim, generator=generator, dtype=torch.float64)
-    centroids = torch.nn.functional.normalize(
-        torch.randn(heads, clusters, head_dim, generator=generator, dtype=torch.float64), dim=-1
-    )
-    return query.requires_grad_(), value.requires_grad_(), centroids
-
-
-@pytest.mark.parametrize("membership", MEMBERSHIPS)
-@pytest.mark.parametrize("padded", [False, True])
-def test_gathered_kernel_equals_dense_twin(membership, padded):
-    """values and gradients, shared QK, 11 tokens (not a multiple of the cluster size 4), right padding."""
-    query, value, centroids = _kernel_inputs()
-    batch, heads, length = query.shape[:3]
-    valid = torch.ones(batch, length, dtype=torch.bool)
-    if padded:
-        valid[1, -3:] = False
-    key = torch.nn.functional.normalize(query, dim=-1)
-    similarity = centroid_similarity(key.detach(), centroids)
-    if membership == "balanced":
-        members, exists = balanced_members(similarity, 4, valid), None
-        membership_mask = torch.zeros(batch, heads, 3, length, dtype=torch.bool).scatter_(3, members, True)
-    else:
-        clusters = nearest_centroid(similarity)
-        members, exists = nearest_members(clusters, 3)
-        membership_mask = torch.nn.functional.one_hot(clusters, 3).bool().transpose(2, 3)
-    positions = torch.arange(length).expand(batch, length)
-    fast = routing_attention(query, key, value, members, exists, valid)
-    dense, _ = routing_attention_reference(
-        query, key, value, membership_mask, membership_mask, (positions, positions), valid
-    )
-    real = valid[:, None, :, None].expand_as(fast)
-    torch.testing.assert_close(fast[real], dense[real], rtol=1e-12, atol=1e-12)
-    weights = torch.randn(fast.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * real
-    fast_grads = torch.autograd.grad((fast * weights).sum(), (query, value), retain_graph=True)
-    dense_grads = torch.autograd.grad((dense * weights).sum(), (query, value))
-    for got, expected in zip(fast_grads, dense_grads, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
-
-
-def test_balanced_clusters_have_equal_sizes_and_nearest_clusters_partition():
-    query, _, centroids = _kernel_inputs(length=17)
-    similarity = centroid_similarity(torch.nn.functional.normalize(query.detach(), dim=-1), centroids)
-    members = balanced_members(similarity, 5)
-    assert members.shape == (2, 3, 3, 5)  # every cluster exactly w = 5 members
-    assert all(len(set(row.tolist())) == 5 for row in members.reshape(-1, 5))  # distinct tokens per cluster
-    # each centroid's members are its 5 most similar tokens
-    expected = similarity.topk(5, dim=2).indices.transpose(2, 3).sort(-1).values
-    assert torch.equal(members.sort(-1).values, expected)
-    assert balanced_members(similarity, 40).shape[-1] == 17  # w is capped at T
-    clusters = nearest_centroid(similarity)
-    grid, exists = nearest_members(clusters, 3)
-    assert int(exists.sum()) == 2 * 3 * 17  # every token in exactly one cluster
-    for b, h in ((0, 0), (1, 2)):
-        for k in range(3):
-            got = grid[b, h, k][exists[b, h, k]].tolist()
-            assert got == (clusters[b, h] == k).nonzero().flatten().tolist()  # in position order
 
 
 # --------------------------------------------------------------------------------------------------- model paths
