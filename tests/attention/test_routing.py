@@ -13,6 +13,7 @@ from tf_family.attention.routing import (
     kmeans_step,
     nearest_centroid,
     nearest_members,
+    nearest_routing_attention,
     routing_attention,
     routing_attention_reference,
 )
@@ -95,3 +96,23 @@ def test_kmeans_step_moves_each_centroid_to_its_members_mean_direction():
     ema = centroids.clone()
     ema_update(ema, moved, 0.9)
     torch.testing.assert_close(ema, 0.9 * centroids + 0.1 * moved)
+
+
+def test_nearest_dense_path_equals_the_per_cluster_twin_over_a_cache():
+    """The decoding step's path: new queries (the last 3 positions) over every key, left padding."""
+    query, value, centroids = _kernel_inputs(length=10)
+    key = torch.nn.functional.normalize(query, dim=-1)
+    clusters = nearest_centroid(centroid_similarity(key.detach(), centroids))  # (B, H, S)
+    valid = torch.ones(2, 10, dtype=torch.bool)
+    valid[1, :2] = False
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    new = slice(7, 10)
+    one_hot = torch.nn.functional.one_hot(clusters, 3).bool().transpose(2, 3)  # (B, H, K, S)
+    got, got_probs = nearest_routing_attention(
+        query[:, :, new], key, value, (clusters[:, :, new], clusters), (positions[:, new], positions), valid
+    )
+    expected, expected_probs = routing_attention_reference(
+        query[:, :, new], key, value, one_hot[..., new], one_hot, (positions[:, new], positions), valid
+    )
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_probs, expected_probs, rtol=1e-12, atol=1e-12)

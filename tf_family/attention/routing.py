@@ -20,7 +20,8 @@ earlier shares its cluster.
 
 `routing_attention` gathers each cluster's members (a ``(B, H, K, W)`` index, `nearest_members` packs the nearest
 clusters into such a grid), attends within each cluster and scatters the outputs back (``O(T W)`` per head, never
-``T x T``); `routing_attention_reference` is its dense twin: every cluster as a ``(T, S)`` mask of full attention.
+``T x T``); `routing_attention_reference` is its dense twin: every cluster as a ``(T, S)`` mask of full attention
+(`nearest_routing_attention`: the same for nearest clusters as one ``(T, S)`` mask, the decoding step's path).
 `kmeans_statistics`, `kmeans_centroids` (together `kmeans_step`) and `ema_update` are the online k-means (section
 4.1: centroids move by an exponential moving average of the normalised sums of their members). Tensors are ``(B, H, T, Dh)``.
 """
@@ -60,7 +61,8 @@ def balanced_members(similarity: torch.Tensor, cluster_size: int, valid: torch.T
 
 def nearest_members(clusters: torch.Tensor, num_clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The nearest-centroid clusters as a grid: members ``(B, H, K, C)`` (sequence indices in position order) and
-    whether each slot holds a token ``(B, H, K, C)``; ``C`` is the largest cluster (read on the host).
+    whether each slot holds a token ``(B, H, K, C)``; ``C`` is the largest cluster (read on the host), so attention
+    over the grid costs ``K C^2``: ``T^2 / K`` for even clusters, up to ``K T^2`` when one cluster takes every token.
 
     Args:
         clusters: ``(B, H, T)`` from `nearest_centroid`.
@@ -174,6 +176,41 @@ def routing_attention_reference(
     return torch.einsum("bhts,bhsd->bhtd", attended.to(value.dtype), value), probs
 
 
+def nearest_routing_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    clusters: tuple[torch.Tensor, torch.Tensor],
+    positions: tuple[torch.Tensor, torch.Tensor],
+    key_valid: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`routing_attention_reference` for nearest-centroid clusters (one cluster per token) as one ``T x S`` mask
+    "same cluster and causal": ``K`` times cheaper than the per-cluster twin (a decoding step: ``O(S)``).
+
+    Args:
+        query: ``(B, H, T, Dh)``; key, value: ``(B, H, S, Dh)``.
+        clusters: the queries' ``(B, H, T)`` and the keys' ``(B, H, S)`` nearest centroids.
+        positions: query positions ``(B, T)`` and key positions ``(B, S)``.
+        key_valid: ``(B, S)`` bool, False at padding keys; dropout_p: on the probabilities.
+
+    Returns:
+        ``(B, H, T, Dh)`` and the probabilities ``(B, H, T, S)``.
+    """
+    query_clusters, key_clusters = clusters
+    query_positions, key_positions = positions
+    scores = torch.einsum("bhtd,bhsd->bhts", query, key) * query.shape[-1] ** -0.5  # (B, H, T, S)
+    causal = key_positions[:, None, :] <= query_positions[:, :, None]  # (B, T, S)
+    if key_valid is not None:
+        causal = causal & key_valid[:, None, :]
+    own = key_positions[:, None, :] == query_positions[:, :, None]  # (B, T, S)
+    allowed = (query_clusters[..., :, None] == key_clusters[..., None, :]) & causal[:, None]  # (B, H, T, S)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = scores.masked_fill(allowed & own[:, None], SELF_SCORE).softmax(dim=-1)
+    attended = F.dropout(probs, p=dropout_p) if dropout_p > 0.0 else probs
+    return torch.einsum("bhts,bhsd->bhtd", attended.to(value.dtype), value), probs
+
+
 @torch.no_grad()
 def kmeans_statistics(
     normalized: torch.Tensor, clusters: torch.Tensor, num_clusters: int, valid: torch.Tensor | None = None
@@ -232,6 +269,7 @@ __all__ = [
     "kmeans_step",
     "nearest_centroid",
     "nearest_members",
+    "nearest_routing_attention",
     "routing_attention",
     "routing_attention_reference",
 ]

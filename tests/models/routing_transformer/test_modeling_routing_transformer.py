@@ -57,6 +57,7 @@ def test_efficient_path_builds_no_dense_mask(monkeypatch):
         raise AssertionError("the efficient path took the dense twin")
 
     monkeypatch.setattr(modeling, "routing_attention_reference", refuse)
+    monkeypatch.setattr(modeling, "nearest_routing_attention", refuse)
     monkeypatch.setattr(modeling, "build_image_local_mask", refuse)
     for membership in MEMBERSHIPS:
         with torch.no_grad():

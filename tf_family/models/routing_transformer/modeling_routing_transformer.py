@@ -24,6 +24,7 @@ Attention paths (the same outputs, `tests/models/routing_transformer/test_modeli
   `image_local_attention` (gathered blocks), routing heads through `routing_attention` (members gathered per cluster,
   ``O(T W)``); no ``T x T`` tensor;
 - the dense path: the local pattern as a ``(B, H, T, S)`` mask through `attend`, the routing heads through
+  `nearest_routing_attention` (one "same cluster and causal" ``T x S`` mask) or, for balanced clusters,
   `routing_attention_reference` (every cluster as a ``T x S`` mask); with ``"eager"`` / ``output_attentions``,
   padding, a decoding step over the cache (whose cached keys' clusters are re-derived from the keys themselves) and
   under `torch.export`.
@@ -67,6 +68,7 @@ from ...attention.routing import (
     kmeans_statistics,
     nearest_centroid,
     nearest_members,
+    nearest_routing_attention,
     routing_attention,
     routing_attention_reference,
 )
@@ -187,18 +189,16 @@ class TffRoutingTransformerAttention(nn.Module):
         if inputs.sparse and not eager:
             members, exists = (routes, None) if balanced else nearest_members(routes, num_clusters)
             return routing_attention(query, key, value, members, exists, inputs.key_valid, dropout_p), None
-        with torch.no_grad():
-            if balanced:  # no cache here (refused by the model): the keys are the new tokens
-                shape = (*routes.shape[:3], length)
-                query_membership = torch.zeros(shape, dtype=torch.bool, device=key.device).scatter_(3, routes, True)
-                key_membership = query_membership
-            else:
-                key_routes = routes if not past else self.route(key, centroids, inputs.key_valid)
-                query_membership = F.one_hot(routes, num_clusters).bool().transpose(2, 3)  # (B, H, K, T)
-                key_membership = F.one_hot(key_routes, num_clusters).bool().transpose(2, 3)  # (B, H, K, S)
         positions = (inputs.query_positions, inputs.key_positions)
+        if not balanced:  # one (T, S) mask; a decoding step re-derives the cached keys' clusters from the keys
+            key_routes = routes if not past else self.route(key, centroids, inputs.key_valid)
+            clusters = (routes, key_routes)
+            return nearest_routing_attention(query, key, value, clusters, positions, inputs.key_valid, dropout_p)
+        with torch.no_grad():  # no cache here (refused by the model): the keys are the new tokens
+            shape = (*routes.shape[:3], length)
+            membership = torch.zeros(shape, dtype=torch.bool, device=key.device).scatter_(3, routes, True)
         return routing_attention_reference(
-            query, key, value, query_membership, key_membership, positions, inputs.key_valid, dropout_p
+            query, key, value, membership, membership, positions, inputs.key_valid, dropout_p
         )
 
     def forward(self, hidden: torch.Tensor, inputs: RoutingLayerInputs, cache=None, output_attentions=False):
