@@ -188,10 +188,14 @@ def test_lora_target_registration_is_idempotent_and_keeps_the_users_entries(monk
 PROMPT_TASKS = {"causal_lm", "sequence_classification", "question_answering"}  # PEFT pads no token-cls labels
 PROMPT_CASES = [(name, task) for name, task in CASES if task in PROMPT_TASKS]
 # prefix tuning passes keys and values per layer: the causal LMs that attend over a key/value cache read it
-PREFIX_WORKS = ["longformer", "knn_lm", "calm", "sparse_transformer", "universal_transformer"]
+PREFIX_WORKS = ["longformer", "knn_lm", "calm", "sparse_transformer", "universal_transformer", "routing_transformer"]
 # their state is not keys and values: a memory (the XL family, Reformer) or a recurrent state (the kernelised ones)
 PREFIX_REFUSED = ["transfo_xl", "compressive", "memorizing", "reformer", "performer", "linear_transformer", "rfa"]
-NO_DROPOUT = {"calm": {"meta_loss_weight": 0.0}}
+NO_DROPOUT = {
+    "calm": {"meta_loss_weight": 0.0},
+    # local blocks that cover the prompt, so that a prefix reaches the last position in both layers
+    "routing_transformer": {"local_window": 16},
+}
 
 
 def _prefix_config(model, virtual: int = 3):

@@ -148,9 +148,10 @@ def test_sft_on_plain_text_trains_reloads_and_accumulates_exactly(name, tmp_path
     # the updates agree to float rounding; a loss averaged per micro-batch would weigh the short example's 8 labels
     # like the long one's 32
     # (floating-point entries: an integer buffer counts forward calls, as the Performer's redraw schedule does, and
-    # two micro-batches are two calls)
+    # two micro-batches are two calls; the Routing Transformer's k-means centroids are running statistics that move
+    # once per training forward, as BatchNorm's do, so two micro-batches move them twice)
     one, two = trainer.model.state_dict(), accumulated.model.state_dict()
-    weights = [key for key in before if before[key].is_floating_point()]
+    weights = [key for key in before if before[key].is_floating_point() and not key.endswith("self_attn.centroids")]
     update = torch.cat([(one[key] - before[key]).flatten() for key in weights])
     difference = torch.cat([(two[key] - one[key]).flatten() for key in weights])
     assert difference.norm() <= 1e-4 * update.norm(), (difference.norm(), update.norm())

@@ -23,6 +23,7 @@ from .models.memorizing import SPEC as MEMORIZING
 from .models.performer import LINEAR_TRANSFORMER, RFA
 from .models.performer import SPEC as PERFORMER
 from .models.reformer import SPEC as REFORMER
+from .models.routing_transformer import SPEC as ROUTING_TRANSFORMER
 from .models.sparse_transformer import SPEC as SPARSE_TRANSFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .models.universal_transformer import SPEC as UNIVERSAL_TRANSFORMER
@@ -51,6 +52,7 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             LINFORMER,
             UNIVERSAL_TRANSFORMER,
             SPARSE_TRANSFORMER,
+            ROUTING_TRANSFORMER,
         )
     }
 )

@@ -476,7 +476,15 @@ BF16_ONE_SEED_TASKS = ("sequence_classification", "multiple_choice")
 # float32 arithmetic on the bf16-rounded weights flips them too: bench/results/reformer_bf16_error.md). The bf16 check
 # replays the float32 forward's decisions in the bf16 forward, so that it measures the arithmetic;
 # tests/models/reformer/test_modeling_reformer.py bounds how many decisions flip.
-REPLAYED_DECISIONS = {"reformer": ("tf_family.models.reformer.modeling_reformer", "TffReformerAttention", "hash")}
+REPLAYED_DECISIONS = {
+    "reformer": ("tf_family.models.reformer.modeling_reformer", "TffReformerAttention", "hash"),
+    # k-means cluster ids: a flipped nearest centroid moves a token to another cluster
+    "routing_transformer": (
+        "tf_family.models.routing_transformer.modeling_routing_transformer",
+        "TffRoutingTransformerAttention",
+        "route",
+    ),
+}
 
 
 class _Decisions:

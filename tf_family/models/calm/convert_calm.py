@@ -179,6 +179,9 @@ UNSUPPORTED_DECODERS = {
     "per-position halting (ACT): it has no stack of distinct layers to exit from, and its depth is already adaptive.",
     "tff_sparse_transformer": "the Sparse Transformer's heads attend under factorised sparse patterns (and may use "
     "ALiBi biases) that CALM's dense Llama/GPT-2 attention does not express: its layers cannot be copied one to one.",
+    "tff_routing_transformer": "the Routing Transformer's routing heads attend within k-means clusters of shared, "
+    "normalised queries/keys (no key projection, centroids as state) and its local heads within blocks, which CALM's "
+    "dense Llama/GPT-2 attention does not express: its layers cannot be copied one to one.",
 }
 
 TRANSFORMERS_LLAMA = ForeignFormat(
