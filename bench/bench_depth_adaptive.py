@@ -35,12 +35,7 @@ MEASURES = {
     "halting": "Depth-Adaptive geometric-like",
     "multinomial": "Depth-Adaptive multinomial",
 }
-THRESHOLDS = {
-    "softmax_diff": [0.9, 0.7, 0.5, 0.3, 0.1],
-    "meta": [0.9, 0.7, 0.5, 0.3, 0.1],
-    "halting": [0.9, 0.7, 0.5, 0.3, 0.1],
-    "multinomial": [0.9, 0.7, 0.5, 0.3, 0.1],
-}
+THRESHOLDS = [0.9, 0.7, 0.5, 0.3, 0.1]  # every measure is a probability-like score in [0, 1]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -169,7 +164,7 @@ def main(argv=None) -> None:
         runner = multinomial if measure == "multinomial" else model
         runner.config.confidence_measure = measure
         points[measure] = []
-        for threshold in THRESHOLDS[measure]:
+        for threshold in THRESHOLDS:
             early = generate_with_exits(runner, prompts, args.new_tokens, batch_size=len(prompts), threshold=threshold)
             consistency = float((early.tokens == full.tokens).float().mean())
             depth = early.mean_exit_layer
