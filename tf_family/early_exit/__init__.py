@@ -7,7 +7,9 @@
   fixed-sequence testing over a descending threshold grid, which the paper uses for its consistency guarantee and
   which no released CALM code implements;
 - `depth_adaptive`: the Depth-Adaptive Transformer's halting classifiers (Elbayad et al. 2020; geometric-like and
-  multinomial), their oracles and losses: an exit strategy beside CALM's confidence measures.
+  multinomial), their oracles and losses: an exit strategy beside CALM's confidence measures;
+- `losses`: the training losses of a model with exits (the anytime loss, the meta and halting classifiers'),
+  over the exits' states, with the model's norm, head and classifiers passed in.
 """
 
 from .calibration import (
@@ -45,8 +47,12 @@ from .depth_adaptive import (
     multinomial_halting_loss,
     oracle_exits,
 )
+from .losses import ExitLosses, exit_losses, halting_classifier_loss
 
 __all__ = [
+    "ExitLosses",
+    "exit_losses",
+    "halting_classifier_loss",
     "AGGREGATIONS",
     "CONFIDENCE_MEASURES",
     "HALTING_MEASURES",

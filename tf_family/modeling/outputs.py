@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import ModelOutput
 
 from ..memory.compressive import CompressiveMemory
@@ -167,3 +168,11 @@ class MemorizingCausalLMOutput(ModelOutput):
     mems: MemorizingMemory | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class CalmGenerateOutput(GenerateDecoderOnlyOutput):
+    """transformers' `GenerateDecoderOnlyOutput` plus ``exit_layers`` ``(B, new tokens)``: after how many layers each
+    generated token exited (``generate(..., output_exit_layers=True, return_dict_in_generate=True)``)."""
+
+    exit_layers: torch.LongTensor | None = None

@@ -17,11 +17,14 @@ never imports the modeling file.
 
 from __future__ import annotations
 
+import copy
+import os
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from ...conversion import ForeignFormat, copy_config_values
+from ...conversion import ForeignFormat, build_converted, copy_config_values, declared_formats
 from .configuration_calm import TffCalmConfig
 
 REFERENCE_MODEL_TYPE = "llama"
@@ -203,3 +206,39 @@ __all__ = [
     "translate_config",
     "translate_gpt2_config",
 ]
+
+
+def from_decoder(cls, decoder, **calm_fields):
+    """`TffCalmForCausalLM.from_decoder` (``cls``): a CALM model with the weights of ``decoder`` (a model object or a
+    folder: a transformers Llama or GPT-2, a zoo kNN-LM around one, or a CALM model), ``calm_fields`` set."""
+    if isinstance(decoder, (str, os.PathLike)):
+        model_type = AutoConfig.from_pretrained(decoder).model_type
+        if model_type in UNSUPPORTED_DECODERS:  # refuse before building anything
+            raise ValueError(
+                f"decoder {decoder!s} is a {model_type!r} model: {UNSUPPORTED_DECODERS[model_type]} {UNSUPPORTED_FIX}"
+            )
+        if any(fmt.matches({"model_type": model_type}) for fmt in declared_formats(cls)):
+            return cls.from_pretrained(decoder, **calm_fields)
+        decoder = AutoModelForCausalLM.from_pretrained(decoder)
+    config = getattr(decoder, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type == "tff_knn_lm":  # the kNN-LM's base LM is the decoder
+        return from_decoder(cls, decoder.lm, **calm_fields)
+    if model_type == "tff_calm":
+        new_config = copy.deepcopy(config)
+        for name, value in calm_fields.items():
+            if not hasattr(new_config, name):
+                raise ValueError(f"{name}={value!r} is not a TffCalmConfig field.")
+            setattr(new_config, name, value)
+        new_config.validate_architecture()
+        model = cls(new_config)
+        model.load_state_dict(decoder.state_dict())
+        return model.to(next(decoder.parameters()).dtype)
+    fmt = next((fmt for fmt in declared_formats(cls) if fmt.matches(config)), None)
+    if fmt is None:
+        reason = UNSUPPORTED_DECODERS.get(
+            model_type, "CALM builds from Llama and GPT-2 decoders (transformers' or inside a zoo kNN-LM)."
+        )
+        raise ValueError(f"decoder is a {model_type!r} model ({type(decoder).__name__}): {reason} {UNSUPPORTED_FIX}")
+    model = build_converted(cls, fmt.translate_config(config.to_dict(), **calm_fields), decoder.state_dict(), fmt)
+    return model[0] if isinstance(model, tuple) else model

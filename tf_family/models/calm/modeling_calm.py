@@ -26,15 +26,10 @@ generated tokens: every prompt position's keys and values at every layer are wha
 must come from the real states, and all positions run each layer in the same products — exiting the last position
 early would save nothing and only change the first generated token.
 
-Training: the anytime loss — the exits' cross entropies weighted by `anytime_loss_weights` (``aggregation``) — plus
-the meta classifier's class-balanced loss (label: the exit's argmax equals the last layer's) on detached states,
-weighted by ``meta_loss_weight``, and (opt-in, ``distillation_weight``) the intermediate exits' mean
-self-distillation ``KL(p_final || p_exit)`` with the last layer's distribution detached. Under `Trainer`'s gradient
-accumulation (``num_items_in_batch``) each exit's cross entropy is a sum over the counted tokens divided by their
-count over the accumulated batch (exact: one large batch's anytime loss); the meta loss, class-balanced within a
-call, enters weighted by the call's share of the counted tokens (`tf_family.modeling.losses.batch_share`): accumulated, the
-token-weighted average of the micro-batches' meta losses. It trains the meta classifier only (its inputs are
-detached), so the rest of the model gets exactly the large-batch update.
+Training (`tf_family.early_exit.exit_losses`): the anytime loss over the exits, plus the meta classifier's
+class-balanced loss on detached states (``meta_loss_weight``), the optional self-distillation term
+(``distillation_weight``) and, for the Depth-Adaptive measures, the halting classifier's loss; exact under
+`Trainer`'s gradient accumulation (``num_items_in_batch``).
 
 Deviations from the official code: exits are decided per row (it exits the whole batch when its least confident
 row is confident; its PyTorch port runs batch 1 only); the ``state`` measure is a per-row cosine; t in the decay is
@@ -45,37 +40,28 @@ is added (softmax over ``restricted_vocab`` only). Config field <-> paper symbol
 
 from __future__ import annotations
 
-import copy
 import math
-import os
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, Cache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 from transformers import initialization as init
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import logging
 
 from ...attention import attend
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...conversion import FromPretrainedMixin, build_converted, declared_formats
+from ...conversion import FromPretrainedMixin
 from ...early_exit import (
     HALTING_MEASURES,
-    anytime_loss_weights,
-    class_balanced_meta_loss,
     decayed_threshold,
-    distillation_kl,
+    exit_losses,
     geometric_halting_confidence,
-    geometric_halting_loss,
     meta_confidence,
     multinomial_halting_confidence,
-    multinomial_halting_loss,
-    oracle_exits,
     restricted_softmax_confidence,
     softmax_diff_confidence,
     softmax_max_confidence,
@@ -83,8 +69,8 @@ from ...early_exit import (
 )
 from ...modeling.cache import GrowingCache, GrowingCacheMixin
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share, cross_entropy, item_mean
-from ...modeling.outputs import EarlyExitCausalLMOutput
+from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share
+from ...modeling.outputs import CalmGenerateOutput, EarlyExitCausalLMOutput
 from ...modeling.remote_code_mixin import RemoteCodeMixin
 from ...modeling.utils import (
     GENERATION_CACHE_KEY,
@@ -105,7 +91,7 @@ from ...modeling.validation import (
     check_tensor,
 )
 from .configuration_calm import TffCalmConfig
-from .convert_calm import UNSUPPORTED_DECODERS, UNSUPPORTED_FIX
+from .convert_calm import from_decoder
 
 logger = logging.get_logger(__name__)
 
@@ -481,14 +467,6 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
-@dataclass
-class CalmGenerateOutput(GenerateDecoderOnlyOutput):
-    """transformers' `GenerateDecoderOnlyOutput` plus ``exit_layers`` ``(B, new tokens)``: after how many layers each
-    generated token exited (``generate(..., output_exit_layers=True, return_dict_in_generate=True)``)."""
-
-    exit_layers: torch.LongTensor | None = None
-
-
 class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
     """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
 
@@ -528,39 +506,7 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         fields). ``calm_fields`` set CALM's fields (``first_exit``, ``exit_interval``, ``confidence_measure`` …).
         The zoo's other architectures cannot be CALM decoders; the ValueError names why
         (`convert_calm.UNSUPPORTED_DECODERS`)."""
-        if isinstance(decoder, (str, os.PathLike)):
-            model_type = AutoConfig.from_pretrained(decoder).model_type
-            if model_type in UNSUPPORTED_DECODERS:  # refuse before building anything
-                raise ValueError(
-                    f"decoder {decoder!s} is a {model_type!r} model: {UNSUPPORTED_DECODERS[model_type]} {UNSUPPORTED_FIX}"
-                )
-            if any(fmt.matches({"model_type": model_type}) for fmt in declared_formats(cls)):
-                return cls.from_pretrained(decoder, **calm_fields)
-            decoder = AutoModelForCausalLM.from_pretrained(decoder)
-        config = getattr(decoder, "config", None)
-        model_type = getattr(config, "model_type", None)
-        if model_type == "tff_knn_lm":  # the kNN-LM's base LM is the decoder
-            return cls.from_decoder(decoder.lm, **calm_fields)
-        if model_type == "tff_calm":
-            new_config = copy.deepcopy(config)
-            for name, value in calm_fields.items():
-                if not hasattr(new_config, name):
-                    raise ValueError(f"{name}={value!r} is not a TffCalmConfig field.")
-                setattr(new_config, name, value)
-            new_config.validate_architecture()
-            model = cls(new_config)
-            model.load_state_dict(decoder.state_dict())
-            return model.to(next(decoder.parameters()).dtype)
-        fmt = next((fmt for fmt in declared_formats(cls) if fmt.matches(config)), None)
-        if fmt is None:
-            reason = UNSUPPORTED_DECODERS.get(
-                model_type, "CALM builds from Llama and GPT-2 decoders (transformers' or inside a zoo kNN-LM)."
-            )
-            raise ValueError(
-                f"decoder is a {model_type!r} model ({type(decoder).__name__}): {reason} {UNSUPPORTED_FIX}"
-            )
-        model = build_converted(cls, fmt.translate_config(config.to_dict(), **calm_fields), decoder.state_dict(), fmt)
-        return model[0] if isinstance(model, tuple) else model
+        return from_decoder(cls, decoder, **calm_fields)
 
     # --------------------------------------------------------------------------------------------------- forward
     @answers_fused_lm_head
@@ -700,7 +646,22 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
         # (B, T): position t predicts t + 1
         targets = F.pad(labels[:, 1:], (0, 1), value=-100) if labels is not None else exit_targets
         targets = targets.to(logits.device)
-        anytime, lm_loss, meta_loss, halting_loss = self._exit_losses(all_hidden, logits, targets, num_items_in_batch)
+        anytime, lm_loss, meta_loss, halting_loss = exit_losses(
+            all_hidden,
+            logits,
+            targets,
+            self.config.exit_points(self.model.depth),
+            norm=self.model.norm,
+            lm_head=self.lm_head,
+            meta_classifier=self.meta_classifier,
+            aggregation=self.config.aggregation,
+            distillation_weight=self.config.distillation_weight,
+            halting_classifier=self.halting_classifier,
+            halting_measure=self.config.confidence_measure,
+            halting_oracle=self.config.halting_oracle,
+            halting_depth_penalty=self.config.halting_depth_penalty,
+            num_items_in_batch=num_items_in_batch,
+        )
         counted = (targets != IGNORE_INDEX).sum()
         classifiers = meta_loss if halting_loss is None else meta_loss + halting_loss
         total = anytime + self.config.meta_loss_weight * batch_share(classifiers, counted, num_items_in_batch)
@@ -711,85 +672,10 @@ class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedM
             losses["aux_loss"] = total - lm_loss
         return losses
 
-    # ----------------------------------------------------------------------------------------------------- losses
-    def _exit_losses(self, all_hidden, final_logits, targets, num_items_in_batch: NumItems = None):
-        """The anytime loss over the exits (plus ``distillation_weight`` times the intermediate exits' mean
-        self-distillation KL, when set), the last layer's cross entropy (sums over ``num_items_in_batch`` when
-        given), and the meta classifier's loss (a mean over this call)."""
-        points = self.config.exit_points(self.model.depth)
-        weights = anytime_loss_weights(len(points), self.config.aggregation).tolist()
-        valid = targets != -100
-        flat_targets = targets.reshape(-1)
-        final_prediction = final_logits.detach().argmax(-1)  # (B, T)
-        anytime = final_logits.new_zeros((), dtype=torch.float32)
-        meta_losses, distillations = [], []
-        distill = self.config.distillation_weight > 0
-        halting = self.halting_classifier is not None
-        exit_states, target_log_probs, correct = [], [], []  # per exit, for the Depth-Adaptive oracle
-        lm_loss = None
-        for weight, point in zip(weights, points, strict=True):
-            if point == points[-1]:
-                logits = final_logits
-            else:
-                normed = self.model.norm(all_hidden[point])  # (B, T, D)
-                logits = self.lm_head(normed)
-                exit_states.append(normed.detach())
-                agrees = logits.detach().argmax(-1) == final_prediction  # (B, T)
-                meta_logits = self.meta_classifier(normed.detach())
-                meta_losses.append(
-                    class_balanced_meta_loss(meta_logits.reshape(-1, 2), agrees.reshape(-1), valid.reshape(-1))
-                )
-                if distill:  # a token mean over the counted positions, as the cross entropies
-                    distillations.append(item_mean(distillation_kl(logits, final_logits), valid, num_items_in_batch))
-            if halting:
-                safe = targets.clamp(min=0)[..., None]
-                target_log_probs.append(torch.log_softmax(logits.detach().float(), -1).gather(-1, safe)[..., 0])
-                correct.append(logits.detach().argmax(-1) == targets)
-            exit_loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_targets, num_items_in_batch)
-            if not bool(valid.any()):
-                exit_loss = logits.sum() * 0.0
-            anytime = anytime + weight * exit_loss
-            lm_loss = exit_loss
-        if distillations:
-            anytime = anytime + self.config.distillation_weight * torch.stack(distillations).mean()
-        if meta_losses:
-            meta_loss = torch.stack(meta_losses).mean()
-        else:  # one exit only: nothing to classify, but the classifier stays in the graph
-            meta_loss = self.meta_classifier(all_hidden[-1].detach()).sum() * 0.0
-        halting_loss = None
-        if halting:  # the Depth-Adaptive halting classifier, beside the meta classifier
-            halting_loss = self._halting_loss(exit_states, all_hidden, target_log_probs, correct, valid, points)
-        return anytime, lm_loss, meta_loss, halting_loss
-
-    def _halting_loss(self, exit_states, all_hidden, target_log_probs, correct, valid, points) -> torch.Tensor:
-        """``-log q(n*)`` of the halting classifier against the oracle exits (`oracle_exits`), a mean over the counted
-        tokens, on detached states (the classifier never changes the language model)."""
-        if len(points) == 1:  # one exit: nothing to decide, but the classifier stays in the graph
-            return self.halting_classifier(all_hidden[-1].detach()).sum() * 0.0
-        oracle = oracle_exits(
-            torch.stack(target_log_probs),
-            torch.stack(correct),
-            points,
-            self.config.halting_oracle,
-            self.config.halting_depth_penalty,
-        )  # (B, T) exit indices
-        if self.config.confidence_measure == "multinomial":
-            return multinomial_halting_loss(self.halting_classifier(exit_states[0]), oracle, valid)
-        per_exit = [self.halting_classifier(state)[..., index] for index, state in enumerate(exit_states)]
-        return geometric_halting_loss(torch.stack(per_exit, dim=-1), oracle, valid)  # (B, T, P - 1) logits
-
     # -------------------------------------------------------------------------------------------------- exiting
     def _restricted_weight(self) -> torch.Tensor:
-        """The LM head's rows of ``config.restricted_vocab`` ``(K, D)``, gathered once per weight version."""
-        weight, vocab = self.lm_head.weight, tuple(self.config.restricted_vocab)
-        if torch.is_grad_enabled() and weight.requires_grad:
-            return weight[list(vocab)]
-        key = (weight.data_ptr(), weight._version, weight.dtype, vocab)
-        cached = getattr(self, "_restricted_cache", None)
-        if cached is None or cached[0] != key:
-            cached = (key, weight.detach()[list(vocab)].contiguous())
-            self._restricted_cache = cached
-        return cached[1]
+        """The LM head's rows of ``config.restricted_vocab`` ``(K, D)``."""
+        return self.lm_head.weight[list(self.config.restricted_vocab)]
 
     def _confidence(self, measure: str, hidden, previous, first, index: int):
         """Every row's confidence ``(B,)`` at exit ``index`` (of the exit points), the exit logits ``(B, 1, V)``
