@@ -501,6 +501,25 @@ def shared_qk_attention(
     return attend(query, key, value, _self_fallback(allowed), None, dropout_p, implementation)
 
 
+def cached_shared_qk_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_valid: torch.Tensor,
+    new: int,
+    implementation: str | None = "sdpa",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A cached decoding step of `shared_qk_attention`: the last ``new`` of the shared query-key vectors
+    ``(B, H, P + t, Dh)`` attend the cached and new positions (causal by index, ``key_valid`` ``(B, P + t)``),
+    every key but the query itself unless it has no other."""
+    total = query.shape[2]
+    rows = torch.arange(total - new, total, device=query.device)
+    columns = torch.arange(total, device=query.device)
+    allowed = (columns[None, :] < rows[:, None]) & key_valid[:, None, :]  # (B, t, P + t): others only
+    allowed = allowed | ((columns[None, :] == rows[:, None]) & ~allowed.any(-1, keepdim=True))
+    return attend(query[:, :, -new:], key, value, allowed[:, None], dropout_p=0.0, implementation=implementation)
+
+
 # ---------------------------------------------------------------------------------------------------------- local
 def build_chunked_local_mask(
     length: int, pattern: ChunkPattern, key_valid: torch.Tensor | None = None, device=None
@@ -608,11 +627,36 @@ def chunked_local_attention(
     return out.reshape(batch, heads, padded, head_dim)[:, :, :length]
 
 
+def cached_chunked_local_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pattern: ChunkPattern,
+    key_valid: torch.Tensor,
+    position_ids: torch.Tensor,
+    implementation: str | None = "sdpa",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A cached decoding step of `chunked_local_attention`: the new queries ``(B, H, t, Dh)`` attend the keys
+    ``(B, H, P + t, Dh)`` of their own chunk and ``pattern.before`` chunks back, chunks counted by
+    ``position_ids`` ``(B, P + t)`` (real tokens), so left padding does not move them; causal by index."""
+    total, new = key.shape[2], query.shape[2]
+    size = pattern.chunk_length
+    query_chunk = position_ids[:, -new:, None] // size  # (B, t, 1)
+    key_chunk = position_ids[:, None, :] // size  # (B, 1, P + t)
+    offset = key_chunk - query_chunk
+    allowed = (offset >= -pattern.before) & (offset <= 0) & key_valid[:, None, :]
+    rows = torch.arange(total - new, total, device=query.device)
+    allowed &= torch.arange(total, device=query.device)[None, None, :] <= rows[None, :, None]
+    return attend(query, key, value, allowed[:, None], dropout_p=0.0, implementation=implementation)
+
+
 __all__ = [
     "ChunkPattern",
     "auto_num_buckets",
     "bucket_factors",
     "build_chunked_local_mask",
+    "cached_chunked_local_attention",
+    "cached_shared_qk_attention",
     "chunked_local_attention",
     "chunked_local_attention_reference",
     "hash_vectors",

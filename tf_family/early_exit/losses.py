@@ -56,7 +56,10 @@ def exit_losses(
     self-distillation KL when set; the last layer's cross entropy (sums over ``num_items_in_batch`` when given);
     the meta classifier's loss, on detached states; and, with a ``halting_classifier``, its loss against the
     oracle exits (`halting_classifier_loss`). ``targets`` ``(B, T)``: position t's next token, -100 where not
-    counted."""
+    counted.
+
+    Fourteen parameters: the exits' states, logits, targets and points, then by keyword the model's own modules
+    and loss settings (a per-call record would only rename the model's attributes)."""
     weights = anytime_loss_weights(len(points), aggregation).tolist()
     valid = targets != -100
     flat_targets = targets.reshape(-1)

@@ -47,10 +47,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -64,8 +62,9 @@ from transformers.utils import logging
 
 from ...attention import (
     ChunkPattern,
-    attend,
     auto_num_buckets,
+    cached_chunked_local_attention,
+    cached_shared_qk_attention,
     chunked_local_attention,
     chunked_local_attention_reference,
     hash_vectors,
@@ -106,6 +105,7 @@ from ...modeling.validation import (
 )
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
+from .tokens_reformer import align_tokens, pad_to_chunk_multiple, roll_rows
 
 logger = logging.get_logger(__name__)
 
@@ -297,7 +297,8 @@ class TffReformerAttention(nn.Module):
                         implementation=implementation,
                     )
                 else:
-                    out, probs = self._cached_shared_qk(shared, key, value, key_valid, new)
+                    implementation = self.config._attn_implementation
+                    out, probs = cached_shared_qk_attention(shared, key, value, key_valid, new, implementation)
                 buckets = None
             else:
                 if buckets is None:
@@ -326,22 +327,6 @@ class TffReformerAttention(nn.Module):
         out = out.transpose(1, 2).reshape(*hidden.shape[:2], -1)  # (B, T, H*Dh)
         return self.dropout(self.output(out)), buckets, probs
 
-    def _cached_shared_qk(self, shared, key, value, key_valid, new):
-        """The new tokens' dense shared-QK attention over the cached and new positions (causal by index)."""
-        total = shared.shape[2]
-        rows = torch.arange(total - new, total, device=shared.device)
-        columns = torch.arange(total, device=shared.device)
-        allowed = (columns[None, :] < rows[:, None]) & key_valid[:, None, :]  # (B, t, P + t): others only
-        allowed = allowed | ((columns[None, :] == rows[:, None]) & ~allowed.any(-1, keepdim=True))
-        return attend(
-            shared[:, :, -new:],
-            key,
-            value,
-            allowed[:, None],
-            dropout_p=0.0,
-            implementation=self.config._attn_implementation,
-        )
-
     def _local(self, query, key, value, key_valid, position_ids, dropout_p, output_attentions, block_masks=None):
         total, new = key.shape[2], query.shape[2]
         pattern = self.pattern
@@ -363,15 +348,8 @@ class TffReformerAttention(nn.Module):
         if new == total:
             return chunked_local_attention_reference(query, key, value, pattern, key_valid=key_valid)
         # cached step: the window by position (real tokens counted), so left padding does not move the chunks
-        size = pattern.chunk_length
-        query_chunk = position_ids[:, -new:, None] // size  # (B, t, 1)
-        key_chunk = position_ids[:, None, :] // size  # (B, 1, P + t)
-        offset = key_chunk - query_chunk
-        allowed = (offset >= -pattern.before) & (offset <= 0) & key_valid[:, None, :]
-        rows = torch.arange(total - new, total, device=query.device)
-        allowed &= torch.arange(total, device=query.device)[None, None, :] <= rows[None, :, None]
         implementation = "eager" if output_attentions else self.config._attn_implementation
-        return attend(query, key, value, allowed[:, None], dropout_p=0.0, implementation=implementation)
+        return cached_chunked_local_attention(query, key, value, pattern, key_valid, position_ids, implementation)
 
 
 class TffReformerFeedForward(nn.Module):
@@ -446,32 +424,6 @@ class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPret
                 init.normal_(weight, std=self.config.axial_norm_std)
 
 
-class _ReformerTokens(NamedTuple):
-    """A call's new tokens as the embeddings read them (``(B, T)`` each; ``inputs_embeds`` ``(B, T, D)``)."""
-
-    input_ids: torch.Tensor | None
-    inputs_embeds: torch.Tensor | None
-    valid: torch.Tensor  # bool: real tokens
-    position_ids: torch.Tensor | None
-
-
-def _first_real(valid: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` index of each row's first real token (0 for a row without any)."""
-    return valid.to(torch.int).argmax(dim=1)
-
-
-def _roll_rows(tensor: torch.Tensor | None, shift: torch.Tensor) -> torch.Tensor | None:
-    """Row ``b`` rotated left by ``shift[b]`` along dim 1 (``shift`` negative: back)."""
-    if tensor is None:
-        return None
-    length = tensor.shape[1]
-    index = torch.arange(length, device=tensor.device)[None, :] + shift[:, None]  # (B, T), in (-T, 2T)
-    # wrapped without a remainder by the length, which ONNX converters lack when the length is dynamic
-    index = torch.where(index >= length, index - length, torch.where(index < 0, index + length, index))
-    index = index.view(*index.shape, *([1] * (tensor.dim() - 2))).expand(*index.shape, *tensor.shape[2:])
-    return tensor.gather(1, index)
-
-
 class TffReformerModel(TffReformerPreTrainedModel):
     """The Reformer body: embeddings, reversible layers, layer norm over both streams ``(B, T, 2 * D)``."""
 
@@ -495,13 +447,6 @@ class TffReformerModel(TffReformerPreTrainedModel):
 
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
-
-    def _compat_padding(self, length: int, use_cache: bool) -> int:
-        """transformers pads its input to a multiple of the chunk lengths' LCM (``chunk_wrap_around`` only)."""
-        config = self.config
-        if not config.chunk_wrap_around or use_cache or length <= config.min_chunk_length():
-            return 0
-        return -length % config.chunk_multiple()
 
     @accepts_past_key_values
     def forward(
@@ -550,8 +495,10 @@ class TffReformerModel(TffReformerPreTrainedModel):
         )
         if use_cache and cache is None:
             cache = TffReformerCache()
-        tokens, shift = self._align_tokens(input_ids, inputs_embeds, attention_mask, position_ids, cache)
-        tokens = self._pad_to_chunk_multiple(tokens, bool(use_cache))
+        # left padding moved to the right (the chunks start at the first real token), positions over real tokens
+        tokens, shift = align_tokens(input_ids, inputs_embeds, attention_mask, position_ids, cache)
+        if config.chunk_wrap_around and not use_cache:  # transformers pads to a multiple of the chunk lengths' LCM
+            tokens = pad_to_chunk_multiple(tokens, config, self.embeddings.word_embeddings)
         hidden = self.embeddings(tokens.input_ids, tokens.inputs_embeds, tokens.position_ids)  # (B, T, D)
         key_valid, key_positions = tokens.valid, tokens.position_ids
         if cache is not None:
@@ -571,7 +518,7 @@ class TffReformerModel(TffReformerPreTrainedModel):
 
         def restore(tensor):  # drop transformers' padding, undo the roll
             tensor = tensor[:, :length]
-            return _roll_rows(tensor, -shift) if shift is not None else tensor
+            return roll_rows(tensor, -shift) if shift is not None else tensor
 
         output = BaseModelOutputWithPast(
             last_hidden_state=restore(sequence),
@@ -614,54 +561,6 @@ class TffReformerModel(TffReformerPreTrainedModel):
                 f"{past + length} (cached positions + input)."
             )
         return batch, length
-
-    def _align_tokens(self, input_ids, inputs_embeds, attention_mask, position_ids, cache):
-        """The new tokens as `_ReformerTokens`, with left padding moved to the right (the chunks then start at the
-        first real token) and positions counted over real tokens when not given; and each row's shift (``None``
-        when nothing moved), which `forward` undoes at the end."""
-        source = input_ids if input_ids is not None else inputs_embeds
-        batch, length = source.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0
-        valid = (
-            torch.ones(batch, length, dtype=torch.bool, device=source.device)
-            if attention_mask is None
-            else attention_mask[:, -length:].to(torch.bool)
-        )
-        tokens = _ReformerTokens(input_ids, inputs_embeds, valid, position_ids)
-        shift = None
-        # (an exported or compiled graph rolls every row: a shift of 0 leaves it as it is, and a graph cannot branch
-        # on data)
-        tracing = torch.compiler.is_exporting() or torch.compiler.is_compiling()
-        if past == 0 and attention_mask is not None and (tracing or bool((~valid[:, 0] & valid.any(dim=1)).any())):
-            shift = _first_real(valid)
-            tokens = _ReformerTokens(*(_roll_rows(tensor, shift) for tensor in tokens))
-        if tokens.position_ids is None:
-            start = cache.next_position() if past else torch.zeros(batch, 1, dtype=torch.long, device=source.device)
-            tokens = tokens._replace(position_ids=(start + tokens.valid.long().cumsum(dim=1) - 1).clamp(min=0))
-        return tokens, shift
-
-    def _pad_to_chunk_multiple(self, tokens: _ReformerTokens, use_cache: bool) -> _ReformerTokens:
-        """transformers' padding of the input to a chunk multiple (pad tokens, masked, positions continuing), when
-        `_compat_padding` asks for it."""
-        batch, length = tokens.valid.shape
-        padding = self._compat_padding(length, use_cache)
-        if not padding:
-            return tokens
-        logger.warning_once(f"Padding the input from {length} to {length + padding} tokens (chunk_wrap_around).")
-        device = tokens.valid.device
-        pad_ids = torch.full((batch, padding), self.config.pad_token_id or 0, dtype=torch.long, device=device)
-        input_ids, inputs_embeds = tokens.input_ids, tokens.inputs_embeds
-        if input_ids is not None:
-            input_ids = torch.cat([input_ids, pad_ids], dim=1)
-        else:
-            inputs_embeds = torch.cat([inputs_embeds, self.embeddings.word_embeddings(pad_ids)], dim=1)
-        tail = torch.arange(length, length + padding, device=device).expand(batch, -1)
-        return _ReformerTokens(
-            input_ids,
-            inputs_embeds,
-            F.pad(tokens.valid, (0, padding), value=False),
-            torch.cat([tokens.position_ids, tail], dim=1),
-        )
 
     def _layers(self, hidden, inputs: ReformerLayerInputs, output_hidden_states: bool):
         """Run the layers on ``(X1, X2) = (hidden, hidden)``: reversibly when training with gradients (and the input
