@@ -18,9 +18,22 @@ Deviations from transformers' BigBird (each one of its reported problems):
 - `output_attentions=True` runs the dense twin and returns ``(B, H, T, T)`` probabilities.
 
 Config field <-> paper symbol: `block_size` = b, `num_random_blocks` = r, `window_blocks` = (w - 1) / 2 in blocks.
+
+ETC (``attention_type="etc"``; Ainslie et al. 2020, arXiv:2004.08483, the global-local attention without CPC
+pretraining; reference google-research `etcmodel`, no released PyTorch weights): `num_global_tokens` learned global
+embeddings (``n_g``) go before the long input; global-global, global-long and long-global attention are full,
+long-long attention stays within `local_radius` tokens; each layer learns relative keys for the relative labels
+(`max_relative_position` = ETC's ``relative_pos_max_distance``; the label convention is in
+`tf_family.attention.etc`). The long input keeps BigBird's absolute positions (as when ETC is lifted from BERT /
+RoBERTa weights). Queries, keys, values and the feed-forward block are shared by both inputs. `last_hidden_state` is
+the long input's; `global_last_hidden_state` the global input's; the pooler and the sequence classifier read the
+first global token. The kernel is `tf_family.attention.etc.etc_attention` (never ``S x S``; its dense twin serves
+``output_attentions`` and exports).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,6 +51,7 @@ from ...attention import (
     min_sparse_blocks,
     random_block_indices,
 )
+from ...attention.etc import EtcPattern, etc_attention, etc_attention_reference
 from ...attention.flex import BlockMaskCache, size_key
 from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
@@ -62,6 +76,19 @@ from .configuration_big_bird import TffBigBirdConfig
 logger = logging.get_logger(__name__)
 
 
+@dataclass
+class TffBigBirdModelOutput(BaseModelOutputWithPooling):
+    """`BaseModelOutputWithPooling` plus, in ETC mode, the global input's final states.
+
+    Args:
+        global_last_hidden_state: ``(B, G, D)``, ETC only (``None`` otherwise). `last_hidden_state` and
+            `hidden_states` are the long input's; `attentions` (ETC) are ``(B, H, G + T, G + T)``, global rows and
+            columns first.
+    """
+
+    global_last_hidden_state: torch.FloatTensor | None = None
+
+
 class TffBigBirdEmbeddings(nn.Module):
     """Word (optionally rescaled) + token-type + learned absolute position embeddings, then dropout and layer norm
     (in that order, as in BigBird)."""
@@ -74,6 +101,14 @@ class TffBigBirdEmbeddings(nn.Module):
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.scale = config.hidden_size**0.5 if config.rescale_embeddings else 1.0
+        # ETC's global input: a learned table of its own, separate from the long input
+        self.global_embeddings = None
+        if config.attention_type == "etc":
+            self.global_embeddings = nn.Embedding(config.num_global_tokens, config.hidden_size)
+
+    def global_inputs(self, batch: int) -> torch.Tensor:
+        """ETC: the ``(B, G, D)`` global input (its embeddings, then dropout and the layer norm of the long input)."""
+        return self.layer_norm(self.dropout(self.global_embeddings.weight)).expand(batch, -1, -1)
 
     def forward(self, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids) -> torch.Tensor:
         if inputs_embeds is None:
@@ -117,6 +152,11 @@ class TffBigBirdAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
+        # ETC: the pattern and this layer's relative keys, one (H * Dh)-vector per relative label
+        self.etc_pattern = self.relative_keys = None
+        if config.attention_type == "etc":
+            self.etc_pattern = EtcPattern(config.num_global_tokens, config.local_radius, config.max_relative_position)
+            self.relative_keys = nn.Embedding(self.etc_pattern.num_labels, width)
 
     def uses_sparse(self, length: int) -> bool:
         """Decided per call from the input length; the module is never changed."""
@@ -167,6 +207,31 @@ class TffBigBirdAttention(nn.Module):
         allowed = (counts > 0)[None] & key_valid[:, None, None, :]  # (B, H, T, T)
         return attend(query, key, value, allowed, bias=bias[None], dropout_p=0.0, implementation="eager")[0]
 
+    def _etc_attention(self, hidden, long_valid, dropout_p: float, output_attentions: bool):
+        """ETC's global-local attention of ``(B, G + T, D)`` states: ``(B, G + T, D)`` and, for
+        ``output_attentions`` (or an export), the dense twin's ``(B, H, G + T, G + T)`` probabilities."""
+        batch, length, _ = hidden.shape
+        query, key, value = (
+            projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+            for projected in fused_projections(hidden, self.query, self.key, self.value)
+        )  # (B, H, G + T, Dh)
+        relative_keys = self.relative_keys.weight.view(-1, self.num_heads, self.head_dim)  # (V, H, Dh)
+        probs = None
+        if output_attentions or torch.compiler.is_exporting():
+            attended, probs = etc_attention_reference(query, key, value, relative_keys, self.etc_pattern, long_valid)
+        else:
+            attended = etc_attention(
+                query,
+                key,
+                value,
+                relative_keys,
+                self.etc_pattern,
+                long_valid,
+                dropout_p=dropout_p,
+                implementation=self.config._attn_implementation,
+            )
+        return attended.transpose(1, 2).reshape(batch, length, -1), probs
+
     def _plan(self, num_blocks: int, seed: int, device, block_masks: BlockMaskCache | None):
         """This call's random blocks and their key in ``block_masks`` (drawn once per seed, length and mode, then
         reused from the model's cache)."""
@@ -186,9 +251,13 @@ class TffBigBirdAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``key_valid``: ``(B, T)`` bool, True at real tokens, or ``None`` for a call without an ``attention_mask``
         (nothing padded). ``block_masks``: the model's cache of random plans and FlexAttention block masks
-        (``None``: drawn and built for this call)."""
+        (``None``: drawn and built for this call). ETC: ``hidden`` is ``(B, G + T, D)``, the global input first, and
+        ``key_valid`` covers the long input."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
+        if self.etc_pattern is not None:
+            attended, probs = self._etc_attention(hidden, key_valid, dropout_p, output_attentions)
+            return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
         padding = key_valid  # None: no attention_mask (the block-sparse path's interior blocks then carry no mask)
         if key_valid is None:
             key_valid = torch.ones(batch, length, dtype=torch.bool, device=hidden.device)
@@ -318,11 +387,12 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPooling | tuple:
+    ) -> TffBigBirdModelOutput | tuple:
         r"""
         Args:
             input_ids: ``(B, T)`` token ids (or pass ``inputs_embeds`` ``(B, T, D)``).
-            attention_mask: ``(B, T)`` 1 for real tokens, 0 for padding.
+            attention_mask: ``(B, T)`` 1 for real tokens, 0 for padding (ETC: of the long input; the global tokens
+                are always real).
             random_seed: seed of this call's random blocks (defaults to ``config.random_seed``); e.g. pass the
                 training step to draw a new pattern every step.
             output_attentions: return ``(B, H, T, T)`` probabilities per layer (runs the dense twin).
@@ -351,28 +421,36 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         seed = self.config.random_seed if random_seed is None else random_seed
 
         hidden = self.embeddings(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        num_global = 0  # ETC: the global input goes first, (B, G + T, D)
+        if self.embeddings.global_embeddings is not None:
+            num_global = config.num_global_tokens
+            hidden = torch.cat([self.embeddings.global_inputs(batch).to(hidden.dtype), hidden], dim=1)
         # a compiled graph builds its plans and masks once per forward, in a cache of its own (nothing outside mutated)
         block_masks = BlockMaskCache() if torch.compiler.is_compiling() else self.block_masks
         all_hidden, all_attentions = (), ()
         for layer in self.layers:
             if output_hidden_states:
-                all_hidden += (hidden,)
+                all_hidden += (hidden[:, num_global:],)
             hidden, probs = layer(
                 hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions, block_masks=block_masks
             )
             if output_attentions:
                 all_attentions += (probs,)
+        global_hidden, hidden = hidden[:, :num_global], hidden[:, num_global:]  # (B, G, D), (B, T, D)
         if output_hidden_states:
             all_hidden += (hidden,)
         pooled = None
-        if self.pooler is not None:
+        if self.pooler is not None and num_global:  # ETC: the first global token
+            pooled = torch.tanh(self.pooler(global_hidden[:, 0]))  # (B, D)
+        elif self.pooler is not None:
             first = find_first_real_token(attention_mask, batch, source.device)
             pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=source.device), first]))  # (B, D)
-        output = BaseModelOutputWithPooling(
+        output = TffBigBirdModelOutput(
             last_hidden_state=hidden,
             pooler_output=pooled,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
+            global_last_hidden_state=global_hidden if num_global else None,
         )
         return output if return_dict else output.to_tuple()
 
@@ -386,10 +464,15 @@ class TffBigBirdForMaskedLM(GenericForMaskedLM, TffBigBirdPreTrainedModel):
 
 
 class TffBigBirdForSequenceClassification(GenericForSequenceClassification, TffBigBirdPreTrainedModel):
-    """Classifier (dense + activation + linear) on the first real token."""
+    """Classifier (dense + activation + linear) on the first real token (ETC: on the first global token)."""
 
     base_model_class = TffBigBirdModel
     classifier_activation = None  # the config's hidden_act, as transformers' BigBird
+
+    def _logits(self, outputs: TffBigBirdModelOutput, attention_mask) -> torch.Tensor:
+        if outputs.global_last_hidden_state is not None:  # ETC: the global input summarises the long one
+            return self.classifier(outputs.global_last_hidden_state[:, 0])  # (B, num_labels)
+        return super()._logits(outputs, attention_mask)
 
 
 class TffBigBirdForTokenClassification(GenericForTokenClassification, TffBigBirdPreTrainedModel):
@@ -514,5 +597,6 @@ __all__ = [
     "TffBigBirdForSequenceClassification",
     "TffBigBirdForTokenClassification",
     "TffBigBirdModel",
+    "TffBigBirdModelOutput",
     "TffBigBirdPreTrainedModel",
 ]
