@@ -159,3 +159,15 @@ def test_lora_trains_the_etc_attention_projections():
     optimizer.step()
     changed = {key for key, value in lora.named_parameters() if not torch.equal(value, before[key])}
     assert any("lora_B" in key for key in changed) and all("lora_" in key for key in changed), sorted(changed)
+
+
+@pytest.mark.parametrize("page", ["model_cards/big_bird.md", "docs/architectures/big_bird.md"])
+def test_the_etc_snippets_of_the_card_and_the_docs_run(page):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[3] / page).read_text()
+    snippet = re.search(r"## ETC mode\n.*?```python\n(.*?)```", text, re.S)[1]
+    namespace = {"__name__": "etc_snippet"}
+    exec(compile(snippet, f"{page} ETC snippet", "exec"), namespace)
+    assert "TffBigBirdConfig" in namespace
