@@ -8,7 +8,13 @@ from typing import Literal
 from transformers import PreTrainedConfig
 
 from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
-from ...modeling.validation import check_nonnegative_int, check_positive_int, check_probability, check_seed
+from ...modeling.validation import (
+    check_float,
+    check_nonnegative_int,
+    check_positive_int,
+    check_probability,
+    check_seed,
+)
 
 
 class TffBigBirdConfig(PreTrainedConfig):
@@ -57,6 +63,13 @@ class TffBigBirdConfig(PreTrainedConfig):
         eval_random_blocks (`str`, defaults to `"same"`): random blocks in eval mode: ``"same"`` as in training,
             ``"none"`` no random blocks, ``"first_block"`` every random slot on the first block (what transformers'
             BigBird does in eval; set when a transformers checkpoint is imported, so outputs match).
+        position_embedding_type (`str`, defaults to `"absolute"`): ``"absolute"`` (learned positions added to the
+            token embeddings, what BigBird's checkpoints hold), ``"rotary"`` (queries and keys rotated, Su et al. 2021,
+            Llama's pairing, `tf_family.attention.rotary`; ETC's global tokens are not rotated) or ``"alibi"`` (a
+            per-head bias ``-m_h * |i - j|``, Press et al. 2022 made symmetric for an encoder,
+            `tf_family.attention.alibi`; ``attention_type="original_full"`` only: the block-sparse and ETC kernels
+            take no score bias). Rotary and ALiBi models have no position table: train them from scratch.
+        rope_base (`float`, defaults to 10000.0): the rotary base θ (``position_embedding_type="rotary"``).
         pad_token_id (`int`, defaults to 0): the padding token.
         bos_token_id (`int`, defaults to 1): the beginning-of-sequence token.
         eos_token_id (`int`, defaults to 2): the end-of-sequence token.
@@ -92,6 +105,8 @@ class TffBigBirdConfig(PreTrainedConfig):
     window_blocks: int = 1
     random_seed: int = 0
     eval_random_blocks: Literal["same", "none", "first_block"] = "same"
+    position_embedding_type: Literal["absolute", "rotary", "alibi"] = "absolute"
+    rope_base: float = 10000.0
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
@@ -133,6 +148,19 @@ class TffBigBirdConfig(PreTrainedConfig):
             check_probability(name, getattr(self, name))
         check_probability("classifier_dropout", self.classifier_dropout, optional=True)
         self._validate_etc()
+        head_dim = self.hidden_size // self.num_attention_heads
+        if self.position_embedding_type == "rotary" and head_dim % 2:
+            raise ValueError(
+                f"position_embedding_type='rotary' rotates pairs, but the head width hidden_size / "
+                f"num_attention_heads = {head_dim} is odd; choose an even head width."
+            )
+        if self.position_embedding_type == "alibi" and self.attention_type != "original_full":
+            raise ValueError(
+                f"position_embedding_type='alibi' adds a score bias, which attention_type={self.attention_type!r} "
+                "does not take (its kernel has none); set attention_type='original_full', or use "
+                "position_embedding_type='rotary'."
+            )
+        check_float("rope_base", self.rope_base, minimum=0.0, min_open=True, fix="set rope_base > 0, e.g. 10000")
 
     def _validate_etc(self):
         """ETC's three fields: ints when ``attention_type="etc"``, unset otherwise (they would be ignored)."""

@@ -29,6 +29,10 @@ RoBERTa weights). Queries, keys, values and the feed-forward block are shared by
 the long input's; `global_last_hidden_state` the global input's; the pooler and the sequence classifier read the
 first global token. The kernel is `tf_family.attention.etc.etc_attention` (never ``S x S``; its dense twin serves
 ``output_attentions`` and exports).
+
+Positions (`position_embedding_type`): ``"absolute"`` (learned, BigBird's checkpoints), ``"rotary"`` (queries and keys
+rotated on every attention type; ETC's global tokens are not rotated) or ``"alibi"`` (``-m_h * |i - j|`` on full
+attention); rotary and ALiBi models have no position table and are trained from scratch.
 """
 
 from __future__ import annotations
@@ -51,8 +55,10 @@ from ...attention import (
     min_sparse_blocks,
     random_block_indices,
 )
+from ...attention.alibi import alibi_bias, alibi_slopes
 from ...attention.etc import EtcPattern, etc_attention, etc_attention_reference
 from ...attention.flex import BlockMaskCache, size_key
+from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling.heads import (
@@ -89,14 +95,26 @@ class TffBigBirdModelOutput(BaseModelOutputWithPooling):
     global_last_hidden_state: torch.FloatTensor | None = None
 
 
+@dataclass(frozen=True)
+class AttentionPositions:
+    """What ``"rotary"`` / ``"alibi"`` positions give every layer's attention: rotary tables ``cos``, ``sin``
+    ``(B, 1, T, Dh)`` of the long input, or the ALiBi bias ``(B, H, T, T)``."""
+
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    alibi: torch.Tensor | None = None
+
+
 class TffBigBirdEmbeddings(nn.Module):
-    """Word (optionally rescaled) + token-type + learned absolute position embeddings, then dropout and layer norm
-    (in that order, as in BigBird)."""
+    """Word (optionally rescaled) + token-type + learned absolute position embeddings (``"absolute"`` positions),
+    then dropout and layer norm (in that order, as in BigBird)."""
 
     def __init__(self, config: TffBigBirdConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.position_embeddings = None  # rotary and ALiBi positions act in the attention
+        if config.position_embedding_type == "absolute":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
@@ -110,26 +128,26 @@ class TffBigBirdEmbeddings(nn.Module):
         """ETC: the ``(B, G, D)`` global input (its embeddings, then dropout and the layer norm of the long input)."""
         return self.layer_norm(self.dropout(self.global_embeddings.weight)).expand(batch, -1, -1)
 
-    def forward(self, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids) -> torch.Tensor:
+    def forward(self, input_ids, inputs_embeds, token_type_ids, position_ids) -> torch.Tensor:
+        """``position_ids`` ``(B, T)``: each token's position (`TffBigBirdModel` counts real tokens, so that left
+        padding does not shift them); added here for ``position_embedding_type="absolute"`` only."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, D)
         batch, length = inputs_embeds.shape[:2]
-        device = inputs_embeds.device
-        if position_ids is None:
-            if attention_mask is None:
-                position_ids = torch.arange(length, device=device).expand(batch, length)
-            else:  # count real tokens, so that left padding does not shift positions
-                position_ids = (attention_mask.to(torch.long).cumsum(dim=1) - 1).clamp(min=0)
-        # a data-dependent check: skipped while torch.compile / torch.export trace the model
-        if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.position_embeddings.num_embeddings:
-            raise ValueError(
-                f"The input needs position {int(position_ids.max())} but max_position_embeddings="
-                f"{self.position_embeddings.num_embeddings}; shorten the input."
-            )
         if token_type_ids is None:
-            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=device)
+            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=inputs_embeds.device)
         embeddings = inputs_embeds * self.scale + self.token_type_embeddings(token_type_ids)
-        embeddings = embeddings + self.position_embeddings(position_ids)
+        if self.position_embeddings is not None:
+            # a data-dependent check: skipped while torch.compile / torch.export trace the model
+            if (
+                not torch.compiler.is_compiling()
+                and int(position_ids.max()) >= self.position_embeddings.num_embeddings
+            ):
+                raise ValueError(
+                    f"The input needs position {int(position_ids.max())} but max_position_embeddings="
+                    f"{self.position_embeddings.num_embeddings}; shorten the input."
+                )
+            embeddings = embeddings + self.position_embeddings(position_ids)
         return self.layer_norm(self.dropout(embeddings))
 
 
@@ -192,7 +210,7 @@ class TffBigBirdAttention(nn.Module):
                     table[num_blocks, :, :num_blocks, :num_blocks] = counts.to(torch.uint8)
         return table
 
-    def _exported_attention(self, query, key, value, key_valid, seed: int) -> torch.Tensor:
+    def _exported_attention(self, query, key, value, key_valid, seed: int, alibi=None) -> torch.Tensor:
         """The attention of an exported graph (ONNX, a dynamic length): the dense twin of both paths, each key
         weighted by how many times the query's block sees the key's block (the block-sparse path's arithmetic, as
         for attention maps), the counts picked from `_count_table` by the input's number of blocks. The same
@@ -205,16 +223,24 @@ class TffBigBirdAttention(nn.Module):
         counts = counts[:, block[:, None], block[None, :]]  # (H, T, T)
         bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
         allowed = (counts > 0)[None] & key_valid[:, None, None, :]  # (B, H, T, T)
-        return attend(query, key, value, allowed, bias=bias[None], dropout_p=0.0, implementation="eager")[0]
+        bias = bias[None] if alibi is None else bias[None] + alibi  # ALiBi: original_full only (all counts 1)
+        return attend(query, key, value, allowed, bias=bias, dropout_p=0.0, implementation="eager")[0]
 
-    def _etc_attention(self, hidden, long_valid, dropout_p: float, output_attentions: bool):
+    def _etc_attention(self, hidden, long_valid, dropout_p: float, output_attentions: bool, positions=None):
         """ETC's global-local attention of ``(B, G + T, D)`` states: ``(B, G + T, D)`` and, for
-        ``output_attentions`` (or an export), the dense twin's ``(B, H, G + T, G + T)`` probabilities."""
+        ``output_attentions`` (or an export), the dense twin's ``(B, H, G + T, G + T)`` probabilities. Rotary
+        positions rotate the long rows only (a global token's rotation is the identity)."""
         batch, length, _ = hidden.shape
         query, key, value = (
             projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
             for projected in fused_projections(hidden, self.query, self.key, self.value)
         )  # (B, H, G + T, Dh)
+        if positions is not None and positions.cos is not None:
+            num_global = self.etc_pattern.num_global
+            cos, sin = positions.cos, positions.sin  # (B, 1, T, Dh)
+            cos = torch.cat([cos.new_ones(batch, 1, num_global, self.head_dim), cos], dim=2)  # (B, 1, G + T, Dh)
+            sin = torch.cat([sin.new_zeros(batch, 1, num_global, self.head_dim), sin], dim=2)
+            query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         relative_keys = self.relative_keys.weight.view(-1, self.num_heads, self.head_dim)  # (V, H, Dh)
         probs = None
         if output_attentions or torch.compiler.is_exporting():
@@ -248,15 +274,17 @@ class TffBigBirdAttention(nn.Module):
         seed: int,
         output_attentions: bool = False,
         block_masks: BlockMaskCache | None = None,
+        positions: AttentionPositions | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``key_valid``: ``(B, T)`` bool, True at real tokens, or ``None`` for a call without an ``attention_mask``
         (nothing padded). ``block_masks``: the model's cache of random plans and FlexAttention block masks
         (``None``: drawn and built for this call). ETC: ``hidden`` is ``(B, G + T, D)``, the global input first, and
-        ``key_valid`` covers the long input."""
+        ``key_valid`` covers the long input. ``positions``: rotary tables or the ALiBi bias (``None``: absolute
+        positions, already in ``hidden``)."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
         if self.etc_pattern is not None:
-            attended, probs = self._etc_attention(hidden, key_valid, dropout_p, output_attentions)
+            attended, probs = self._etc_attention(hidden, key_valid, dropout_p, output_attentions, positions)
             return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
         padding = key_valid  # None: no attention_mask (the block-sparse path's interior blocks then carry no mask)
         if key_valid is None:
@@ -267,9 +295,15 @@ class TffBigBirdAttention(nn.Module):
             projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
             for projected in fused_projections(hidden, self.query, self.key, self.value)
         )  # (B, H, T, Dh)
+        alibi = None if positions is None else positions.alibi  # (B, H, T, T), original_full only
+        if positions is not None and positions.cos is not None:
+            query, key = (
+                apply_rotary(query, positions.cos, positions.sin),
+                apply_rotary(key, positions.cos, positions.sin),
+            )
         probs = None
         if torch.compiler.is_exporting() and not output_attentions:
-            attended = self._exported_attention(query, key, value, key_valid, seed)
+            attended = self._exported_attention(query, key, value, key_valid, seed, alibi)
         elif self.uses_sparse(length):
             num_blocks = -(-length // self.block_size)
             random_blocks, plan_key = self._plan(num_blocks, seed, hidden.device, block_masks)
@@ -298,7 +332,9 @@ class TffBigBirdAttention(nn.Module):
                 )
         else:
             allowed = None if padding is None else key_valid[:, None, None, :]  # None: flash-eligible
-            attended, probs = attend(query, key, value, allowed, dropout_p=dropout_p, implementation=implementation)
+            attended, probs = attend(
+                query, key, value, allowed, bias=alibi, dropout_p=dropout_p, implementation=implementation
+            )
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 
@@ -316,9 +352,14 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
             config.hidden_dropout_prob,
         )
 
-    def forward(self, hidden, key_valid, seed, output_attentions=False, block_masks=None):
+    def forward(self, hidden, key_valid, seed, output_attentions=False, block_masks=None, positions=None):
         hidden, probs = self.attention(
-            hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions, block_masks=block_masks
+            hidden,
+            key_valid=key_valid,
+            seed=seed,
+            output_attentions=output_attentions,
+            block_masks=block_masks,
+            positions=positions,
         )
         return self.feed_forward(hidden), probs
 
@@ -375,6 +416,19 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
     def set_input_embeddings(self, value: nn.Module):
         self.embeddings.word_embeddings = value
 
+    def _attention_positions(self, position_ids: torch.Tensor, dtype: torch.dtype) -> AttentionPositions | None:
+        """This call's rotary tables or ALiBi bias (``None`` for absolute positions), built once for every layer."""
+        config = self.config
+        if config.position_embedding_type == "rotary":
+            head_dim = config.hidden_size // config.num_attention_heads
+            return AttentionPositions(*rotary_cos_sin(position_ids, head_dim, config.rope_base, dtype))
+        if config.position_embedding_type == "alibi":
+            slopes = alibi_slopes(config.num_attention_heads).to(position_ids.device)
+            # -m_h * |i - j|: the paper's causal bias made symmetric for an encoder
+            bias = -alibi_bias(slopes, position_ids, position_ids).abs()  # (B, H, T, T)
+            return AttentionPositions(alibi=bias.to(torch.promote_types(dtype, torch.float32)))
+        return None
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -420,7 +474,13 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         key_valid = None if attention_mask is None else attention_mask.to(torch.bool)  # None: no padding
         seed = self.config.random_seed if random_seed is None else random_seed
 
-        hidden = self.embeddings(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = torch.arange(length, device=source.device).expand(batch, length)
+            else:  # count real tokens, so that left padding does not shift positions
+                position_ids = (attention_mask.to(torch.long).cumsum(dim=1) - 1).clamp(min=0)
+        hidden = self.embeddings(input_ids, inputs_embeds, token_type_ids, position_ids)
+        positions = self._attention_positions(position_ids, hidden.dtype)
         num_global = 0  # ETC: the global input goes first, (B, G + T, D)
         if self.embeddings.global_embeddings is not None:
             num_global = config.num_global_tokens
@@ -432,7 +492,12 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
             if output_hidden_states:
                 all_hidden += (hidden[:, num_global:],)
             hidden, probs = layer(
-                hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions, block_masks=block_masks
+                hidden,
+                key_valid=key_valid,
+                seed=seed,
+                output_attentions=output_attentions,
+                block_masks=block_masks,
+                positions=positions,
             )
             if output_attentions:
                 all_attentions += (probs,)
