@@ -123,3 +123,29 @@ def test_the_pattern_and_the_kernel_refuse_bad_shapes():
         etc_attention(query, key, value, relative_keys[:3], pattern)
     with pytest.raises(ValueError, match="long_valid must have shape"):
         etc_attention(query, key, value, relative_keys, pattern, torch.ones(2, 5, dtype=torch.bool))
+
+
+def test_the_efficient_path_never_materialises_s_by_s():
+    """Every tensor the forward and backward create stays below ``S * S`` elements (the dense twin's scores are
+    ``B * H * S * S``): 1,000 long tokens, radius 2, so the chunked tensors (``T * (G + chunk + 2r)`` per head)
+    are far smaller."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    pattern = EtcPattern(num_global=2, radius=2, max_distance=2)
+    query, key, value, relative_keys = _qkv(pattern, 1000)
+    total = pattern.num_global + 1000
+    largest = []
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    largest.append((tensor.numel(), str(func)))
+            return out
+
+    with Sizes():
+        out = etc_attention(query, key, value, relative_keys, pattern)
+        out.sum().backward()
+    biggest = max(largest)
+    assert biggest[0] < total * total, biggest

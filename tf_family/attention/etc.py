@@ -147,7 +147,11 @@ def _global_rows(query, key, value, label_scores, pattern, key_valid, dropout_p,
     num_global = pattern.num_global
     bias = None
     if label_scores is not None:
-        labels = build_etc_relative_labels(pattern, total - num_global, key.device)[:num_global]  # (G, S)
+        # the global rows of `build_etc_relative_labels`, built alone (the whole table is S x S)
+        position = torch.arange(num_global, device=key.device)
+        to_global = _clipped_labels(position[None, :] - position[:, None], pattern.max_distance)  # (G, G)
+        to_long = to_global.new_full((num_global, total - num_global), pattern.global_to_long_label)  # (G, T)
+        labels = torch.cat([to_global, to_long], dim=1)  # (G, S)
         bias = label_scores[:, :, :num_global].gather(-1, labels.expand(batch, heads, num_global, total))
     allowed = key_valid[:, None, None, :]  # (B, 1, 1, S)
     return attend(query[:, :, :num_global], key, value, allowed, bias, dropout_p, implementation)[0]
