@@ -57,6 +57,11 @@ SPEC = ArchSpec(
     ia3_target_modules=("key", "value", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
     exports=("tf_family.models.big_bird.modeling_big_bird:TffBigBirdPreTrainedModel",),
+    options=(
+        ("ETC global-local attention (Ainslie et al. 2020)", 'attention_type="etc"'),
+        ("Rotary positions (Su et al. 2021)", 'position_embedding_type="rotary"'),
+        ("ALiBi (Press et al. 2022)", 'position_embedding_type="alibi", attention_type="original_full"'),
+    ),
     reference="transformers 5.24 BigBirdModel and heads (random tiny checkpoints, eval)",
     parity="outputs within 1e-4 in eval, block-sparse and full paths (random blocks as transformers draws them in eval)",
     card="big_bird.md",

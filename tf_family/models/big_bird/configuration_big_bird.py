@@ -1,4 +1,5 @@
-"""Configuration of BigBird (Zaheer et al. 2020, arXiv:2007.14062)."""
+"""Configuration of BigBird (Zaheer et al. 2020, arXiv:2007.14062), with ETC's global-local attention as an option
+(Ainslie et al. 2020, arXiv:2004.08483)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,21 @@ from typing import Literal
 from transformers import PreTrainedConfig
 
 from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
-from ...modeling.validation import check_nonnegative_int, check_positive_int, check_probability, check_seed
+from ...modeling.validation import (
+    check_float,
+    check_nonnegative_int,
+    check_positive_int,
+    check_probability,
+    check_seed,
+)
 
 
 class TffBigBirdConfig(PreTrainedConfig):
     r"""Configuration of a BigBird encoder (ITC: internal global blocks): a BERT-style transformer whose attention
-    is block sparse -- a sliding window of blocks, two global blocks and random blocks.
+    is block sparse -- a sliding window of blocks, two global blocks and random blocks. ``attention_type="etc"``
+    switches to ETC (extended transformer construction): ``num_global_tokens`` learned global tokens before the
+    input, global-global, global-long and long-global attention full, long-long within ``local_radius``, with
+    learned relative-position keys (`tf_family.attention.etc`).
 
     Defaults reproduce `google/bigbird-roberta-base`.
 
@@ -32,9 +42,18 @@ class TffBigBirdConfig(PreTrainedConfig):
         layer_norm_eps (`float`, defaults to 1e-12): layer norm epsilon.
         use_bias (`bool`, defaults to `True`): biases on the query, key and value projections.
         rescale_embeddings (`bool`, defaults to `False`): multiply word embeddings by ``sqrt(hidden_size)``.
-        attention_type (`str`, defaults to `"block_sparse"`): ``"block_sparse"`` or ``"original_full"`` attention.
-            Block-sparse layers fall back to full attention *for one call* when the input has too few blocks
-            (``<= 2 * window_blocks + 3 + 2 * num_random_blocks``, transformers' rule); nothing is changed on the model.
+        attention_type (`str`, defaults to `"block_sparse"`): ``"block_sparse"``, ``"original_full"`` or ``"etc"``
+            attention. Block-sparse layers fall back to full attention *for one call* when the input has too few
+            blocks (``<= 2 * window_blocks + 3 + 2 * num_random_blocks``, transformers' rule); nothing is changed on
+            the model. ``"etc"``: ETC's global-local attention (the block and random-block fields below are then
+            unused).
+        num_global_tokens (`int`, *optional*): ETC only (defaults to 16 there): the global input length (``n_g`` in
+            Ainslie et al. 2020), a learned table of that many embeddings placed before every input.
+        local_radius (`int`, *optional*): ETC only (defaults to 84 there, ETC-base's): a long token attends to the
+            long tokens at most this far away (``r``); 0 keeps only itself.
+        max_relative_position (`int`, *optional*): ETC only (defaults to `local_radius` there): relative positions
+            are clipped to ``[-k, k]`` (``k``, ETC's ``relative_pos_max_distance``); each layer learns
+            ``2k + 3`` relative keys (the clipped positions, one long-to-global and one global-to-long label).
         block_size (`int`, defaults to 64): tokens per block (``b``).
         num_random_blocks (`int`, defaults to 3): random key blocks per query block (``r``); 0 is allowed.
         window_blocks (`int`, defaults to 1): one-sided sliding window in blocks (``w``; 1 gives the paper's 3 blocks).
@@ -44,6 +63,13 @@ class TffBigBirdConfig(PreTrainedConfig):
         eval_random_blocks (`str`, defaults to `"same"`): random blocks in eval mode: ``"same"`` as in training,
             ``"none"`` no random blocks, ``"first_block"`` every random slot on the first block (what transformers'
             BigBird does in eval; set when a transformers checkpoint is imported, so outputs match).
+        position_embedding_type (`str`, defaults to `"absolute"`): ``"absolute"`` (learned positions added to the
+            token embeddings, what BigBird's checkpoints hold), ``"rotary"`` (queries and keys rotated, Su et al. 2021,
+            Llama's pairing, `tf_family.attention.rotary`; ETC's global tokens are not rotated) or ``"alibi"`` (a
+            per-head bias ``-m_h * |i - j|``, Press et al. 2022 made symmetric for an encoder,
+            `tf_family.attention.alibi`; ``attention_type="original_full"`` only: the block-sparse and ETC kernels
+            take no score bias). Rotary and ALiBi models have no position table: train them from scratch.
+        rope_base (`float`, defaults to 10000.0): the rotary base θ (``position_embedding_type="rotary"``).
         pad_token_id (`int`, defaults to 0): the padding token.
         bos_token_id (`int`, defaults to 1): the beginning-of-sequence token.
         eos_token_id (`int`, defaults to 2): the end-of-sequence token.
@@ -70,12 +96,17 @@ class TffBigBirdConfig(PreTrainedConfig):
     layer_norm_eps: float = 1e-12
     use_bias: bool = True
     rescale_embeddings: bool = False
-    attention_type: Literal["block_sparse", "original_full"] = "block_sparse"
+    attention_type: Literal["block_sparse", "original_full", "etc"] = "block_sparse"
+    num_global_tokens: int | None = None
+    local_radius: int | None = None
+    max_relative_position: int | None = None
     block_size: int = 64
     num_random_blocks: int = 3
     window_blocks: int = 1
     random_seed: int = 0
     eval_random_blocks: Literal["same", "none", "first_block"] = "same"
+    position_embedding_type: Literal["absolute", "rotary", "alibi"] = "absolute"
+    rope_base: float = 10000.0
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
@@ -85,6 +116,11 @@ class TffBigBirdConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         check_config_kwargs(type(self).__name__, kwargs)
+        if self.attention_type == "etc":  # ETC's defaults (ETC-base's radius; positions clipped at the radius)
+            self.num_global_tokens = 16 if self.num_global_tokens is None else self.num_global_tokens
+            self.local_radius = 84 if self.local_radius is None else self.local_radius
+            if self.max_relative_position is None:
+                self.max_relative_position = self.local_radius
         super().__post_init__(**kwargs)
         validate_config(self)
 
@@ -111,6 +147,39 @@ class TffBigBirdConfig(PreTrainedConfig):
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             check_probability(name, getattr(self, name))
         check_probability("classifier_dropout", self.classifier_dropout, optional=True)
+        self._validate_etc()
+        head_dim = self.hidden_size // self.num_attention_heads
+        if self.position_embedding_type == "rotary" and head_dim % 2:
+            raise ValueError(
+                f"position_embedding_type='rotary' rotates pairs, but the head width hidden_size / "
+                f"num_attention_heads = {head_dim} is odd; choose an even head width."
+            )
+        if self.position_embedding_type == "alibi" and self.attention_type != "original_full":
+            raise ValueError(
+                f"position_embedding_type='alibi' adds a score bias, which attention_type={self.attention_type!r} "
+                "does not take (its kernel has none); set attention_type='original_full', or use "
+                "position_embedding_type='rotary'."
+            )
+        check_float("rope_base", self.rope_base, minimum=0.0, min_open=True, fix="set rope_base > 0, e.g. 10000")
+
+    def _validate_etc(self):
+        """ETC's three fields: ints when ``attention_type="etc"``, unset otherwise (they would be ignored)."""
+        etc_fields = ("num_global_tokens", "local_radius", "max_relative_position")
+        if self.attention_type != "etc":
+            for name in etc_fields:
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} is used only by ETC attention, but "
+                        f"attention_type={self.attention_type!r}; set attention_type='etc' or leave {name} unset."
+                    )
+            return
+        check_positive_int(
+            "num_global_tokens", self.num_global_tokens, fix="set num_global_tokens >= 1 (ETC needs a global input)"
+        )
+        check_nonnegative_int("local_radius", self.local_radius, fix="set local_radius >= 0 (0: each token itself)")
+        check_nonnegative_int(
+            "max_relative_position", self.max_relative_position, fix="set max_relative_position >= 0"
+        )
 
 
 __all__ = ["TffBigBirdConfig"]

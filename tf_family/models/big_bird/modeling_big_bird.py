@@ -18,9 +18,26 @@ Deviations from transformers' BigBird (each one of its reported problems):
 - `output_attentions=True` runs the dense twin and returns ``(B, H, T, T)`` probabilities.
 
 Config field <-> paper symbol: `block_size` = b, `num_random_blocks` = r, `window_blocks` = (w - 1) / 2 in blocks.
+
+ETC (``attention_type="etc"``; Ainslie et al. 2020, arXiv:2004.08483, the global-local attention without CPC
+pretraining; reference google-research `etcmodel`, no released PyTorch weights): `num_global_tokens` learned global
+embeddings (``n_g``) go before the long input; global-global, global-long and long-global attention are full,
+long-long attention stays within `local_radius` tokens; each layer learns relative keys for the relative labels
+(`max_relative_position` = ETC's ``relative_pos_max_distance``; the label convention is in
+`tf_family.attention.etc`). The long input keeps BigBird's absolute positions (as when ETC is lifted from BERT /
+RoBERTa weights). Queries, keys, values and the feed-forward block are shared by both inputs. `last_hidden_state` is
+the long input's; `global_last_hidden_state` the global input's; the pooler and the sequence classifier read the
+first global token. The kernel is `tf_family.attention.etc.etc_attention` (never ``S x S``; its dense twin serves
+``output_attentions`` and exports).
+
+Positions (`position_embedding_type`): ``"absolute"`` (learned, BigBird's checkpoints), ``"rotary"`` (queries and keys
+rotated on every attention type; ETC's global tokens are not rotated) or ``"alibi"`` (``-m_h * |i - j|`` on full
+attention); rotary and ALiBi models have no position table and are trained from scratch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,7 +55,10 @@ from ...attention import (
     min_sparse_blocks,
     random_block_indices,
 )
+from ...attention.alibi import alibi_bias, alibi_slopes
+from ...attention.etc import EtcPattern, etc_attention, etc_attention_reference
 from ...attention.flex import BlockMaskCache, size_key
+from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling.heads import (
@@ -62,39 +82,72 @@ from .configuration_big_bird import TffBigBirdConfig
 logger = logging.get_logger(__name__)
 
 
+@dataclass
+class TffBigBirdModelOutput(BaseModelOutputWithPooling):
+    """`BaseModelOutputWithPooling` plus, in ETC mode, the global input's final states.
+
+    Args:
+        global_last_hidden_state: ``(B, G, D)``, ETC only (``None`` otherwise). `last_hidden_state` and
+            `hidden_states` are the long input's; `attentions` (ETC) are ``(B, H, G + T, G + T)``, global rows and
+            columns first.
+    """
+
+    global_last_hidden_state: torch.FloatTensor | None = None
+
+
+@dataclass(frozen=True)
+class AttentionPositions:
+    """What ``"rotary"`` / ``"alibi"`` positions give every layer's attention: rotary tables ``cos``, ``sin``
+    ``(B, 1, T, Dh)`` of the long input, or the ALiBi bias ``(B, H, T, T)``."""
+
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    alibi: torch.Tensor | None = None
+
+
 class TffBigBirdEmbeddings(nn.Module):
-    """Word (optionally rescaled) + token-type + learned absolute position embeddings, then dropout and layer norm
-    (in that order, as in BigBird)."""
+    """Word (optionally rescaled) + token-type + learned absolute position embeddings (``"absolute"`` positions),
+    then dropout and layer norm (in that order, as in BigBird)."""
 
     def __init__(self, config: TffBigBirdConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.position_embeddings = None  # rotary and ALiBi positions act in the attention
+        if config.position_embedding_type == "absolute":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.scale = config.hidden_size**0.5 if config.rescale_embeddings else 1.0
+        # ETC's global input: a learned table of its own, separate from the long input
+        self.global_embeddings = None
+        if config.attention_type == "etc":
+            self.global_embeddings = nn.Embedding(config.num_global_tokens, config.hidden_size)
 
-    def forward(self, input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids) -> torch.Tensor:
+    def global_inputs(self, batch: int) -> torch.Tensor:
+        """ETC: the ``(B, G, D)`` global input (its embeddings, then dropout and the layer norm of the long input)."""
+        return self.layer_norm(self.dropout(self.global_embeddings.weight)).expand(batch, -1, -1)
+
+    def forward(self, input_ids, inputs_embeds, token_type_ids, position_ids) -> torch.Tensor:
+        """``position_ids`` ``(B, T)``: each token's position (`TffBigBirdModel` counts real tokens, so that left
+        padding does not shift them); added here for ``position_embedding_type="absolute"`` only."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, D)
         batch, length = inputs_embeds.shape[:2]
-        device = inputs_embeds.device
-        if position_ids is None:
-            if attention_mask is None:
-                position_ids = torch.arange(length, device=device).expand(batch, length)
-            else:  # count real tokens, so that left padding does not shift positions
-                position_ids = (attention_mask.to(torch.long).cumsum(dim=1) - 1).clamp(min=0)
-        # a data-dependent check: skipped while torch.compile / torch.export trace the model
-        if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.position_embeddings.num_embeddings:
-            raise ValueError(
-                f"The input needs position {int(position_ids.max())} but max_position_embeddings="
-                f"{self.position_embeddings.num_embeddings}; shorten the input."
-            )
         if token_type_ids is None:
-            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=device)
+            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=inputs_embeds.device)
         embeddings = inputs_embeds * self.scale + self.token_type_embeddings(token_type_ids)
-        embeddings = embeddings + self.position_embeddings(position_ids)
+        if self.position_embeddings is not None:
+            # a data-dependent check: skipped while torch.compile / torch.export trace the model
+            if (
+                not torch.compiler.is_compiling()
+                and int(position_ids.max()) >= self.position_embeddings.num_embeddings
+            ):
+                raise ValueError(
+                    f"The input needs position {int(position_ids.max())} but max_position_embeddings="
+                    f"{self.position_embeddings.num_embeddings}; shorten the input."
+                )
+            embeddings = embeddings + self.position_embeddings(position_ids)
         return self.layer_norm(self.dropout(embeddings))
 
 
@@ -117,6 +170,11 @@ class TffBigBirdAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
+        # ETC: the pattern and this layer's relative keys, one (H * Dh)-vector per relative label
+        self.etc_pattern = self.relative_keys = None
+        if config.attention_type == "etc":
+            self.etc_pattern = EtcPattern(config.num_global_tokens, config.local_radius, config.max_relative_position)
+            self.relative_keys = nn.Embedding(self.etc_pattern.num_labels, width)
 
     def uses_sparse(self, length: int) -> bool:
         """Decided per call from the input length; the module is never changed."""
@@ -152,7 +210,7 @@ class TffBigBirdAttention(nn.Module):
                     table[num_blocks, :, :num_blocks, :num_blocks] = counts.to(torch.uint8)
         return table
 
-    def _exported_attention(self, query, key, value, key_valid, seed: int) -> torch.Tensor:
+    def _exported_attention(self, query, key, value, key_valid, seed: int, alibi=None) -> torch.Tensor:
         """The attention of an exported graph (ONNX, a dynamic length): the dense twin of both paths, each key
         weighted by how many times the query's block sees the key's block (the block-sparse path's arithmetic, as
         for attention maps), the counts picked from `_count_table` by the input's number of blocks. The same
@@ -165,7 +223,40 @@ class TffBigBirdAttention(nn.Module):
         counts = counts[:, block[:, None], block[None, :]]  # (H, T, T)
         bias = counts.clamp(min=1).to(torch.promote_types(query.dtype, torch.float32)).log()
         allowed = (counts > 0)[None] & key_valid[:, None, None, :]  # (B, H, T, T)
-        return attend(query, key, value, allowed, bias=bias[None], dropout_p=0.0, implementation="eager")[0]
+        bias = bias[None] if alibi is None else bias[None] + alibi  # ALiBi: original_full only (all counts 1)
+        return attend(query, key, value, allowed, bias=bias, dropout_p=0.0, implementation="eager")[0]
+
+    def _etc_attention(self, hidden, long_valid, dropout_p: float, output_attentions: bool, positions=None):
+        """ETC's global-local attention of ``(B, G + T, D)`` states: ``(B, G + T, D)`` and, for
+        ``output_attentions`` (or an export), the dense twin's ``(B, H, G + T, G + T)`` probabilities. Rotary
+        positions rotate the long rows only (a global token's rotation is the identity)."""
+        batch, length, _ = hidden.shape
+        query, key, value = (
+            projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+            for projected in fused_projections(hidden, self.query, self.key, self.value)
+        )  # (B, H, G + T, Dh)
+        if positions is not None and positions.cos is not None:
+            num_global = self.etc_pattern.num_global
+            cos, sin = positions.cos, positions.sin  # (B, 1, T, Dh)
+            cos = torch.cat([cos.new_ones(batch, 1, num_global, self.head_dim), cos], dim=2)  # (B, 1, G + T, Dh)
+            sin = torch.cat([sin.new_zeros(batch, 1, num_global, self.head_dim), sin], dim=2)
+            query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        relative_keys = self.relative_keys.weight.view(-1, self.num_heads, self.head_dim)  # (V, H, Dh)
+        probs = None
+        if output_attentions or torch.compiler.is_exporting():
+            attended, probs = etc_attention_reference(query, key, value, relative_keys, self.etc_pattern, long_valid)
+        else:
+            attended = etc_attention(
+                query,
+                key,
+                value,
+                relative_keys,
+                self.etc_pattern,
+                long_valid,
+                dropout_p=dropout_p,
+                implementation=self.config._attn_implementation,
+            )
+        return attended.transpose(1, 2).reshape(batch, length, -1), probs
 
     def _plan(self, num_blocks: int, seed: int, device, block_masks: BlockMaskCache | None):
         """This call's random blocks and their key in ``block_masks`` (drawn once per seed, length and mode, then
@@ -183,12 +274,18 @@ class TffBigBirdAttention(nn.Module):
         seed: int,
         output_attentions: bool = False,
         block_masks: BlockMaskCache | None = None,
+        positions: AttentionPositions | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``key_valid``: ``(B, T)`` bool, True at real tokens, or ``None`` for a call without an ``attention_mask``
         (nothing padded). ``block_masks``: the model's cache of random plans and FlexAttention block masks
-        (``None``: drawn and built for this call)."""
+        (``None``: drawn and built for this call). ETC: ``hidden`` is ``(B, G + T, D)``, the global input first, and
+        ``key_valid`` covers the long input. ``positions``: rotary tables or the ALiBi bias (``None``: absolute
+        positions, already in ``hidden``)."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
+        if self.etc_pattern is not None:
+            attended, probs = self._etc_attention(hidden, key_valid, dropout_p, output_attentions, positions)
+            return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
         padding = key_valid  # None: no attention_mask (the block-sparse path's interior blocks then carry no mask)
         if key_valid is None:
             key_valid = torch.ones(batch, length, dtype=torch.bool, device=hidden.device)
@@ -198,9 +295,15 @@ class TffBigBirdAttention(nn.Module):
             projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
             for projected in fused_projections(hidden, self.query, self.key, self.value)
         )  # (B, H, T, Dh)
+        alibi = None if positions is None else positions.alibi  # (B, H, T, T), original_full only
+        if positions is not None and positions.cos is not None:
+            query, key = (
+                apply_rotary(query, positions.cos, positions.sin),
+                apply_rotary(key, positions.cos, positions.sin),
+            )
         probs = None
         if torch.compiler.is_exporting() and not output_attentions:
-            attended = self._exported_attention(query, key, value, key_valid, seed)
+            attended = self._exported_attention(query, key, value, key_valid, seed, alibi)
         elif self.uses_sparse(length):
             num_blocks = -(-length // self.block_size)
             random_blocks, plan_key = self._plan(num_blocks, seed, hidden.device, block_masks)
@@ -229,7 +332,9 @@ class TffBigBirdAttention(nn.Module):
                 )
         else:
             allowed = None if padding is None else key_valid[:, None, None, :]  # None: flash-eligible
-            attended, probs = attend(query, key, value, allowed, dropout_p=dropout_p, implementation=implementation)
+            attended, probs = attend(
+                query, key, value, allowed, bias=alibi, dropout_p=dropout_p, implementation=implementation
+            )
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
 
@@ -247,9 +352,14 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
             config.hidden_dropout_prob,
         )
 
-    def forward(self, hidden, key_valid, seed, output_attentions=False, block_masks=None):
+    def forward(self, hidden, key_valid, seed, output_attentions=False, block_masks=None, positions=None):
         hidden, probs = self.attention(
-            hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions, block_masks=block_masks
+            hidden,
+            key_valid=key_valid,
+            seed=seed,
+            output_attentions=output_attentions,
+            block_masks=block_masks,
+            positions=positions,
         )
         return self.feed_forward(hidden), probs
 
@@ -306,6 +416,19 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
     def set_input_embeddings(self, value: nn.Module):
         self.embeddings.word_embeddings = value
 
+    def _attention_positions(self, position_ids: torch.Tensor, dtype: torch.dtype) -> AttentionPositions | None:
+        """This call's rotary tables or ALiBi bias (``None`` for absolute positions), built once for every layer."""
+        config = self.config
+        if config.position_embedding_type == "rotary":
+            head_dim = config.hidden_size // config.num_attention_heads
+            return AttentionPositions(*rotary_cos_sin(position_ids, head_dim, config.rope_base, dtype))
+        if config.position_embedding_type == "alibi":
+            slopes = alibi_slopes(config.num_attention_heads).to(position_ids.device)
+            # -m_h * |i - j|: the paper's causal bias made symmetric for an encoder
+            bias = -alibi_bias(slopes, position_ids, position_ids).abs()  # (B, H, T, T)
+            return AttentionPositions(alibi=bias.to(torch.promote_types(dtype, torch.float32)))
+        return None
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -318,11 +441,12 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPooling | tuple:
+    ) -> TffBigBirdModelOutput | tuple:
         r"""
         Args:
             input_ids: ``(B, T)`` token ids (or pass ``inputs_embeds`` ``(B, T, D)``).
-            attention_mask: ``(B, T)`` 1 for real tokens, 0 for padding.
+            attention_mask: ``(B, T)`` 1 for real tokens, 0 for padding (ETC: of the long input; the global tokens
+                are always real).
             random_seed: seed of this call's random blocks (defaults to ``config.random_seed``); e.g. pass the
                 training step to draw a new pattern every step.
             output_attentions: return ``(B, H, T, T)`` probabilities per layer (runs the dense twin).
@@ -350,29 +474,48 @@ class TffBigBirdModel(TffBigBirdPreTrainedModel):
         key_valid = None if attention_mask is None else attention_mask.to(torch.bool)  # None: no padding
         seed = self.config.random_seed if random_seed is None else random_seed
 
-        hidden = self.embeddings(input_ids, inputs_embeds, attention_mask, token_type_ids, position_ids)
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = torch.arange(length, device=source.device).expand(batch, length)
+            else:  # count real tokens, so that left padding does not shift positions
+                position_ids = (attention_mask.to(torch.long).cumsum(dim=1) - 1).clamp(min=0)
+        hidden = self.embeddings(input_ids, inputs_embeds, token_type_ids, position_ids)
+        positions = self._attention_positions(position_ids, hidden.dtype)
+        num_global = 0  # ETC: the global input goes first, (B, G + T, D)
+        if self.embeddings.global_embeddings is not None:
+            num_global = config.num_global_tokens
+            hidden = torch.cat([self.embeddings.global_inputs(batch).to(hidden.dtype), hidden], dim=1)
         # a compiled graph builds its plans and masks once per forward, in a cache of its own (nothing outside mutated)
         block_masks = BlockMaskCache() if torch.compiler.is_compiling() else self.block_masks
         all_hidden, all_attentions = (), ()
         for layer in self.layers:
             if output_hidden_states:
-                all_hidden += (hidden,)
+                all_hidden += (hidden[:, num_global:],)
             hidden, probs = layer(
-                hidden, key_valid=key_valid, seed=seed, output_attentions=output_attentions, block_masks=block_masks
+                hidden,
+                key_valid=key_valid,
+                seed=seed,
+                output_attentions=output_attentions,
+                block_masks=block_masks,
+                positions=positions,
             )
             if output_attentions:
                 all_attentions += (probs,)
+        global_hidden, hidden = hidden[:, :num_global], hidden[:, num_global:]  # (B, G, D), (B, T, D)
         if output_hidden_states:
             all_hidden += (hidden,)
         pooled = None
-        if self.pooler is not None:
+        if self.pooler is not None and num_global:  # ETC: the first global token
+            pooled = torch.tanh(self.pooler(global_hidden[:, 0]))  # (B, D)
+        elif self.pooler is not None:
             first = find_first_real_token(attention_mask, batch, source.device)
             pooled = torch.tanh(self.pooler(hidden[torch.arange(batch, device=source.device), first]))  # (B, D)
-        output = BaseModelOutputWithPooling(
+        output = TffBigBirdModelOutput(
             last_hidden_state=hidden,
             pooler_output=pooled,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
+            global_last_hidden_state=global_hidden if num_global else None,
         )
         return output if return_dict else output.to_tuple()
 
@@ -386,10 +529,15 @@ class TffBigBirdForMaskedLM(GenericForMaskedLM, TffBigBirdPreTrainedModel):
 
 
 class TffBigBirdForSequenceClassification(GenericForSequenceClassification, TffBigBirdPreTrainedModel):
-    """Classifier (dense + activation + linear) on the first real token."""
+    """Classifier (dense + activation + linear) on the first real token (ETC: on the first global token)."""
 
     base_model_class = TffBigBirdModel
     classifier_activation = None  # the config's hidden_act, as transformers' BigBird
+
+    def _logits(self, outputs: TffBigBirdModelOutput, attention_mask) -> torch.Tensor:
+        if outputs.global_last_hidden_state is not None:  # ETC: the global input summarises the long one
+            return self.classifier(outputs.global_last_hidden_state[:, 0])  # (B, num_labels)
+        return super()._logits(outputs, attention_mask)
 
 
 class TffBigBirdForTokenClassification(GenericForTokenClassification, TffBigBirdPreTrainedModel):
@@ -514,5 +662,6 @@ __all__ = [
     "TffBigBirdForSequenceClassification",
     "TffBigBirdForTokenClassification",
     "TffBigBirdModel",
+    "TffBigBirdModelOutput",
     "TffBigBirdPreTrainedModel",
 ]
