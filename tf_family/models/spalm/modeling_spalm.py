@@ -353,9 +353,18 @@ class TffSpalmForCausalLM(
         return output if return_dict else output.to_tuple()
 
     @accepts_past_key_values
-    def prepare_inputs_for_generation(self, input_ids, cache=None, **kwargs) -> dict:
+    def prepare_inputs_for_generation(
+        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+    ) -> dict:
         """`MemoryGenerationMixin`'s inputs, plus this call's ``datastore`` / ``k`` when `generate` was given them."""
-        inputs = super().prepare_inputs_for_generation(input_ids, cache=cache, **kwargs)
+        inputs = super().prepare_inputs_for_generation(
+            input_ids,
+            cache=cache,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
         inputs.update({name: kwargs[name] for name in ("datastore", "k") if kwargs.get(name) is not None})
         return inputs
 
