@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tf_family.memory import SegmentMemory
 from tf_family.models.spalm.configuration_spalm import TffSpalmConfig
