@@ -193,8 +193,9 @@ def main() -> None:
     steps, size = args.gate_steps, args.gate_batch_size
     gate_seconds = train(spalm, [spalm.gate.weight], gate_blocks, steps, size, 5e-2, seed=1)
     print(f"SPALM gate trained in {gate_seconds:.0f} s", flush=True)
+    torch.manual_seed(2)  # a fresh gate (g near 0.5): one trained shut above has no gradient left to reopen it
     full = TffSpalmForCausalLM(TffSpalmConfig(**shape, k=args.k, check_datastore=False)).eval()
-    full.load_state_dict(spalm.state_dict())
+    full.load_state_dict({**xl.state_dict(), "gate.weight": full.gate.weight.detach().clone()})
     full.set_datastore(datastore)  # keys stay the pretrained stack's while the stack is fine-tuned (the paper's)
     for parameter in full.parameters():
         parameter.requires_grad_(True)
@@ -258,8 +259,8 @@ def main() -> None:
         f"SPALM's builder, sha256 {datastore.description['content_sha256'][:12]}…); kNN-LM λ picked on validation. "
         f"'SPALM, gate trained' = the Transformer-XL's weights plus the gate w_g ({args.width} parameters) trained "
         f"{args.gate_steps} steps of {args.gate_batch_size} blocks on the last {gate_blocks.input_ids.numel():,} "
-        "train tokens, which the datastore does not hold. 'SPALM fine-tuned' = that model with every weight trained "
-        f"as long on the same text (lr {args.finetune_lr}; the keys stay the pretrained stack's, as in the paper), "
+        "train tokens, which the datastore does not hold. 'SPALM fine-tuned' = the Transformer-XL's weights with a "
+        f"fresh gate, every weight trained as long on the same text (lr {args.finetune_lr}; the keys stay the pretrained stack's, as in the paper), "
         "against 'Transformer-XL fine-tuned', the Transformer-XL trained the same way without retrieval. "
         f"k = {args.k}, exact L2 search; every block read on its own.\n\n"
         f"{table}\n\n"
