@@ -39,6 +39,7 @@ CASES = [
     ("rfa", "causal_lm"),
     ("sparse_transformer", "causal_lm"),
     ("routing_transformer", "causal_lm"),  # its k-means centroids (buffers) move by sums added over the ranks
+    ("spalm", "causal_lm"),  # with a datastore of its stack (the common tester's), so the gate trains too
 ]
 STEPS, ROWS, LENGTH, LR = 3, 4, 16, 1e-3
 RESUME_CASE = ("compressive", "causal_lm")  # a sharded checkpoint after step 2, resumed for step 3
@@ -56,7 +57,12 @@ def _model(arch: str, task: str):
     if task == "sequence_classification":  # no classifier dropout: its masks would depend on the batch split
         overrides = {"num_labels": 2, **({"classifier_dropout": 0.0} if arch == "transfo_xl" else {})}
     torch.manual_seed(0)
-    return spec.model_classes[task](spec.make_config("tiny", **overrides)).train()
+    model = spec.model_classes[task](spec.make_config("tiny", **overrides))
+    from tests.common.tester import ATTACHED_STATE
+
+    if arch in ATTACHED_STATE:  # state read beside the weights (SPALM's datastore), built before sharding
+        ATTACHED_STATE[arch](model)
+    return model.train()
 
 
 def _batches(arch: str, task: str, model) -> list[dict]:

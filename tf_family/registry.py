@@ -24,6 +24,7 @@ from .models.performer import LINEAR_TRANSFORMER, RFA
 from .models.performer import SPEC as PERFORMER
 from .models.reformer import SPEC as REFORMER
 from .models.routing_transformer import SPEC as ROUTING_TRANSFORMER
+from .models.spalm import SPEC as SPALM
 from .models.sparse_transformer import SPEC as SPARSE_TRANSFORMER
 from .models.transfo_xl import SPEC as TRANSFO_XL
 from .models.universal_transformer import SPEC as UNIVERSAL_TRANSFORMER
@@ -53,6 +54,7 @@ ARCHITECTURES: Mapping[str, ArchSpec] = MappingProxyType(
             UNIVERSAL_TRANSFORMER,
             SPARSE_TRANSFORMER,
             ROUTING_TRANSFORMER,
+            SPALM,
         )
     }
 )

@@ -18,7 +18,7 @@ from tf_family.clients.lm_eval import main as lm_eval_main
 
 from .tiny_text import CAUSAL, TEXTS, save_tiny_run
 
-MEMORY = ["transfo_xl", "compressive", "memorizing"]
+MEMORY = ["transfo_xl", "compressive", "memorizing", "spalm"]
 MAX_LENGTH = 64  # past Reformer's 16-token LSH chunks and Longformer's windows
 
 

@@ -33,7 +33,24 @@ def build(spec: ArchSpec, task: str, seed: int = 0, **overrides):
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.1 * torch.randn_like(parameter))
+    attach = ATTACHED_STATE.get(spec.name)
+    if attach is not None:
+        attach(model)
     return model
+
+
+def _attach_spalm_datastore(model) -> None:
+    """SPALM's causal LM reads a kNN datastore beside its weights (without one it is a Transformer-XL and its gate
+    is unused): one built by its own (perturbed) Transformer-XL stack over 64 random tokens."""
+    if not hasattr(model, "build_datastore"):
+        return
+    ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(1234))
+    labels = torch.cat([ids[:, 1:], torch.full((4, 1), -100)], dim=1)
+    model.build_datastore([{"input_ids": ids, "labels": labels}], show_progress=False)
+
+
+# state a model reads beside its weights, attached by `build` to every model of the architecture that takes it
+ATTACHED_STATE = {"spalm": _attach_spalm_datastore}
 
 
 def make_inputs(spec: ArchSpec, config, task: str, batch: int = BATCH, length: int = LENGTH, seed: int = 0) -> dict:

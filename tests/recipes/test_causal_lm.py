@@ -402,6 +402,7 @@ def test_lora_prints_no_deprecation_noise(trained_txl):
         ("reformer", "causal_lm"),
         ("calm", "causal_lm"),
         ("universal_transformer", "masked_lm"),
+        ("spalm", "causal_lm"),
         (None, "causal_lm"),
     ],
 )

@@ -373,13 +373,14 @@ def _refuse_unexportable(model: nn.Module, include_datastore: bool) -> None:
 
 
 def prepare_model(model: nn.Module) -> nn.Module:
-    """The model as the graph runs it, set in place: eval mode, the kNN-LM without its datastore, the Memorizing
+    """The model as the graph runs it, set in place: eval mode, the kNN-LM and SPALM without their datastore, the Memorizing
     Transformer with copy-on-write kNN memory and exact search instead of faiss (which runs outside a graph)."""
     model = model.eval()
     if getattr(model, "datastore", None) is not None:
         logger.warning(
-            "The kNN-LM's datastore is left out of the ONNX graph (its search cannot be exported): the graph gives "
-            "the base model's log-probabilities (lmbda=0); interpolate with the search results outside it."
+            "The model's kNN datastore is left out of the ONNX graph (its search cannot be exported): the graph gives "
+            "the model without retrieval (a kNN-LM's base model, lmbda=0; SPALM's Transformer-XL); combine with the "
+            "search results outside it."
         )
         model.set_datastore(None)
     if getattr(model, "carried_state", None) == "knn_memory":
