@@ -260,9 +260,10 @@ def _banded_attention(
 ) -> torch.Tensor:
     """Contiguous-window attention on ``(B, T, H, Dh)`` tensors, chunk by chunk; returns ``(B, T, H, Dh)``.
 
-    Eleven parameters: the three tensors, then, by keyword only, the window's two numbers, the per-position masks and
-    positions (which `sliding_window_attention` regroups into dilation streams before the call) and the dispatch's
-    two settings. A dataclass around them would be built on every call of every layer for these two callers only.
+    Thirteen parameters: the three tensors, then, by keyword only, the window's two numbers, the per-position masks
+    and positions (which `sliding_window_attention` regroups into dilation streams before the call), the dispatch's
+    two settings and ALiBi's slopes with the distance of one slot. A dataclass around them would be built on every
+    call of every layer for these two callers only.
 
     ``global_kv`` is ``(keys (B, G, H, Dh), values (B, G, H, Dh), valid (B, G), positions (B, G))`` and
     ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
@@ -434,7 +435,8 @@ def cached_window_attention(
     dropout_p: float,
     implementation: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A decoder's new tokens over its cache: ``query`` ``(B, H, t, Dh)`` (the last ``t`` of the ``P + t`` cached
+    """A decoder's new tokens over its cache (nine parameters: the three tensors, the window, the two masks, ALiBi's
+    slopes and the dispatch's two settings, as `sliding_window_attention` takes them): ``query`` ``(B, H, t, Dh)`` (the last ``t`` of the ``P + t`` cached
     ``keys`` / ``values``) attends to the last ``window * dilation`` positions and the global tokens (none of the new
     tokens is global); ``key_valid`` ``(B, P + t)``; ``slopes``: ALiBi's ``(H,)`` or ``None``. ``"eager"`` attends
     over every cached key and returns the probabilities ``(B, H, t, P + t)``."""
