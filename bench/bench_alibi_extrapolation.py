@@ -36,7 +36,7 @@ OPTIONS = ("alibi", "absolute", "rotary")
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--options", nargs="+", default=list(OPTIONS), choices=OPTIONS)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--train_length", type=int, default=256)
     parser.add_argument("--eval_lengths", type=int, nargs="+", default=[256, 512, 1024])
     parser.add_argument("--eval_bytes", type=int, default=16384, help="held-out bytes scored at every length")
