@@ -12,6 +12,13 @@ when a CPU forward needs a gradient or dropout, tf_family's native kernel, or wh
 (positions ``r, r + d, r + 2d, ...``): a dilated window is an ordinary window inside each stream. The dense twin
 (`sliding_window_attention_reference`) materialises the full ``(B, T, T)`` mask of `build_sliding_window_mask`.
 
+ALiBi (Press et al. 2022, `alibi`): with ``slopes`` ``(H,)`` a window pair ``(i, j)`` gets the bias
+``-m_h * |i - j|``, ``|i - j|`` the distance in the sequence (dilation included; symmetric in a bidirectional window,
+the paper's ``-m_h (i - j)`` in a causal one). Pairs with a global key get no bias: a global token is reached from any
+distance, so its score carries no distance penalty (nor do the global tokens' own rows, `global_attention`).
+`sliding_window_alibi_bias` is the dense twin's bias; FlexAttention has no bias here, so ``"flex_attention"`` with
+slopes runs the ``"sdpa"`` chunks.
+
 Conventions: tensors are ``(B, H, T, Dh)``; masks are bool with ``True`` meaning "may attend" / "real token". A
 padded query attends to itself (its output is meaningless but finite, so padding never produces NaN).
 """
@@ -140,6 +147,23 @@ def build_sliding_window_mask(
     return allowed
 
 
+def sliding_window_alibi_bias(
+    slopes: torch.Tensor,
+    length: int,
+    global_tokens: GlobalTokens | None = None,
+    query_positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The ALiBi bias of the dense twin: ``-m_h * |i - j|``, zero on the columns of global keys; ``(B | 1, H, Q, T)``
+    float32 over the rows ``query_positions`` (default: all ``length``)."""
+    position = torch.arange(length, device=slopes.device)
+    rows = position if query_positions is None else query_positions.to(slopes.device)
+    distance = (rows[:, None] - position[None, :]).abs().to(torch.float32)  # (Q, T)
+    bias = -slopes.to(torch.float32)[None, :, None, None] * distance  # (1, H, Q, T)
+    if global_tokens is not None:
+        bias = bias.masked_fill(global_tokens.mask.to(slopes.device)[:, None, None, :], 0.0)  # (B, H, Q, T)
+    return bias
+
+
 def sliding_window_attention_reference(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -147,12 +171,14 @@ def sliding_window_attention_reference(
     pattern: WindowPattern,
     key_padding_mask: torch.Tensor | None = None,
     global_tokens: GlobalTokens | None = None,
+    slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Dense twin of `sliding_window_attention` (quadratic time and memory)."""
+    """Dense twin of `sliding_window_attention` (quadratic time and memory); ``slopes``: ALiBi's ``(H,)``."""
     batch, _, length, _ = query.shape
     valid = _key_valid(key_padding_mask, batch, length, query.device)
     allowed = build_sliding_window_mask(pattern, valid, global_tokens)[:, None]  # (B, 1, T, T)
-    return dense_attention(query, key, value, allowed)[0]
+    bias = None if slopes is None else sliding_window_alibi_bias(slopes, length, global_tokens)
+    return dense_attention(query, key, value, allowed, key_bias=bias)[0]
 
 
 def global_attention_reference(
@@ -229,15 +255,19 @@ def _banded_attention(
     query_positions: torch.Tensor,
     dropout_p: float,
     implementation: str | None,
+    slopes: torch.Tensor | None = None,
+    step: int = 1,
 ) -> torch.Tensor:
     """Contiguous-window attention on ``(B, T, H, Dh)`` tensors, chunk by chunk; returns ``(B, T, H, Dh)``.
 
-    Eleven parameters: the three tensors, then, by keyword only, the window's two numbers, the per-position masks and
-    positions (which `sliding_window_attention` regroups into dilation streams before the call) and the dispatch's
-    two settings. A dataclass around them would be built on every call of every layer for these two callers only.
+    Thirteen parameters: the three tensors, then, by keyword only, the window's two numbers, the per-position masks
+    and positions (which `sliding_window_attention` regroups into dilation streams before the call), the dispatch's
+    two settings and ALiBi's slopes with the distance of one slot. A dataclass around them would be built on every
+    call of every layer for these two callers only.
 
     ``global_kv`` is ``(keys (B, G, H, Dh), values (B, G, H, Dh), valid (B, G), positions (B, G))`` and
     ``query_positions`` ``(B, T)`` holds each query's position in the original sequence (for causal global keys).
+    ``slopes``: ALiBi's ``(H,)`` (a window key ``k`` slots away is ``k * step`` tokens away; global keys: no bias).
     """
     batch, length, heads, head_dim = query.shape
     chunk = preferred_chunk(window, query, key, value, dropout_p, implementation)
@@ -280,7 +310,11 @@ def _banded_attention(
 
     keys_total = key_spans.shape[2]
     allowed = allowed.reshape(batch * num_chunks, 1, chunk, keys_total)
-    out = attend(query_chunks, key_spans, value_spans, allowed, None, dropout_p, implementation)[0]  # (B*N, H, c, Dh)
+    bias = None
+    if slopes is not None:  # (1, H, c, G + span): the same for every chunk
+        bias = -slopes.to(torch.float32)[:, None, None] * (offset.abs() * step).to(torch.float32)
+        bias = F.pad(bias, (keys_total - span, 0))[None].to(query.dtype)
+    out = attend(query_chunks, key_spans, value_spans, allowed, bias, dropout_p, implementation)[0]  # (B*N, H, c, Dh)
     out = out.view(batch, num_chunks, heads, chunk, head_dim).transpose(2, 3).reshape(batch, padded_length, heads, -1)
     return out[:, :length]
 
@@ -295,11 +329,13 @@ def sliding_window_attention(
     dropout_p: float = 0.0,
     implementation: str | None = "sdpa",
     block_masks: BlockMaskCache | None = None,
+    slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Windowed attention plus attention to the global tokens, in time and memory linear in ``T``.
 
-    Nine parameters: the three tensors, the pattern and the call's two masks (the dense twin's six), then the
-    dispatch: dropout, the implementation and, for ``"flex_attention"``, where its block mask is kept.
+    Ten parameters: the three tensors, the pattern and the call's two masks (the dense twin's six), then the
+    dispatch: dropout, the implementation and, for ``"flex_attention"``, where its block mask is kept; last,
+    ALiBi's slopes (``(H,)``, module docstring; ``None``: no bias).
 
     Args:
         query, key, value: ``(B, H, T, Dh)``.
@@ -318,6 +354,8 @@ def sliding_window_attention(
         ``(B, H, T, Dh)``, equal to `sliding_window_attention_reference` up to float rounding.
     """
     implementation = flex_or_sdpa(implementation, dropout_p)
+    if implementation == FLEX and slopes is not None:
+        implementation = "sdpa"  # no bias in the FlexAttention route (module docstring)
     if implementation == FLEX:
         return flex_sliding_window_attention(query, key, value, pattern, key_padding_mask, global_tokens, block_masks)
     batch, heads, length, head_dim = query.shape
@@ -350,6 +388,7 @@ def sliding_window_attention(
             query_positions=positions,
             dropout_p=dropout_p,
             implementation=implementation,
+            slopes=slopes,
         )
         return out.transpose(1, 2)
 
@@ -378,9 +417,51 @@ def sliding_window_attention(
         query_positions=to_streams(positions, length),
         dropout_p=dropout_p,
         implementation=implementation,
+        slopes=slopes,
+        step=dilation,
     )  # (B*d, T/d, H, Dh)
     out = out.view(batch, dilation, stream_length, heads, head_dim).transpose(1, 2)
     return out.reshape(batch, stream_length * dilation, heads, head_dim)[:, :length].transpose(1, 2)
+
+
+def cached_window_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    pattern: WindowPattern,
+    key_valid: torch.Tensor,
+    global_tokens: GlobalTokens | None,
+    slopes: torch.Tensor | None,
+    dropout_p: float,
+    implementation: str | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A decoder's new tokens over its cache (nine parameters: the three tensors, the window, the two masks, ALiBi's
+    slopes and the dispatch's two settings, as `sliding_window_attention` takes them): ``query`` ``(B, H, t, Dh)`` (the last ``t`` of the ``P + t`` cached
+    ``keys`` / ``values``) attends to the last ``window * dilation`` positions and the global tokens (none of the new
+    tokens is global); ``key_valid`` ``(B, P + t)``; ``slopes``: ALiBi's ``(H,)`` or ``None``. ``"eager"`` attends
+    over every cached key and returns the probabilities ``(B, H, t, P + t)``."""
+    total, past_length = keys.shape[2], keys.shape[2] - query.shape[2]
+    rows = torch.arange(past_length, total, device=query.device)
+    allowed = build_sliding_window_mask(pattern, key_valid, global_tokens, rows)[:, None]  # (B, 1, t, P + t)
+    bias = None if slopes is None else sliding_window_alibi_bias(slopes, total, global_tokens, rows).to(query.dtype)
+    if implementation == "eager":  # the probabilities over every cached key
+        return attend(query, keys, values, allowed, bias, dropout_p=dropout_p, implementation="eager")
+    start = max(0, past_length - pattern.window * pattern.dilation)  # the oldest key a window reaches
+    if global_tokens is not None:  # the global keys first, then the reachable span without them
+
+        def gathered(tensor, fill):  # (B | 1, H | 1, t, P + t) -> the global columns, then the span's others
+            index = global_tokens.indices[:, None, None, :].expand(*tensor.shape[:3], -1)
+            span = tensor[..., start:].masked_fill(global_tokens.mask[:, None, None, start:], fill)
+            return torch.cat([tensor.gather(3, index), span], dim=3)
+
+        allowed = gathered(allowed, False) & F.pad(global_tokens.valid, (0, total - start), value=True)[:, None, None]
+        bias = None if bias is None else gathered(bias.expand(allowed.shape[0], -1, -1, -1), 0.0)
+        keys = torch.cat([global_tokens.gather(keys, dim=2), keys[:, :, start:]], dim=2)
+        values = torch.cat([global_tokens.gather(values, dim=2), values[:, :, start:]], dim=2)
+    else:
+        allowed, keys, values = allowed[..., start:], keys[:, :, start:], values[:, :, start:]
+        bias = None if bias is None else bias[..., start:]
+    return attend(query, keys, values, allowed, bias, dropout_p=dropout_p, implementation=implementation)
 
 
 def build_global_query_mask(
@@ -427,8 +508,10 @@ __all__ = [
     "WindowPattern",
     "build_global_query_mask",
     "build_sliding_window_mask",
+    "cached_window_attention",
     "global_attention",
     "global_attention_reference",
+    "sliding_window_alibi_bias",
     "sliding_window_attention",
     "sliding_window_attention_reference",
 ]

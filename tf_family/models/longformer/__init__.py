@@ -58,6 +58,10 @@ SPEC = ArchSpec(
     ia3_target_modules=("key", "value", "global_key", "global_value", "fc_out"),
     ia3_feedforward_modules=("fc_out",),
     exports=("tf_family.models.longformer.modeling_longformer:TffLongformerPreTrainedModel",),
+    options=(
+        ("Rotary positions (Su et al. 2021)", 'position_embedding_type="rotary"'),
+        ("ALiBi (Press et al. 2022)", 'position_embedding_type="alibi"'),
+    ),
     reference="transformers 5.24 LongformerModel and heads (random tiny checkpoints)",
     parity="outputs within 1e-4 in eval (windows, global tokens, odd lengths, padding)",
     card="longformer.md",

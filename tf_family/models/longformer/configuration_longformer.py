@@ -7,7 +7,9 @@ from typing import Literal
 from transformers import PreTrainedConfig
 
 from ...modeling.configuration import NO_AUTO_MAP, check_config_kwargs, validate_config
-from ...modeling.validation import MAX_SIZE, check_list_of, check_positive_int, check_probability
+from ...modeling.validation import MAX_SIZE, check_float, check_list_of, check_positive_int, check_probability
+
+POSITION_EMBEDDING_TYPES = ("absolute", "rotary", "alibi")
 
 
 class TffLongformerConfig(PreTrainedConfig):
@@ -48,6 +50,15 @@ class TffLongformerConfig(PreTrainedConfig):
         attention_mode (`str`, defaults to `"auto"`): ``"sparse"`` always runs the chunked window kernel,
             ``"dense"`` the dense-mask reference (quadratic; what `output_attentions=True` uses), ``"auto"`` picks
             per call: dense when every window covers the whole (short) input, sparse otherwise. Outputs agree.
+        position_embedding_type (`str`, defaults to `"absolute"`): ``"absolute"`` (RoBERTa's learned table, up to
+            `max_position_embeddings`: the only option of converted transformers / allenai checkpoints, whose
+            weights hold that table), ``"rotary"`` (Su et al. 2021, Llama's pairing, dimension ``k`` with
+            ``k + Dh / 2``: the window queries and keys rotated by their positions counted over real tokens; the
+            global tokens' own projections are not rotated) or ``"alibi"`` (Press et al. 2022: head ``h`` adds
+            ``-m_h * |i - j|`` to a window pair, ``|i - j|`` the distance in the sequence, dilation included; no bias
+            on pairs with a global key nor on the global tokens' own rows: `tf_family.attention.sliding_window`).
+            Rotary and ALiBi models have no position table, so `max_position_embeddings` does not limit their input.
+        rope_base (`float`, defaults to 10000.0): the rotary base θ (``"rotary"`` only).
     """
 
     auto_map = NO_AUTO_MAP  # (a remote-code export's folder sets its own)
@@ -75,6 +86,8 @@ class TffLongformerConfig(PreTrainedConfig):
     sep_token_id: int | None = 2
     classifier_dropout: float | None = None
     tie_word_embeddings: bool = True
+    position_embedding_type: Literal["absolute", "rotary", "alibi"] = "absolute"
+    rope_base: float = 10000.0
 
     def __post_init__(self, **kwargs):
         check_config_kwargs(type(self).__name__, kwargs)
@@ -130,6 +143,17 @@ class TffLongformerConfig(PreTrainedConfig):
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             check_probability(name, getattr(self, name))
         check_probability("classifier_dropout", self.classifier_dropout, optional=True)
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"position_embedding_type must be one of {POSITION_EMBEDDING_TYPES}, got "
+                f"{self.position_embedding_type!r} ('absolute' is the only one of converted checkpoints)."
+            )
+        if self.position_embedding_type == "rotary" and (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(
+                f"position_embedding_type='rotary' rotates pairs: the head width "
+                f"{self.hidden_size // self.num_attention_heads} (hidden_size / num_attention_heads) is odd."
+            )
+        check_float("rope_base", self.rope_base, minimum=0.0, min_open=True, fix="set rope_base > 0, e.g. 10000")
 
 
 __all__ = ["TffLongformerConfig"]

@@ -76,6 +76,12 @@ _DROPPED_KEYS = (r"embeddings\.position_ids$",)
 def translate_config(values: dict[str, Any], **overrides: Any) -> TffLongformerConfig:
     """The `TffLongformerConfig` equivalent to a transformers ``longformer`` config dict."""
     kwargs = copy_config_values(values, _COPIED_CONFIG_KEYS, _IGNORED_CONFIG_KEYS, MODEL_TYPE)
+    option = overrides.get("position_embedding_type", "absolute")
+    if option != "absolute":  # the checkpoint's weights are a learned absolute table
+        raise ValueError(
+            f"position_embedding_type={option!r} cannot load a transformers Longformer checkpoint: its weights hold "
+            "learned absolute positions; leave position_embedding_type='absolute'."
+        )
     return TffLongformerConfig(**{**kwargs, **overrides})
 
 

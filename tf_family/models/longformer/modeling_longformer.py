@@ -47,7 +47,10 @@ from ...attention import (
     global_attention,
     sliding_window_attention,
 )
+from ...attention.alibi import alibi_slopes
 from ...attention.flex import BlockMaskCache
+from ...attention.rotary import apply_rotary, rotary_cos_sin
+from ...attention.sliding_window import cached_window_attention, sliding_window_alibi_bias
 from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling.cache import GrowingCache
@@ -103,9 +106,11 @@ class TffLongformerEmbeddings(nn.Module):
         super().__init__()
         self.padding_idx = config.pad_token_id
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(
-            config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id
-        )
+        self.position_embeddings = None  # rotary / ALiBi positions act in the attention
+        if config.position_embedding_type == "absolute":
+            self.position_embeddings = nn.Embedding(
+                config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id
+            )
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
@@ -123,6 +128,10 @@ class TffLongformerEmbeddings(nn.Module):
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)  # (B, T, D)
         batch, length = inputs_embeds.shape[:2]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=inputs_embeds.device)
+        if self.position_embeddings is None:  # rotary / ALiBi: no learned positions
+            return self.dropout(self.layer_norm(inputs_embeds + self.token_type_embeddings(token_type_ids)))
         if position_ids is None:
             position_ids = self.position_ids(input_ids, attention_mask, batch, length, inputs_embeds.device)
         # a data-dependent check: skipped while torch.compile / torch.export trace the model
@@ -132,8 +141,6 @@ class TffLongformerEmbeddings(nn.Module):
                 f"{self.padding_idx + 1}) but max_position_embeddings={self.position_embeddings.num_embeddings}; "
                 f"shorten the input to at most {self.position_embeddings.num_embeddings - self.padding_idx - 1} tokens."
             )
-        if token_type_ids is None:
-            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=inputs_embeds.device)
         embeddings = (
             inputs_embeds + self.position_embeddings(position_ids) + self.token_type_embeddings(token_type_ids)
         )
@@ -198,32 +205,6 @@ class TffLongformerAttention(nn.Module):
             return self.mode == "dense" or output_attentions
         return torch.compiler.is_exporting() or self.pattern.window * self.pattern.dilation >= length - 1
 
-    def _attend_with_cache(
-        self, query, key, value, key_valid, global_tokens, output_attentions, cache: Cache, past_length: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The new tokens' windowed attention over the cached keys: the last ``window * dilation`` positions and the
-        global tokens (none of the new tokens is global)."""
-        keys, values = cache.update(key, value, self.layer_idx)  # (B, H, P + t, Dh)
-        total = keys.shape[2]
-        dropout_p = self.attention_dropout if self.training else 0.0
-        rows = torch.arange(past_length, total, device=query.device)
-        allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens, rows)  # (B, t, P + t)
-        if output_attentions:  # the probabilities over every cached key
-            return attend(query, keys, values, allowed[:, None], dropout_p=dropout_p, implementation="eager")
-        start = max(0, past_length - self.pattern.window * self.pattern.dilation)  # the oldest key a window reaches
-        if global_tokens is not None:  # the global keys first, then the reachable span without them
-            span_allowed = allowed[:, :, start:] & ~global_tokens.mask[:, None, start:]
-            global_index = global_tokens.indices[:, None, :].expand(-1, rows.shape[0], -1)
-            global_allowed = allowed.gather(2, global_index) & global_tokens.valid[:, None, :]
-            allowed = torch.cat([global_allowed, span_allowed], dim=2)
-            keys = torch.cat([global_tokens.gather(keys, dim=2), keys[:, :, start:]], dim=2)
-            values = torch.cat([global_tokens.gather(values, dim=2), values[:, :, start:]], dim=2)
-        else:
-            allowed, keys, values = allowed[:, :, start:], keys[:, :, start:], values[:, :, start:]
-        return attend(
-            query, keys, values, allowed[:, None], dropout_p=dropout_p, implementation=self.config._attn_implementation
-        )
-
     def forward(
         self,
         hidden: torch.Tensor,
@@ -233,25 +214,22 @@ class TffLongformerAttention(nn.Module):
         cache: Cache | None = None,
         past_length: int = 0,
         block_masks: BlockMaskCache | None = None,
+        positions: tuple | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``key_valid`` and ``global_tokens`` cover the cached positions too (``past_length`` of them) when a
         cache is given; ``hidden`` holds the new tokens only. ``block_masks``: the model's cache of FlexAttention
-        block masks (``None``: built for this call)."""
+        block masks (``None``: built for this call). ``positions``: ``(cos, sin, slopes)`` of rotary / ALiBi."""
         batch, length, _ = hidden.shape
         dropout_p = self.attention_dropout if self.training else 0.0
         # attention maps come from the dense twin, whatever the configured implementation
         implementation = "eager" if output_attentions else self.config._attn_implementation
         query, key, value = (self._heads(x) for x in fused_projections(hidden, self.query, self.key, self.value))
-        if past_length > 0:
-            attended, probs = self._attend_with_cache(
-                query,
-                key,
-                value,
-                key_valid=key_valid,
-                global_tokens=global_tokens,
-                output_attentions=output_attentions,
-                cache=cache,
-                past_length=past_length,
+        cos, sin, slopes = positions if positions is not None else (None, None, None)
+        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)  # the window's q, k (not global's)
+        if past_length > 0:  # the new tokens over the cache (none of them global)
+            keys, values = cache.update(key, value, self.layer_idx)  # (B, H, P + t, Dh)
+            attended, probs = cached_window_attention(
+                query, keys, values, self.pattern, key_valid, global_tokens, slopes, dropout_p, implementation
             )
             attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, t, D)
             return self.layer_norm(hidden + self.dropout(self.out_proj(attended))), probs
@@ -260,7 +238,8 @@ class TffLongformerAttention(nn.Module):
         probs = None
         if self.use_dense(length, output_attentions):
             allowed = build_sliding_window_mask(self.pattern, key_valid, global_tokens)[:, None]  # (B, 1, T, T)
-            attended, probs = attend(query, key, value, allowed, dropout_p=dropout_p, implementation=implementation)
+            bias = None if slopes is None else sliding_window_alibi_bias(slopes, length, global_tokens).to(query.dtype)
+            attended, probs = attend(query, key, value, allowed, bias, dropout_p, implementation)
         else:
             attended = sliding_window_attention(
                 query,
@@ -272,6 +251,7 @@ class TffLongformerAttention(nn.Module):
                 dropout_p=dropout_p,
                 implementation=implementation,
                 block_masks=block_masks,
+                slopes=slopes,
             )  # (B, H, T, Dh)
 
         if global_tokens is not None:
@@ -329,6 +309,7 @@ class TffLongformerLayer(GradientCheckpointingLayer):
         cache=None,
         past_length=0,
         block_masks=None,
+        positions=None,
     ):
         hidden, probs = self.attention(
             hidden,
@@ -338,6 +319,7 @@ class TffLongformerLayer(GradientCheckpointingLayer):
             cache=cache,
             past_length=past_length,
             block_masks=block_masks,
+            positions=positions,
         )
         return self.feed_forward(hidden), probs
 
@@ -468,6 +450,7 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
             "past_length": past_length,
             # a compiled graph builds its block masks once per forward, in a cache of its own
             "block_masks": BlockMaskCache() if torch.compiler.is_compiling() else self.block_masks,
+            "positions": self._positions(key_valid, past_length, position_ids, hidden.dtype),
         }
         hidden, all_hidden, all_attentions = self._run_layers(hidden, layer_inputs, output_hidden_states)
         pooled = None
@@ -482,6 +465,21 @@ class TffLongformerModel(TffLongformerPreTrainedModel):
             attentions=all_attentions if output_attentions else None,
         )
         return output if return_dict else output.to_tuple()
+
+    def _positions(self, key_valid, past_length: int, position_ids, dtype) -> tuple | None:
+        """Rotary ``(cos, sin, None)`` at the real-token positions (``position_ids`` less RoBERTa's offset, when
+        given), ALiBi ``(None, None, slopes)``, or ``None`` (absolute positions: in the embeddings)."""
+        kind, device = self.config.position_embedding_type, key_valid.device
+        if kind == "alibi":
+            return None, None, alibi_slopes(self.config.num_attention_heads).to(device)
+        if kind != "rotary":
+            return None
+        if position_ids is None:
+            positions = (key_valid.long().cumsum(dim=1) - 1).clamp(min=0)[:, past_length:]  # (B, T)
+        else:
+            positions = (position_ids - self.config.pad_token_id - 1).clamp(min=0)
+        head_dim = self.config.hidden_size // self.config.num_attention_heads
+        return (*rotary_cos_sin(positions, head_dim, self.config.rope_base, dtype), None)
 
     def _run_layers(self, hidden: torch.Tensor, layer_inputs: dict, output_hidden_states: bool):
         """Every layer, called with ``hidden`` and the keyword arguments ``layer_inputs`` (the same for each): the
