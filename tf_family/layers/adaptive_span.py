@@ -4,7 +4,9 @@ the spans reach. Reimplemented from the paper's equations (the authors' code is 
 
 * `AdaptiveSpan`: the per-head span parameter and the mask it makes (`tf_family.attention.adaptive_span`).
 * `AdaptiveSpanAttention`: `RelativeMultiHeadAttention` with that mask; it reads as many of the most recent keys as
-  its caller gives it (the model trims its memory to `AdaptiveSpan.key_limit`), so the saving is real.
+  its caller gives it (the model trims its memory to `AdaptiveSpan.key_limit`), and within the segment each chunk of
+  queries reads only the keys its spans reach (`AdaptiveSpanAttention.banded_attention`; the dense twin is
+  `dense_attention`), so the saving is real in time and memory.
 
 The span in range, without a call the user must remember. The parameter ``span`` is the fraction ``z / S`` of the
 largest span ``S``. Two things keep it in ``[0, 1]``:
