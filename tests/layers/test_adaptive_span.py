@@ -221,6 +221,73 @@ def test_trimming_reads_fewer_keys():
     assert seen == [6, 2]
 
 
+def _band(model, banded, multiple=4):
+    for layer in model.transformer.layers:
+        layer.attention.banded, layer.attention.band_multiple = banded, multiple
+    return model
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_banded_attention_equals_its_dense_twin(implementation):
+    """Queries in chunks, each reading only the keys within the widest span (rounded up) behind it, give the dense
+    twin's output and gradients (inputs, every weight, the spans), float64, over a segment longer than the band and
+    a trimmed memory (a previous segment's); and by default the model takes the banded path on such a segment."""
+    torch.manual_seed(0)
+    models = {}
+    for banded in (True, False):
+        model = tester.build(ADAPTIVE_SPAN, "causal_lm", mem_len=16, attn_implementation=implementation)
+        _set_spans(model, [[0.1, 0.3], [0.05, 0.2]])  # z = 1.6, 4.8, 0.8, 3.2 tokens: reach 8 with multiple 4
+        models[banded] = _band(model.double(), banded)
+    ids = torch.randint(0, 128, (2, 30), generator=torch.Generator().manual_seed(1))
+    outputs, grads = {}, {}
+    for banded, model in models.items():
+        with torch.no_grad():
+            mems = model(ids[:, :10]).mems
+        embeddings = model.get_input_embeddings()(ids[:, 10:]).detach().requires_grad_()
+        out = model(inputs_embeds=embeddings, mems=mems, labels=ids[:, 10:])
+        out.loss.backward()
+        outputs[banded] = out.logits
+        grads[banded] = [embeddings.grad] + [p.grad for p in model.parameters()]
+    torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads[True], grads[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    spans = [span.span.grad for span in models[True].transformer.adaptive_spans()]
+    assert all((grad != 0).all() for grad in spans)
+
+    model, keys_read = _band(models[True], None), []  # the default: banded where it reads fewer keys
+    for layer in model.transformer.layers:
+        original = layer.attention.banded_attention
+        layer.attention.banded_attention = lambda q, k, v, inputs, reach, original=original: (
+            keys_read.append((q.shape[-2], k.shape[-2], reach)) or original(q, k, v, inputs, reach)
+        )
+    with torch.no_grad():
+        model(ids[:, 10:], mems=mems)
+    assert [reach for *_, reach in keys_read] == [8, 8]  # each layer: the band, not the 20 + memory keys
+
+
+def test_banded_attention_reads_only_the_band():
+    """Each chunk of queries reads ``chunk + reach`` keys at most (the saving in time and memory is real): the
+    score matrices the banded path hands to the attention are narrower than the dense twin's."""
+    model = _band(tester.build(ADAPTIVE_SPAN, "causal_lm", mem_len=16), True)
+    _set_spans(model, [[0.1, 0.1], [0.1, 0.1]])  # z = 1.6: reach ceil(3.6) -> 4
+    widths = []
+    import tf_family.layers.adaptive_span as layer_module
+
+    original = layer_module.attend
+
+    def counting(query, key, *args, **kwargs):
+        widths.append(key.shape[-2])
+        return original(query, key, *args, **kwargs)
+
+    layer_module.attend = counting
+    try:
+        with torch.no_grad():
+            model(torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(0)))
+    finally:
+        layer_module.attend = original
+    assert widths and max(widths) <= 8 and len(widths) == 2 * 6  # 2 layers x 24 / 4 chunks of 4 + 4 keys
+
+
 def test_gradients_reach_the_span_parameters_from_the_language_model_loss():
     """Without the penalty, the LM loss alone gives every span a finite non-zero gradient, also at z = 0 (the
     boundary: the ramp still covers distances 1 .. R - 1)."""

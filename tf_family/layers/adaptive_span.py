@@ -4,7 +4,9 @@ the spans reach. Reimplemented from the paper's equations (the authors' code is 
 
 * `AdaptiveSpan`: the per-head span parameter and the mask it makes (`tf_family.attention.adaptive_span`).
 * `AdaptiveSpanAttention`: `RelativeMultiHeadAttention` with that mask; it reads as many of the most recent keys as
-  its caller gives it (the model trims its memory to `AdaptiveSpan.key_limit`), so the saving is real.
+  its caller gives it (the model trims its memory to `AdaptiveSpan.key_limit`), and within the segment each chunk of
+  queries reads only the keys its spans reach (`AdaptiveSpanAttention.banded_attention`; the dense twin is
+  `dense_attention`), so the saving is real in time and memory.
 
 The span in range, without a call the user must remember. The parameter ``span`` is the fraction ``z / S`` of the
 largest span ``S``. Two things keep it in ``[0, 1]``:
@@ -29,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import attend
+from ..attention import attend, relative_position_scores
 from ..attention.adaptive_span import segment_distances, span_key_limit, span_log_mask
 from .relative_attention import _ATTENTION_FIELDS, RelativeAttentionInputs, RelativeMultiHeadAttention
 
@@ -117,11 +119,16 @@ class AdaptiveSpanAttention(RelativeMultiHeadAttention):
             span_init=config.adaptive_span_init,
         )
 
+    band_multiple = 32  # the band's reach is rounded up to this many keys, so its shapes change only in steps
+    banded: bool | None = None  # None: banded where it reads fewer keys; False: the dense twin; True: banded
+
     def local_attention(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, inputs: RelativeAttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As `RelativeMultiHeadAttention.local_attention`, with the span mask, over the last ``S'`` keys of
-        ``inputs`` (``S' = key.shape[-2]``)."""
+        ``inputs`` (``S' = key.shape[-2]``). Banded (`banded_attention`) where that reads fewer keys and no attention
+        map is asked for; the dense twin (`dense_attention`) otherwise. ``self.banded``: None chooses so, False
+        always takes the dense twin, True the banded path (except for attention maps)."""
         full_length, key_length = inputs.allowed.shape[-1], key.shape[-2]
         trimmed = inputs
         if key_length != full_length:
@@ -133,9 +140,24 @@ class AdaptiveSpanAttention(RelativeMultiHeadAttention):
                 output_attentions=inputs.output_attentions,
                 implementation=inputs.implementation,
             )
-        bias, content_bias = self.position_scores(query, trimmed)  # (B, H, T, S')
-        log_mask = self.adaptive_span(query.shape[-2], key_length, query.device)  # (H, T, S')
-        attended, probs = attend(
+        if not inputs.output_attentions and self.banded is not False:
+            reach = self.adaptive_span.key_limit(self.band_multiple)
+            if self.banded or 2 * reach < key_length:
+                return self.banded_attention(query, key, value, trimmed, reach), None
+        attended, probs = self.dense_attention(query, key, value, trimmed)
+        if probs is not None and key_length != full_length:
+            probs = nn.functional.pad(probs, (full_length - key_length, 0))  # (B, H, T, S): 0 beyond the span
+        return attended, probs
+
+    def dense_attention(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, inputs: RelativeAttentionInputs
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every query against every key of ``inputs`` (the queries are the last ``T`` of the ``S'`` keys), the span
+        mask's log added to the scores: ``(B, H, T, Dh)`` and, with ``inputs.output_attentions``, the probabilities
+        ``(B, H, T, S')``. The dense twin of `banded_attention`."""
+        bias, content_bias = self.position_scores(query, inputs)  # (B, H, T, S')
+        log_mask = self.adaptive_span(query.shape[-2], key.shape[-2], query.device)  # (H, T, S')
+        return attend(
             query + content_bias[:, None, :].to(query.dtype),
             key,
             value,
@@ -144,9 +166,55 @@ class AdaptiveSpanAttention(RelativeMultiHeadAttention):
             self.attention_dropout.p if self.training else 0.0,
             "eager" if inputs.output_attentions else inputs.implementation,
         )  # (B, H, T, Dh), (B, H, T, S') or None
-        if probs is not None and key_length != full_length:
-            probs = nn.functional.pad(probs, (full_length - key_length, 0))  # (B, H, T, S): 0 beyond the span
-        return attended, probs
+
+    def banded_attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        inputs: RelativeAttentionInputs,
+        reach: int,
+    ) -> torch.Tensor:
+        """`dense_attention`'s output ``(B, H, T, Dh)``, reading for each query only the ``reach`` keys behind it
+        (and the chunk's own): the queries go in chunks of ``reach``, each against the ``2 * reach`` keys that end
+        at its last query, so time and memory scale with ``T * reach`` instead of ``T * S'``.
+
+        Exact where ``reach`` covers the spans (`AdaptiveSpan.key_limit`): a key at distance ``>= z + R`` has weight
+        0 in the dense twin, so leaving it out changes neither the output nor a gradient. Each chunk is the dense
+        problem on its window (its queries are the window's last ones), so the relative positions are the last rows
+        of the distance embedding. A query none of whose keys in the window is allowed (padding) attends uniformly
+        over the window rather than over every key; its output is not used.
+        """
+        query_length, key_length = query.shape[-2], key.shape[-2]
+        memory_length = key_length - query_length
+        position_keys = self._projected_positions(inputs.position_embedding)  # (S', H*Dh), projected once
+        content_bias, position_bias = inputs.shared_biases or (self.content_bias, self.position_bias)
+        content_query = query + content_bias[:, None, :].to(query.dtype)  # the content term's u folded in
+        chunk = max(reach, 1)
+        outputs = []
+        for start in range(0, query_length, chunk):
+            stop = min(start + chunk, query_length)
+            key_stop = memory_length + stop
+            key_start = max(key_stop - (stop - start) - reach, 0)
+            window = key_stop - key_start
+            keys_of_window = position_keys[-window:].view(window, self.num_heads, self.head_dim).transpose(0, 1)
+            position = relative_position_scores(
+                query[..., start:stop, :], keys_of_window, position_bias
+            )  # (B, H, C, K)
+            allowed = inputs.allowed[..., start:stop, key_start:key_stop]  # (B or 1, 1, C, K)
+            bias = (position * self.scale).masked_fill(~allowed, torch.finfo(position.dtype).min)
+            log_mask = self.adaptive_span(stop - start, window, query.device)  # (H, C, K)
+            attended, _ = attend(
+                content_query[..., start:stop, :],
+                key[..., key_start:key_stop, :],
+                value[..., key_start:key_stop, :],
+                None,
+                (bias + log_mask.to(bias.dtype)).to(query.dtype),
+                self.attention_dropout.p if self.training else 0.0,
+                inputs.implementation,
+            )  # (B, H, C, Dh)
+            outputs.append(attended)
+        return torch.cat(outputs, dim=-2)  # (B, H, T, Dh)
 
 
 __all__ = ["AdaptiveSpan", "AdaptiveSpanAttention"]

@@ -97,18 +97,23 @@ def accumulate_state(
     return previous * (1 - weights) + transformed * weights
 
 
+class HaltingLinear(nn.Linear):
+    """The halting unit's ``W s + b``: a type of its own, so that a model's ``_init_weights`` can tell it from the
+    other linear layers (whose bias it zeroes) and start its bias at ``bias_init``."""
+
+
 class HaltingUnit(nn.Module):
     """The halting probability of every position: ``sigmoid(W s + b)`` ``(B, T, D) -> (B, T)``, computed in float32.
 
     ``b`` starts at ``bias_init`` (tensor2tensor's ``act_halting_bias_init``, 1.0): a fresh model halts after a few
-    steps rather than at once. A model's ``_init_weights`` calls `reset_parameters` for it (its generic init of
-    linear layers would zero the bias).
+    steps rather than at once. A model's ``_init_weights`` must initialise the `HaltingLinear` itself (its generic
+    init of linear layers would zero the bias).
     """
 
     def __init__(self, hidden_size: int, bias_init: float, init_std: float):
         super().__init__()
         self.bias_init, self.init_std = bias_init, init_std
-        self.linear = nn.Linear(hidden_size, 1)
+        self.linear = HaltingLinear(hidden_size, 1)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -120,4 +125,4 @@ class HaltingUnit(nn.Module):
         return torch.sigmoid(self.linear(state).squeeze(-1).float())  # (B, T)
 
 
-__all__ = ["HaltingState", "HaltingUnit", "accumulate_state", "halting_step"]
+__all__ = ["HaltingLinear", "HaltingState", "HaltingUnit", "accumulate_state", "halting_step"]

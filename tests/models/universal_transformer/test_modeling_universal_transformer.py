@@ -65,7 +65,7 @@ def test_model_equals_tensor2tensor_loop(act_type, causal):
     input_ids = ids()
     with torch.no_grad():
         outputs = model(input_ids, use_cache=False)
-        embeddings = model.word_embeddings(input_ids)
+        embeddings = model.word_embeddings(input_ids) * config.hidden_size**0.5  # t2t's sqrt_depth
         length = input_ids.shape[1]
         position = timing_signal(torch.arange(length), config.hidden_size)
         steps = timing_signal(torch.arange(config.act_max_steps), config.hidden_size)
@@ -90,6 +90,47 @@ def test_model_equals_tensor2tensor_loop(act_type, causal):
     torch.testing.assert_close(outputs.ponder_steps, n_updates)
     torch.testing.assert_close(outputs.remainders, remainders)
     torch.testing.assert_close(outputs.ponder_cost, (n_updates + remainders).mean())
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [TffUniversalTransformerModel, TffUniversalTransformerForCausalLM, TffUniversalTransformerForMaskedLM],
+)
+def test_fresh_model_starts_at_act_halting_bias_init(model_class):
+    """The halting bias starts at act_halting_bias_init (the generic init of linear layers zeroed it), so a fresh
+    model's first halting probabilities are near sigmoid(bias)."""
+    torch.manual_seed(0)
+    config = make_config(act_halting_bias_init=2.5)
+    model = model_class(config)
+    unit = model.get_submodule("transformer.halting" if hasattr(model, "transformer") else "halting")
+    assert unit.linear.bias.item() == 2.5
+    assert unit.linear.weight.std().item() == pytest.approx(config.initializer_range, rel=0.5)
+    assert (
+        model.get_submodule("transformer" if hasattr(model, "transformer") else "")
+        .blocks[0]
+        .transition.fc_in.bias.abs()
+        .max()
+        == 0
+    )
+
+
+def test_embeddings_enter_scaled_by_sqrt_depth():
+    """tensor2tensor's multiply_embedding_mode="sqrt_depth": ``inputs_embeds`` e behave as token embeddings and enter
+    the loop as ``e * sqrt(d)``; unscaled, embeddings of std 0.02 are drowned by the timing signals."""
+    torch.manual_seed(0)
+    config = make_config(act_max_steps=1, act_halting_bias_init=10.0)
+    model = TffUniversalTransformerModel(config).eval()
+    input_ids = ids()
+    with torch.no_grad():
+        embeddings = model.word_embeddings(input_ids)
+        from_ids = model(input_ids).last_hidden_state
+        torch.testing.assert_close(model(inputs_embeds=embeddings).last_hidden_state, from_ids)
+        position = timing_signal(torch.arange(input_ids.shape[1]), config.hidden_size)
+        steps = timing_signal(torch.arange(1), config.hidden_size)
+        state = embeddings * config.hidden_size**0.5 + position + steps[0]
+        allowed = build_allowed_mask(torch.ones_like(input_ids, dtype=torch.bool), input_ids.shape[1], False)
+        expected = model.blocks[0](state, allowed)[0]  # halts at step 1 (p > 1 - eps): weight R = 1
+    torch.testing.assert_close(from_ids, model.final_layer_norm(expected))
 
 
 def test_ponder_outputs_skip_padding_and_enter_the_loss():

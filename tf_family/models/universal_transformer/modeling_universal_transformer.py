@@ -28,8 +28,9 @@ tested rule by rule in ``tests/layers/test_halting.py``.
 
 Deviations from tensor2tensor:
 - padding positions never run (they count as halted from the start) and are left out of the ponder cost;
-- the word embeddings are not scaled by ``sqrt(d)``; blocks are pre-layer-norm with a final layer norm
-  (tensor2tensor's ``layer_preprocess_sequence="n"``, ``layer_postprocess_sequence="da"``).
+- blocks are pre-layer-norm with a final layer norm (tensor2tensor's ``layer_preprocess_sequence="n"``,
+  ``layer_postprocess_sequence="da"``); the word embeddings (or ``inputs_embeds``) are scaled by ``sqrt(d)`` as in
+  tensor2tensor (``multiply_embedding_mode="sqrt_depth"``).
 
 Config field <-> paper symbol: `act_max_steps` = N (Graves), `act_epsilon` = epsilon, `act_loss_weight` = tau,
 `hidden_size` = d.
@@ -56,7 +57,7 @@ from transformers.utils import logging
 
 from ...attention import attend
 from ...conversion import FromPretrainedMixin
-from ...layers.halting import HaltingState, HaltingUnit, accumulate_state, halting_step
+from ...layers.halting import HaltingLinear, HaltingState, HaltingUnit, accumulate_state, halting_step
 from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, LMPredictionHead
@@ -230,9 +231,9 @@ class TffUniversalTransformerPreTrainedModel(
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
         std = self.config.initializer_range
-        if isinstance(module, HaltingUnit):  # after its linear layer (children first): the bias starts at bias_init
-            init.normal_(module.linear.weight, mean=0.0, std=std)
-            init.constant_(module.linear.bias, self.config.act_halting_bias_init)
+        if isinstance(module, HaltingLinear):  # before the generic linear layers: its bias starts at bias_init
+            init.normal_(module.weight, mean=0.0, std=std)
+            init.constant_(module.bias, self.config.act_halting_bias_init)
         elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
@@ -327,7 +328,9 @@ class TffUniversalTransformerModel(TffUniversalTransformerPreTrainedModel):
             cache = GrowingCache()  # layers are made as steps first write them
         past_length = cache.get_seq_length() if cache is not None else 0
         hidden = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
-        hidden = self.embedding_dropout(hidden)
+        # tensor2tensor's multiply_embedding_mode="sqrt_depth": unscaled, embeddings of std initializer_range would be
+        # drowned by the timing signals (entries in [-1, 1], added again at every step) and the model would not learn
+        hidden = self.embedding_dropout(hidden * math.sqrt(config.hidden_size))
         key_valid = (
             torch.ones(batch, past_length + length, dtype=torch.bool, device=hidden.device)
             if attention_mask is None
