@@ -185,6 +185,9 @@ UNSUPPORTED_DECODERS = {
     "tff_routing_transformer": "the Routing Transformer's routing heads attend within k-means clusters of shared, "
     "normalised queries/keys (no key projection, centroids as state) and its local heads within blocks, which CALM's "
     "dense Llama/GPT-2 attention does not express: its layers cannot be copied one to one.",
+    "tff_spalm": "SPALM is Transformer-XL's relative attention over a segment memory plus retrieval from a kNN "
+    "datastore mixed in through a gate before its output layer: the same obstacle as Transformer-XL (no key/value "
+    "cache to propagate into), and its gated output is not CALM's shared LM head.",
 }
 
 TRANSFORMERS_LLAMA = ForeignFormat(
