@@ -210,6 +210,10 @@ class TffSpalmForCausalLM(
     embeds the retrieved tokens. ``logits`` are log-probabilities. The datastore is attached with `set_datastore`
     (or built with `build_datastore`, or loaded by ``from_pretrained``) or passed to ``forward(datastore=...)``."""
 
+    # a step without a datastore (the Transformer-XL stage of training) leaves the gate without gradient: DDP must
+    # search for unused parameters (`tf_family.training.may_leave_parameters_unused`)
+    may_leave_parameters_unused = True
+
     def __init__(self, config: TffSpalmConfig):
         super().__init__(config)
         self._add_lm_head(config, TffSpalmModel(config))
