@@ -97,6 +97,25 @@ def check_memory_batch(mems: Any, num_layers: int | None, batch_size: int) -> No
         )
 
 
+def as_segment_memory(mems: Any, model_name: str, num_layers: int, batch_size: int, width: int):
+    """``mems`` of a Transformer-XL stack as a `SegmentMemory` (``None`` stays ``None``; a sequence of ``(B, M, D)``
+    tensors, transformers' layout, is wrapped), checked against the stack's layers, batch rows and width; a
+    transformers key/value cache is refused, naming ``model_name``."""
+    from ..memory.segment import SegmentMemory
+    from ..modeling.validation import check_memory_states, refuse_key_value_cache
+
+    if mems is None:
+        return None
+    refuse_key_value_cache("mems (cache)", mems, model_name, "a memory of the previous segments' hidden states")
+    if not isinstance(mems, SegmentMemory):
+        if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) for m in mems):
+            raise TypeError(f"mems must be a SegmentMemory or a sequence of (B, M, D) tensors, got {type(mems)}.")
+        mems = SegmentMemory.from_states(mems)
+    check_memory_batch(mems, num_layers, batch_size)
+    check_memory_states("mems", mems.states, width)
+    return mems
+
+
 @dataclass(frozen=True)
 class OutputFlags:
     """A forward pass's output switches, the call's values or else the config's."""

@@ -53,7 +53,7 @@ from transformers.utils import ModelOutput, logging
 
 from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
-from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
+from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, as_segment_memory
 from ...memory import SegmentMemory
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import MemoryGenerationMixin
@@ -64,9 +64,7 @@ from ...modeling.utils import accepts_past_key_values
 from ...modeling.validation import (
     InputValidationMixin,
     ValidatedGenerationMixin,
-    check_memory_states,
     check_positive_int,
-    refuse_key_value_cache,
 )
 from ...retrieval.datastore import DatastoreMismatchError, KNNDatastore, build_datastore, check_fingerprints
 from .configuration_spalm import TffSpalmConfig
@@ -113,16 +111,7 @@ class TffSpalmPreTrainedModel(
 
 
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> SegmentMemory | None:
-    if mems is None:
-        return None
-    refuse_key_value_cache("mems (cache)", mems, "SPALM", "a memory of the previous segments' hidden states")
-    if not isinstance(mems, SegmentMemory):
-        if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) for m in mems):
-            raise TypeError(f"mems must be a SegmentMemory or a sequence of (B, M, D) tensors, got {type(mems)}.")
-        mems = SegmentMemory.from_states(mems)
-    check_memory_batch(mems, num_layers, batch_size)
-    check_memory_states("mems", mems.states, width)
-    return mems
+    return as_segment_memory(mems, "SPALM", num_layers, batch_size, width)
 
 
 class TffSpalmModel(XLStackMixin, TffSpalmPreTrainedModel):

@@ -37,7 +37,7 @@ from ...conversion import FromPretrainedMixin
 from ...layers import PositionwiseFeedForward, RelativeDecoderLayer, RelativeMultiHeadAttention
 from ...layers.adaptive_span import AdaptiveSpan, AdaptiveSpanAttention
 from ...layers.gated_residual import GatedRelativeDecoderLayer
-from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
+from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, as_segment_memory
 from ...memory import SegmentMemory
 from ...modeling.heads import SegmentRecurrentForCausalLM, sequence_classification_loss
 from ...modeling.losses import IGNORE_INDEX, NumItems, item_mean
@@ -46,8 +46,6 @@ from ...modeling.remote_code_mixin import RemoteCodeMixin
 from ...modeling.validation import (
     InputValidationMixin,
     ValidatedGenerationMixin,
-    check_memory_states,
-    refuse_key_value_cache,
 )
 from .configuration_transfo_xl import TffTransfoXLConfig
 
@@ -74,16 +72,7 @@ class TffTransfoXLPreTrainedModel(
 
 
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> SegmentMemory | None:
-    if mems is None:
-        return None
-    refuse_key_value_cache("mems (cache)", mems, "Transformer-XL", "a memory of the previous segments' hidden states")
-    if not isinstance(mems, SegmentMemory):
-        if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) for m in mems):
-            raise TypeError(f"mems must be a SegmentMemory or a sequence of (B, M, D) tensors, got {type(mems)}.")
-        mems = SegmentMemory.from_states(mems)
-    check_memory_batch(mems, num_layers, batch_size)
-    check_memory_states("mems", mems.states, width)
-    return mems
+    return as_segment_memory(mems, "Transformer-XL", num_layers, batch_size, width)
 
 
 class TffTransfoXLModel(XLStackMixin, TffTransfoXLPreTrainedModel):
