@@ -17,6 +17,7 @@ import pytest
 from tf_family.cli import main as cli_main
 from tf_family.compare import family, listops, lra
 from tf_family.compare.cli import build_parser, parse_settings
+from tf_family.compare.presets import passkey_train_distances
 from tf_family.compare.report import write_report
 from tf_family.compare.rows import fold_seeds, row
 
@@ -271,6 +272,20 @@ def test_compare_refuses_bad_options():
         parse_settings(parser.parse_args(["--cpu", "--set", "block=100", "segment=64"]))
     with pytest.raises(ValueError, match="--cpu and --device cuda"):
         parse_settings(parser.parse_args(["--cpu", "--device", "cuda"]))
+
+
+def test_passkey_trains_inside_the_window_or_at_every_distance():
+    parser = build_parser()
+    quick = parse_settings(parser.parse_args(["--quick", "--cpu"]))
+    assert quick["passkey_train"] == "window"
+    assert passkey_train_distances(quick) == [d for d in quick["passkey_distances"] if d <= quick["block"]]
+    assert max(quick["passkey_distances"]) > quick["block"]  # it still scores beyond the window
+    whole = parse_settings(parser.parse_args(["--cpu"]))
+    assert passkey_train_distances(whole) == whole["passkey_distances"]
+    with pytest.raises(ValueError, match="passkey_train='often'"):
+        parse_settings(parser.parse_args(["--quick", "--cpu", "--set", 'passkey_train="often"']))
+    with pytest.raises(ValueError, match="within block=128 tokens"):
+        parse_settings(parser.parse_args(["--quick", "--cpu", "--set", "passkey_distances=[200,400]"]))
 
 
 def test_quick_takes_one_causal_model_per_group_and_says_so():

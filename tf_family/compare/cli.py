@@ -123,6 +123,9 @@ def _apply_set(settings: dict[str, Any], items: list[str]) -> None:
             raise ValueError(f"--set {item!r}: the value must be JSON (a number, a list, a quoted string).") from None
 
 
+PASSKEY_TRAIN = ("window", "all")
+
+
 def _check_numbers(settings: dict[str, Any]) -> None:
     names = (
         "steps",
@@ -142,6 +145,16 @@ def _check_numbers(settings: dict[str, Any]) -> None:
     for name in ("seeds", "encoder_seeds"):
         if not settings[name] or not all(isinstance(s, int) for s in settings[name]):
             raise ValueError(f"setting {name}={settings[name]!r} must be a non-empty list of integers.")
+    if settings["passkey_train"] not in PASSKEY_TRAIN:
+        raise ValueError(
+            f"setting passkey_train={settings['passkey_train']!r} must be one of {PASSKEY_TRAIN}: train the passkey "
+            "task at the scored distances inside the dense baseline's window (block) or at all of them."
+        )
+    if settings["passkey_train"] == "window" and min(settings["passkey_distances"]) > settings["block"]:
+        raise ValueError(
+            f"setting passkey_train='window' needs a passkey distance within block={settings['block']} tokens; "
+            f'passkey_distances={settings["passkey_distances"]!r} has none: add one or set passkey_train="all".'
+        )
     if settings["block"] % settings["segment"]:
         raise ValueError(
             f"setting block={settings['block']} must be a multiple of segment={settings['segment']}: memory models "

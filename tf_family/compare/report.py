@@ -21,6 +21,7 @@ from .lra import PUBLISHED, PUBLISHED_SCALE
 from .lra import TASKS as LRA_TASKS
 from .measures import CHANCE, UNIGRAM
 from .models import BASELINE, inference_setting
+from .presets import passkey_train_distances
 from .rows import fold_seeds
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -203,7 +204,7 @@ def tables(rows: list[dict], settings: dict) -> list[Table]:
     chance = f"chance is {CHANCE:.2f} per digit"
     passkey_note = (
         f"Each trained model then trained on the task for {settings['passkey_steps']} steps of "
-        f"{settings['passkey_batch']} samples at these distances; models without memory read the last "
+        f"{settings['passkey_batch']} samples at {_trained_at(settings)}; models without memory read the last "
         f"{settings['block']} tokens (their training length); {chance}."
     )
     cost_note = (
@@ -424,6 +425,13 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
                 + (f"{', '.join(above)} beat that floor." if above else "no encoder beats that floor at this budget.")
             )
     return said
+
+
+def _trained_at(settings: dict) -> str:
+    train = passkey_train_distances(settings)
+    if train == list(settings["passkey_distances"]):
+        return "these distances"
+    return f"distance{'s' if len(train) > 1 else ''} {', '.join(map(str, train))} (inside the dense baseline's window)"
 
 
 def _passkey_floor(base: dict[str, float], distance: int) -> float:
