@@ -4,8 +4,8 @@ GPU, minutes). Every key can be changed with ``--set KEY=VALUE``; `tf_family.com
 Passkey: every model is trained on the task at the scored distances (``passkey_distances``) that lie inside the dense
 baseline's window (``passkey_train="window"``: up to ``block`` tokens) or at all of them (``"all"``), and scored at
 every one. ``--quick`` trains inside the window: a sample whose key lies beyond a model's sight teaches it nothing but
-the digits' frequencies, and at the quick budget those samples kept the dense baseline from learning the copy at all.
-Memory models still learn to read their memory there (a key 96 tokens back lies in an earlier segment of 64).
+the digits' frequencies (the probes behind this choice: ``docs/guides/comparing.md``, Budgets). Memory models still
+learn to read their memory there (a key 96 tokens back lies in an earlier segment of 64).
 
 Equal work per model: every causal model takes ``steps`` optimizer steps of ``batch`` x ``block`` tokens. A model
 that carries a memory reads each block in segments of ``segment`` tokens with its memory carried (``block //
@@ -33,10 +33,10 @@ _CAUSAL_QUICK: dict[str, Any] = {
     "seeds": [42, 43],
     "passkey_distances": [16, 96, 320],
     "passkey_train": "window",
-    "passkey_steps": 400,
+    "passkey_steps": 700,
     "passkey_batch": 8,
     "passkey_eval_samples": 32,
-    "passkey_learning_rate": 3e-3,
+    "passkey_learning_rate": 2e-3,
     "passkey_seeds": 1,
     "train_lengths": [256, 1024],
     "decode_prompts": [256],
