@@ -355,15 +355,18 @@ def memory_ablation(args: argparse.Namespace, results: list[dict]) -> list[dict]
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tf_family.data import build_document_streams, load_text_datasets, schedule_streams
+    from tf_family.data import build_document_streams, load_text_datasets
+    from tf_family.data.sampling import DocumentStreamSampler, block_loader
 
     raw, column = load_text_datasets(args.dataset_name)
     texts = list(raw["validation"][column])[: args.max_eval_samples or None]
     tokenizer = AutoTokenizer.from_pretrained(results[0]["output_dir"])
     documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
     blocks, document_blocks = build_document_streams(documents, args.segment, tokenizer.eos_token_id)
-    schedule = schedule_streams(document_blocks, args.eval_batch, 0, shuffle=False)
     accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(
+        block_loader(blocks, DocumentStreamSampler(document_blocks, args.eval_batch, shuffle=False))
+    )
     characters = sum(map(len, texts))
 
     def evaluate(folder: str, **overrides) -> dict:
@@ -373,7 +376,7 @@ def memory_ablation(args: argparse.Namespace, results: list[dict]) -> list[dict]
             model = AutoModelForCausalLM.from_pretrained(folder, **overrides)
         finally:
             transformers.logging.set_verbosity(verbosity)
-        return causal_lm.evaluate(model, blocks, schedule, accelerator, args.eval_batch, True, characters)
+        return causal_lm.evaluate(model, loader, accelerator, args.eval_batch, True, characters)
 
     baseline = results[0]
     check = evaluate(baseline["output_dir"])

@@ -6,14 +6,19 @@
     accelerate launch --multi_gpu --num_processes 2 -m tf_family.recipes.causal_lm --cpu ...   # two CPU processes
     tf-family train ...                                  # the same recipe, with the main job's defaults
 
-Reads top to bottom: arguments → Accelerator → data → model → optional LoRA → prepare → train loop (gradient
-accumulation, clipping, checkpoints) → `evaluate()` → save (safetensors, tokenizer, model card) → optional push.
+Reads top to bottom, as accelerate's examples do: arguments → Accelerator → data (blocks and their `DataLoader`s) →
+model → optional LoRA → ``accelerator.prepare`` (model, optimizer, scheduler, loaders) → the training loop
+(`train`: `epoch_batches` → `training_step` → `after_optimizer_step`, with gradient accumulation, clipping,
+evaluations and checkpoints) → `evaluate()` → save (safetensors, tokenizer, model card) → optional push.
 
 Data: the bundled State of the Union corpus by default, a Hub dataset (``--dataset_name``) or local files
 (``--train_file``, ``--validation_file``: text, JSON lines, CSV or parquet). Every token is scored exactly once with
 next-token targets (`tf_family.data.packing`). Models that carry a memory between steps (the class attribute
-``carried_state``: Transformer-XL, the Compressive Transformer, the Memorizing Transformer) train on ordered streams: each batch row reads documents end to end, the memory (``mems``) is carried from step to
-step, and reset where a document starts; each process owns its own rows. Other models see shuffled blocks.
+``carried_state``: Transformer-XL, the Compressive and Memorizing Transformers, SPALM) train on ordered streams:
+each batch row reads documents end to end (`tf_family.data.sampling.DocumentStreamSampler`), the memory (``mems``)
+is carried from step to step, and reset where a document starts; each process owns its own rows. Other models see
+shuffled blocks (`ShuffledBlockSampler`). The loaders are prepared by accelerate; a resumed run skips what it has
+read with ``accelerate.skip_first_batches``.
 
 A checkpoint (``--checkpointing_steps``) holds the accelerate state (weights, optimizer, scheduler, RNG), the step
 reached and each process's memory, so ``--resume_from_checkpoint latest`` continues exactly where a run stopped.
@@ -25,28 +30,31 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
+from accelerate import Accelerator, skip_first_batches
 from accelerate.logging import get_logger
+from accelerate.utils import send_to_device
 from datasets import DatasetDict
 from datasets.distributed import split_dataset_by_node
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from tf_family.data import (
     SOTU_TOKENIZER_DIR,
+    DocumentStreamSampler,
+    ShuffledBlockSampler,
     StreamingBlocks,
+    block_loader,
     build_document_streams,
     load_text_streams,
     pack_into_blocks,
-    schedule_shuffled_batches,
-    schedule_streams,
 )
 from tf_family.data.packing import IGNORE_INDEX
 from tf_family.models.knn_lm.modeling_knn_lm import DATASTORE_FOLDER
@@ -237,52 +245,47 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
 
 
 def model_inputs(
-    batch: dict[str, torch.Tensor], memory: Any, device: torch.device, exit_labels: bool = False
+    batch: dict[str, torch.Tensor], carries_memory: bool, memory: Any = None, exit_labels: bool = False
 ) -> dict[str, Any]:
-    """Forward kwargs for one block batch; memory models get their memory and the rows to reset; early-exit models
-    in training (``exit_training``: CALM) get the aligned targets, and return their anytime loss as ``aux_loss``."""
-    inputs: dict[str, Any] = {"input_ids": batch["input_ids"].to(device)}
+    """Forward kwargs for one block batch. A model that ``carries_memory`` gets its ``memory`` (None: a stream's
+    start, the model's own empty memory) and, once it has one, the rows to reset; early-exit models in training
+    (``exit_training``: CALM) get the aligned targets, and return their anytime loss as ``aux_loss``."""
+    inputs: dict[str, Any] = {"input_ids": batch["input_ids"]}
     if exit_labels:
-        inputs["exit_targets"] = batch["labels"].to(device)
-    if memory is not False:  # False marks a model without memory
+        inputs["exit_targets"] = batch["labels"]
+    if carries_memory:
         inputs["mems"] = memory
         if memory is not None:
-            inputs["reset_mems"] = batch["reset"].to(device)
+            inputs["reset_mems"] = batch["reset"]
     return inputs
-
-
-def rows_of(global_batch: list[int], accelerator: Accelerator, per_device: int) -> list[int]:
-    start = accelerator.process_index * per_device
-    return global_batch[start : start + per_device]
 
 
 def evaluate(
     model,
-    blocks,
-    schedule,
+    dataloader,
     accelerator: Accelerator,
     per_device: int,
-    has_memory: bool,
+    carries_memory: bool,
     num_characters: int,
     memory_size: int | None = None,
 ) -> dict[str, float]:
-    """Validation loss, perplexity, bits per token and bits per character over every scored token.
+    """Validation loss, perplexity, bits per token and bits per character over every scored token of
+    ``dataloader`` (prepared: each process reads its ``per_device`` rows of every step).
 
     Memory models read the validation streams in order, carrying the memory as in training (a kNN memory of
     ``memory_size`` entries when given).
     """
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    memory = start_memory(accelerator.unwrap_model(model), per_device, memory_size) if has_memory else False
-    progress = tqdm(schedule, desc="evaluating", disable=not accelerator.is_local_main_process, leave=False)
+    memory = start_memory(accelerator.unwrap_model(model), per_device, memory_size) if carries_memory else None
+    progress = tqdm(dataloader, desc="evaluating", disable=not accelerator.is_local_main_process, leave=False)
     with torch.no_grad():
-        for global_batch in progress:
-            # every process runs every step, empty rows included: FSDP (and DDP buffer syncs) gather in forward
-            batch = blocks.batch(rows_of(global_batch, accelerator, per_device))
-            outputs = model(**model_inputs(batch, memory, accelerator.device))
-            nll, count = next_token_loss(outputs.logits, batch["labels"].to(accelerator.device))
+        # every process runs every step, empty rows included: FSDP (and DDP buffer syncs) gather in forward
+        for batch in progress:
+            outputs = model(**model_inputs(batch, carries_memory, memory))
+            nll, count = next_token_loss(outputs.logits, batch["labels"])
             totals += torch.tensor([nll.item(), count], dtype=torch.float64, device=accelerator.device)
-            if has_memory:
+            if carries_memory:
                 memory = outputs.mems
     model.train()
     nll, count = accelerator.reduce(totals, reduction="sum").tolist()
@@ -326,13 +329,14 @@ class LanguageModel:
 
 @dataclass
 class Blocks:
-    """The training and validation blocks, the order they are read in (``train_schedule(epoch)``) and what the
-    summary counts."""
+    """The training and validation blocks, the loaders that read them (``accelerator.prepare``-d by
+    `prepare_training`; a stream, ``--streaming``, is read without one: see `epoch_batches`) and what the summary
+    counts."""
 
     train: Any
     eval: Any
-    train_schedule: Callable[[int], list]
-    eval_schedule: list
+    train_dataloader: DataLoader | None
+    eval_dataloader: DataLoader
     train_docs: list | None
     eval_docs: list
     eval_characters: int
@@ -392,8 +396,9 @@ def build_language_model(args: argparse.Namespace, corpus: Corpus, config_overri
 
 
 def make_blocks(run: Run, corpus: Corpus, lm: LanguageModel) -> Blocks:
-    """Tokenized documents cut into blocks: streamed blocks in stream order (``--streaming``), ordered document
-    streams for a model with memory, shuffled blocks otherwise."""
+    """Tokenized documents cut into blocks and their loaders: streamed blocks in stream order (``--streaming``),
+    ordered document streams for a model with memory (`DocumentStreamSampler`: each row's documents contiguous from
+    step to step, on one process), shuffled blocks otherwise (`ShuffledBlockSampler`)."""
     args, accelerator, tokenizer, text_column = run.args, run.accelerator, corpus.tokenizer, corpus.text_column
     block_size, separator_id = lm.block_size, corpus.separator_id
     with accelerator.main_process_first():
@@ -409,73 +414,77 @@ def make_blocks(run: Run, corpus: Corpus, lm: LanguageModel) -> Blocks:
     train_docs = None if args.streaming else list(tokenized["train"]["input_ids"])
     eval_docs = list(tokenized["validation"]["input_ids"])
     eval_characters = int(sum(tokenized["validation"]["num_characters"]))
-    world, per_device = run.world, args.per_device_train_batch_size
-    eval_batch = world * args.per_device_eval_batch_size
-    if args.streaming:
-        train_blocks = StreamingBlocks(
-            corpus.train_stream,
-            lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-            text_column,
-            block_size,
-            separator_id,
-        )
-        eval_blocks = pack_into_blocks(eval_docs, block_size, separator_id)
-
-        def train_schedule(epoch: int) -> list[None]:  # one pass of max_train_steps updates, blocks in stream order
-            return [None] * (args.max_train_steps * args.gradient_accumulation_steps)
-
-        eval_schedule = schedule_shuffled_batches(len(eval_blocks), eval_batch, 0, shuffle=False, drop_last=False)
-    elif lm.has_memory:
+    world, per_device, eval_per_device = run.world, args.per_device_train_batch_size, args.per_device_eval_batch_size
+    # an epoch ends on an optimizer step: micro-batches that do not fill one are left out of it
+    whole_steps = args.gradient_accumulation_steps
+    train_sampler = None
+    if lm.has_memory:
         train_blocks, train_doc_blocks = build_document_streams(train_docs, block_size, separator_id)
         eval_blocks, eval_doc_blocks = build_document_streams(eval_docs, block_size, separator_id)
-
-        def train_schedule(epoch: int) -> list[list[int]]:
-            return schedule_streams(train_doc_blocks, world * per_device, args.seed, epoch)
-
-        eval_schedule = schedule_streams(eval_doc_blocks, eval_batch, 0, shuffle=False)
+        train_sampler = DocumentStreamSampler(train_doc_blocks, per_device, world, args.seed, whole_steps=whole_steps)
+        eval_sampler = DocumentStreamSampler(eval_doc_blocks, eval_per_device, world, shuffle=False)
     else:
-        train_blocks = pack_into_blocks(train_docs, block_size, separator_id)
+        if args.streaming:
+            train_blocks = StreamingBlocks(
+                corpus.train_stream,
+                lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                text_column,
+                block_size,
+                separator_id,
+            )
+        else:
+            train_blocks = pack_into_blocks(train_docs, block_size, separator_id)
+            train_sampler = ShuffledBlockSampler(
+                len(train_blocks), per_device, world, args.seed, whole_steps=whole_steps
+            )
         eval_blocks = pack_into_blocks(eval_docs, block_size, separator_id)
-
-        def train_schedule(epoch: int) -> list[list[int]]:
-            return schedule_shuffled_batches(len(train_blocks), world * per_device, args.seed, epoch)
-
-        eval_schedule = schedule_shuffled_batches(len(eval_blocks), eval_batch, 0, shuffle=False, drop_last=False)
-    blocks = Blocks(train_blocks, eval_blocks, train_schedule, eval_schedule, train_docs, eval_docs, eval_characters)
-    if len(train_schedule(0)) == 0:
+        eval_sampler = ShuffledBlockSampler(
+            len(eval_blocks), eval_per_device, world, shuffle=False, drop_last_batch=False
+        )
+    if train_sampler is not None and not train_sampler.schedule(0):
         raise ValueError(
             f"the training data fills {len(train_blocks)} blocks of {block_size} tokens, fewer than one "
             f"batch of {world * per_device}; lower --per_device_train_batch_size or --block_size."
         )
-    return blocks
+    train_dataloader = block_loader(train_blocks, train_sampler) if train_sampler is not None else None
+    eval_dataloader = block_loader(eval_blocks, eval_sampler)
+    return Blocks(train_blocks, eval_blocks, train_dataloader, eval_dataloader, train_docs, eval_docs, eval_characters)
 
 
 def prepare_training(run: Run, lm: LanguageModel, blocks: Blocks) -> int:
-    """Optional LoRA, then the optimizer, schedule and ``accelerator.prepare`` (`prepare`); returns the epochs."""
-    args = run.args
+    """Optional LoRA, then the optimizer, schedule and ``accelerator.prepare`` of the model (`prepare`) and of the
+    loaders; returns the epochs."""
+    args, accumulation = run.args, run.args.gradient_accumulation_steps
     model = apply_lora(lm.model, args, task_type="CAUSAL_LM")
-    micro_per_epoch = len(blocks.train_schedule(0))
-    updates_per_epoch = micro_per_epoch // args.gradient_accumulation_steps
+    if args.streaming:  # one pass of max_train_steps updates, blocks in stream order
+        micro_per_epoch = args.max_train_steps * accumulation
+    else:
+        micro_per_epoch = len(blocks.train_dataloader.batch_sampler.schedule(0))
+    updates_per_epoch = micro_per_epoch // accumulation
     if updates_per_epoch == 0:
         raise ValueError(
             f"an epoch has {micro_per_epoch} batches, fewer than --gradient_accumulation_steps "
-            f"{args.gradient_accumulation_steps}; lower it or the batch size."
+            f"{accumulation}; lower it or the batch size."
         )
     max_train_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
-    tokens = run.world * args.per_device_train_batch_size * args.gradient_accumulation_steps * lm.block_size
+    tokens = run.world * args.per_device_train_batch_size * accumulation * lm.block_size
     prepare(
         run, model, max_train_steps, "tf_family_causal_lm", block_size=lm.block_size, effective_batch_tokens=tokens,
         memory_streams=lm.has_memory,
     )  # fmt: skip
     lm.model = None  # the prepared model is run.model
+    # each process reads its own rows of every step (the samplers' order; see tf_family.data.sampling)
+    blocks.eval_dataloader = run.accelerator.prepare(blocks.eval_dataloader)
+    if blocks.train_dataloader is not None:
+        blocks.train_dataloader = run.accelerator.prepare(blocks.train_dataloader)
     return math.ceil(max_train_steps / updates_per_epoch)
 
 
 def resume_run(run: Run, lm: LanguageModel, blocks: Blocks) -> tuple[int, int, Any]:
     """With ``--resume_from_checkpoint``: the state saved (weights, optimizer, schedule, RNG) restored; returns the
-    epoch and the update in it to continue from, and the memory the processes carried (``False``: no memory)."""
-    start_epoch, resume_update = 0, 0
-    memory: Any = None if lm.has_memory else False
+    epoch and the update in it to continue from, and the memory the processes carried (None: none, or a model
+    without memory)."""
+    start_epoch, resume_update, memory = 0, 0, None
     if run.args.resume_from_checkpoint:
         checkpoint, state = resume(run.accelerator, run.args)
         run.completed_steps, start_epoch, resume_update = (
@@ -495,82 +504,110 @@ def resume_run(run: Run, lm: LanguageModel, blocks: Blocks) -> tuple[int, int, A
 
 def evaluate_run(run: Run, lm: LanguageModel, blocks: Blocks, with_memory: bool = True) -> dict[str, float]:
     """`evaluate` of the run's model on the validation blocks (``with_memory=False``: a kNN-LM's base model alone)."""
-    has_memory = lm.has_memory and with_memory
     return evaluate(
-        run.model, blocks.eval, blocks.eval_schedule, run.accelerator, run.args.per_device_eval_batch_size,
-        has_memory, blocks.eval_characters, lm.eval_memory_size if with_memory else None,
+        run.model, blocks.eval_dataloader, run.accelerator, run.args.per_device_eval_batch_size,
+        lm.has_memory and with_memory, blocks.eval_characters, lm.eval_memory_size if with_memory else None,
     )  # fmt: skip
 
 
+def epoch_batches(run: Run, blocks: Blocks, epoch: int, first_update: int) -> tuple[Iterable, int]:
+    """This process's micro-batches of ``epoch`` from optimizer step ``first_update`` on, and the optimizer steps
+    in the epoch: the prepared loader in the epoch's order (``skip_first_batches`` past the steps a resumed run has
+    done), or with ``--streaming`` the next blocks of this process's stream.
+
+    A stream is read without a loader: its position is checkpointed after every step, and accelerate's loader reads
+    one batch ahead (and would dispatch an iterable dataset from the main process), which would move it."""
+    args, accumulation = run.args, run.args.gradient_accumulation_steps
+    if args.streaming:
+        micro_batches = (args.max_train_steps - first_update) * accumulation
+        batches = (
+            send_to_device(blocks.train.batch(args.per_device_train_batch_size), run.accelerator.device)
+            for _ in range(micro_batches)
+        )
+        return batches, args.max_train_steps
+    loader = blocks.train_dataloader
+    loader.set_epoch(epoch)  # the sampler's order of this epoch (seed + epoch)
+    updates = len(loader) // accumulation
+    return (skip_first_batches(loader, first_update * accumulation) if first_update else loader), updates
+
+
+def training_step(run: Run, lm: LanguageModel, batch: dict[str, torch.Tensor], memory: Any) -> tuple[Any, float, int]:
+    """One micro-batch inside accelerate's gradient accumulation: forward (with the memory carried in), the
+    next-token loss plus the model's auxiliary loss, backward, and on the micro-batch that syncs the gradients,
+    clipping and the optimizer step (`Run.optimizer_step`). Returns the memory to carry (None: a model without),
+    the summed NLL and the tokens scored."""
+    accelerator, model = run.accelerator, run.model
+    # accumulate(): gradients are all-reduced and the optimizer steps on every `accumulation`-th micro-batch
+    with accelerator.accumulate(model):
+        with accelerator.autocast():
+            outputs = model(**model_inputs(batch, lm.has_memory, memory, lm.trains_exits))
+        nll, count = next_token_loss(outputs.logits, batch["labels"])
+        # a batch with nothing to score still takes part in the gradient all-reduce
+        loss = nll / count if count else outputs.logits.sum() * 0.0
+        # the Compressive Transformer's attention-reconstruction loss (which trains its compression), or CALM's
+        # anytime loss minus the last layer's cross entropy plus its meta classifier's loss
+        if getattr(outputs, "aux_loss", None) is not None:
+            loss = loss + outputs.aux_loss
+        run.optimizer_step(loss)
+    return (outputs.mems if lm.has_memory else None), nll.item(), count
+
+
+def after_optimizer_step(
+    run: Run, lm: LanguageModel, blocks: Blocks, log: TrainingLog, memory: Any, position: tuple[int, int, int]
+) -> dict[str, float] | None:
+    """What follows an optimizer step: the log line (``--logging_steps``, returned), an evaluation (``--eval_steps``)
+    and a checkpoint (``--checkpointing_steps``) with the memory the processes carry; ``position`` is the epoch, the
+    optimizer steps done in it and the optimizer steps it has."""
+    args, steps, record = run.args, run.completed_steps, None
+    if steps % args.logging_steps == 0 or steps == run.max_train_steps:
+        record = log.write(steps, run.scheduler.get_last_lr()[0])
+    if args.eval_steps and steps % args.eval_steps == 0 and steps < run.max_train_steps:
+        run.log_metrics(evaluate_run(run, lm, blocks), label=f"step {steps}")
+    if args.checkpointing_steps and steps % args.checkpointing_steps == 0:
+        epoch, update, updates_in_epoch = position
+        if update == updates_in_epoch:  # the epoch is done: a resumed run starts the next one
+            epoch, update = epoch + 1, 0
+        state = {"completed_steps": steps, "epoch": epoch, "update_in_epoch": update}
+        # the batch layout: another number of processes can then resume the run (`check_world_change`)
+        state.update(
+            per_device_train_batch_size=args.per_device_train_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+        )
+        data_state = blocks.train.state_dict() if args.streaming else None
+        save_checkpoint(
+            run.accelerator, args.output_dir, state, memory, args.checkpoints_total_limit, data_state=data_state
+        )
+    return record
+
+
 def train(run: Run, lm: LanguageModel, blocks: Blocks, num_epochs: int) -> TrainingLog:
-    """The training loop: gradient accumulation, clipping, the memory carried between steps, evaluations and
-    checkpoints; returns the log of training steps."""
-    args, accelerator, model = run.args, run.accelerator, run.model
+    """The training loop: epochs of micro-batches (`epoch_batches`), each a `training_step` carrying the memory
+    from step to step, and after each optimizer step the log, evaluations and checkpoints (`after_optimizer_step`);
+    returns the log of training steps."""
+    args, accumulation = run.args, run.args.gradient_accumulation_steps
     start_epoch, resume_update, memory = resume_run(run, lm, blocks)
-    per_device, accumulation, max_train_steps = (
-        args.per_device_train_batch_size,
-        args.gradient_accumulation_steps,
-        run.max_train_steps,
-    )
     blocks_text = "streamed training blocks" if args.streaming else f"{len(blocks.train)} training blocks"
-    described = f"{blocks_text} of {lm.block_size} tokens, {max_train_steps} steps on {run.world} process(es)"
+    described = f"{blocks_text} of {lm.block_size} tokens, {run.max_train_steps} steps on {run.world} process(es)"
     progress, log = run.start_training("tokens_per_second", described)
     for epoch in range(start_epoch, num_epochs):
-        if run.completed_steps >= max_train_steps:
+        if run.completed_steps >= run.max_train_steps:
             break
-        schedule = blocks.train_schedule(epoch)
-        # whole optimizer steps only: micro-batches that do not fill one are left out of this epoch
-        schedule = schedule[: len(schedule) - len(schedule) % accumulation]
         first_update = resume_update if epoch == start_epoch else 0
         if first_update == 0:  # streams start again at the top of every epoch: so does the memory
-            memory = None if lm.has_memory else False
-        for micro_index in range(first_update * accumulation, len(schedule)):
-            if args.streaming:
-                batch = blocks.train.batch(per_device)  # this process's stream, packed on the fly
-            else:
-                batch = blocks.train.batch(rows_of(schedule[micro_index], accelerator, per_device))
-            labels = batch["labels"].to(accelerator.device)
-            # accumulate(): gradients are all-reduced and the optimizer steps on every `accumulation`-th micro-batch
-            with accelerator.accumulate(model):
-                with accelerator.autocast():
-                    outputs = model(**model_inputs(batch, memory, accelerator.device, lm.trains_exits))
-                nll, count = next_token_loss(outputs.logits, labels)
-                # a batch with nothing to score still takes part in the gradient all-reduce
-                loss = nll / count if count else outputs.logits.sum() * 0.0
-                # the Compressive Transformer's attention-reconstruction loss (which trains its compression), or CALM's
-                # anytime loss minus the last layer's cross entropy plus its meta classifier's loss
-                if getattr(outputs, "aux_loss", None) is not None:
-                    loss = loss + outputs.aux_loss
-                run.optimizer_step(loss)
-            if lm.has_memory:
-                memory = outputs.mems
-            log.add(nll.item(), count, count)
-            if not accelerator.sync_gradients:
+            memory = None
+        batches, updates_in_epoch = epoch_batches(run, blocks, epoch, first_update)
+        for micro_index, batch in enumerate(batches, start=first_update * accumulation):
+            memory, nll, count = training_step(run, lm, batch, memory)
+            log.add(nll, count, count)
+            if not run.accelerator.sync_gradients:
                 continue
             run.completed_steps += 1
-            update_index = (micro_index + 1) // accumulation  # optimizer steps done in this epoch
             progress.update(1)
-
-            if run.completed_steps % args.logging_steps == 0 or run.completed_steps == max_train_steps:
-                record = log.write(run.completed_steps, run.scheduler.get_last_lr()[0])
+            position = (epoch, (micro_index + 1) // accumulation, updates_in_epoch)
+            record = after_optimizer_step(run, lm, blocks, log, memory, position)
+            if record is not None:
                 progress.set_postfix(loss=f"{record['train_loss']:.3f}", tok_s=f"{record['tokens_per_second']:.0f}")
-            if (
-                args.eval_steps
-                and run.completed_steps % args.eval_steps == 0
-                and run.completed_steps < max_train_steps
-            ):
-                run.log_metrics(evaluate_run(run, lm, blocks), label=f"step {run.completed_steps}")
-            if args.checkpointing_steps and run.completed_steps % args.checkpointing_steps == 0:
-                state = {"completed_steps": run.completed_steps, "epoch": epoch, "update_in_epoch": update_index}
-                # the batch layout: another number of processes can then resume the run (`check_world_change`)
-                state.update(per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation)
-                if update_index == len(schedule) // accumulation:
-                    state.update(epoch=epoch + 1, update_in_epoch=0)
-                data_state = blocks.train.state_dict() if args.streaming else None
-                save_checkpoint(
-                    accelerator, args.output_dir, state, memory, args.checkpoints_total_limit, data_state=data_state
-                )
-            if run.completed_steps >= max_train_steps:
+            if run.completed_steps >= run.max_train_steps:
                 break
     progress.close()
     return log

@@ -38,8 +38,7 @@ FLEX = "flex_attention"
 NATIVE = "tff_native"
 IMPLEMENTATIONS = ("eager", "sdpa", FLEX, NATIVE)
 # the native kernel's products pay off from 128 query rows per tile (Longformer's chunks); BigBird's 64-row middle
-# blocks ran faster through `masked_attention` (bench/results/sparse_floor_4096_idle.md: 915 ms with the kernel
-# forced against 884 ms without, while Longformer's 256-row chunks gained 808 -> 766 ms)
+# blocks ran faster through `masked_attention` (measured in bench/results/sparse_floor_4096_idle.md)
 NATIVE_MIN_ROWS = 128
 
 

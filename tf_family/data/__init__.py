@@ -2,6 +2,7 @@
 
 from .brown import BROWN_CORPUS_FILE, BROWN_GENRES, load_brown
 from .packing import LMBlocks, build_document_streams, pack_into_blocks, schedule_shuffled_batches, schedule_streams
+from .sampling import DocumentStreamSampler, ShuffledBlockSampler, StepBatchSampler, block_loader
 from .sotu import SOTU_CORPUS_FILE, SOTU_TOKENIZER_DIR, load_sotu, read_sotu_records, sotu_split
 from .streaming import StreamingBlocks
 from .text import BUNDLED_DATASETS, load_text_datasets, load_text_streams
@@ -10,10 +11,14 @@ __all__ = [
     "BROWN_CORPUS_FILE",
     "BROWN_GENRES",
     "BUNDLED_DATASETS",
+    "DocumentStreamSampler",
     "LMBlocks",
     "SOTU_CORPUS_FILE",
     "SOTU_TOKENIZER_DIR",
+    "ShuffledBlockSampler",
+    "StepBatchSampler",
     "StreamingBlocks",
+    "block_loader",
     "build_document_streams",
     "load_brown",
     "load_sotu",
