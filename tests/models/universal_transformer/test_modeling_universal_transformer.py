@@ -130,6 +130,25 @@ def test_fresh_model_starts_at_act_halting_bias_init(model_class):
     )
 
 
+@pytest.mark.parametrize(
+    "model_class",
+    [TffUniversalTransformerModel, TffUniversalTransformerForCausalLM, TffUniversalTransformerForMaskedLM],
+)
+def test_word_embeddings_start_at_tensor2tensors_scale(model_class):
+    """tensor2tensor's symbol modality starts the embeddings at std d^-0.5, so scaled by sqrt(d) they enter the loop
+    at unit variance, as large as the timing signals; at std initializer_range (0.02) they entered at 0.16 (d=64)
+    and a fixed-depth UT learned the copy task half as well (bench/results/universal_transformer_act.md). The tied
+    LM heads keep that init (their decoder is the same tensor)."""
+    torch.manual_seed(0)
+    config = make_config(hidden_size=64, num_attention_heads=4, vocab_size=512)
+    model = model_class(config)
+    embeddings = model.get_input_embeddings().weight
+    assert embeddings[1:].std().item() == pytest.approx(64**-0.5, rel=0.05)
+    assert (embeddings[1:] * 64**0.5).std().item() == pytest.approx(1.0, rel=0.05)
+    if model_class is not TffUniversalTransformerModel:
+        assert model.get_output_embeddings().weight is embeddings
+
+
 def test_embeddings_enter_scaled_by_sqrt_depth():
     """tensor2tensor's multiply_embedding_mode="sqrt_depth": ``inputs_embeds`` e behave as token embeddings and enter
     the loop as ``e * sqrt(d)``; unscaled, embeddings of std 0.02 are drowned by the timing signals."""

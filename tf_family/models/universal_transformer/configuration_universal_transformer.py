@@ -50,7 +50,9 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
             sets it.
         hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and sub-layer outputs.
         attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on attention probabilities.
-        initializer_range (`float`, defaults to 0.02): std of the normal init of linear layers and embeddings.
+        initializer_range (`float`, defaults to 0.02): std of the normal init of linear layers (the word embeddings
+            start at std ``hidden_size ** -0.5``, tensor2tensor's, so that scaled by ``sqrt(hidden_size)`` they have
+            unit variance).
         layer_norm_eps (`float`, defaults to 1e-6): layer norm epsilon (tensor2tensor's).
         pad_token_id (`int`, defaults to 0): the padding token.
         bos_token_id (`int`, *optional*): the beginning-of-sequence token.

@@ -33,7 +33,8 @@ Deviations from tensor2tensor:
 - padding positions never run (they count as halted from the start) and are left out of the ponder cost;
 - blocks are pre-layer-norm with a final layer norm (tensor2tensor's ``layer_preprocess_sequence="n"``,
   ``layer_postprocess_sequence="da"``); the word embeddings (or ``inputs_embeds``) are scaled by ``sqrt(d)`` as in
-  tensor2tensor (``multiply_embedding_mode="sqrt_depth"``).
+  tensor2tensor (``multiply_embedding_mode="sqrt_depth"``), and the word embeddings start at std ``d^-0.5`` as
+  tensor2tensor's symbol modality starts them (not `initializer_range`), so the scaled embeddings have unit variance.
 
 Config field <-> paper symbol: `act_max_steps` = N (Graves), `act_epsilon` = epsilon, `act_loss_weight` = tau,
 `hidden_size` = d.
@@ -243,7 +244,9 @@ class TffUniversalTransformerPreTrainedModel(
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std)
+            # tensor2tensor's symbol modality: std d^-0.5, so the sqrt(d)-scaled embeddings have unit variance, as
+            # large as the timing signals added at every step (std initializer_range left them 1/5 of it at d=64)
+            init.normal_(module.weight, mean=0.0, std=self.config.hidden_size**-0.5)
             if module.padding_idx is not None:
                 init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, nn.LayerNorm):
