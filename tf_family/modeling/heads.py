@@ -438,6 +438,29 @@ class GenericForMultipleChoice(_Head):
         return cross_entropy(logits, labels.view(-1), num_items_in_batch)
 
 
+def memory_generation_inputs(
+    input_ids: torch.LongTensor,
+    cache,
+    attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    use_cache: bool | None,
+    is_first_iteration: bool = True,
+) -> dict:
+    """``prepare_inputs_for_generation`` of a language model that carries a memory object as ``mems`` (the
+    Transformer-XL family): the memory is the generation cache, so once it exists only the newest token is fed (the
+    rest is in the memory, which the model reads and updates); without one (first step, or no memory kept) the whole
+    prefix is read."""
+    model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
+    if cache is not None:
+        model_inputs["input_ids"] = input_ids[:, -1:]
+        model_inputs["mems"] = cache
+    elif inputs_embeds is not None and is_first_iteration:
+        model_inputs["inputs_embeds"] = inputs_embeds
+    else:
+        model_inputs["input_ids"] = input_ids
+    return model_inputs
+
+
 class MemoryGenerationMixin:
     """`generate()` support for the language models that carry a memory object as ``mems`` (the Transformer-XL
     family and the Compressive Transformer): the memory is the generation cache (``cache``, ``past_key_values``
@@ -560,6 +583,7 @@ __all__ = [
     "MemoryGenerationMixin",
     "SegmentRecurrentForCausalLM",
     "classifier_dropout",
+    "memory_generation_inputs",
     "question_answering_output",
     "sequence_classification_loss",
     "span_loss",
