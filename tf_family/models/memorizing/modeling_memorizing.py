@@ -290,6 +290,22 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
             layer, config.knn_faiss_index, nlist=config.knn_faiss_nlist, nprobe=config.knn_faiss_nprobe
         )
 
+    def _knn_layer_inputs(
+        self, knn: KNNMemory, slot: int, memory_allowed: MemoryAllowed, segment_allowed: torch.Tensor | None
+    ) -> KNNLayerInputs:
+        """What the kNN layer ``slot`` (its index among the kNN layers) reads of the kNN memory."""
+        config = self.config
+        return KNNLayerInputs(
+            knn.keys[slot],
+            knn.values[slot],
+            memory_allowed,
+            segment_allowed,
+            config.knn_top_k,
+            config.knn_search,
+            self._faiss_indexes(knn, slot),
+            readers=knn.readers[slot],
+        )
+
     def _knn_masks(
         self, knn: KNNMemory, segment_mask: torch.Tensor, length: int
     ) -> tuple[MemoryAllowed, torch.Tensor | None]:
@@ -375,17 +391,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
                 all_hidden += (hidden,)
             layer_memory = None if memory is None else memory.states[index]  # (B, M, D)
             if isinstance(layer, TffMemorizingKNNLayer):
-                slot = len(written)
-                knn = KNNLayerInputs(
-                    state.knn.keys[slot],
-                    state.knn.values[slot],
-                    memory_allowed,
-                    segment_allowed,
-                    config.knn_top_k,
-                    config.knn_search,
-                    self._faiss_indexes(state.knn, slot),
-                    readers=state.knn.readers[slot],
-                )
+                knn = self._knn_layer_inputs(state.knn, len(written), memory_allowed, segment_allowed)
                 hidden, probs, pairs = layer(hidden, layer_memory, inputs=inputs, knn=knn)
                 written.append(pairs)
             else:
