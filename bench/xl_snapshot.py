@@ -115,7 +115,7 @@ def main() -> None:
     directory.mkdir(parents=True, exist_ok=True)
     compared = tensors = 0
     failures = []
-    for index, (arch, task, overrides) in enumerate(CASES):
+    for index, (arch, task, _) in enumerate(CASES):
         if archs and arch not in archs:
             continue
         path = directory / f"case{index:02d}_{arch}_{task}.pt"
