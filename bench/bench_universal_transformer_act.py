@@ -1,4 +1,4 @@
-"""Universal Transformer with ACT vs a same-width vanilla Transformer on a locally generated copy task: length
+"""Universal Transformer with ACT vs a vanilla Transformer of as many parameters on a locally generated copy task: length
 generalisation (Dehghani et al. 2019, section 3.3) and the ponder steps per token.
 
 A causal language model reads ``x_1 .. x_n SEP`` and must write ``x_1 .. x_n`` again (the loss covers the copy only;
@@ -6,10 +6,14 @@ tokens uniform over 14 symbols). Both models are trained on lengths ``--train_le
 longer ones (``--eval_lengths``): token accuracy (teacher-forced next-token argmax over the copy) and whole-copy
 accuracy. The two models:
 
-- ``ut``: `TffUniversalTransformerForCausalLM` (hidden 64, 4 heads, feed-forward 128, one shared block,
-  ``act_max_steps`` 8, ACT ``basic``), its ponder steps ``N`` per token reported as a histogram per length;
-- ``vanilla``: ``--vanilla_layers`` separate blocks of the same class and width (not shared, no halting), the same
-  sqrt(d)-scaled embeddings, the position timing signal added once at the input, the same tied LM head.
+- ``ut``: `TffUniversalTransformerForCausalLM` (by default hidden 128, 4 heads, feed-forward 208, one shared block:
+  as many parameters as ``vanilla``, the paper's equal-parameter comparison; ``--ut_hidden_size 64
+  --ut_intermediate_size 128`` gives the same width instead), ``act_max_steps`` 8, ACT ``basic``, its ponder steps
+  ``N`` per token reported as a histogram per length; ``--freeze_halting`` with ``--act_halting_bias_init -10`` makes
+  it a fixed-depth UT (every token halts by force at ``act_max_steps``);
+- ``vanilla``: ``--vanilla_layers`` separate blocks of the same class (hidden 64, feed-forward 128; not shared, no
+  halting), the same sqrt(d)-scaled embeddings and init, the position timing signal added once at the input, the
+  same tied LM head.
 
 Positions: the sinusoid timing signal of both models is read at ``offset + t`` with a random ``offset`` per training
 sequence in ``[0, --position_offset]`` (randomised positions, Ruoss et al. 2023), so a longer evaluation sequence
@@ -33,6 +37,7 @@ from common import markdown_table, setup_threads, write_results  # noqa: E402
 
 SEP = 1
 VOCAB = 16  # 0 padding (unused), 1 separator, 2..15 the symbols
+DROPOUT_OFF = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 def make_batch(batch: int, length: int, generator, position_offset: int = 0):
@@ -60,16 +65,20 @@ def build_models(args):
         timing_signal,
     )
 
-    common = {"vocab_size": VOCAB, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+    common = {"vocab_size": VOCAB, "num_attention_heads": 4}
     torch.manual_seed(args.seed)
     ut = create_model(
         "universal_transformer",
         "causal_lm",
         "tiny",
         **common,
+        hidden_size=args.ut_hidden_size,
+        intermediate_size=args.ut_intermediate_size,
         act_max_steps=args.act_max_steps,
         act_loss_weight=args.act_loss_weight,
         act_halting_bias_init=args.act_halting_bias_init,
+        act_force_halt_at_max_steps=args.act_force_halt,
+        act_type=args.act_type,
     )
 
     class VanillaTransformerLM(nn.Module):
@@ -79,14 +88,15 @@ def build_models(args):
             super().__init__()
             self.hidden_size = config.hidden_size
             self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-            nn.init.normal_(self.embeddings.weight, std=config.initializer_range)
+            nn.init.normal_(self.embeddings.weight, std=config.hidden_size**-0.5)  # the UT's (tensor2tensor's)
             self.blocks = nn.ModuleList(TffUniversalTransformerBlock(config) for _ in range(layers))
             self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
             self.lm_head = LMPredictionHead(config.hidden_size, config.vocab_size, "gelu", config.layer_norm_eps)
             self.lm_head.decoder.weight = self.embeddings.weight
             for module in self.modules():  # the UT's init: normal(initializer_range) weights, zero biases
                 if isinstance(module, nn.Linear):
-                    nn.init.normal_(module.weight, std=config.initializer_range)
+                    if module is not self.lm_head.decoder:  # (tied: it is the embeddings)
+                        nn.init.normal_(module.weight, std=config.initializer_range)
                     nn.init.zeros_(module.bias)
 
         def forward(self, input_ids, position_ids):
@@ -97,8 +107,13 @@ def build_models(args):
                 hidden, _ = block(hidden, allowed)
             return self.lm_head(self.final_layer_norm(hidden))
 
+    if args.freeze_halting:  # with a low act_halting_bias_init: a fixed-depth UT (halts by force at act_max_steps)
+        ut.transformer.halting.requires_grad_(False)
     torch.manual_seed(args.seed)
-    vanilla = VanillaTransformerLM(ut.config, args.vanilla_layers)
+    vanilla_config = ut.config.__class__(
+        **common, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size, **DROPOUT_OFF
+    )
+    vanilla = VanillaTransformerLM(vanilla_config, args.vanilla_layers)
     return {"ut": ut, "vanilla": vanilla}
 
 
@@ -122,6 +137,8 @@ def train_and_evaluate(name, model, args) -> dict:
     model.train()
     started = time.perf_counter()
     for step in range(args.steps):
+        if name == "ut" and args.act_loss_ramp_steps:  # tau from 0 to act_loss_weight, linearly
+            model.config.act_loss_weight = args.act_loss_weight * min(1.0, step / args.act_loss_ramp_steps)
         length = args.train_lengths[step % len(args.train_lengths)]
         loss, _, _ = run_model(name, model, *make_batch(args.batch, length, generator, args.position_offset))
         optimizer.zero_grad()
@@ -157,7 +174,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train_lengths", type=int, nargs="+", default=[2, 3, 4, 5, 6, 7, 8])
     parser.add_argument("--eval_lengths", type=int, nargs="+", default=[8, 12, 16, 24])
     parser.add_argument("--position_offset", type=int, default=40)
+    parser.add_argument("--hidden_size", type=int, default=64, help="width of the vanilla model")
+    parser.add_argument("--intermediate_size", type=int, default=128, help="feed-forward width of the vanilla model")
+    parser.add_argument(
+        "--ut_hidden_size", type=int, default=128, help="128 (with 208): as many parameters as vanilla"
+    )
+    parser.add_argument("--ut_intermediate_size", type=int, default=208)
     parser.add_argument("--act_max_steps", type=int, default=8)
+    parser.add_argument("--act_force_halt", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--act_type", default="basic", choices=["basic", "accumulated"])
+    parser.add_argument(
+        "--freeze_halting",
+        action="store_true",
+        help="do not train the halting unit (with --act_halting_bias_init -10: every token takes act_max_steps steps)",
+    )
+    parser.add_argument("--act_loss_ramp_steps", type=int, default=0, help="ramp tau from 0 over these steps")
     parser.add_argument("--act_loss_weight", type=float, default=0.001)
     parser.add_argument("--act_halting_bias_init", type=float, default=1.0)
     parser.add_argument("--vanilla_layers", type=int, default=4)
@@ -204,10 +235,14 @@ def main(argv: list[str] | None = None) -> None:
     markdown = (
         "# Universal Transformer + ACT vs vanilla Transformer: copy, length generalisation\n\n"
         f"{args.steps} Adam steps each (lr {args.lr}, batch {args.batch}) at copy lengths {args.train_lengths}, "
-        f"positions offset at random by 0..{args.position_offset}; UT act_max_steps {args.act_max_steps}, "
-        f"act_loss_weight {args.act_loss_weight}, act_halting_bias_init {args.act_halting_bias_init}; vanilla "
-        f"{args.vanilla_layers} layers; hidden 64, 4 heads, feed-forward 128 ({described}). Evaluated on 512 "
-        f"sequences per length (positions from 0).\n\n{markdown_table(headers, rows)}\n"
+        f"positions offset at random by 0..{args.position_offset}; UT hidden {args.ut_hidden_size}, feed-forward "
+        f"{args.ut_intermediate_size}, one shared block, act_max_steps {args.act_max_steps}, act_type "
+        f"{args.act_type}, act_force_halt_at_max_steps {args.act_force_halt}, act_loss_weight {args.act_loss_weight}"
+        f"{f' (ramped from 0 over {args.act_loss_ramp_steps} steps)' if args.act_loss_ramp_steps else ''}, "
+        f"act_halting_bias_init {args.act_halting_bias_init}{', halting unit frozen' if args.freeze_halting else ''}; "
+        f"vanilla {args.vanilla_layers} layers, hidden {args.hidden_size}, feed-forward {args.intermediate_size}; 4 "
+        f"heads ({described}). Evaluated on 512 sequences per length (positions from 0).\n\n"
+        f"{markdown_table(headers, rows)}\n"
     )
     write_results(args.name, payload, markdown)
     print(markdown)

@@ -170,3 +170,49 @@ def test_the_parameter_rule_flags_a_wide_function():
     assert _wide_functions_without_reason(reasoned) == []
     counted = "def f(a, b, c, d, e, f, g, h, i):\n    '''Nine parameters: one per field of the record.'''\n"
     assert _wide_functions_without_reason(counted) == []
+
+
+# ---------------------------------------------------------------------------------------- a model reads in its file
+# issue 38: a model class lists at most three tf_family bases and has few tf_family classes in its MRO. The Transformer-XL
+# family is held to it here (its stack, LM head and layer loop are written in each model's file, not in mixins); the
+# MRO bound is seven until the shared bases (input validation, remote code, from_pretrained) are one class.
+XL_FAMILY = ("transfo_xl", "compressive", "memorizing", "spalm", "knn_lm")
+MAX_TF_FAMILY_BASES = 3
+MAX_TF_FAMILY_MRO = 7
+
+
+def _tf_family_classes(classes) -> list[str]:
+    return [cls.__name__ for cls in classes if cls.__module__.startswith("tf_family")]
+
+
+def _xl_family_classes():
+    from tf_family.registry import get_arch
+
+    return [(f"{name}/{task}", cls) for name in XL_FAMILY for task, cls in get_arch(name).model_classes.items()]
+
+
+@pytest.mark.parametrize(
+    ("label", "cls"), _xl_family_classes(), ids=lambda value: value if isinstance(value, str) else ""
+)
+def test_xl_family_models_have_few_tf_family_bases(label, cls):
+    bases, mro = _tf_family_classes(cls.__bases__), _tf_family_classes(cls.__mro__)
+    assert len(bases) <= MAX_TF_FAMILY_BASES, f"{label}: {cls.__name__} lists {bases}"
+    assert len(mro) <= MAX_TF_FAMILY_MRO, f"{label}: {cls.__name__}'s MRO holds {mro}"
+
+
+@pytest.mark.parametrize(
+    ("label", "cls"), _xl_family_classes(), ids=lambda value: value if isinstance(value, str) else ""
+)
+def test_xl_family_models_get_no_state_from_a_mixin(label, cls):
+    # every tf_family class in the MRO but the model's own file's and the shared bases of every model defines no
+    # __init__: the model's attributes are assigned in its own __init__, in its own file
+    shared = {"InputValidationMixin", "RemoteCodeMixin", "FromPretrainedMixin", "FusedLMHeadMixin"}
+    foreign = [
+        klass.__name__
+        for klass in cls.__mro__
+        if klass.__module__.startswith("tf_family")
+        and klass.__module__ != cls.__module__
+        and klass.__name__ not in shared | {"ValidatedGenerationMixin"}
+    ]
+    assert foreign == [], f"{label}: {cls.__name__} inherits {foreign} from another file"
+    assert all("__init__" not in vars(klass) for klass in cls.__mro__ if klass.__name__ in shared)

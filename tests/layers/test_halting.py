@@ -22,10 +22,12 @@ def t2t_rule(halting_probability, remainders, n_updates, p, threshold):
     return halting_probability, remainders, n_updates, update_weights
 
 
-def t2t_act(state, step_preprocess, halting, transform, max_steps, threshold, act_type="basic"):
+def t2t_act(state, step_preprocess, halting, transform, max_steps, threshold, act_type="basic", graves=False):
     """tensor2tensor ``universal_transformer_act``'s loop: ``should_continue`` then ``ut_function`` until no position
     runs; returns ``(new_state, n_updates, remainders)``. ``step_preprocess(state, step)`` adds the timing signals,
-    ``halting(state)`` gives ``p``, ``transform(state, step)`` applies the blocks."""
+    ``halting(state)`` gives ``p``, ``transform(state, step)`` applies the blocks. ``graves``: Graves 2016's halt at
+    the maximum step, as ``p = 1`` there (every position still running passes the threshold and takes its remainder
+    ``1 - h``; ``p`` itself weighs nothing at a halting step)."""
     shape = state.shape[:2]
     halting_probability, remainders, n_updates = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
     previous_state = torch.zeros_like(state)
@@ -33,6 +35,8 @@ def t2t_act(state, step_preprocess, halting, transform, max_steps, threshold, ac
     while bool(((halting_probability < threshold) & (n_updates < max_steps)).any()):
         state = step_preprocess(state, step)
         p = halting(state)
+        if graves and step == max_steps - 1:
+            p = torch.ones_like(p)
         halting_probability, remainders, n_updates, weights = t2t_rule(
             halting_probability, remainders, n_updates, p, threshold
         )
@@ -47,12 +51,18 @@ def t2t_act(state, step_preprocess, halting, transform, max_steps, threshold, ac
     return previous_state, n_updates, remainders
 
 
-def run_rule(probabilities: torch.Tensor, running: torch.Tensor | None = None, threshold: float = THRESHOLD):
-    """Ours over ``(steps, B, T)`` halting probabilities: the final state and the weights of every step."""
+def run_rule(
+    probabilities: torch.Tensor,
+    running: torch.Tensor | None = None,
+    threshold: float = THRESHOLD,
+    force_halt_at_last: bool = False,
+):
+    """Ours over ``(steps, B, T)`` halting probabilities: the final state and the weights of every step
+    (``force_halt_at_last``: Graves's halt at the last of the steps)."""
     state = HaltingState.start(torch.ones(probabilities.shape[1:], dtype=torch.bool) if running is None else running)
     weights = []
-    for p in probabilities:
-        state, w = halting_step(state, p, threshold)
+    for step, p in enumerate(probabilities):
+        state, w = halting_step(state, p, threshold, force_halt=force_halt_at_last and step == len(probabilities) - 1)
         weights.append(w)
     return state, torch.stack(weights)
 
@@ -99,12 +109,68 @@ def test_threshold_is_one_minus_epsilon():
     assert state.n_updates.item() == 2 and state.halted.all()
 
 
-def test_max_steps_leaves_no_remainder():
-    """A position that never passes the threshold takes every step and gets no remainder (t2t's loop just stops)."""
+def test_max_steps_leaves_no_remainder_without_force_halt():
+    """tensor2tensor's rule: a position that never passes the threshold takes every step and gets no remainder (the
+    loop just stops); its weights sum to less than one."""
     state, weights = run_rule(torch.full((4, 1, 1), 0.1))
     assert state.n_updates.item() == 4 and not state.halted.any()
     assert state.remainders.item() == 0.0
     torch.testing.assert_close(weights[:, 0, 0], torch.full((4,), 0.1))
+
+
+def test_force_halt_gives_the_remainder_at_the_last_step():
+    """Graves 2016 (eq. 3): the position halts at the maximum step N with R = 1 - (p_1 + .. p_{N-1}) as that step's
+    weight, so its weights sum to one and the ponder time is N + R."""
+    state, weights = run_rule(torch.full((4, 1, 1), 0.1), force_halt_at_last=True)
+    torch.testing.assert_close(weights[:, 0, 0], torch.tensor([0.1, 0.1, 0.1, 0.7]))
+    assert state.n_updates.item() == 4 and state.halted.all()
+    torch.testing.assert_close(state.remainders, torch.tensor([[0.7]]))
+    torch.testing.assert_close(state.ponder_time, torch.tensor([[4.7]]))
+    # padding stays out: it never runs, even at a forced step
+    state, weights = run_rule(torch.full((2, 1, 2), 0.1), torch.tensor([[True, False]]), force_halt_at_last=True)
+    torch.testing.assert_close(weights[:, 0], torch.tensor([[0.1, 0.0], [0.9, 0.0]]))
+    assert state.n_updates.tolist() == [[2.0, 0.0]]
+    torch.testing.assert_close(state.remainders, torch.tensor([[0.9, 0.0]]))
+
+
+def graves_rule(probabilities: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Graves 2016, eqs. 2-3, position by position: ``N = min(max steps, first n whose sum passes the threshold)``,
+    the weights ``p_1 .. p_{N-1}, R``, ``R = 1 - sum_{n<N} p_n``. Returns ``(weights, N, R)``; ``(steps, ...)``
+    probabilities (the threshold test is ``>``, as tensor2tensor's)."""
+    steps = probabilities.shape[0]
+    flat = probabilities.reshape(steps, -1)
+    weights, n_updates, remainders = torch.zeros_like(flat), torch.zeros(flat.shape[1]), torch.zeros(flat.shape[1])
+    for position in range(flat.shape[1]):
+        total = 0.0
+        for n in range(steps):
+            p = flat[n, position].item()
+            if n == steps - 1 or total + p > threshold:
+                weights[n, position] = 1.0 - total
+                n_updates[position], remainders[position] = n + 1, 1.0 - total
+                break
+            weights[n, position] = p
+            total += p
+    shape = probabilities.shape[1:]
+    return weights.reshape(probabilities.shape), n_updates.reshape(shape), remainders.reshape(shape)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_force_halt_equals_graves_and_changes_only_positions_at_max_steps(seed):
+    probabilities = exact_probabilities(5, (3, 7), seed) / 2  # small (still exact sums): some reach the last step
+    state, weights = run_rule(probabilities, force_halt_at_last=True)
+    expected_weights, expected_n, expected_r = graves_rule(probabilities, THRESHOLD)
+    torch.testing.assert_close(weights, expected_weights, rtol=0, atol=1e-6)
+    torch.testing.assert_close(state.n_updates, expected_n)
+    torch.testing.assert_close(state.remainders, expected_r, rtol=0, atol=1e-6)
+    torch.testing.assert_close(weights.sum(0), torch.ones(3, 7))  # every position, those at max steps too
+    torch.testing.assert_close(state.ponder_time, expected_n + expected_r, rtol=0, atol=1e-6)
+    assert state.halted.all()
+    t2t_state, t2t_weights = run_rule(probabilities)
+    at_max = ~t2t_state.halted
+    assert at_max.any() and (~at_max).any(), "the test needs positions that halt before and at the last step"
+    torch.testing.assert_close(weights[:, ~at_max], t2t_weights[:, ~at_max], rtol=0, atol=0)
+    assert (t2t_weights.sum(0)[at_max] < 1).all() and (t2t_state.remainders[at_max] == 0).all()
+    assert (state.remainders[at_max] > 0).all()
 
 
 def test_halted_positions_get_no_weight_and_padding_never_runs():

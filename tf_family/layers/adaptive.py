@@ -5,8 +5,9 @@ The vocabulary is cut into clusters at ``cutoffs`` (frequent tokens first); clus
 ``d_embed // div_val**i`` and a projection to ``d_model``. With ``div_val == 1`` one matrix covers the whole
 vocabulary (projected only when ``d_embed != d_model``). Parameter names follow transformers 4.x
 ``TransfoXLLMHeadModel`` after tf_family's key rules (``layers`` / ``out_layers``, ``projections``,
-``cluster_weight`` / ``cluster_bias``), so checkpoints convert key by key. `AdaptiveTokenEmbeddingsMixin` gives the
-models that use them ``resize_token_embeddings`` (and PEFT's view of the token embedding).
+``cluster_weight`` / ``cluster_bias``), so checkpoints convert key by key. The models that use them call
+`resize_adaptive_token_embeddings` from their ``resize_token_embeddings`` and `adaptive_embeddings_view` for PEFT's
+view of the token embedding.
 """
 
 from __future__ import annotations
@@ -248,46 +249,48 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return tied
 
 
-class AdaptiveTokenEmbeddingsMixin:
-    """``resize_token_embeddings`` for the models whose input embeddings are an `AdaptiveEmbedding`
-    and whose ``lm_head``, when they have one, is a `ProjectedAdaptiveLogSoftmax` (Transformer-XL, Compressive,
-    Memorizing). transformers' own resizing needs one embedding matrix; here the last cluster of both is resized
-    (`AdaptiveEmbedding.resize`), the cutoffs stay, and tied weights are tied again."""
-
-    def resize_token_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Module:
-        """Resize the vocabulary to ``new_num_tokens`` (rounded up to ``pad_to_multiple_of``) and return the input
-        embeddings. New rows are drawn as ``_init_weights`` draws them (transformers' ``mean_resizing`` fits one
-        embedding matrix; it does not apply to clustered embeddings). A size at or below the last cutoff raises a
-        `ValueError` (the adaptive layout cannot shrink into its frequent-token clusters)."""
-        embeddings = self.get_input_embeddings()
-        if new_num_tokens is None and pad_to_multiple_of is None:
-            return embeddings
-        new_num_tokens = embeddings.bounds[-1] if new_num_tokens is None else new_num_tokens
-        if pad_to_multiple_of is not None:
-            if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
-                raise ValueError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of!r}.")
-            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
-        embeddings.resize(new_num_tokens, self._init_weights)
-        head = getattr(self, "lm_head", None)
-        if head is not None:
-            head.resize(new_num_tokens, self._init_weights)
-        self.config.vocab_size = new_num_tokens
-        self.tie_weights()
+def resize_adaptive_token_embeddings(
+    model: nn.Module, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None
+) -> nn.Module:
+    """``resize_token_embeddings`` of a model whose input embeddings are an `AdaptiveEmbedding` and whose
+    ``lm_head``, when it has one, is a `ProjectedAdaptiveLogSoftmax` (the Transformer-XL family; its models' method
+    calls this). transformers' own resizing needs one embedding matrix; here the last cluster of both is resized
+    (`AdaptiveEmbedding.resize`), new rows drawn by ``model._init_weights``, the cutoffs stay, tied weights are tied
+    again. ``new_num_tokens`` is rounded up to ``pad_to_multiple_of``; a size at or below the last cutoff raises a
+    `ValueError` (the adaptive layout cannot shrink into its frequent-token clusters). Returns the input embeddings."""
+    embeddings = model.get_input_embeddings()
+    if new_num_tokens is None and pad_to_multiple_of is None:
         return embeddings
+    new_num_tokens = embeddings.bounds[-1] if new_num_tokens is None else new_num_tokens
+    if pad_to_multiple_of is not None:
+        if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of!r}.")
+        new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+    embeddings.resize(new_num_tokens, model._init_weights)
+    head = getattr(model, "lm_head", None)
+    if head is not None:
+        head.resize(new_num_tokens, model._init_weights)
+    model.config.vocab_size = new_num_tokens
+    model.tie_weights()
+    return embeddings
 
-    @property
-    def embeddings(self) -> nn.Module:
-        """A view whose ``word_embeddings`` is the adaptive input embedding (nothing new is registered or saved).
 
-        PEFT's prompt learning (prompt tuning, P-tuning) looks a model's token embedding up as
-        ``embeddings.word_embeddings``, else as the parameter with ``vocab_size`` rows; clustered embeddings have no
-        such parameter (and with one cluster, that parameter without its projection and scale would embed wrongly),
-        so this is where PEFT finds the whole `AdaptiveEmbedding`."""
-        view = nn.Module()
-        view.word_embeddings = self.base_model.get_input_embeddings()  # (the base model defines it)
-        return view
+def adaptive_embeddings_view(model: nn.Module) -> nn.Module:
+    """A view whose ``word_embeddings`` is ``model``'s adaptive input embedding (nothing new is registered or saved):
+    the family's ``embeddings`` property.
+
+    PEFT's prompt learning (prompt tuning, P-tuning) looks a model's token embedding up as
+    ``embeddings.word_embeddings``, else as the parameter with ``vocab_size`` rows; clustered embeddings have no such
+    parameter (and with one cluster, that parameter without its projection and scale would embed wrongly), so this is
+    where PEFT finds the whole `AdaptiveEmbedding`."""
+    view = nn.Module()
+    view.word_embeddings = model.base_model.get_input_embeddings()  # (the base model defines it)
+    return view
 
 
-__all__ = ["AdaptiveEmbedding", "AdaptiveTokenEmbeddingsMixin", "ProjectedAdaptiveLogSoftmax"]
+__all__ = [
+    "AdaptiveEmbedding",
+    "ProjectedAdaptiveLogSoftmax",
+    "adaptive_embeddings_view",
+    "resize_adaptive_token_embeddings",
+]

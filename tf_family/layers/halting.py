@@ -7,6 +7,11 @@ a position halts at the step where the sum would pass ``threshold = 1 - act_epsi
 *remainder* ``R = 1 - (sum so far)`` instead of ``p``, so the weights of a halted position sum to one. ``N`` counts the
 steps a position took (the halting step included); the ponder cost is ``N + R`` (``rho`` in Graves 2016).
 
+At the maximum step the two references differ: Graves 2016 halts every position still running there, with its
+remainder (``halting_step(..., force_halt=True)``), so every position's weights sum to one and ``R`` (hence the ponder
+cost's gradient) exists for every position; tensor2tensor's loop just stops, leaving such a position ``R = 0``, weights
+summing to less than one and no ponder-cost gradient to its halting unit.
+
 A halted position is marked in a boolean mask; tensor2tensor tests ``halting_probability < 1.0``, which is the same
 test, since the sum ``h + (1 - h)`` of a halting position rounds to exactly one in float32 (the probabilities are
 computed in float32 whatever the model's dtype). ``tests/layers/test_halting.py`` runs tensor2tensor's rule,
@@ -56,7 +61,7 @@ class HaltingState:
 
 
 def halting_step(
-    state: HaltingState, probability: torch.Tensor, threshold: float
+    state: HaltingState, probability: torch.Tensor, threshold: float, force_halt: bool = False
 ) -> tuple[HaltingState, torch.Tensor]:
     """One step of the ACT rule: the new state and the ``(B, T)`` weight of this step's transformed state.
 
@@ -67,11 +72,19 @@ def halting_step(
         state: the state after the previous steps.
         probability: ``(B, T)`` halting probabilities ``p`` of this step (a sigmoid's output).
         threshold: ``1 - act_epsilon``.
+        force_halt: every position still running halts at this step, with its remainder ``R = 1 - h`` as the weight
+            (Graves 2016, eq. 3: ``N(t) = min(max steps, first step past the threshold)``); pass it at the last
+            step. Without it a position that never passes the threshold ends with ``R = 0`` and weights that sum to
+            less than one (tensor2tensor's loop just stops).
     """
     was_running = state.running.to(probability.dtype)
     reached = state.halting_probability + probability * was_running
-    new_halted = (reached > threshold).to(probability.dtype) * was_running
-    still_running = (reached <= threshold).to(probability.dtype) * was_running
+    if force_halt:
+        new_halted = was_running
+        still_running = torch.zeros_like(was_running)
+    else:
+        new_halted = (reached > threshold).to(probability.dtype) * was_running
+        still_running = (reached <= threshold).to(probability.dtype) * was_running
     halting_probability = state.halting_probability + probability * still_running
     remainders = state.remainders + new_halted * (1 - halting_probability)
     weights = probability * still_running + new_halted * (1 - halting_probability)

@@ -38,9 +38,8 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import ModelOutput
 
-from .fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from .losses import NumItems, cross_entropy, divide_by_num_items
-from .utils import Dropout, accepts_past_key_values, build_activation, find_first_real_token
+from .utils import Dropout, build_activation, find_first_real_token
 from .validation import check_class_labels, check_sequence_labels, check_span_positions, check_tensor
 
 
@@ -438,114 +437,27 @@ class GenericForMultipleChoice(_Head):
         return cross_entropy(logits, labels.view(-1), num_items_in_batch)
 
 
-class MemoryGenerationMixin:
-    """`generate()` support for the language models that carry a memory object as ``mems`` (the Transformer-XL
-    family and the Compressive Transformer): the memory is the generation cache (``cache``, ``past_key_values``
-    before transformers 5.24), with only the newest token fed once it exists, and reordered for beam search with
-    its ``index_select``."""
-
-    @accepts_past_key_values
-    def prepare_inputs_for_generation(
-        self,
-        input_ids: torch.LongTensor,
-        cache=None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> dict:
-        """With a memory only the newest token is fed (the rest is in the memory, which the model reads and
-        updates); without one (first step, or no memory kept) the whole prefix is read."""
-        model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
-        if cache is not None:
-            model_inputs["input_ids"] = input_ids[:, -1:]
-            model_inputs["mems"] = cache
-        elif inputs_embeds is not None and kwargs.get("is_first_iteration", True):
-            model_inputs["inputs_embeds"] = inputs_embeds
-        else:
-            model_inputs["input_ids"] = input_ids
-        return model_inputs
-
-    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
-        """transformers carries the cache from ``outputs.cache``; these models return their memory as ``mems``."""
-        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
-        if getattr(outputs, "mems", None) is not None:
-            model_kwargs["cache"] = outputs.mems
-        return model_kwargs
-
-    def _reorder_cache(self, mems, beam_idx: torch.Tensor):
-        return mems.index_select(beam_idx)
-
-
-class SegmentRecurrentForCausalLM(FusedLMHeadMixin, MemoryGenerationMixin):
-    """The causal-LM head of the Transformer-XL family (Transformer-XL, the Memorizing Transformer): the base model
-    under ``transformer`` carries its memory as ``mems`` (an object with ``index_select``), and ``lm_head`` is a
-    `ProjectedAdaptiveLogSoftmax`. Gives `forward`, `prepare_inputs_for_generation` and `_reorder_cache`; the model
-    sets ``causal_lm_output_class`` and lists this mixin before its ``PreTrainedModel`` and `GenerationMixin`."""
-
-    causal_lm_output_class: type[ModelOutput]
-
-    @answers_fused_lm_head
-    @accepts_past_key_values
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        mems=None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        reset_mems: torch.Tensor | None = None,
-        cache=None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        num_items_in_batch: NumItems = None,
-        **kwargs,
-    ):
-        r"""transformers' language-model signature (`generate` and `Trainer` pass these by name), hence more than ~6
-        parameters.
-
-        Args:
-            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
-                (the shift happens inside), ``-100`` is ignored. With ``num_items_in_batch`` (`Trainer`: the counted
-                ``labels[:, 1:]`` of the accumulated batch) the loss is the sum over it. With an adaptive softmax (non-empty `cutoffs`) the
-                full `logits` are not computed when labels are given, only the losses.
-            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
-            Other arguments: see the base model's `forward` (``mems``: the memory returned for the previous
-                segment; ``reset_mems``: ``(B,)`` bool, rows that start a new document).
-        """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if mems is None:
-            mems = cache
-        outputs = self.transformer(
-            input_ids=input_ids,
-            mems=mems,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            reset_mems=reset_mems,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        self._check_lm_labels(labels, *outputs.last_hidden_state.shape[:2])
-        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels, num_items_in_batch)
-        output = self.causal_lm_output_class(
-            loss=loss,
-            logits=logits,
-            losses=losses,
-            mems=outputs.mems,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        output = self._add_auxiliary_losses(output, labels, num_items_in_batch)
-        return output if return_dict else output.to_tuple()
-
-    def _add_auxiliary_losses(self, output: ModelOutput, labels: torch.Tensor | None, num_items_in_batch: NumItems):
-        """A model's own terms of the loss (Transformer-XL's adaptive-span penalty), added to ``output.loss`` and
-        reported in their own fields; none here."""
-        return output
+def memory_generation_inputs(
+    input_ids: torch.LongTensor,
+    cache,
+    attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    use_cache: bool | None,
+    is_first_iteration: bool = True,
+) -> dict:
+    """``prepare_inputs_for_generation`` of a language model that carries a memory object as ``mems`` (the
+    Transformer-XL family): the memory is the generation cache, so once it exists only the newest token is fed (the
+    rest is in the memory, which the model reads and updates); without one (first step, or no memory kept) the whole
+    prefix is read."""
+    model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
+    if cache is not None:
+        model_inputs["input_ids"] = input_ids[:, -1:]
+        model_inputs["mems"] = cache
+    elif inputs_embeds is not None and is_first_iteration:
+        model_inputs["inputs_embeds"] = inputs_embeds
+    else:
+        model_inputs["input_ids"] = input_ids
+    return model_inputs
 
 
 __all__ = [
@@ -557,9 +469,8 @@ __all__ = [
     "GenericForSequenceClassification",
     "GenericForTokenClassification",
     "LMPredictionHead",
-    "MemoryGenerationMixin",
-    "SegmentRecurrentForCausalLM",
     "classifier_dropout",
+    "memory_generation_inputs",
     "question_answering_output",
     "sequence_classification_loss",
     "span_loss",

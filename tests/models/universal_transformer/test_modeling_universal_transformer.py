@@ -2,6 +2,8 @@
 ``universal_transformer_act`` (transcribed in tests/layers/test_halting.py) with the model's own modules, the ponder
 outputs and loss, the per-step key/value cache, the attention backends and the input checks."""
 
+import copy
+
 import pytest
 import torch
 
@@ -22,14 +24,21 @@ def make_config(**overrides) -> TffUniversalTransformerConfig:
     return get_arch("universal_transformer").tiny_config(**{"act_max_steps": 6, **overrides})
 
 
-def varied_halting(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Halting weights large enough that positions halt at different steps (the fresh init halts all at step 2)."""
+def varied_halting(model: torch.nn.Module, seed: int = 0, scale: float = 0.3, bias: float = -3.0) -> torch.nn.Module:
+    """Halting weights large enough that positions halt at different steps (the fresh init halts all at step 2);
+    `reaching_max_steps`: some positions are also still running at ``act_max_steps``."""
     generator = torch.Generator().manual_seed(seed)
     unit = model.get_submodule("transformer.halting" if hasattr(model, "transformer") else "halting")
     with torch.no_grad():
-        unit.linear.weight.copy_(torch.randn(unit.linear.weight.shape, generator=generator) * 0.3)
-        unit.linear.bias.fill_(-3.0)
+        unit.linear.weight.copy_(torch.randn(unit.linear.weight.shape, generator=generator) * scale)
+        unit.linear.bias.fill_(bias)
     return model.eval()
+
+
+def reaching_max_steps(model: torch.nn.Module) -> torch.nn.Module:
+    """`varied_halting` where about a third of the positions of `ids` never pass the threshold (checked in the
+    tests that use it)."""
+    return varied_halting(model, scale=0.1, bias=-4.0)
 
 
 def ids(batch: int = 2, length: int = 9, seed: int = 0) -> torch.Tensor:
@@ -53,15 +62,18 @@ def test_allowed_mask_rows_are_never_empty():
     assert allowed[0, 3].tolist() == [False, False, True, True]
 
 
+@pytest.mark.parametrize("graves", [False, True])
 @pytest.mark.parametrize("act_type", ["basic", "accumulated"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_model_equals_tensor2tensor_loop(act_type, causal):
+def test_model_equals_tensor2tensor_loop(act_type, causal, graves):
     """tensor2tensor's loop with the model's halting unit, timing signals and blocks equals the model: the unweighted
     state feeds the next step, halted positions are still computed and still serve as keys, the timing signals are
-    added at every step, the weighted state is the output."""
+    added at every step, the weighted state is the output. ``graves``: with ``act_force_halt_at_max_steps`` (the
+    default) the positions still running at the last step halt there with their remainder; without, tensor2tensor's
+    loop exactly."""
     torch.manual_seed(0)
-    config = make_config(act_type=act_type, causal=causal, layers_per_step=2)
-    model = varied_halting(TffUniversalTransformerModel(config))
+    config = make_config(act_type=act_type, causal=causal, layers_per_step=2, act_force_halt_at_max_steps=graves)
+    model = reaching_max_steps(TffUniversalTransformerModel(config))
     input_ids = ids()
     with torch.no_grad():
         outputs = model(input_ids, use_cache=False)
@@ -84,8 +96,12 @@ def test_model_equals_tensor2tensor_loop(act_type, causal):
             config.act_max_steps,
             config.act_threshold,
             act_type,
+            graves=graves,
         )
     assert len(set(n_updates.flatten().tolist())) > 1, "positions should halt at different steps"
+    # the rule that differs: positions still running at act_max_steps halt there with R > 0 (Graves) or stop with R = 0
+    assert (n_updates == config.act_max_steps).any(), "the test needs positions that reach act_max_steps"
+    assert bool((remainders == 0).any()) != graves
     torch.testing.assert_close(outputs.last_hidden_state, model.final_layer_norm(expected), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outputs.ponder_steps, n_updates)
     torch.testing.assert_close(outputs.remainders, remainders)
@@ -112,6 +128,25 @@ def test_fresh_model_starts_at_act_halting_bias_init(model_class):
         .max()
         == 0
     )
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [TffUniversalTransformerModel, TffUniversalTransformerForCausalLM, TffUniversalTransformerForMaskedLM],
+)
+def test_word_embeddings_start_at_tensor2tensors_scale(model_class):
+    """tensor2tensor's symbol modality starts the embeddings at std d^-0.5, so scaled by sqrt(d) they enter the loop
+    at unit variance, as large as the timing signals; at std initializer_range (0.02) they entered at 0.16 (d=64)
+    and a fixed-depth UT learned the copy task half as well (bench/results/universal_transformer_act.md). The tied
+    LM heads keep that init (their decoder is the same tensor)."""
+    torch.manual_seed(0)
+    config = make_config(hidden_size=64, num_attention_heads=4, vocab_size=512)
+    model = model_class(config)
+    embeddings = model.get_input_embeddings().weight
+    assert embeddings[1:].std().item() == pytest.approx(64**-0.5, rel=0.05)
+    assert (embeddings[1:] * 64**0.5).std().item() == pytest.approx(1.0, rel=0.05)
+    if model_class is not TffUniversalTransformerModel:
+        assert model.get_output_embeddings().weight is embeddings
 
 
 def test_embeddings_enter_scaled_by_sqrt_depth():
@@ -165,6 +200,37 @@ def test_ponder_cost_under_gradient_accumulation_is_weighted_by_the_calls_share(
         model.config.act_loss_weight = 0.0
         token_sum = model(input_ids, labels=labels, num_items_in_batch=1).loss
     torch.testing.assert_close(outputs.loss, token_sum / (3 * counted) + 0.01 * outputs.ponder_cost / 3)
+
+
+def test_forced_halt_changes_only_positions_at_max_steps_and_trains_their_halting():
+    """Graves's halt at act_max_steps (the default) against tensor2tensor's (``act_force_halt_at_max_steps=False``):
+    the same outputs where a position halts earlier, a remainder and a different output where it reaches the last
+    step; and a model that never halts gets a ponder-cost gradient to its halting unit only with the forced halt
+    (tensor2tensor's ``N + 0`` is a count)."""
+    torch.manual_seed(0)
+    graves = reaching_max_steps(TffUniversalTransformerForMaskedLM(make_config(act_type="accumulated")))
+    t2t = copy.deepcopy(graves)
+    t2t.config.act_force_halt_at_max_steps = False
+    input_ids = ids()
+    with torch.no_grad():
+        forced, stopped = graves(input_ids), t2t(input_ids)
+    at_max = stopped.remainders == 0  # still running at the last step (the others halted by the threshold)
+    assert at_max.any() and (~at_max).any()
+    torch.testing.assert_close(forced.logits[~at_max], stopped.logits[~at_max])
+    assert (forced.logits[at_max] - stopped.logits[at_max]).abs().amax(-1).min() > 1e-4
+    torch.testing.assert_close(forced.remainders[~at_max], stopped.remainders[~at_max])
+    assert (forced.remainders[at_max] > 0).all() and (stopped.remainders[at_max] == 0).all()
+    torch.testing.assert_close(forced.ponder_cost, (forced.ponder_steps + forced.remainders).mean())
+
+    for force, expect_gradient in ((True, True), (False, False)):
+        model = TffUniversalTransformerModel(
+            make_config(act_halting_bias_init=-10.0, act_force_halt_at_max_steps=force)
+        )
+        outputs = model(input_ids)
+        assert (outputs.ponder_steps == model.config.act_max_steps).all()  # nothing halts by itself
+        outputs.ponder_cost.backward()
+        gradient = model.halting.linear.bias.grad
+        assert (gradient is not None and bool(gradient.abs().sum() > 0)) == expect_gradient
 
 
 def test_classifier_returns_ponder_steps():
@@ -236,6 +302,7 @@ def test_attentions_and_hidden_states_per_step():
         ({"act_type": "graves"}, "act_type"),
         ({"hidden_size": 30, "num_attention_heads": 4}, "num_attention_heads"),
         ({"act_loss_weight": -1.0}, "act_loss_weight"),
+        ({"act_force_halt_at_max_steps": "yes"}, "act_force_halt_at_max_steps"),
     ],
 )
 def test_config_errors_name_the_field(overrides, message):

@@ -44,7 +44,17 @@ from transformers.utils import logging
 
 from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
-from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
+from ...layers.adaptive import adaptive_embeddings_view, resize_adaptive_token_embeddings
+from ...layers.xl_scaffold import (
+    adaptive_tied_weights_keys,
+    build_adaptive_embedding,
+    build_adaptive_softmax,
+    build_segment_masks,
+    check_memory_batch,
+    init_xl_weights,
+    output_flags,
+    relative_attention_inputs,
+)
 from ...memory import (
     CompressiveMemory,
     SegmentMemory,
@@ -55,7 +65,7 @@ from ...memory import (
     dilated_conv_layers,
 )
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from ...modeling.heads import MemoryGenerationMixin
+from ...modeling.heads import memory_generation_inputs
 from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share
 from ...modeling.outputs import CompressiveCausalLMOutput, CompressiveModelOutput
 from ...modeling.remote_code_mixin import RemoteCodeMixin
@@ -106,16 +116,46 @@ class TffCompressiveCompression(nn.Module):
         return conv_transpose_decompress(compressed, self.rate, self.decoder.weight, self.decoder.bias)
 
 
-class TffCompressivePreTrainedModel(
-    XLPreTrainedMixin, InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
-):
-    """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`), with the
-    compression kernels drawn as linear layers."""
+class TffCompressivePreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+    """Flags and weights initialisation (`tf_family.layers.xl_scaffold.init_xl_weights`, the compression kernels
+    drawn as linear layers), and the resizing of the adaptive embeddings."""
 
     config_class = TffCompressiveConfig
     config: TffCompressiveConfig
+    base_model_prefix = "transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["RelativeDecoderLayer"]
+    _supports_sdpa = True
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
     carried_state = "compressive_memory"  # a CompressiveMemory, passed as `mems` and returned
-    _normal_init_modules = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        normal_modules = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
+        init_xl_weights(module, self.config.init_std, self.config.proj_init_std, normal_modules)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel._supports_default_dynamic_cache with TransfoXL->Compressive
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The recurrence state is a memory object returned as `mems`, not a transformers Cache.
+        return False
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel.resize_token_embeddings with TransfoXL->Compressive
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Module:
+        """Resize the vocabulary's last cluster (`resize_adaptive_token_embeddings`; transformers' ``mean_resizing``
+        fits one embedding matrix and does not apply to clustered embeddings)."""
+        return resize_adaptive_token_embeddings(self, new_num_tokens, pad_to_multiple_of)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel.embeddings with TransfoXL->Compressive
+    @property
+    def embeddings(self) -> nn.Module:
+        """The adaptive input embedding as ``embeddings.word_embeddings``, where PEFT's prompt learning looks
+        (`adaptive_embeddings_view`)."""
+        return adaptive_embeddings_view(self)
 
 
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> CompressiveMemory | None:
@@ -151,15 +191,30 @@ def _usage(probs: torch.Tensor, allowed: torch.Tensor, compressed_length: int) -
     return torch.stack([received, seen_by], dim=-1)  # (B, M + T, 2)
 
 
-class TffCompressiveModel(XLStackMixin, TffCompressivePreTrainedModel):
+class TffCompressiveModel(TffCompressivePreTrainedModel):
     """The Compressive Transformer decoder stack: last hidden state, both updated memories, auxiliary losses."""
 
     def __init__(self, config: TffCompressiveConfig):
         super().__init__(config)
-        self._build_stack(config, [RelativeDecoderLayer.from_config(config) for _ in range(config.n_layer)])
+        layers = [RelativeDecoderLayer.from_config(config) for _ in range(config.n_layer)]  # drawn first
+        self.word_embeddings = build_adaptive_embedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(layers)
+        if not config.untie_r:  # u, v shared by all layers
+            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.gradient_checkpointing = False
         if config.cmem_len > 0:
             self.compression = nn.ModuleList(TffCompressiveCompression(config) for _ in range(config.n_layer))
         self.post_init()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLModel.get_input_embeddings
+    def get_input_embeddings(self) -> nn.Module:
+        return self.word_embeddings
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLModel.set_input_embeddings
+    def set_input_embeddings(self, new_embeddings: nn.Module):
+        self.word_embeddings = new_embeddings
 
     def _project(self, layer: int, *states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Query, key and value ``(B, H, N, Dh)`` of each of ``states`` with layer ``layer``'s attention weights,
@@ -245,62 +300,94 @@ class TffCompressiveModel(XLStackMixin, TffCompressivePreTrainedModel):
                 ``self.training``). They exist only where the memories are updated (``use_cache``).
         """
         config = self.config
-        flags = self._output_flags(output_attentions, output_hidden_states, use_cache, return_dict)
+        flags = output_flags(config, output_attentions, output_hidden_states, use_cache, return_dict)
         compute_losses = output_compression_loss if output_compression_loss is not None else self.training
-        embeddings = self._embed_segment(input_ids, inputs_embeds, attention_mask, reset_mems)  # (B, T, D)
-        memory = _as_memory(mems, config.n_layer, embeddings.shape[0], config.d_model)
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True, dims=(2, 4))
+        self._check_reset_mems(reset_mems, batch)
+        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
+        memory = _as_memory(mems, config.n_layer, batch, config.d_model)
         if reset_mems is not None and memory is not None:
             memory = memory.reset(reset_mems)
-        masks = self._segment_masks(
+        masks = build_segment_masks(
             embeddings,
             attention_mask,
             None if memory is None else memory.memory.mask,
             None if memory is None else memory.compressed.mask,
+            max_span=config.mem_len if config.same_length else None,
         )
         # most-used compression ranks states by the attention they receive, so it needs the probabilities
         need_usage = flags.use_cache and config.cmem_len > 0 and config.compression == "most_used"
-        inputs = self._attention_inputs(embeddings, masks.allowed, flags.output_attentions or need_usage)
+        inputs = relative_attention_inputs(
+            config,
+            embeddings,
+            masks.allowed,
+            None if config.untie_r else (self.content_bias, self.position_bias),
+            flags.output_attentions or need_usage,
+            dropout=self.dropout if self.training else None,
+        )
         compressed_length = 0 if memory is None else memory.compressed.length
         usages = []
 
-        def call_layer(index: int, layer: nn.Module, hidden: torch.Tensor):
+        hidden = self.dropout(embeddings)  # (B, T, D)
+        layer_inputs, all_hidden, all_attentions = [], (), ()  # the layer inputs are what the memories keep
+        for index, layer in enumerate(self.layers):
+            layer_inputs.append(hidden)
+            if flags.output_hidden_states:
+                all_hidden += (hidden,)
             layer_memory = None  # (B, C + M, D): the attention reads [compressed memory, memory] as its memory
             if memory is not None:
                 layer_memory = torch.cat([memory.compressed.states[index], memory.memory.states[index]], dim=1)
             hidden, probs = layer(hidden, layer_memory, inputs=inputs)
             if need_usage:
                 usages.append(_usage(probs, masks.allowed, compressed_length))
-            return hidden, probs
+            if flags.output_attentions:
+                all_attentions += (probs,)
+        hidden = self.dropout(hidden)
+        if flags.output_hidden_states:
+            all_hidden += (hidden,)
 
-        stack = self._run_layers(embeddings, flags, call_layer)
         new_memory, losses = None, {}
         if flags.use_cache and config.mem_len > 0:
             usage = usages if need_usage else None
-            new_memory, evicted = self._update_memories(
-                memory, stack.layer_inputs, masks.segment, usage, compute_losses
-            )
+            new_memory, evicted = self._update_memories(memory, layer_inputs, masks.segment, usage, compute_losses)
             if compute_losses and config.cmem_len > 0:
-                losses = self._auxiliary_losses(stack.layer_inputs, *evicted)
+                losses = self._auxiliary_losses(layer_inputs, *evicted)
         output = CompressiveModelOutput(
-            last_hidden_state=stack.hidden,
+            last_hidden_state=hidden,
             mems=new_memory,
             **losses,
-            hidden_states=stack.hidden_states,
-            attentions=stack.attentions,
+            hidden_states=all_hidden if flags.output_hidden_states else None,
+            attentions=all_attentions if flags.output_attentions else None,
         )
         return output if flags.return_dict else output.to_tuple()
 
 
-class TffCompressiveLMHeadModel(
-    FusedLMHeadMixin, MemoryGenerationMixin, XLLMHeadMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin
-):
+class TffCompressiveLMHeadModel(FusedLMHeadMixin, TffCompressivePreTrainedModel, ValidatedGenerationMixin):
     """Compressive Transformer with an adaptive (or, with no `cutoffs`, plain) softmax head. `logits` are
     log-probabilities; `loss` is the language-model loss plus the weighted auxiliary losses."""
 
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.__init__ with TransfoXL->Compressive
     def __init__(self, config: TffCompressiveConfig):
         super().__init__(config)
-        self._add_lm_head(config, TffCompressiveModel(config))
+        # transformers infers the loss type from the class name ("...ForCausalLM"); `Trainer` reads it to count
+        # ``labels[:, 1:]`` (the shifted targets) for ``num_items_in_batch``
+        self.loss_type = "ForCausalLM"
+        self.transformer = TffCompressiveModel(config)
+        self.lm_head = build_adaptive_softmax(config)
+        # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
+        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
         self.post_init()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.get_expanded_tied_weights_keys with TransfoXL->Compressive
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
+        projections (`tie_projs`), as in the original code."""
+        return adaptive_tied_weights_keys(self.lm_head, self.transformer.word_embeddings, self.config)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.get_output_embeddings with TransfoXL->Compressive
+    def get_output_embeddings(self):
+        return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
     @answers_fused_lm_head
     @accepts_past_key_values
@@ -372,6 +459,27 @@ class TffCompressiveLMHeadModel(
             attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.prepare_inputs_for_generation with TransfoXL->Compressive
+    @accepts_past_key_values
+    def prepare_inputs_for_generation(
+        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+    ) -> dict:
+        """Once the memory exists only the newest token is fed (`memory_generation_inputs`)."""
+        first = kwargs.get("is_first_iteration", True)
+        return memory_generation_inputs(input_ids, cache, attention_mask, inputs_embeds, use_cache, first)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._update_model_kwargs_for_generation with TransfoXL->Compressive
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
+        """transformers carries the cache from ``outputs.cache``; this model returns its memory as ``mems``."""
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+        if getattr(outputs, "mems", None) is not None:
+            model_kwargs["cache"] = outputs.mems
+        return model_kwargs
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._reorder_cache with TransfoXL->Compressive
+    def _reorder_cache(self, mems, beam_idx: torch.Tensor):
+        return mems.index_select(beam_idx)
 
 
 __all__ = [

@@ -52,7 +52,17 @@ from ...layers import (
     RelativeDecoderLayer,
     RelativeMultiHeadAttention,
 )
-from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, check_memory_batch
+from ...layers.adaptive import adaptive_embeddings_view, resize_adaptive_token_embeddings
+from ...layers.xl_scaffold import (
+    adaptive_tied_weights_keys,
+    build_adaptive_embedding,
+    build_adaptive_softmax,
+    build_segment_masks,
+    check_memory_batch,
+    init_xl_weights,
+    output_flags,
+    relative_attention_inputs,
+)
 from ...memory import (
     Expired,
     KNNMemory,
@@ -63,9 +73,12 @@ from ...memory import (
     fused_knn_attention,
     retrieve,
 )
-from ...modeling.heads import SegmentRecurrentForCausalLM
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.heads import memory_generation_inputs
+from ...modeling.losses import NumItems
 from ...modeling.outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import accepts_past_key_values
 from ...modeling.validation import (
     InputValidationMixin,
     ValidatedGenerationMixin,
@@ -157,38 +170,75 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         return attended, probs[..., :key_length]
 
 
-class TffMemorizingPreTrainedModel(
-    XLPreTrainedMixin, InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
-):
-    """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`), and the
-    kNN layers' gate and scale from the config."""
+class TffMemorizingPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+    """Flags and weights initialisation (`tf_family.layers.xl_scaffold.init_xl_weights`, and the kNN layers' gate
+    and scale from the config), and the resizing of the adaptive embeddings."""
 
     config_class = TffMemorizingConfig
     config: TffMemorizingConfig
-    carried_state = "knn_memory"  # a MemorizingMemory (kNN memory + Transformer-XL memory), passed as `mems`
+    base_model_prefix = "transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
     _no_split_modules = ["RelativeDecoderLayer", "TffMemorizingKNNLayer"]
+    _supports_sdpa = True
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
+    carried_state = "knn_memory"  # a MemorizingMemory (kNN memory + Transformer-XL memory), passed as `mems`
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
-        super()._init_weights(module)
+        init_xl_weights(module, self.config.init_std, self.config.proj_init_std)
         if isinstance(module, TffMemorizingKNNLayer):
             init.constant_(module.knn_scale, self.config.knn_scale_init)
             init.constant_(module.knn_gate, self.config.knn_gate_init)
 
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel._supports_default_dynamic_cache with TransfoXL->Memorizing
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The recurrence state is a memory object returned as `mems`, not a transformers Cache.
+        return False
 
-class TffMemorizingModel(XLStackMixin, TffMemorizingPreTrainedModel):
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel.resize_token_embeddings with TransfoXL->Memorizing
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Module:
+        """Resize the vocabulary's last cluster (`resize_adaptive_token_embeddings`; transformers' ``mean_resizing``
+        fits one embedding matrix and does not apply to clustered embeddings)."""
+        return resize_adaptive_token_embeddings(self, new_num_tokens, pad_to_multiple_of)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel.embeddings with TransfoXL->Memorizing
+    @property
+    def embeddings(self) -> nn.Module:
+        """The adaptive input embedding as ``embeddings.word_embeddings``, where PEFT's prompt learning looks
+        (`adaptive_embeddings_view`)."""
+        return adaptive_embeddings_view(self)
+
+
+class TffMemorizingModel(TffMemorizingPreTrainedModel):
     """The Memorizing Transformer decoder stack: last hidden state and the updated memories."""
-
-    _mask_dims = (2,)  # no 4D attention_mask: what a query may retrieve follows the padding mask
 
     def __init__(self, config: TffMemorizingConfig):
         super().__init__(config)
-        layers = [
+        layers = [  # drawn first, as the weights always were
             TffMemorizingKNNLayer(config) if index in config.knn_layers else RelativeDecoderLayer.from_config(config)
             for index in range(config.n_layer)
         ]
-        self._build_stack(config, layers)
+        self.word_embeddings = build_adaptive_embedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(layers)
+        if not config.untie_r:  # u, v shared by all layers
+            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.gradient_checkpointing = False
         self.post_init()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLModel.get_input_embeddings
+    def get_input_embeddings(self) -> nn.Module:
+        return self.word_embeddings
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLModel.set_input_embeddings
+    def set_input_embeddings(self, new_embeddings: nn.Module):
+        self.word_embeddings = new_embeddings
 
     def empty_memory(
         self,
@@ -240,6 +290,22 @@ class TffMemorizingModel(XLStackMixin, TffMemorizingPreTrainedModel):
             layer, config.knn_faiss_index, nlist=config.knn_faiss_nlist, nprobe=config.knn_faiss_nprobe
         )
 
+    def _knn_layer_inputs(
+        self, knn: KNNMemory, slot: int, memory_allowed: MemoryAllowed, segment_allowed: torch.Tensor | None
+    ) -> KNNLayerInputs:
+        """What the kNN layer ``slot`` (its index among the kNN layers) reads of the kNN memory."""
+        config = self.config
+        return KNNLayerInputs(
+            knn.keys[slot],
+            knn.values[slot],
+            memory_allowed,
+            segment_allowed,
+            config.knn_top_k,
+            config.knn_search,
+            self._faiss_indexes(knn, slot),
+            readers=knn.readers[slot],
+        )
+
     def _knn_masks(
         self, knn: KNNMemory, segment_mask: torch.Tensor, length: int
     ) -> tuple[MemoryAllowed, torch.Tensor | None]:
@@ -289,45 +355,61 @@ class TffMemorizingModel(XLStackMixin, TffMemorizingPreTrainedModel):
             reset_mems: ``(B,)`` bool; rows where it is True forget both memories (a new document starts).
             use_cache: write the kNN memory and return the memories (defaults to ``config.use_cache``).
         """
-        flags = self._output_flags(output_attentions, output_hidden_states, use_cache, return_dict)
-        embeddings = self._embed_segment(input_ids, inputs_embeds, attention_mask, reset_mems)  # (B, T, D)
-        state = self._as_memory(mems, embeddings.shape[0], embeddings.device, embeddings.dtype)
+        config = self.config
+        flags = output_flags(config, output_attentions, output_hidden_states, use_cache, return_dict)
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
+        # no 4D attention_mask: what a query may retrieve follows the padding mask
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True, dims=(2,))
+        self._check_reset_mems(reset_mems, batch)
+        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
+        state = self._as_memory(mems, batch, embeddings.device, embeddings.dtype)
         if reset_mems is not None:
             state = state.reset(reset_mems)
         memory = state.segment
-        masks = self._segment_masks(embeddings, attention_mask, None if memory is None else memory.mask)
-        memory_allowed, segment_allowed = self._knn_masks(state.knn, masks.segment, embeddings.shape[1])
-        inputs = self._attention_inputs(embeddings, masks.allowed, flags.output_attentions)
+        masks = build_segment_masks(
+            embeddings,
+            attention_mask,
+            None if memory is None else memory.mask,
+            max_span=config.mem_len if config.same_length else None,
+        )
+        memory_allowed, segment_allowed = self._knn_masks(state.knn, masks.segment, length)
+        inputs = relative_attention_inputs(
+            config,
+            embeddings,
+            masks.allowed,
+            None if config.untie_r else (self.content_bias, self.position_bias),
+            flags.output_attentions,
+            dropout=self.dropout if self.training else None,
+        )
         written = []  # per kNN layer: the segment's (normalised key, value) pairs to write into the memory
 
-        def call_layer(index: int, layer: nn.Module, hidden: torch.Tensor):
-            layer_memory = None if memory is None else memory.states[index]
-            if not isinstance(layer, TffMemorizingKNNLayer):
-                return layer(hidden, layer_memory, inputs=inputs)
-            config, slot = self.config, len(written)
-            knn = KNNLayerInputs(
-                state.knn.keys[slot],
-                state.knn.values[slot],
-                memory_allowed,
-                segment_allowed,
-                config.knn_top_k,
-                config.knn_search,
-                self._faiss_indexes(state.knn, slot),
-                readers=state.knn.readers[slot],
-            )
-            hidden, probs, pairs = layer(hidden, layer_memory, inputs=inputs, knn=knn)
-            written.append(pairs)
-            return hidden, probs
+        hidden = self.dropout(embeddings)  # (B, T, D)
+        layer_inputs, all_hidden, all_attentions = [], (), ()  # the layer inputs are what the memory keeps
+        for index, layer in enumerate(self.layers):
+            layer_inputs.append(hidden)
+            if flags.output_hidden_states:
+                all_hidden += (hidden,)
+            layer_memory = None if memory is None else memory.states[index]  # (B, M, D)
+            if isinstance(layer, TffMemorizingKNNLayer):
+                knn = self._knn_layer_inputs(state.knn, len(written), memory_allowed, segment_allowed)
+                hidden, probs, pairs = layer(hidden, layer_memory, inputs=inputs, knn=knn)
+                written.append(pairs)
+            else:
+                hidden, probs = layer(hidden, layer_memory, inputs=inputs)
+            if flags.output_attentions:
+                all_attentions += (probs,)
+        hidden = self.dropout(hidden)
+        if flags.output_hidden_states:
+            all_hidden += (hidden,)
 
-        stack = self._run_layers(embeddings, flags, call_layer)
         new_memory = None
         if flags.use_cache:
-            new_memory = self._update_memories(state, stack.layer_inputs, masks.segment, written)
+            new_memory = self._update_memories(state, layer_inputs, masks.segment, written)
         output = MemorizingModelOutput(
-            last_hidden_state=stack.hidden,
+            last_hidden_state=hidden,
             mems=new_memory,
-            hidden_states=stack.hidden_states,
-            attentions=stack.attentions,
+            hidden_states=all_hidden if flags.output_hidden_states else None,
+            attentions=all_attentions if flags.output_attentions else None,
         )
         return output if flags.return_dict else output.to_tuple()
 
@@ -344,17 +426,106 @@ class TffMemorizingModel(XLStackMixin, TffMemorizingPreTrainedModel):
         return MemorizingMemory(segment, knn_memory)
 
 
-class TffMemorizingForCausalLM(
-    SegmentRecurrentForCausalLM, XLLMHeadMixin, TffMemorizingPreTrainedModel, ValidatedGenerationMixin
-):
+class TffMemorizingForCausalLM(FusedLMHeadMixin, TffMemorizingPreTrainedModel, ValidatedGenerationMixin):
     """The Memorizing Transformer with an adaptive softmax language-model head. `logits` are log-probabilities."""
 
-    causal_lm_output_class = MemorizingCausalLMOutput
-
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.__init__ with TransfoXL->Memorizing
     def __init__(self, config: TffMemorizingConfig):
         super().__init__(config)
-        self._add_lm_head(config, TffMemorizingModel(config))
+        # transformers infers the loss type from the class name ("...ForCausalLM"); `Trainer` reads it to count
+        # ``labels[:, 1:]`` (the shifted targets) for ``num_items_in_batch``
+        self.loss_type = "ForCausalLM"
+        self.transformer = TffMemorizingModel(config)
+        self.lm_head = build_adaptive_softmax(config)
+        # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
+        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
         self.post_init()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.get_expanded_tied_weights_keys with TransfoXL->Memorizing
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
+        projections (`tie_projs`), as in the original code."""
+        return adaptive_tied_weights_keys(self.lm_head, self.transformer.word_embeddings, self.config)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.get_output_embeddings with TransfoXL->Memorizing
+    def get_output_embeddings(self):
+        return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
+
+    @answers_fused_lm_head
+    @accepts_past_key_values
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: MemorizingMemory | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        reset_mems: torch.Tensor | None = None,
+        cache: MemorizingMemory | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: NumItems = None,
+        **kwargs,
+    ) -> MemorizingCausalLMOutput | tuple:
+        r"""transformers' language-model signature (`generate` and `Trainer` pass these by name), hence more than ~6
+        parameters.
+
+        Args:
+            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
+                (the shift happens inside), ``-100`` is ignored. With ``num_items_in_batch`` (`Trainer`: the counted
+                ``labels[:, 1:]`` of the accumulated batch) the loss is the sum over it. With an adaptive softmax
+                (non-empty `cutoffs`) the full `logits` are not computed when labels are given, only the losses.
+            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
+            Other arguments: see `TffMemorizingModel.forward`.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if mems is None:
+            mems = cache
+        outputs = self.transformer(
+            input_ids=input_ids,
+            mems=mems,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            reset_mems=reset_mems,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        self._check_lm_labels(labels, *outputs.last_hidden_state.shape[:2])
+        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels, num_items_in_batch)
+        output = MemorizingCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            losses=losses,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.prepare_inputs_for_generation with TransfoXL->Memorizing
+    @accepts_past_key_values
+    def prepare_inputs_for_generation(
+        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+    ) -> dict:
+        """Once the memory exists only the newest token is fed (`memory_generation_inputs`)."""
+        first = kwargs.get("is_first_iteration", True)
+        return memory_generation_inputs(input_ids, cache, attention_mask, inputs_embeds, use_cache, first)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._update_model_kwargs_for_generation with TransfoXL->Memorizing
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
+        """transformers carries the cache from ``outputs.cache``; this model returns its memory as ``mems``."""
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+        if getattr(outputs, "mems", None) is not None:
+            model_kwargs["cache"] = outputs.mems
+        return model_kwargs
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._reorder_cache with TransfoXL->Memorizing
+    def _reorder_cache(self, mems, beam_idx: torch.Tensor):
+        return mems.index_select(beam_idx)
 
     @classmethod
     def from_transfo_xl(cls, pretrained_model_name_or_path: str, **config_overrides) -> TffMemorizingForCausalLM:

@@ -1,44 +1,14 @@
 """Reformer: the efficient transformer (Kitaev, Kaiser & Levskaya 2020, arXiv:2001.04451).
 
-Two residual streams with reversible layers (section 3: ``Y1 = X1 + Attention(X2)``, ``Y2 = X2 + FeedForward(Y1)``),
-so the backward recomputes each layer's activations from its outputs instead of storing them: activation memory
-does not grow with depth. Each layer's attention is LSH attention (shared-QK vectors hashed into buckets, sorted and
-attended chunk by chunk, `tf_family.attention.lsh_attention`) or local chunked attention
-(`tf_family.attention.chunked_local_attention`); an input within one chunk takes the dense path (the same attention,
-chosen per call). Feed-forward and output head can run over position chunks (section 4, "chunking").
+Two residual streams with reversible layers (section 3: ``Y1 = X1 + Attention(X2)``, ``Y2 = X2 + FeedForward(Y1)``):
+the backward recomputes each layer's activations from its outputs, so activation memory does not grow with depth.
+Each layer's attention is LSH attention (shared-QK vectors hashed into buckets, sorted, attended chunk by chunk:
+`tf_family.attention.lsh_attention`) or local chunked attention (`tf_family.attention.chunked_local_attention`); an
+input within one chunk takes the dense path. Feed-forward and output head can run over position chunks (section 4).
 
-Parity reference: transformers 5.24 `ReformerModel`, `ReformerModelWithLMHead`, `ReformerForMaskedLM`,
-`ReformerForSequenceClassification`, `ReformerForQuestionAnswering`
-(`tests/models/reformer/test_parity_reformer.py`; `convert_reformer.py` maps their checkpoints and turns on
-``chunk_wrap_around``, transformers' chunking). Cached generation (`test_generation_parity_reformer.py`): per-step
-logits within 3e-7 of transformers' cached steps for local layers and LSH layers within one chunk; beyond one LSH
-chunk transformers' cached step leaves its own full recomputation (by 0.10-0.24: it hashes only the new token and
-gathers its chunk from that round, unpadded), and ours match that full recomputation within 5e-7 when the LSH layer
-is the last (below other layers, transformers' earlier LSH outputs depend on later tokens; ours do not).
-
-Deviations from transformers' Reformer:
-- the output head has one bias, always applied (transformers 5.23 created ``lm_head.bias`` and never added it;
-  5.24 adds ``lm_head.decoder.bias`` and keeps ``lm_head.bias`` unused; the converter loads the applied one);
-- hashing rotations come from a `torch.Generator` seeded with ``hash_seed`` (config or call), never the global RNG;
-  dropout in the reversible backward is replayed from saved RNG states inside `torch.random.fork_rng`;
-- any length trains (no ``prod(axial_pos_shape) == length`` or chunk-multiple rule; the kernels pad inside),
-  automatic bucket counts are computed per call and never written into the config;
-- without ``chunk_wrap_around`` chunks do not wrap around, rounds stay apart, and a causal model's LSH layers see per
-  round the nearest earlier keys of the query's own bucket (`ChunkPattern.causal_buckets`), not chunks whose bounds
-  later tokens move: no output depends on later tokens (lm-eval's right padding included; automatic bucket counts
-  aside, which follow the length);
-- left padding is moved to the right inside the forward (positions count real tokens), so a left-padded row gives
-  the same outputs as the row alone (with ``chunk_wrap_around`` only while LSH layers fit in one chunk: the first
-  chunk of a round looks back at a last chunk that depends on the batch's padded length); the attention mask is
-  honoured in generation;
-- dropout on axial position encodings is element-wise (transformers drops whole rows);
-- `attentions` (``output_attentions=True``) are dense ``(B, H, T, T)`` probabilities from the dense twins.
-
-Reduced precision: hashing runs in float32, the LSH chunks' attention in float32 (`lsh.lsh_attention`). Bucket
-decisions near a boundary still flip under bfloat16 weights and activations (as under float32 arithmetic on the
-rounded weights), and a flipped decision changes whom a token attends to: with the float32 buckets the bfloat16 logits
-stay within 2 % of float32 (tests/common/tester.py replays them), without them a seed may land further off
-(bench/results/reformer_bf16_error.md).
+Parity: transformers 5.24's Reformer and heads (`tests/models/reformer/test_parity_reformer.py`, cached generation in
+`test_generation_parity_reformer.py`; `convert_reformer.py` maps their checkpoints, ``chunk_wrap_around`` on).
+Deviations from transformers' Reformer and reduced-precision behaviour: ``docs/architectures/reformer.md``.
 
 Config field <-> paper symbol: `lsh_attn_chunk_length` = m, `num_hashes` = n_rounds, `num_buckets` = n_buckets.
 """
@@ -98,14 +68,10 @@ from ...modeling.utils import (
 from ...modeling.validation import (
     InputValidationMixin,
     ValidatedGenerationMixin,
-    check_memory_states,
-    check_positive_int,
-    check_seed,
-    refuse_key_value_cache,
 )
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
-from .tokens_reformer import align_tokens, pad_to_chunk_multiple, roll_rows
+from .tokens_reformer import align_tokens, check_inputs, pad_to_chunk_multiple, roll_rows
 
 logger = logging.get_logger(__name__)
 
@@ -140,12 +106,6 @@ class AbsolutePositionEmbeddings(nn.Module):
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.embedding(position_ids)
-
-
-def rotate_positions(vectors: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary positions (`tf_family.attention.rotary`): ``(B, H, T, Dh)`` vectors rotated pairwise (halves) by
-    angles ``position * base^(-2i/Dh)``."""
-    return apply_rotary(vectors, *rotary_cos_sin(position_ids, vectors.shape[-1], base, vectors.dtype))
 
 
 class TffReformerEmbeddings(nn.Module):
@@ -242,9 +202,11 @@ class TffReformerAttention(nn.Module):
         return tensor.view(*tensor.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
     def _rotary(self, vectors: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Rotary positions (`tf_family.attention.rotary`: pairs of halves, angles ``position * base^(-2i/Dh)``)."""
         if self.config.position_embedding_type != "rotary":
             return vectors
-        return rotate_positions(vectors, position_ids, self.config.rotary_base)
+        cos_sin = rotary_cos_sin(position_ids, vectors.shape[-1], self.config.rotary_base, vectors.dtype)
+        return apply_rotary(vectors, *cos_sin)
 
     def _num_buckets(self, length: int):
         if self.config.num_buckets is not None:
@@ -483,7 +445,8 @@ class TffReformerModel(TffReformerPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
-        _, length = self._check_inputs(
+        _, length = check_inputs(
+            self,
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
@@ -527,40 +490,6 @@ class TffReformerModel(TffReformerPreTrainedModel):
             attentions=all_attentions if output_attentions else None,
         )
         return output if return_dict else output.to_tuple()
-
-    def _check_inputs(
-        self, *, input_ids, inputs_embeds, attention_mask, position_ids, num_hashes, hash_seed, cache, use_cache
-    ) -> tuple[int, int]:
-        """`forward`'s inputs checked once, at the edge; returns ``(B, T)``. Every argument is `forward`'s, by name."""
-        config = self.config
-        batch, length = self._check_token_inputs(input_ids, inputs_embeds)
-        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True)
-        self._check_index_inputs("position_ids", position_ids, batch, length, config.max_positions, "positions")
-        if num_hashes is not None:
-            check_positive_int("num_hashes", num_hashes, maximum=1024)
-        if hash_seed is not None:
-            check_seed("hash_seed", hash_seed)
-        if (cache is not None or use_cache) and not config.causal:
-            raise ValueError("cache / use_cache need a causal model (TffReformerForCausalLM).")
-        if not isinstance(cache, TffReformerCache):
-            refuse_key_value_cache("cache", cache, "Reformer", "the hidden states its LSH attention rehashes")
-        if cache is not None and not isinstance(cache, TffReformerCache):
-            raise TypeError(f"cache must be a TffReformerCache, got {type(cache).__name__}.")
-        cached_rows = getattr(cache, "key_valid", None)
-        if cached_rows is not None and cached_rows.shape[0] != batch:
-            raise ValueError(
-                f"cache holds {cached_rows.shape[0]} rows but the input has {batch}; pass the cache returned "
-                "for this batch, or None."
-            )
-        if cache is not None:
-            check_memory_states("cache", cache.states, config.hidden_size)
-        past = cache.get_seq_length() if cache is not None else 0
-        if attention_mask is not None and attention_mask.shape[1] not in (length, past + length):
-            raise ValueError(
-                f"attention_mask has {attention_mask.shape[1]} columns; expected {length} (the input) or "
-                f"{past + length} (cached positions + input)."
-            )
-        return batch, length
 
     def _layers(self, hidden, inputs: ReformerLayerInputs, output_hidden_states: bool):
         """Run the layers on ``(X1, X2) = (hidden, hidden)``: reversibly when training with gradients (and the input
@@ -867,5 +796,4 @@ __all__ = [
     "TffReformerForSequenceClassification",
     "TffReformerModel",
     "TffReformerPreTrainedModel",
-    "rotate_positions",
 ]

@@ -1,7 +1,8 @@
-"""How a Reformer call's new tokens are laid out before the embeddings read them: left padding moved to the right
-(every row's chunks then start at its first real token, so a left-padded row gives the row's own outputs), positions
-counted over real tokens, and transformers' padding to a chunk multiple (``chunk_wrap_around``). `TffReformerModel`
-calls these in its forward and undoes the roll at the end (`roll_rows` with the negated shift)."""
+"""How a Reformer call's inputs are checked (`check_inputs`) and its new tokens laid out before the embeddings read
+them: left padding moved to the right (every row's chunks then start at its first real token, so a left-padded row
+gives the row's own outputs), positions counted over real tokens, and transformers' padding to a chunk multiple
+(``chunk_wrap_around``). `TffReformerModel` calls these in its forward and undoes the roll at the end (`roll_rows`
+with the negated shift)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import nn
 from transformers.utils import logging
 
 from ...modeling.utils import find_first_real_token
+from ...modeling.validation import check_memory_states, check_positive_int, check_seed, refuse_key_value_cache
 from .cache_reformer import TffReformerCache
 from .configuration_reformer import TffReformerConfig
 
@@ -26,6 +28,43 @@ class ReformerTokens(NamedTuple):
     inputs_embeds: torch.Tensor | None
     valid: torch.Tensor  # bool: real tokens
     position_ids: torch.Tensor | None
+
+
+def check_inputs(
+    model, *, input_ids, inputs_embeds, attention_mask, position_ids, num_hashes, hash_seed, cache, use_cache
+) -> tuple[int, int]:
+    """`TffReformerModel.forward`'s inputs checked once, at the edge (``model``: the model, for its config and
+    `InputValidationMixin` checks); returns ``(B, T)``. Nine parameters: the model and the eight inputs of `forward`
+    it checks, by name."""
+    config = model.config
+    batch, length = model._check_token_inputs(input_ids, inputs_embeds)
+    model._check_mask("attention_mask", attention_mask, batch, length, at_least=True)
+    model._check_index_inputs("position_ids", position_ids, batch, length, config.max_positions, "positions")
+    if num_hashes is not None:
+        check_positive_int("num_hashes", num_hashes, maximum=1024)
+    if hash_seed is not None:
+        check_seed("hash_seed", hash_seed)
+    if (cache is not None or use_cache) and not config.causal:
+        raise ValueError("cache / use_cache need a causal model (TffReformerForCausalLM).")
+    if not isinstance(cache, TffReformerCache):
+        refuse_key_value_cache("cache", cache, "Reformer", "the hidden states its LSH attention rehashes")
+    if cache is not None and not isinstance(cache, TffReformerCache):
+        raise TypeError(f"cache must be a TffReformerCache, got {type(cache).__name__}.")
+    cached_rows = getattr(cache, "key_valid", None)
+    if cached_rows is not None and cached_rows.shape[0] != batch:
+        raise ValueError(
+            f"cache holds {cached_rows.shape[0]} rows but the input has {batch}; pass the cache returned "
+            "for this batch, or None."
+        )
+    if cache is not None:
+        check_memory_states("cache", cache.states, config.hidden_size)
+    past = cache.get_seq_length() if cache is not None else 0
+    if attention_mask is not None and attention_mask.shape[1] not in (length, past + length):
+        raise ValueError(
+            f"attention_mask has {attention_mask.shape[1]} columns; expected {length} (the input) or "
+            f"{past + length} (cached positions + input)."
+        )
+    return batch, length
 
 
 def roll_rows(tensor: torch.Tensor | None, shift: torch.Tensor) -> torch.Tensor | None:

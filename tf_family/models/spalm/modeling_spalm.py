@@ -53,10 +53,20 @@ from transformers.utils import ModelOutput, logging
 
 from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
-from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, as_segment_memory
+from ...layers.adaptive import adaptive_embeddings_view, resize_adaptive_token_embeddings
+from ...layers.xl_scaffold import (
+    adaptive_tied_weights_keys,
+    as_segment_memory,
+    build_adaptive_embedding,
+    build_adaptive_softmax,
+    build_segment_masks,
+    init_xl_weights,
+    output_flags,
+    relative_attention_inputs,
+)
 from ...memory import SegmentMemory
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
-from ...modeling.heads import MemoryGenerationMixin
+from ...modeling.heads import memory_generation_inputs
 from ...modeling.losses import NumItems
 from ...modeling.outputs import MemoryModelOutput
 from ...modeling.remote_code_mixin import RemoteCodeMixin
@@ -100,28 +110,75 @@ class SpalmCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class TffSpalmPreTrainedModel(
-    XLPreTrainedMixin, InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
-):
-    """Flags and weights initialisation: the Transformer-XL family's (the gate ``w_g`` is drawn as a linear layer)."""
+class TffSpalmPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+    """Flags and weights initialisation: the Transformer-XL family's (`tf_family.layers.xl_scaffold.init_xl_weights`;
+    the gate ``w_g`` is drawn as a linear layer), and the resizing of the adaptive embeddings."""
 
     config_class = TffSpalmConfig
     config: TffSpalmConfig
+    base_model_prefix = "transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["RelativeDecoderLayer"]
+    _supports_sdpa = True
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
     carried_state = "segment_memory"  # a SegmentMemory, passed as `mems` and returned
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel._init_weights with TransfoXL->Spalm
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        init_xl_weights(module, self.config.init_std, self.config.proj_init_std)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel._supports_default_dynamic_cache with TransfoXL->Spalm
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The recurrence state is a memory object returned as `mems`, not a transformers Cache.
+        return False
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel.resize_token_embeddings with TransfoXL->Spalm
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Module:
+        """Resize the vocabulary's last cluster (`resize_adaptive_token_embeddings`; transformers' ``mean_resizing``
+        fits one embedding matrix and does not apply to clustered embeddings)."""
+        return resize_adaptive_token_embeddings(self, new_num_tokens, pad_to_multiple_of)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLPreTrainedModel.embeddings with TransfoXL->Spalm
+    @property
+    def embeddings(self) -> nn.Module:
+        """The adaptive input embedding as ``embeddings.word_embeddings``, where PEFT's prompt learning looks
+        (`adaptive_embeddings_view`)."""
+        return adaptive_embeddings_view(self)
 
 
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> SegmentMemory | None:
     return as_segment_memory(mems, "SPALM", num_layers, batch_size, width)
 
 
-class TffSpalmModel(XLStackMixin, TffSpalmPreTrainedModel):
+class TffSpalmModel(TffSpalmPreTrainedModel):
     """The Transformer-XL stack of SPALM: the last hidden state ``h_t`` (read by `retrieval_point`) and the memory."""
 
     def __init__(self, config: TffSpalmConfig):
         super().__init__(config)
-        self._build_stack(config, [RelativeDecoderLayer.from_config(config) for _ in range(config.n_layer)])
+        layers = [RelativeDecoderLayer.from_config(config) for _ in range(config.n_layer)]  # drawn first
+        self.word_embeddings = build_adaptive_embedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(layers)
+        if not config.untie_r:  # u, v shared by all layers
+            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.gradient_checkpointing = False
         self.retrieval_point = nn.Identity()  # its input is h_t: datastore keys and queries are read there
         self.post_init()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLModel.get_input_embeddings
+    def get_input_embeddings(self) -> nn.Module:
+        return self.word_embeddings
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLModel.set_input_embeddings
+    def set_input_embeddings(self, new_embeddings: nn.Module):
+        self.word_embeddings = new_embeddings
 
     def forward(
         self,
@@ -146,27 +203,52 @@ class TffSpalmModel(XLStackMixin, TffSpalmPreTrainedModel):
             reset_mems: ``(B,)`` bool; rows where it is True ignore their memory (a new document starts).
             use_cache: return the updated memory (defaults to ``config.use_cache``).
         """
-        flags = self._output_flags(output_attentions, output_hidden_states, use_cache, return_dict)
-        embeddings = self._embed_segment(input_ids, inputs_embeds, attention_mask, reset_mems)  # (B, T, D)
-        memory = _as_memory(mems, self.config.n_layer, embeddings.shape[0], self.config.d_model)
+        config = self.config
+        flags = output_flags(config, output_attentions, output_hidden_states, use_cache, return_dict)
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True, dims=(2, 4))
+        self._check_reset_mems(reset_mems, batch)
+        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
+        memory = _as_memory(mems, config.n_layer, batch, config.d_model)
         if reset_mems is not None and memory is not None:
             memory = memory.reset(reset_mems)
-        masks = self._segment_masks(embeddings, attention_mask, None if memory is None else memory.mask)
-        inputs = self._attention_inputs(embeddings, masks.allowed, flags.output_attentions)
+        masks = build_segment_masks(
+            embeddings,
+            attention_mask,
+            None if memory is None else memory.mask,
+            max_span=config.mem_len if config.same_length else None,
+        )
+        inputs = relative_attention_inputs(
+            config,
+            embeddings,
+            masks.allowed,
+            None if config.untie_r else (self.content_bias, self.position_bias),
+            flags.output_attentions,
+            dropout=self.dropout if self.training else None,
+        )
 
-        def call_layer(index: int, layer: nn.Module, hidden: torch.Tensor):
-            return layer(hidden, None if memory is None else memory.states[index], inputs=inputs)
+        hidden = self.dropout(embeddings)  # (B, T, D)
+        layer_inputs, all_hidden, all_attentions = [], (), ()  # the layer inputs are what the memory keeps
+        for index, layer in enumerate(self.layers):
+            layer_inputs.append(hidden)
+            if flags.output_hidden_states:
+                all_hidden += (hidden,)
+            hidden, probs = layer(hidden, None if memory is None else memory.states[index], inputs=inputs)
+            if flags.output_attentions:
+                all_attentions += (probs,)
+        hidden = self.dropout(hidden)
+        if flags.output_hidden_states:
+            all_hidden += (hidden,)
 
-        stack = self._run_layers(embeddings, flags, call_layer)
         new_memory = None
         if flags.use_cache:
-            previous = memory if memory is not None else SegmentMemory.empty_like(stack.layer_inputs)
-            new_memory = previous.update(stack.layer_inputs, mem_len=self.config.mem_len, new_mask=masks.segment)
+            previous = memory if memory is not None else SegmentMemory.empty_like(layer_inputs)
+            new_memory = previous.update(layer_inputs, mem_len=config.mem_len, new_mask=masks.segment)
         output = MemoryModelOutput(
-            last_hidden_state=self.retrieval_point(stack.hidden),
+            last_hidden_state=self.retrieval_point(hidden),
             mems=new_memory,
-            hidden_states=stack.hidden_states,
-            attentions=stack.attentions,
+            hidden_states=all_hidden if flags.output_hidden_states else None,
+            attentions=all_attentions if flags.output_attentions else None,
         )
         return output if flags.return_dict else output.to_tuple()
 
@@ -192,9 +274,7 @@ def spalm_mix(
     return (1 - gate) * hidden + gate * long_term, gate.squeeze(-1)
 
 
-class TffSpalmForCausalLM(
-    FusedLMHeadMixin, MemoryGenerationMixin, XLLMHeadMixin, TffSpalmPreTrainedModel, ValidatedGenerationMixin
-):
+class TffSpalmForCausalLM(FusedLMHeadMixin, TffSpalmPreTrainedModel, ValidatedGenerationMixin):
     """SPALM: the Transformer-XL stack, the gate ``w_g`` (``gate``) and a plain softmax head whose weight ``W`` also
     embeds the retrieved tokens. ``logits`` are log-probabilities. The datastore is attached with `set_datastore`
     (or built with `build_datastore`, or loaded by ``from_pretrained``) or passed to ``forward(datastore=...)``."""
@@ -205,11 +285,27 @@ class TffSpalmForCausalLM(
 
     def __init__(self, config: TffSpalmConfig):
         super().__init__(config)
-        self._add_lm_head(config, TffSpalmModel(config))
+        # transformers infers the loss type from the class name ("...ForCausalLM"); `Trainer` reads it to count
+        # ``labels[:, 1:]`` (the shifted targets) for ``num_items_in_batch``
+        self.loss_type = "ForCausalLM"
+        self.transformer = TffSpalmModel(config)
+        self.lm_head = build_adaptive_softmax(config)
+        # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
+        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
         self.gate = nn.Linear(config.d_model, 1, bias=False)  # w_g
         self.datastore: KNNDatastore | None = None
         self._checked_datastores: dict[int, weakref.ref] = {}
         self.post_init()
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.get_expanded_tied_weights_keys with TransfoXL->Spalm
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
+        projections (`tie_projs`), as in the original code."""
+        return adaptive_tied_weights_keys(self.lm_head, self.transformer.word_embeddings, self.config)
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.get_output_embeddings with TransfoXL->Spalm
+    def get_output_embeddings(self):
+        return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
     # ------------------------------------------------------------------------------------------------ datastore
     def build_datastore(
@@ -349,17 +445,24 @@ class TffSpalmForCausalLM(
     def prepare_inputs_for_generation(
         self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
     ) -> dict:
-        """`MemoryGenerationMixin`'s inputs, plus this call's ``datastore`` / ``k`` when `generate` was given them."""
-        inputs = super().prepare_inputs_for_generation(
-            input_ids,
-            cache=cache,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
+        """Once the memory exists only the newest token is fed (`memory_generation_inputs`); this call's
+        ``datastore`` / ``k`` are passed on when `generate` was given them."""
+        first = kwargs.get("is_first_iteration", True)
+        inputs = memory_generation_inputs(input_ids, cache, attention_mask, inputs_embeds, use_cache, first)
         inputs.update({name: kwargs[name] for name in ("datastore", "k") if kwargs.get(name) is not None})
         return inputs
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._update_model_kwargs_for_generation with TransfoXL->Spalm
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
+        """transformers carries the cache from ``outputs.cache``; this model returns its memory as ``mems``."""
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+        if getattr(outputs, "mems", None) is not None:
+            model_kwargs["cache"] = outputs.mems
+        return model_kwargs
+
+    # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._reorder_cache with TransfoXL->Spalm
+    def _reorder_cache(self, mems, beam_idx: torch.Tensor):
+        return mems.index_select(beam_idx)
 
     # --------------------------------------------------------------------------------------------- save / load
     def save_pretrained(self, save_directory: str | os.PathLike, *args, save_datastore: bool | None = None, **kwargs):

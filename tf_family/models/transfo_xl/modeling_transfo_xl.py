@@ -35,14 +35,26 @@ from transformers.utils import logging
 from ...attention.adaptive_span import span_key_limit
 from ...conversion import FromPretrainedMixin
 from ...layers import PositionwiseFeedForward, RelativeDecoderLayer, RelativeMultiHeadAttention
+from ...layers.adaptive import adaptive_embeddings_view, resize_adaptive_token_embeddings
 from ...layers.adaptive_span import AdaptiveSpan, AdaptiveSpanAttention
 from ...layers.gated_residual import GatedRelativeDecoderLayer
-from ...layers.xl_scaffold import XLLMHeadMixin, XLPreTrainedMixin, XLStackMixin, as_segment_memory
+from ...layers.xl_scaffold import (
+    adaptive_tied_weights_keys,
+    as_segment_memory,
+    build_adaptive_embedding,
+    build_adaptive_softmax,
+    build_segment_masks,
+    init_xl_weights,
+    output_flags,
+    relative_attention_inputs,
+)
 from ...memory import SegmentMemory
-from ...modeling.heads import SegmentRecurrentForCausalLM, sequence_classification_loss
+from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.heads import memory_generation_inputs, sequence_classification_loss
 from ...modeling.losses import IGNORE_INDEX, NumItems, item_mean
 from ...modeling.outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.utils import accepts_past_key_values
 from ...modeling.validation import (
     InputValidationMixin,
     ValidatedGenerationMixin,
@@ -60,37 +72,77 @@ class TransfoXLCausalLMOutput(MemoryCausalLMOutput):
     span_loss: torch.FloatTensor | None = None
 
 
-class TffTransfoXLPreTrainedModel(
-    XLPreTrainedMixin, InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
-):
-    """Flags and weights initialisation: the family's (`tf_family.layers.xl_scaffold.XLPreTrainedMixin`)."""
+class TffTransfoXLPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+    """Flags and weights initialisation (`tf_family.layers.xl_scaffold.init_xl_weights`), and the resizing of the
+    adaptive embeddings (`tf_family.layers.adaptive.resize_adaptive_token_embeddings`)."""
 
     config_class = TffTransfoXLConfig
     config: TffTransfoXLConfig
-    carried_state = "segment_memory"  # a SegmentMemory, passed as `mems` and returned
+    base_model_prefix = "transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
     _no_split_modules = ["RelativeDecoderLayer", "GatedRelativeDecoderLayer"]
+    _supports_sdpa = True
+    # the attention reads config._attn_implementation at every call, so switching it later is safe
+    _can_set_attn_implementation_cached_value = True
+    carried_state = "segment_memory"  # a SegmentMemory, passed as `mems` and returned
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        init_xl_weights(module, self.config.init_std, self.config.proj_init_std)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The recurrence state is a memory object returned as `mems`, not a transformers Cache.
+        return False
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Module:
+        """Resize the vocabulary's last cluster (`resize_adaptive_token_embeddings`; transformers' ``mean_resizing``
+        fits one embedding matrix and does not apply to clustered embeddings)."""
+        return resize_adaptive_token_embeddings(self, new_num_tokens, pad_to_multiple_of)
+
+    @property
+    def embeddings(self) -> nn.Module:
+        """The adaptive input embedding as ``embeddings.word_embeddings``, where PEFT's prompt learning looks
+        (`adaptive_embeddings_view`)."""
+        return adaptive_embeddings_view(self)
 
 
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> SegmentMemory | None:
     return as_segment_memory(mems, "Transformer-XL", num_layers, batch_size, width)
 
 
-class TffTransfoXLModel(XLStackMixin, TffTransfoXLPreTrainedModel):
+def _build_layer(config: TffTransfoXLConfig) -> nn.Module:
+    # adaptive span: each head learns its span; GTrXL (gating="gru"): gated residuals in place of the residuals
+    attention_class = AdaptiveSpanAttention if config.adaptive_span else RelativeMultiHeadAttention
+    attention, feed_forward = attention_class.from_config(config), PositionwiseFeedForward.from_config(config)
+    if config.gating == "gru":
+        return GatedRelativeDecoderLayer(attention, feed_forward, config.gate_bias)
+    return RelativeDecoderLayer(attention, feed_forward)
+
+
+class TffTransfoXLModel(TffTransfoXLPreTrainedModel):
     """The Transformer-XL decoder stack, returning the last hidden state and the updated memory."""
 
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
-        self._build_stack(config, [self._build_layer(config) for _ in range(config.n_layer)])
+        layers = [_build_layer(config) for _ in range(config.n_layer)]  # drawn first, as the weights always were
+        self.word_embeddings = build_adaptive_embedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(layers)
+        if not config.untie_r:  # u, v shared by all layers
+            self.content_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.position_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.gradient_checkpointing = False
         self.post_init()
 
-    @staticmethod
-    def _build_layer(config: TffTransfoXLConfig) -> nn.Module:
-        # adaptive span: each head learns its span; GTrXL (gating="gru"): gated residuals in place of the residuals
-        attention_class = AdaptiveSpanAttention if config.adaptive_span else RelativeMultiHeadAttention
-        attention, feed_forward = attention_class.from_config(config), PositionwiseFeedForward.from_config(config)
-        if config.gating == "gru":
-            return GatedRelativeDecoderLayer(attention, feed_forward, config.gate_bias)
-        return RelativeDecoderLayer(attention, feed_forward)
+    def get_input_embeddings(self) -> nn.Module:
+        return self.word_embeddings
+
+    def set_input_embeddings(self, new_embeddings: nn.Module):
+        self.word_embeddings = new_embeddings
 
     def adaptive_spans(self) -> list[AdaptiveSpan]:
         """The layers' `AdaptiveSpan` modules (empty without ``adaptive_span``)."""
@@ -141,59 +193,163 @@ class TffTransfoXLModel(XLStackMixin, TffTransfoXLPreTrainedModel):
             reset_mems: ``(B,)`` bool; rows where it is True ignore their memory (a new document starts).
             use_cache: return the updated memory (defaults to ``config.use_cache``).
         """
-        flags = self._output_flags(output_attentions, output_hidden_states, use_cache, return_dict)
-        embeddings = self._embed_segment(input_ids, inputs_embeds, attention_mask, reset_mems)  # (B, T, D)
-        memory = _as_memory(mems, self.config.n_layer, embeddings.shape[0], self.config.d_model)
+        config = self.config
+        flags = output_flags(config, output_attentions, output_hidden_states, use_cache, return_dict)
+        batch, length = self._check_token_inputs(input_ids, inputs_embeds, embedding_width=config.d_model)
+        self._check_mask("attention_mask", attention_mask, batch, length, at_least=True, dims=(2, 4))
+        self._check_reset_mems(reset_mems, batch)
+        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, D)
+        memory = _as_memory(mems, config.n_layer, batch, config.d_model)
         if reset_mems is not None and memory is not None:
             memory = memory.reset(reset_mems)
-        masks = self._segment_masks(embeddings, attention_mask, None if memory is None else memory.mask)
-        inputs = self._attention_inputs(embeddings, masks.allowed, flags.output_attentions)
+        masks = build_segment_masks(
+            embeddings,
+            attention_mask,
+            None if memory is None else memory.mask,
+            max_span=config.mem_len if config.same_length else None,
+        )
+        inputs = relative_attention_inputs(
+            config,
+            embeddings,
+            masks.allowed,
+            None if config.untie_r else (self.content_bias, self.position_bias),
+            flags.output_attentions,
+            dropout=self.dropout if self.training else None,
+        )
         limits = self._span_limits()  # adaptive span: the memory slots each layer's spans reach
 
-        def call_layer(index: int, layer: nn.Module, hidden: torch.Tensor):
+        hidden = self.dropout(embeddings)  # (B, T, D)
+        layer_inputs, all_hidden, all_attentions = [], (), ()  # the layer inputs are what the memory keeps
+        for index, layer in enumerate(self.layers):
+            layer_inputs.append(hidden)
+            if flags.output_hidden_states:
+                all_hidden += (hidden,)
             states = None if memory is None else memory.states[index]  # (B, M, D)
             if limits is not None and states is not None and states.shape[1] > limits[index]:
                 states = states[:, -limits[index] :]  # (B, limit, D): the slots beyond weigh 0
-            return layer(hidden, states, inputs=inputs)
+            hidden, probs = layer(hidden, states, inputs=inputs)
+            if flags.output_attentions:
+                all_attentions += (probs,)
+        hidden = self.dropout(hidden)
+        if flags.output_hidden_states:
+            all_hidden += (hidden,)
 
-        stack = self._run_layers(embeddings, flags, call_layer)
         new_memory = None
         if flags.use_cache:
-            previous = memory if memory is not None else SegmentMemory.empty_like(stack.layer_inputs)
-            mem_len = self.config.mem_len if limits is None else min(self.config.mem_len, max(limits))
-            new_memory = previous.update(stack.layer_inputs, mem_len=mem_len, new_mask=masks.segment)
+            previous = memory if memory is not None else SegmentMemory.empty_like(layer_inputs)
+            mem_len = config.mem_len if limits is None else min(config.mem_len, max(limits))
+            new_memory = previous.update(layer_inputs, mem_len=mem_len, new_mask=masks.segment)
         output = MemoryModelOutput(
-            last_hidden_state=stack.hidden,
+            last_hidden_state=hidden,
             mems=new_memory,
-            hidden_states=stack.hidden_states,
-            attentions=stack.attentions,
+            hidden_states=all_hidden if flags.output_hidden_states else None,
+            attentions=all_attentions if flags.output_attentions else None,
         )
         return output if flags.return_dict else output.to_tuple()
 
 
-class TffTransfoXLLMHeadModel(
-    SegmentRecurrentForCausalLM, XLLMHeadMixin, TffTransfoXLPreTrainedModel, ValidatedGenerationMixin
-):
+class TffTransfoXLLMHeadModel(FusedLMHeadMixin, TffTransfoXLPreTrainedModel, ValidatedGenerationMixin):
     """Transformer-XL with an adaptive softmax language-model head. `logits` are log-probabilities."""
-
-    causal_lm_output_class = TransfoXLCausalLMOutput
 
     def __init__(self, config: TffTransfoXLConfig):
         super().__init__(config)
-        self._add_lm_head(config, TffTransfoXLModel(config))
+        # transformers infers the loss type from the class name ("...ForCausalLM"); `Trainer` reads it to count
+        # ``labels[:, 1:]`` (the shifted targets) for ``num_items_in_batch``
+        self.loss_type = "ForCausalLM"
+        self.transformer = TffTransfoXLModel(config)
+        self.lm_head = build_adaptive_softmax(config)
+        # per instance: which tensors are tied depends on the config (save_pretrained reads this attribute)
+        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
         self.post_init()
 
-    def _add_auxiliary_losses(self, output, labels: torch.Tensor | None, num_items_in_batch: NumItems):
-        """Adaptive span: report ``span_loss`` and, with labels, add it to every predicted token's loss (so that
-        with ``num_items_in_batch`` the accumulated batch counts it once, as it counts the tokens)."""
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """Output layers tie to the input embeddings (`tie_word_embeddings`); tail projections tie to the input
+        projections (`tie_projs`), as in the original code."""
+        return adaptive_tied_weights_keys(self.lm_head, self.transformer.word_embeddings, self.config)
+
+    def get_output_embeddings(self):
+        return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
+
+    @answers_fused_lm_head
+    @accepts_past_key_values
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: SegmentMemory | tuple[torch.Tensor, ...] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        reset_mems: torch.Tensor | None = None,
+        cache: SegmentMemory | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: NumItems = None,
+        **kwargs,
+    ) -> TransfoXLCausalLMOutput | tuple:
+        r"""transformers' language-model signature (`generate` and `Trainer` pass these by name), hence more than ~6
+        parameters.
+
+        Args:
+            labels: ``(B, T)`` token ids, usually ``input_ids``; position ``t`` is predicted from positions ``<= t-1``
+                (the shift happens inside), ``-100`` is ignored. With ``num_items_in_batch`` (`Trainer`: the counted
+                ``labels[:, 1:]`` of the accumulated batch) the loss is the sum over it. With an adaptive softmax
+                (non-empty `cutoffs`) the full `logits` are not computed when labels are given, only the losses.
+                With ``adaptive_span`` the span penalty is added to every predicted token's loss (so that with
+                ``num_items_in_batch`` the accumulated batch counts it once, as it counts the tokens) and reported
+                as ``span_loss``.
+            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
+            Other arguments: see `TffTransfoXLModel.forward`.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if mems is None:
+            mems = cache
+        outputs = self.transformer(
+            input_ids=input_ids,
+            mems=mems,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            reset_mems=reset_mems,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        self._check_lm_labels(labels, *outputs.last_hidden_state.shape[:2])
+        logits, losses, loss = self.lm_head.causal_lm_outputs(outputs.last_hidden_state, labels, num_items_in_batch)
         span_loss = self.transformer.span_loss()
-        if span_loss is None:
-            return output
-        output.span_loss = span_loss
-        if output.loss is not None:
+        if span_loss is not None and loss is not None:
             counted = labels[:, 1:] != IGNORE_INDEX  # (B, T-1)
-            output.loss = output.loss + item_mean(span_loss.expand(counted.shape), counted, num_items_in_batch)
-        return output
+            loss = loss + item_mean(span_loss.expand(counted.shape), counted, num_items_in_batch)
+        output = TransfoXLCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            losses=losses,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            span_loss=span_loss,
+        )
+        return output if return_dict else output.to_tuple()
+
+    @accepts_past_key_values
+    def prepare_inputs_for_generation(
+        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+    ) -> dict:
+        """Once the memory exists only the newest token is fed (`memory_generation_inputs`)."""
+        first = kwargs.get("is_first_iteration", True)
+        return memory_generation_inputs(input_ids, cache, attention_mask, inputs_embeds, use_cache, first)
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
+        """transformers carries the cache from ``outputs.cache``; this model returns its memory as ``mems``."""
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+        if getattr(outputs, "mems", None) is not None:
+            model_kwargs["cache"] = outputs.mems
+        return model_kwargs
+
+    def _reorder_cache(self, mems, beam_idx: torch.Tensor):
+        return mems.index_select(beam_idx)
 
 
 class TffTransfoXLForSequenceClassification(TffTransfoXLPreTrainedModel):

@@ -16,7 +16,8 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
     position and step timing signals added at every step and per-position halting (ACT).
 
     Defaults follow tensor2tensor's ``universal_transformer_base`` with ACT (``recurrence_type="act"``) where it has
-    one: ``act_epsilon`` 0.01, ``act_halting_bias_init`` 1.0, ``act_loss_weight`` 0.01, sinusoid step signals.
+    one: ``act_epsilon`` 0.01, ``act_halting_bias_init`` 1.0, ``act_loss_weight`` 0.01, sinusoid step signals; at the
+    maximum step they follow Graves 2016 (``act_force_halt_at_max_steps``; tensor2tensor's rule is the `False`).
 
     Args:
         vocab_size (`int`, defaults to 32000): number of tokens.
@@ -27,7 +28,15 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
         layers_per_step (`int`, defaults to 1): blocks (attention + transition) applied per recurrent step, with
             their own weights, shared across steps (tensor2tensor's ``num_inrecurrence_layers``).
         act_max_steps (`int`, defaults to 8): the most recurrent steps a position takes (``N`` in Graves 2016;
-            tensor2tensor's ``act_max_steps``). A position still running at this step stops without its remainder.
+            tensor2tensor's ``act_max_steps``). What a position still running at this step gets: see
+            `act_force_halt_at_max_steps`.
+        act_force_halt_at_max_steps (`bool`, defaults to `True`): Graves 2016's rule (eq. 3): a position still running
+            at step `act_max_steps` halts there, that step weighted by its remainder ``R = 1 - sum of the earlier p``,
+            so every position's step weights sum to one and the ponder cost ``N + R`` has a gradient at every
+            position. `False`: tensor2tensor's loop, which just stops: such a position keeps the weight ``p`` at its
+            last step, ``R = 0``, weights summing to less than one, and no ponder-cost gradient to its halting unit
+            (a model that learned never to halt is never pushed back). The two give the same outputs for every
+            position that halts before `act_max_steps`.
         act_epsilon (`float`, defaults to 0.01): a position halts when its summed halting probability passes
             ``1 - act_epsilon`` (``epsilon``).
         act_halting_bias_init (`float`, defaults to 1.0): initial bias of the halting unit (a fresh model halts
@@ -41,7 +50,9 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
             sets it.
         hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and sub-layer outputs.
         attention_probs_dropout_prob (`float`, defaults to 0.1): dropout on attention probabilities.
-        initializer_range (`float`, defaults to 0.02): std of the normal init of linear layers and embeddings.
+        initializer_range (`float`, defaults to 0.02): std of the normal init of linear layers (the word embeddings
+            start at std ``hidden_size ** -0.5``, tensor2tensor's, so that scaled by ``sqrt(hidden_size)`` they have
+            unit variance).
         layer_norm_eps (`float`, defaults to 1e-6): layer norm epsilon (tensor2tensor's).
         pad_token_id (`int`, defaults to 0): the padding token.
         bos_token_id (`int`, *optional*): the beginning-of-sequence token.
@@ -65,6 +76,7 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
     hidden_act: str = "relu"
     layers_per_step: int = 1
     act_max_steps: int = 8
+    act_force_halt_at_max_steps: bool = True
     act_epsilon: float = 0.01
     act_halting_bias_init: float = 1.0
     act_loss_weight: float = 0.01

@@ -7,7 +7,8 @@ to the state, and a halting unit gives each position its halting probability; a 
 ``1 - act_epsilon``, its last step weighted by the remainder (`tf_family.layers.halting`). The *unweighted*
 transformed state feeds the next step -- so a halted position is still computed and still serves as a key for the
 positions that keep running -- and the halting-weighted state is the output. The loop ends when every (real)
-position has halted, or after `act_max_steps`. The ponder cost (mean ``N + R`` over the real positions) is added to
+position has halted, or after `act_max_steps`, where (`act_force_halt_at_max_steps`, Graves 2016) the positions
+still running halt with their remainder. The ponder cost (mean ``N + R`` over the real positions) is added to
 the task loss with weight `act_loss_weight`; every output carries ``ponder_steps`` (``N`` per position),
 ``remainders`` (``R``) and ``ponder_cost``.
 
@@ -27,10 +28,13 @@ Reference: tensor2tensor ``universal_transformer_util.universal_transformer_act`
 tested rule by rule in ``tests/layers/test_halting.py``.
 
 Deviations from tensor2tensor:
+- by default a position still running at `act_max_steps` halts there with its remainder (Graves 2016); tensor2tensor
+  leaves it ``R = 0`` (``act_force_halt_at_max_steps=False`` restores that);
 - padding positions never run (they count as halted from the start) and are left out of the ponder cost;
 - blocks are pre-layer-norm with a final layer norm (tensor2tensor's ``layer_preprocess_sequence="n"``,
   ``layer_postprocess_sequence="da"``); the word embeddings (or ``inputs_embeds``) are scaled by ``sqrt(d)`` as in
-  tensor2tensor (``multiply_embedding_mode="sqrt_depth"``).
+  tensor2tensor (``multiply_embedding_mode="sqrt_depth"``), and the word embeddings start at std ``d^-0.5`` as
+  tensor2tensor's symbol modality starts them (not `initializer_range`), so the scaled embeddings have unit variance.
 
 Config field <-> paper symbol: `act_max_steps` = N (Graves), `act_epsilon` = epsilon, `act_loss_weight` = tau,
 `hidden_size` = d.
@@ -102,7 +106,8 @@ class UniversalTransformerModelOutput(BaseModelOutputWithPast):
 
     Args:
         ponder_steps: ``(B, T)`` steps each position took (``N``; 0 on padding).
-        remainders: ``(B, T)`` the weight of each position's halting step (``R``; 0 where it did not halt).
+        remainders: ``(B, T)`` the weight of each position's halting step (``R``; 0 where it did not halt: only with
+            ``act_force_halt_at_max_steps=False``).
         ponder_cost: scalar, the mean of ``N + R`` over the real positions.
         hidden_states: the embeddings and the unweighted state after every step (when asked for); the last entry is
             the (weighted, normalised) output.
@@ -239,7 +244,9 @@ class TffUniversalTransformerPreTrainedModel(
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std)
+            # tensor2tensor's symbol modality: std d^-0.5, so the sqrt(d)-scaled embeddings have unit variance, as
+            # large as the timing signals added at every step (std initializer_range left them 1/5 of it at d=64)
+            init.normal_(module.weight, mean=0.0, std=self.config.hidden_size**-0.5)
             if module.padding_idx is not None:
                 init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, nn.LayerNorm):
@@ -353,7 +360,8 @@ class TffUniversalTransformerModel(TffUniversalTransformerPreTrainedModel):
             if not every_step and not bool(halting.running.any()):
                 break
             state = state + position_signal + step_signals[step].to(state.dtype)
-            halting, weights = halting_step(halting, self.halting(state), config.act_threshold)
+            last = config.act_force_halt_at_max_steps and step == config.act_max_steps - 1
+            halting, weights = halting_step(halting, self.halting(state), config.act_threshold, force_halt=last)
             for index, block in enumerate(self.blocks):
                 state, probs = block(
                     state,
