@@ -13,8 +13,9 @@ block-raster order its 2-D query blocks are generated in (`tf_family.attention.i
 
 Bits per dimension: the mean negative log2-likelihood of pixels 2 .. 64 of the validation images (the first pixel
 has no context in a causal LM without a start token; the same for every model, so the figures compare). Same
-conventions as the other recipes (`tf_family.training.encoder`'s loop): gradient accumulation, clipping, atomic
-checkpoints with exact ``--resume_from_checkpoint``, model card, push to the Hub. No tokenizer is saved: a pixel's
+conventions as the encoder recipes (a `DataLoader` prepared by accelerate, the loop written out below in the named
+steps of `tf_family.training.encoder`): gradient accumulation, clipping, atomic checkpoints with exact
+``--resume_from_checkpoint``, model card, push to the Hub. No tokenizer is saved: a pixel's
 intensity is its token id.
 """
 
@@ -132,11 +133,9 @@ def check_model(model) -> None:
         raise ValueError(f"the model's max_position_embeddings={positions} is below the {IMAGE_SIZE**2} pixels.")
 
 
-def evaluate(accelerator, model, images: torch.Tensor, args) -> dict[str, float]:
-    """Bits per dimension of pixels 2 .. 64 over the validation images, and the loss in nats."""
-
-    def collate(indices, train=False, **_):
-        return {"input_ids": images[indices]}
+def evaluate(accelerator, model, eval_dataloader, num_pixels: int) -> dict[str, float]:
+    """Bits per dimension of pixels 2 .. ``num_pixels`` over the validation images (their prepared loader), and the
+    loss in nats."""
 
     def read(outputs, batch, indices):
         logits = outputs.logits[:, :-1].float()  # (B, 63, V): pixel t + 1 from pixels <= t
@@ -144,9 +143,40 @@ def evaluate(accelerator, model, images: torch.Tensor, args) -> dict[str, float]
         nats = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(-1)
         return list(zip(indices, nats.tolist(), strict=True))
 
-    per_image = encoder.predict(accelerator, model, len(images), args.per_device_eval_batch_size, collate, read)
-    loss = sum(per_image) / (len(per_image) * (images.shape[1] - 1))
+    per_image = encoder.gather_predictions(accelerator, model, eval_dataloader, read)
+    loss = sum(per_image) / (len(per_image) * (num_pixels - 1))
     return {"bits_per_dim": loss / math.log(2), "eval_loss": loss, "perplexity": math.exp(loss)}
+
+
+def train(run, train_dataloader, run_evaluation, num_epochs: int, described: str) -> list[dict[str, float]]:
+    """The training loop: epochs of micro-batches (`encoder.epoch_batches`, resumed with ``skip_first_batches``),
+    each an `encoder.training_step`, and after each optimizer step the log, evaluations and checkpoints
+    (`encoder.after_optimizer_step`); returns the logged history."""
+    accumulation = run.args.gradient_accumulation_steps
+    start_epoch, resume_update = encoder.resume_position(run)
+    progress, log = run.start_training(
+        "examples_per_second", f"{described}, {run.max_train_steps} steps on {run.world} process(es)"
+    )
+    for epoch in range(start_epoch, num_epochs):
+        if run.completed_steps >= run.max_train_steps:
+            break
+        first_update = resume_update if epoch == start_epoch else 0
+        batches, updates_in_epoch = encoder.epoch_batches(run, train_dataloader, epoch, first_update)
+        for micro_index, batch in enumerate(batches, start=first_update * accumulation):
+            loss, examples = encoder.training_step(run, batch)
+            log.add(loss, 1, examples)
+            if not run.accelerator.sync_gradients:
+                continue
+            run.completed_steps += 1
+            progress.update(1)
+            position = (epoch, (micro_index + 1) // accumulation, updates_in_epoch)
+            record = encoder.after_optimizer_step(run, log, run_evaluation, position)
+            if record is not None:
+                progress.set_postfix(loss=f"{record['train_loss']:.3f}")
+            if run.completed_steps >= run.max_train_steps:
+                break
+    progress.close()
+    return log.history
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -175,15 +205,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     max_train_steps = args.max_train_steps or updates
     prepare(run, model, max_train_steps, "tf_family_image_modeling", pixel_order=order_name)
 
-    def collate(indices, train=True, **_):
+    def collate(indices: list[int], epoch: int) -> dict:
         batch = train_images[indices]
         return {"input_ids": batch, "labels": batch}
 
+    def eval_collate(indices: list[int], epoch: int) -> dict:
+        return {"input_ids": images["validation"][indices]}
+
+    train_dataloader, eval_dataloaders = encoder.example_loaders(
+        run, collate, len(train_images), {"validation": (eval_collate, len(images["validation"]))}
+    )
+
     def run_evaluation() -> dict[str, float]:
-        return evaluate(run.accelerator, run.model, images["validation"], args)
+        return evaluate(run.accelerator, run.model, eval_dataloaders["validation"], images["validation"].shape[1])
 
     described = f"{len(train_images)} training images of {IMAGE_SIZE}x{IMAGE_SIZE} pixels"
-    history = encoder.train(run, len(train_images), collate, run_evaluation, described)
+    history = train(run, train_dataloader, run_evaluation, math.ceil(max_train_steps / updates), described)
     metrics = run_evaluation()
     run.log_metrics(metrics, label="evaluation")
     data = {

@@ -83,15 +83,9 @@ def block_seed(seed: int, epoch: int, index: int) -> int:
     return (seed * 1_000_003 + (epoch + 1) * 10_000_019 + index) % (2**63 - 1)
 
 
-def evaluate(
-    accelerator, model, masked_eval: list[tuple[list[int], list[int]]], args, pad_id: int
-) -> dict[str, float]:
-    """Cross-entropy, perplexity and top-1 accuracy of the predicted tokens of the validation blocks."""
-
-    def collate(indices, train=False, **_):
-        return encoder.pad_batch(
-            [masked_eval[i][0] for i in indices], pad_id, {"labels": [masked_eval[i][1] for i in indices]}
-        )
+def evaluate(accelerator, model, eval_dataloader) -> dict[str, float]:
+    """Cross-entropy, perplexity and top-1 accuracy of the predicted tokens of the validation blocks (their
+    prepared loader)."""
 
     def read(outputs, batch, indices):
         logits, labels = outputs.logits.float(), batch["labels"]
@@ -101,7 +95,7 @@ def evaluate(
         rows = zip(nll.tolist(), scored.sum(-1).tolist(), correct.tolist(), strict=True)
         return list(zip(indices, rows, strict=True))
 
-    rows = encoder.predict(accelerator, model, len(masked_eval), args.per_device_eval_batch_size, collate, read)
+    rows = encoder.gather_predictions(accelerator, model, eval_dataloader, read)
     nll, count, correct = (sum(column) for column in zip(*rows, strict=True)) if rows else (0.0, 0, 0)
     loss = nll / max(count, 1)
     return {
@@ -110,6 +104,38 @@ def evaluate(
         "masked_accuracy": correct / max(count, 1),
         "eval_masked_tokens": int(count),
     }
+
+
+def train(run, train_dataloader, run_evaluation, num_epochs: int, described: str) -> list[dict[str, float]]:
+    """The training loop: epochs of micro-batches (`encoder.epoch_batches`, resumed with ``skip_first_batches``;
+    the masks of an epoch drawn from ``(seed, epoch, block)``), each an `encoder.training_step`, and after each
+    optimizer step the log, evaluations and checkpoints (`encoder.after_optimizer_step`); returns the logged
+    history."""
+    accumulation = run.args.gradient_accumulation_steps
+    start_epoch, resume_update = encoder.resume_position(run)
+    progress, log = run.start_training(
+        "examples_per_second", f"{described}, {run.max_train_steps} steps on {run.world} process(es)"
+    )
+    for epoch in range(start_epoch, num_epochs):
+        if run.completed_steps >= run.max_train_steps:
+            break
+        first_update = resume_update if epoch == start_epoch else 0
+        batches, updates_in_epoch = encoder.epoch_batches(run, train_dataloader, epoch, first_update)
+        for micro_index, batch in enumerate(batches, start=first_update * accumulation):
+            loss, examples = encoder.training_step(run, batch)
+            log.add(loss, 1, examples)
+            if not run.accelerator.sync_gradients:
+                continue
+            run.completed_steps += 1
+            progress.update(1)
+            position = (epoch, (micro_index + 1) // accumulation, updates_in_epoch)
+            record = encoder.after_optimizer_step(run, log, run_evaluation, position)
+            if record is not None:
+                progress.set_postfix(loss=f"{record['train_loss']:.3f}")
+            if run.completed_steps >= run.max_train_steps:
+                break
+    progress.close()
+    return log.history
 
 
 def load_data(args: argparse.Namespace):
@@ -153,7 +179,8 @@ class MaskedData:
         train_blocks = make_blocks(documents["train"], args.max_length, cls_id, sep_id)
         return cls(args, documents, train_blocks, masked_eval, special_ids, vocab, mask_id, tokenizer.pad_token_id)
 
-    def collate(self, indices, train=True, epoch=0, **_):
+    def collate(self, indices: list[int], epoch: int) -> dict:
+        """The training blocks ``indices``, masked as drawn for ``epoch``, padded."""
         args = self.args
         pairs = [
             mask_block(
@@ -164,8 +191,13 @@ class MaskedData:
         ]  # fmt: skip
         return encoder.pad_batch([p[0] for p in pairs], self.pad_id, {"labels": [p[1] for p in pairs]})
 
-    def evaluate(self, run) -> dict[str, float]:
-        return evaluate(run.accelerator, run.model, self.masked_eval, self.args, self.pad_id)
+    def eval_collate(self, indices: list[int], epoch: int) -> dict:
+        """The validation blocks ``indices`` with their fixed masks, padded."""
+        return encoder.pad_batch(
+            [self.masked_eval[i][0] for i in indices],
+            self.pad_id,
+            {"labels": [self.masked_eval[i][1] for i in indices]},
+        )
 
     def describe(self, text_column: str) -> dict[str, Any]:
         """The data as the run record and model card state it."""
@@ -209,14 +241,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     model = apply_lora(model, args)
     hyperparameters = {"max_length": args.max_length, "mlm_probability": args.mlm_probability}
-    prepare(
-        run, model, args.max_train_steps or args.num_train_epochs * updates, f"tf_family_{TASK}", **hyperparameters
+    max_train_steps = args.max_train_steps or args.num_train_epochs * updates
+    prepare(run, model, max_train_steps, f"tf_family_{TASK}", **hyperparameters)
+    train_dataloader, eval_dataloaders = encoder.example_loaders(
+        run, data.collate, len(data.train_blocks), {"validation": (data.eval_collate, len(data.masked_eval))}
     )
-    history = encoder.train(
-        run, len(data.train_blocks), data.collate, lambda: data.evaluate(run),
-        f"{len(data.train_blocks)} training blocks of up to {args.max_length} tokens",
-    )  # fmt: skip
-    metrics = data.evaluate(run)
+
+    def run_evaluation() -> dict[str, float]:
+        return evaluate(run.accelerator, run.model, eval_dataloaders["validation"])
+
+    described = f"{len(data.train_blocks)} training blocks of up to {args.max_length} tokens"
+    history = train(run, train_dataloader, run_evaluation, math.ceil(max_train_steps / updates), described)
+    metrics = run_evaluation()
     run.log_metrics(metrics)
     dataset = data.describe(text_column)
     return run.finish(tokenizer, recipe="masked_lm", task=TASK, dataset=dataset, metrics=metrics, history=history)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -204,11 +205,8 @@ def best_answers(
     return [best.get(i, (0.0, ""))[1] for i in range(len(examples))]
 
 
-def evaluate(accelerator, model, examples: Dataset, features: list[dict], args, pad_id: int) -> dict[str, float]:
-    """SQuAD exact match and F1 of the best spans."""
-
-    def collate(indices, train=False, **_):
-        return encoder.pad_batch([features[i]["input_ids"] for i in indices], pad_id)
+def evaluate(accelerator, model, eval_dataloader, examples: Dataset, features: list[dict], args) -> dict[str, float]:
+    """SQuAD exact match and F1 of the best spans (the windows read through their prepared loader)."""
 
     def read(outputs, batch, indices):
         items = []
@@ -226,10 +224,41 @@ def evaluate(accelerator, model, examples: Dataset, features: list[dict], args, 
             )
         return items
 
-    logits = encoder.predict(accelerator, model, len(features), args.per_device_eval_batch_size, collate, read)
+    logits = encoder.gather_predictions(accelerator, model, eval_dataloader, read)
     predictions = best_answers(examples, features, logits, args)
     scores = squad_scores(predictions, [a["text"] for a in examples["answers"]])
     return {**scores, "eval_examples": len(examples), "eval_features": len(features)}
+
+
+def train(run, train_dataloader, run_evaluation, num_epochs: int, described: str) -> list[dict[str, float]]:
+    """The training loop: epochs of micro-batches (`encoder.epoch_batches`, resumed with ``skip_first_batches``),
+    each an `encoder.training_step`, and after each optimizer step the log, evaluations and checkpoints
+    (`encoder.after_optimizer_step`); returns the logged history."""
+    accumulation = run.args.gradient_accumulation_steps
+    start_epoch, resume_update = encoder.resume_position(run)
+    progress, log = run.start_training(
+        "examples_per_second", f"{described}, {run.max_train_steps} steps on {run.world} process(es)"
+    )
+    for epoch in range(start_epoch, num_epochs):
+        if run.completed_steps >= run.max_train_steps:
+            break
+        first_update = resume_update if epoch == start_epoch else 0
+        batches, updates_in_epoch = encoder.epoch_batches(run, train_dataloader, epoch, first_update)
+        for micro_index, batch in enumerate(batches, start=first_update * accumulation):
+            loss, examples = encoder.training_step(run, batch)
+            log.add(loss, 1, examples)
+            if not run.accelerator.sync_gradients:
+                continue
+            run.completed_steps += 1
+            progress.update(1)
+            position = (epoch, (micro_index + 1) // accumulation, updates_in_epoch)
+            record = encoder.after_optimizer_step(run, log, run_evaluation, position)
+            if record is not None:
+                progress.set_postfix(loss=f"{record['train_loss']:.3f}")
+            if run.completed_steps >= run.max_train_steps:
+                break
+    progress.close()
+    return log.history
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -253,13 +282,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     model = apply_lora(model, args, train_head=True)
     pad_id = tokenizer.pad_token_id
+    max_train_steps = args.max_train_steps or args.num_train_epochs * updates
     prepare(
-        run, model, args.max_train_steps or args.num_train_epochs * updates, f"tf_family_{TASK}",
-        max_length=args.max_length, doc_stride=args.doc_stride, max_question_length=args.max_question_length,
-        max_answer_length=args.max_answer_length,
+        run, model, max_train_steps, f"tf_family_{TASK}", max_length=args.max_length, doc_stride=args.doc_stride,
+        max_question_length=args.max_question_length, max_answer_length=args.max_answer_length,
     )  # fmt: skip
 
-    def collate(indices, train=True, **_):
+    def collate(indices: list[int], epoch: int) -> dict:
         rows = [train_features[i] for i in indices]
         targets = {
             "start_positions": [r["start_positions"] for r in rows],
@@ -267,11 +296,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         return encoder.pad_batch([r["input_ids"] for r in rows], pad_id, targets)
 
+    def eval_collate(indices: list[int], epoch: int) -> dict:
+        return encoder.pad_batch([eval_features[i]["input_ids"] for i in indices], pad_id)
+
+    train_dataloader, eval_dataloaders = encoder.example_loaders(
+        run, collate, len(train_features), {"validation": (eval_collate, len(eval_features))}
+    )
+
     def run_evaluation() -> dict[str, float]:
-        return evaluate(run.accelerator, run.model, raw["validation"], eval_features, args, pad_id)
+        return evaluate(
+            run.accelerator, run.model, eval_dataloaders["validation"], raw["validation"], eval_features, args
+        )
 
     described = f"{len(raw['train'])} training questions in {len(train_features)} windows"
-    history = encoder.train(run, len(train_features), collate, run_evaluation, described)
+    history = train(run, train_dataloader, run_evaluation, math.ceil(max_train_steps / updates), described)
     metrics = run_evaluation()
     run.log_metrics(metrics)
     data = {

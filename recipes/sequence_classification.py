@@ -20,6 +20,7 @@ with exact ``--resume_from_checkpoint``, LoRA, model card, push to the Hub.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -110,21 +111,49 @@ def encode(texts: list[str], tokenizer, max_length: int) -> tuple[list[list[int]
     return encoded, sum(len(row) > body for row in ids)
 
 
-def evaluate(accelerator, model, examples: list[list[int]], labels: list[int], args, pad_id: int, names: list[str]):
-    """Accuracy and macro-F1 (over every class) of the argmax predictions on one split."""
-
-    def collate(indices, train=False, **_):
-        return encoder.pad_batch([examples[i] for i in indices], pad_id)
+def evaluate(accelerator, model, eval_dataloader, labels: list[int], names: list[str]) -> dict[str, float]:
+    """Accuracy and macro-F1 (over every class) of the argmax predictions on one split (its prepared loader)."""
 
     def read(outputs, batch, indices):
         return list(zip(indices, outputs.logits.argmax(-1).tolist(), strict=True))
 
-    predictions = encoder.predict(accelerator, model, len(examples), args.per_device_eval_batch_size, collate, read)
+    predictions = encoder.gather_predictions(accelerator, model, eval_dataloader, read)
     return {
         "accuracy": accuracy(predictions, labels),
         "macro_f1": macro_f1(predictions, labels, labels=list(range(len(names)))),
         "examples": len(labels),
     }
+
+
+def train(run, train_dataloader, run_evaluation, num_epochs: int, described: str) -> list[dict[str, float]]:
+    """The training loop: epochs of micro-batches (`encoder.epoch_batches`, resumed with ``skip_first_batches``),
+    each an `encoder.training_step`, and after each optimizer step the log, evaluations and checkpoints
+    (`encoder.after_optimizer_step`); returns the logged history."""
+    accumulation = run.args.gradient_accumulation_steps
+    start_epoch, resume_update = encoder.resume_position(run)
+    progress, log = run.start_training(
+        "examples_per_second", f"{described}, {run.max_train_steps} steps on {run.world} process(es)"
+    )
+    for epoch in range(start_epoch, num_epochs):
+        if run.completed_steps >= run.max_train_steps:
+            break
+        first_update = resume_update if epoch == start_epoch else 0
+        batches, updates_in_epoch = encoder.epoch_batches(run, train_dataloader, epoch, first_update)
+        for micro_index, batch in enumerate(batches, start=first_update * accumulation):
+            loss, examples = encoder.training_step(run, batch)
+            log.add(loss, 1, examples)
+            if not run.accelerator.sync_gradients:
+                continue
+            run.completed_steps += 1
+            progress.update(1)
+            position = (epoch, (micro_index + 1) // accumulation, updates_in_epoch)
+            record = encoder.after_optimizer_step(run, log, run_evaluation, position)
+            if record is not None:
+                progress.set_postfix(loss=f"{record['train_loss']:.3f}")
+            if run.completed_steps >= run.max_train_steps:
+                break
+    progress.close()
+    return log.history
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -163,19 +192,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     max_train_steps = args.max_train_steps or args.num_train_epochs * updates
     prepare(run, model, max_train_steps, f"tf_family_{TASK}", max_length=args.max_length, num_labels=len(names))
 
-    def collate(indices, train=True, **_):
+    def collate(indices: list[int], epoch: int) -> dict:
         return encoder.pad_batch(
             [train_examples[i] for i in indices], pad_id, {"labels": [labels["train"][i] for i in indices]}
         )
 
+    def eval_collate(split: str):
+        return lambda indices, epoch: encoder.pad_batch([encoded[split][i] for i in indices], pad_id)
+
+    eval_splits = [split for split in ("validation", "test") if split in encoded]
+    train_dataloader, eval_dataloaders = encoder.example_loaders(
+        run, collate, len(train_examples), {split: (eval_collate(split), len(encoded[split])) for split in eval_splits}
+    )
+
     def run_evaluation(split: str = "validation") -> dict[str, float]:
-        return evaluate(run.accelerator, run.model, encoded[split], labels[split], args, pad_id, names)
+        return evaluate(run.accelerator, run.model, eval_dataloaders[split], labels[split], names)
 
     described = (
         f"{len(train_examples)} training examples ({truncated['train']} cut to {args.max_length} tokens), "
         f"{len(names)} classes"
     )
-    history = encoder.train(run, len(train_examples), collate, run_evaluation, described)
+    history = train(run, train_dataloader, run_evaluation, math.ceil(max_train_steps / updates), described)
     metrics = {f"eval_{k}": v for k, v in run_evaluation("validation").items()}
     if "test" in encoded:
         metrics.update({f"test_{k}": v for k, v in run_evaluation("test").items()})

@@ -8,7 +8,13 @@ from accelerate.data_loader import prepare_data_loader
 
 from tf_family.data import build_document_streams, pack_into_blocks, schedule_shuffled_batches, schedule_streams
 from tf_family.data.packing import EMPTY_BLOCK
-from tf_family.data.sampling import DocumentStreamSampler, ShuffledBlockSampler, block_loader
+from tf_family.data.sampling import (
+    DocumentStreamSampler,
+    ExampleDataset,
+    ShuffledBlockSampler,
+    block_loader,
+    example_loader,
+)
 
 DOCUMENTS = [list(range(1, 1 + n)) for n in (40, 7, 0, 23, 61, 3, 18, 30, 12)]
 
@@ -92,6 +98,35 @@ def test_shuffled_blocks_and_padded_evaluation_batches(num_processes):
         batches = read(loader)
         assert_same(batches, expected_batches(blocks, schedule, process, 4))
         assert all(batch["input_ids"].shape == (4, 8) for batch in batches)  # the last one padded, not short
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_examples_are_read_once_per_epoch_with_their_indices_and_epoch(num_processes):
+    """The encoder recipes' loaders: ``collate`` sees each process's real indices of every step (filler dropped)
+    and the epoch set on the dataset; a process whose part of the last evaluation step is all filler reads ``{}``."""
+
+    def collate(indices, epoch):
+        return {"value": torch.tensor(indices) * 10 + epoch}
+
+    for process in range(num_processes):
+        dataset = ExampleDataset(11, collate)
+        train = ShuffledBlockSampler(11, 2, num_processes, seed=5, whole_steps=2)
+        loader = prepared(example_loader(dataset, train), num_processes, process)
+        loader.set_epoch(3)
+        dataset.set_epoch(3)
+        schedule = schedule_shuffled_batches(11, 2 * num_processes, 5, 3)
+        schedule = schedule[: len(schedule) - len(schedule) % 2]
+        batches = read(loader)
+        assert [batch["example_index"].tolist() for batch in batches] == [rows_of(s, process, 2) for s in schedule]
+        assert all(torch.equal(b["value"], b["example_index"] * 10 + 3) for b in batches)
+
+        evaluation = ShuffledBlockSampler(8, 3, num_processes, shuffle=False, drop_last_batch=False)
+        batches = read(prepared(example_loader(ExampleDataset(8, collate), evaluation), num_processes, process))
+        schedule = schedule_shuffled_batches(8, 3 * num_processes, 0, shuffle=False, drop_last=False)
+        expected = [[i for i in rows_of(s, process, 3) if i != EMPTY_BLOCK] for s in schedule]
+        assert [batch["example_index"].tolist() if batch else [] for batch in batches] == expected
+    if num_processes == 2:
+        assert batches[-1] == {}  # process 1's rows of the last step (examples 9 .. 11 of 8) are all filler
 
 
 def test_reading_data_draws_nothing_from_the_global_random_state():

@@ -2,7 +2,14 @@
 
 from .brown import BROWN_CORPUS_FILE, BROWN_GENRES, load_brown
 from .packing import LMBlocks, build_document_streams, pack_into_blocks, schedule_shuffled_batches, schedule_streams
-from .sampling import DocumentStreamSampler, ShuffledBlockSampler, StepBatchSampler, block_loader
+from .sampling import (
+    DocumentStreamSampler,
+    ExampleDataset,
+    ShuffledBlockSampler,
+    StepBatchSampler,
+    block_loader,
+    example_loader,
+)
 from .sotu import SOTU_CORPUS_FILE, SOTU_TOKENIZER_DIR, load_sotu, read_sotu_records, sotu_split
 from .streaming import StreamingBlocks
 from .text import BUNDLED_DATASETS, load_text_datasets, load_text_streams
@@ -12,6 +19,7 @@ __all__ = [
     "BROWN_GENRES",
     "BUNDLED_DATASETS",
     "DocumentStreamSampler",
+    "ExampleDataset",
     "LMBlocks",
     "SOTU_CORPUS_FILE",
     "SOTU_TOKENIZER_DIR",
@@ -20,6 +28,7 @@ __all__ = [
     "StreamingBlocks",
     "block_loader",
     "build_document_streams",
+    "example_loader",
     "load_brown",
     "load_sotu",
     "load_text_datasets",

@@ -10,7 +10,8 @@ contract the memory models need (Transformer-XL, the Compressive and Memorizing 
 memory per row between segments), and one process reads exactly what it read before the loader existed.
 
 - `DocumentStreamSampler`: documents laid end to end in ordered rows (`schedule_streams`), for memory models.
-- `ShuffledBlockSampler`: independent blocks, shuffled per epoch (`schedule_shuffled_batches`), for the others.
+- `ShuffledBlockSampler`: independent blocks, shuffled per epoch (`schedule_shuffled_batches`), for the others
+  (and for the examples of the encoder recipes, read through `ExampleDataset` and `example_loader`).
 
 The order depends only on ``(seed, epoch)``: the samplers draw nothing from the global random state, so reading data
 leaves a model's dropout masks where they were. ``set_epoch`` chooses the epoch; a prepared loader's ``set_epoch``
@@ -19,7 +20,7 @@ reaches it (see `StepBatchSampler.sampler`), and ``accelerate.skip_first_batches
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -169,12 +170,49 @@ def block_loader(blocks: LMBlocks, sampler: StepBatchSampler) -> torch.utils.dat
     )
 
 
+class ExampleDataset(torch.utils.data.Dataset):
+    """``num_examples`` examples read a batch at a time: ``__getitems__`` (which a `DataLoader` calls with a
+    sampler's batch of indices) returns ``collate(indices, epoch)`` of the indices that are not `EMPTY_BLOCK`, with
+    those indices as ``example_index`` (a tensor), or an empty dict when none is (the filler of a last evaluation
+    batch). ``epoch`` is the one given to ``set_epoch`` (a masked LM draws its masks from it); a prepared loader
+    passes its epoch on to its dataset only in one process, so the reader sets both
+    (`tf_family.training.encoder.epoch_batches`). Use it with ``collate_fn=keep_batch``."""
+
+    def __init__(self, num_examples: int, collate: Callable[[list[int], int], dict[str, torch.Tensor]]):
+        self.num_examples, self.collate, self.epoch = num_examples, collate, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_examples
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        indices = [i for i in indices if i != EMPTY_BLOCK]
+        if not indices:
+            return {}
+        return {**self.collate(indices, self.epoch), "example_index": torch.tensor(indices, dtype=torch.long)}
+
+
+def example_loader(dataset: ExampleDataset, sampler: StepBatchSampler) -> torch.utils.data.DataLoader:
+    """A `DataLoader` reading ``dataset`` in ``sampler``'s order, for ``accelerator.prepare`` (its own generator, as
+    in `block_loader`, so that reading leaves the global random state alone)."""
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=keep_batch, generator=torch.Generator().manual_seed(0)
+    )
+
+
 __all__ = [
     "EMPTY_BLOCK",
     "BlockDataset",
     "DocumentStreamSampler",
+    "ExampleDataset",
     "ShuffledBlockSampler",
     "StepBatchSampler",
     "block_loader",
+    "example_loader",
     "keep_batch",
 ]

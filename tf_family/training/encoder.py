@@ -1,8 +1,10 @@
 """What the encoder task recipes (sequence classification, masked LM, question answering) share beyond the rest of
 `tf_family.training`: their arguments and checks, the tokenizer and its special tokens, the model from the registry
-or a saved folder, batches of examples, prediction over a split, and one training loop (gradient accumulation,
-clipping, logging, atomic checkpoints, exact resume). The loop is the same for the three tasks (each passes the
-batches it builds and its evaluation), so it is written once here rather than three times in the recipes.
+or a saved folder, batches of examples, and the named steps of their training loops, which the recipes write out
+(as accelerate's examples do): `example_loaders` (the examples through `DataLoader`s prepared by accelerate),
+`resume_position`, `epoch_batches` (resumed with ``accelerate.skip_first_batches``), `training_step`,
+`after_optimizer_step` (log, evaluation, atomic checkpoint) and `gather_predictions` (prediction over a split).
+The image recipe (`recipes/image_modeling.py`) uses the same steps.
 
 Tokenizer: a model trained from scratch (``--arch``) uses the bundled SOTU BPE tokenizer unless ``--tokenizer_name``
 is given. That tokenizer has only ``<|endoftext|>`` (id 0); the recipes add ``<cls>`` and ``<sep>`` (ids 8192, 8193;
@@ -19,20 +21,19 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, skip_first_batches
 from accelerate.logging import get_logger
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
 from ..data import SOTU_TOKENIZER_DIR
-from ..data.packing import EMPTY_BLOCK
+from ..data.sampling import ExampleDataset, ShuffledBlockSampler, example_loader
 from ..modeling.utils import max_input_length
 from ..registry import get_arch
 from .arguments import (
@@ -184,26 +185,6 @@ def check_max_length(args: argparse.Namespace, model) -> None:
         )
 
 
-def epoch_batches(num_examples: int, global_batch: int, seed: int, epoch: int) -> list[list[int]]:
-    """Shuffled global batches of example indices for one epoch (order fixed by ``(seed, epoch)``; a last partial
-    batch is dropped so every process gets a full one)."""
-    order = torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-    return [order[i : i + global_batch] for i in range(0, num_examples - global_batch + 1, global_batch)]
-
-
-def eval_batches(num_examples: int, global_batch: int) -> list[list[int]]:
-    """Every example once, in order; the last batch is filled with `EMPTY_BLOCK` (skipped by the reader)."""
-    batches = [list(range(i, min(i + global_batch, num_examples))) for i in range(0, num_examples, global_batch)]
-    if batches:
-        batches[-1] += [EMPTY_BLOCK] * (global_batch - len(batches[-1]))
-    return batches
-
-
-def rows_of(global_batch: list[int], accelerator: Accelerator, per_device: int) -> list[int]:
-    start = accelerator.process_index * per_device
-    return [i for i in global_batch[start : start + per_device] if i != EMPTY_BLOCK]
-
-
 def pad_batch(
     sequences: list[list[int]], pad_id: int, extra: dict[str, list] | None = None
 ) -> dict[str, torch.Tensor]:
@@ -222,30 +203,6 @@ def pad_batch(
     return batch
 
 
-def predict(accelerator: Accelerator, model, num_examples: int, per_device: int, collate: Callable, read: Callable):
-    """Run the (unwrapped) model over every example once, split across processes; returns ``read(outputs, batch,
-    indices)``'s items from every process, in example order. ``read`` returns a list of ``(index, value)``."""
-    world = accelerator.num_processes
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.eval()
-    items = []
-    with torch.no_grad():
-        schedule = eval_batches(num_examples, world * per_device)
-        for global_batch in tqdm(
-            schedule, desc="evaluating", disable=not accelerator.is_local_main_process, leave=False
-        ):
-            indices = rows_of(global_batch, accelerator, per_device)
-            if not indices:
-                continue
-            batch = {k: v.to(accelerator.device) for k, v in collate(indices, train=False).items()}
-            with accelerator.autocast():
-                outputs = unwrapped(**{k: v for k, v in batch.items() if k in model_input_names(unwrapped, batch)})
-            items.extend(read(outputs, batch, indices))
-    unwrapped.train()
-    gathered = gather_object(items) if world > 1 else items
-    return [value for _, value in sorted(gathered, key=lambda item: item[0])]
-
-
 def model_input_names(model, batch: dict) -> set[str]:
     parameters = inspect.signature(model.forward).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):  # e.g. a PEFT wrapper
@@ -253,73 +210,105 @@ def model_input_names(model, batch: dict) -> set[str]:
     return {k for k in batch if k in parameters}
 
 
-def _start_position(accelerator: Accelerator, args: argparse.Namespace) -> tuple[int, int, int]:
-    """Where the loop starts: the optimizer steps done, the epoch and the update within it (all 0 unless
-    ``--resume_from_checkpoint``)."""
-    if not args.resume_from_checkpoint:
-        return 0, 0, 0
-    _, state = resume(accelerator, args)
-    return state["completed_steps"], state["epoch"], state["update_in_epoch"]
-
-
-def train(
-    run: Run, num_examples: int, collate: Callable, evaluate: Callable[[], dict[str, float]], described: str
-) -> list[dict[str, float]]:
-    """The training loop of a prepared `Run` over ``num_examples`` (``described`` in the opening log line):
-    ``collate(indices, train=True, epoch=…, step=…)`` builds a batch with its targets (the model computes the loss),
-    ``evaluate()`` runs every ``--eval_steps``. Keeps the optimizer steps done in ``run.completed_steps``; returns the
-    logged history."""
-    accelerator, args, model = run.accelerator, run.args, run.model
-    world, per_device, accumulation = run.world, args.per_device_train_batch_size, args.gradient_accumulation_steps
-    max_train_steps = run.max_train_steps
-    updates_per_epoch = len(epoch_batches(num_examples, world * per_device, args.seed, 0)) // accumulation
-    num_epochs = math.ceil(max_train_steps / updates_per_epoch)
-    run.completed_steps, start_epoch, resume_update = _start_position(accelerator, args)
-    input_names = None
-    progress, log = run.start_training(
-        "examples_per_second", f"{described}, {max_train_steps} steps on {world} process(es)"
+def example_loaders(
+    run: Run, collate: Callable[[list[int], int], dict], num_examples: int, evaluation: dict[str, tuple[Callable, int]]
+) -> tuple[torch.utils.data.DataLoader, dict[str, torch.utils.data.DataLoader]]:
+    """The training loader (``num_examples`` examples shuffled by ``(seed, epoch)`` in whole groups of
+    ``--gradient_accumulation_steps``, a last partial batch dropped) and one evaluation loader per split of
+    ``evaluation`` (``{split: (collate, num_examples)}``, every example once, in order), each prepared by accelerate:
+    each process reads its own rows of every step (`tf_family.data.sampling`). ``collate(indices, epoch)`` builds
+    a batch (`ExampleDataset`)."""
+    args, world, accelerator = run.args, run.world, run.accelerator
+    train_sampler = ShuffledBlockSampler(
+        num_examples, args.per_device_train_batch_size, world, args.seed, whole_steps=args.gradient_accumulation_steps
     )
-    for epoch in range(start_epoch, num_epochs):
-        if run.completed_steps >= max_train_steps:
-            break
-        schedule = epoch_batches(num_examples, world * per_device, args.seed, epoch)
-        schedule = schedule[: len(schedule) - len(schedule) % accumulation]
-        first_update = resume_update if epoch == start_epoch else 0
-        for micro_index in range(first_update * accumulation, len(schedule)):
-            indices = rows_of(schedule[micro_index], accelerator, per_device)
-            batch = collate(indices, train=True, epoch=epoch, step=micro_index)
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            if input_names is None:
-                input_names = model_input_names(accelerator.unwrap_model(model), batch)
-            with accelerator.accumulate(model):
-                with accelerator.autocast():
-                    outputs = model(**{k: v for k, v in batch.items() if k in input_names})
-                loss = outputs.loss
-                run.optimizer_step(loss)
-            log.add(loss.item(), 1, len(indices))
-            if not accelerator.sync_gradients:
+    train_dataloader = accelerator.prepare(example_loader(ExampleDataset(num_examples, collate), train_sampler))
+    eval_dataloaders = {}
+    for split, (eval_collate, eval_examples) in evaluation.items():
+        sampler = ShuffledBlockSampler(
+            eval_examples, args.per_device_eval_batch_size, world, shuffle=False, drop_last_batch=False
+        )
+        eval_dataloaders[split] = accelerator.prepare(
+            example_loader(ExampleDataset(eval_examples, eval_collate), sampler)
+        )
+    return train_dataloader, eval_dataloaders
+
+
+def gather_predictions(accelerator: Accelerator, model, dataloader, read: Callable) -> list:
+    """Run the (unwrapped) model over a prepared evaluation loader (`example_loaders`: every example once, split
+    across processes); returns ``read(outputs, batch, indices)``'s items from every process, in example order.
+    ``read`` returns a list of ``(index, value)``."""
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.eval()
+    items = []
+    with torch.no_grad():
+        for batch in tqdm(dataloader, desc="evaluating", disable=not accelerator.is_local_main_process, leave=False):
+            if not batch:  # this process's part of the last step is filler
                 continue
-            run.completed_steps += 1
-            update_index = (micro_index + 1) // accumulation
-            progress.update(1)
-            if run.completed_steps % args.logging_steps == 0 or run.completed_steps == max_train_steps:
-                record = log.write(run.completed_steps, run.scheduler.get_last_lr()[0])
-                progress.set_postfix(loss=f"{record['train_loss']:.3f}")
-            if (
-                args.eval_steps
-                and run.completed_steps % args.eval_steps == 0
-                and run.completed_steps < max_train_steps
-            ):
-                run.log_metrics(evaluate(), label=f"step {run.completed_steps}")
-            if args.checkpointing_steps and run.completed_steps % args.checkpointing_steps == 0:
-                state = {"completed_steps": run.completed_steps, "epoch": epoch, "update_in_epoch": update_index}
-                if update_index == len(schedule) // accumulation:
-                    state.update(epoch=epoch + 1, update_in_epoch=0)
-                save_checkpoint(accelerator, args.output_dir, state, None, args.checkpoints_total_limit)
-            if run.completed_steps >= max_train_steps:
-                break
-    progress.close()
-    return log.history
+            indices = batch.pop("example_index").tolist()
+            with accelerator.autocast():
+                outputs = unwrapped(**{k: v for k, v in batch.items() if k in model_input_names(unwrapped, batch)})
+            items.extend(read(outputs, batch, indices))
+    unwrapped.train()
+    gathered = gather_object(items) if accelerator.num_processes > 1 else items
+    return [value for _, value in sorted(gathered, key=lambda item: item[0])]
+
+
+def resume_position(run: Run) -> tuple[int, int]:
+    """With ``--resume_from_checkpoint``: the saved state restored (weights, optimizer, schedule, RNG) and
+    ``run.completed_steps`` set; returns the epoch and the optimizer step in it to continue from (0, 0 otherwise)."""
+    if not run.args.resume_from_checkpoint:
+        return 0, 0
+    _, state = resume(run.accelerator, run.args)
+    run.completed_steps = state["completed_steps"]
+    return state["epoch"], state["update_in_epoch"]
+
+
+def epoch_batches(run: Run, dataloader, epoch: int, first_update: int):
+    """This process's micro-batches of ``epoch`` from optimizer step ``first_update`` on (the prepared loader in the
+    epoch's order, ``skip_first_batches`` past what a resumed run has done), and the optimizer steps in the epoch."""
+    accumulation = run.args.gradient_accumulation_steps
+    dataloader.set_epoch(epoch)  # the sampler's order of this epoch (seed + epoch)
+    # and the dataset's (a masked LM's masks): accelerate passes the epoch on to it only when it does not shard the
+    # batch sampler, that is in one process
+    dataloader.dataset.set_epoch(epoch)
+    updates = len(dataloader) // accumulation
+    return (skip_first_batches(dataloader, first_update * accumulation) if first_update else dataloader), updates
+
+
+def training_step(run: Run, batch: dict[str, torch.Tensor]) -> tuple[float, int]:
+    """One micro-batch inside accelerate's gradient accumulation: forward (the model computes the loss from the
+    batch's targets), backward, and on the micro-batch that syncs the gradients, clipping and the optimizer step
+    (`Run.optimizer_step`). Returns the loss and the examples read."""
+    accelerator, model = run.accelerator, run.model
+    examples = len(batch.pop("example_index"))
+    input_names = model_input_names(accelerator.unwrap_model(model), batch)
+    with accelerator.accumulate(model):
+        with accelerator.autocast():
+            outputs = model(**{k: v for k, v in batch.items() if k in input_names})
+        loss = outputs.loss
+        run.optimizer_step(loss)
+    return loss.item(), examples
+
+
+def after_optimizer_step(
+    run: Run, log, evaluate: Callable[[], dict[str, float]], position: tuple[int, int, int]
+) -> dict[str, float] | None:
+    """What follows an optimizer step: the log line (``--logging_steps``, returned), ``evaluate()``
+    (``--eval_steps``) and a checkpoint (``--checkpointing_steps``); ``position`` is the epoch, the optimizer steps
+    done in it and the optimizer steps it has."""
+    args, steps, record = run.args, run.completed_steps, None
+    if steps % args.logging_steps == 0 or steps == run.max_train_steps:
+        record = log.write(steps, run.scheduler.get_last_lr()[0])
+    if args.eval_steps and steps % args.eval_steps == 0 and steps < run.max_train_steps:
+        run.log_metrics(evaluate(), label=f"step {steps}")
+    if args.checkpointing_steps and steps % args.checkpointing_steps == 0:
+        epoch, update, updates_in_epoch = position
+        if update == updates_in_epoch:  # the epoch is done: a resumed run starts the next one
+            epoch, update = epoch + 1, 0
+        state = {"completed_steps": steps, "epoch": epoch, "update_in_epoch": update}
+        save_checkpoint(run.accelerator, args.output_dir, state, None, args.checkpoints_total_limit)
+    return record
 
 
 def updates_per_epoch(run: Run, num_examples: int, described: str, fix: str) -> int:
@@ -346,18 +335,19 @@ def num_parameters(model) -> int:
 
 __all__ = [
     "add_common_arguments",
+    "after_optimizer_step",
     "build_model",
     "check_max_length",
     "default_output_dir",
     "epoch_batches",
-    "eval_batches",
+    "example_loaders",
     "first_rows",
+    "gather_predictions",
     "load_tokenizer",
     "num_parameters",
     "pad_batch",
-    "predict",
-    "rows_of",
-    "train",
+    "resume_position",
+    "training_step",
     "updates_per_epoch",
     "validate_common_args",
 ]
