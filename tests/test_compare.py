@@ -17,6 +17,8 @@ import pytest
 from tf_family.cli import main as cli_main
 from tf_family.compare import family, listops, lra
 from tf_family.compare.cli import build_parser, parse_settings
+from tf_family.compare.grid import Grid, cell_chains, split_cells
+from tf_family.compare.presets import passkey_train_distances
 from tf_family.compare.report import write_report
 from tf_family.compare.rows import fold_seeds, row
 
@@ -70,7 +72,8 @@ MINI = [
 @pytest.mark.recipe
 def test_compare_miniature_grid_end_to_end_and_resume(tmp_path, capsys):
     out = tmp_path / "compare"
-    assert cli_main(["compare", *MINI, "--cpu", "--output_dir", str(out)]) == 0
+    # two processes fill the cache side by side (--jobs); the rerun below, in one, finds every cell there
+    assert cli_main(["compare", *MINI, "--cpu", "--jobs", "2", "--output_dir", str(out)]) == 0
 
     table = (out / "compare.md").read_text()
     for heading in (
@@ -271,6 +274,45 @@ def test_compare_refuses_bad_options():
         parse_settings(parser.parse_args(["--cpu", "--set", "block=100", "segment=64"]))
     with pytest.raises(ValueError, match="--cpu and --device cuda"):
         parse_settings(parser.parse_args(["--cpu", "--device", "cuda"]))
+
+
+def test_jobs_keep_each_chain_of_needs_in_one_process_and_spread_the_rest():
+    settings = parse_settings(build_parser().parse_args(["--quick", "--cpu"]))
+    args = build_parser().parse_args(["--quick", "--cpu"])
+    args.encoder_tasks = list(settings["encoder_tasks"])
+    cells = Grid.__new__(Grid)
+    cells.args, cells.settings, cells.seeds = args, settings, list(settings["seeds"])
+    cells = cells.cells()
+    chains = cell_chains(cells)
+    chain_of = {cell.key: i for i, chain in enumerate(chains) for cell in chain}
+    for cell in cells:  # whatever a cell needs runs before it, in its process
+        assert all(chain_of[need] == chain_of[cell.key] for need in cell.needs)
+    assert chain_of["train:knn_lm@42"] == chain_of["train:dense_llama@42"] != chain_of["train:dense_llama@43"]
+    assert chain_of["cost:transfo_xl"] == chain_of["passkey:transfo_xl@42"]
+    shares = split_cells(cells, 2)
+    assert sorted(c.key for share in shares for c in share) == sorted(c.key for c in cells)
+    order = [c.key for c in cells]
+    for share in shares:
+        assert [c.key for c in share] == [k for k in order if k in {c.key for c in share}]
+        keys = {c.key for c in share}
+        assert {need for c in share for need in c.needs} <= keys
+    assert abs(len(shares[0]) - len(shares[1])) <= len(cells) // 4
+    with pytest.raises(ValueError, match="--jobs=0"):
+        parse_settings(build_parser().parse_args(["--quick", "--cpu", "--jobs", "0"]))
+
+
+def test_passkey_trains_inside_the_window_or_at_every_distance():
+    parser = build_parser()
+    quick = parse_settings(parser.parse_args(["--quick", "--cpu"]))
+    assert quick["passkey_train"] == "window"
+    assert passkey_train_distances(quick) == [d for d in quick["passkey_distances"] if d <= quick["block"]]
+    assert max(quick["passkey_distances"]) > quick["block"]  # it still scores beyond the window
+    whole = parse_settings(parser.parse_args(["--cpu"]))
+    assert passkey_train_distances(whole) == whole["passkey_distances"]
+    with pytest.raises(ValueError, match="passkey_train='often'"):
+        parse_settings(parser.parse_args(["--quick", "--cpu", "--set", 'passkey_train="often"']))
+    with pytest.raises(ValueError, match="within block=128 tokens"):
+        parse_settings(parser.parse_args(["--quick", "--cpu", "--set", "passkey_distances=[200,400]"]))
 
 
 def test_quick_takes_one_causal_model_per_group_and_says_so():

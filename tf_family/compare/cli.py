@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", choices=DEVICES, help="default: cuda when a GPU is present; cuda alone picks the one-GPU grid"
     )
     parser.add_argument("--cpu", action="store_true", help="the same as --device cpu")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes that run cells side by side, each with its share of the CPU threads (a model's training and "
+        "its measures stay in one process); default 1",
+    )
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --jobs for its processes
     parser.add_argument("--dry_run", "--dry-run", action="store_true", help="print the grid and its cells; run none")
     parser.add_argument(
         "--report_only",
@@ -123,6 +131,9 @@ def _apply_set(settings: dict[str, Any], items: list[str]) -> None:
             raise ValueError(f"--set {item!r}: the value must be JSON (a number, a list, a quoted string).") from None
 
 
+PASSKEY_TRAIN = ("window", "all")
+
+
 def _check_numbers(settings: dict[str, Any]) -> None:
     names = (
         "steps",
@@ -142,6 +153,16 @@ def _check_numbers(settings: dict[str, Any]) -> None:
     for name in ("seeds", "encoder_seeds"):
         if not settings[name] or not all(isinstance(s, int) for s in settings[name]):
             raise ValueError(f"setting {name}={settings[name]!r} must be a non-empty list of integers.")
+    if settings["passkey_train"] not in PASSKEY_TRAIN:
+        raise ValueError(
+            f"setting passkey_train={settings['passkey_train']!r} must be one of {PASSKEY_TRAIN}: train the passkey "
+            "task at the scored distances inside the dense baseline's window (block) or at all of them."
+        )
+    if settings["passkey_train"] == "window" and min(settings["passkey_distances"]) > settings["block"]:
+        raise ValueError(
+            f"setting passkey_train='window' needs a passkey distance within block={settings['block']} tokens; "
+            f'passkey_distances={settings["passkey_distances"]!r} has none: add one or set passkey_train="all".'
+        )
     if settings["block"] % settings["segment"]:
         raise ValueError(
             f"setting block={settings['block']} must be a multiple of segment={settings['segment']}: memory models "
@@ -210,6 +231,8 @@ def parse_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["encoder_seeds"] = [args.seed]
     settings["minutes"] = args.minutes
     _check_numbers(settings)
+    if args.jobs < 1 or (args.worker is not None and not 0 <= args.worker < args.jobs):
+        raise ValueError(f"--jobs={args.jobs} must be a positive integer (--worker {args.worker} below it).")
     settings["archs"], settings["encoders"], settings["chosen"] = _models(args, settings)
     if args.encoder_tasks is None:
         args.encoder_tasks = list(settings["encoder_tasks"])
@@ -269,8 +292,28 @@ def describe(grid, cells) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_workers(grid, argv: list[str], jobs: int) -> None:
+    """Run the grid's cells in ``jobs`` processes (`tf_family.compare.grid.split_cells`), each with ``cpus // jobs``
+    threads; the shared data files are written first, here, so that no two processes write one."""
+    import subprocess
+
+    for task in grid.args.encoder_tasks:
+        grid.data.task(task)
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    command = [sys.executable, "-m", "tf_family.cli", "compare", *argv]
+    workers = [subprocess.Popen([*command, "--worker", str(k)], env=env) for k in range(jobs)]
+    codes = [worker.wait() for worker in workers]
+    if any(codes):
+        failed = [k for k, code in enumerate(codes) if code]
+        raise RuntimeError(
+            f"compare --jobs {jobs}: worker(s) {failed} exited with {[codes[k] for k in failed]}; the cells they "
+            "finished are cached, a rerun with the same options resumes."
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
-    from .grid import Grid, run_cells
+    from .grid import Grid, run_cells, split_cells
     from .report import write_report
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -287,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no GPU is visible to torch; use --device cpu or --dry-run.")
-    results = run_cells(grid, cells, args.report_only)
+    if args.worker is not None:  # one of --jobs's processes: its share of the cells, no report
+        run_cells(grid, split_cells(cells, args.jobs)[args.worker], worker=args.worker)
+        return 0
+    if args.jobs > 1 and not args.report_only:
+        run_workers(grid, argv, args.jobs)
+    results = run_cells(grid, cells, args.report_only or args.jobs > 1)
     command = {"argv": argv, **vars(args)}
     paths = write_report(Path(args.output_dir), results, settings, versions(), command, time.perf_counter() - started)
     failed = [k for k, r in results.items() if "error" in r and r["error"] != "not run yet"]
@@ -297,4 +345,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["MEASURES", "build_parser", "describe", "main", "parse_settings", "versions"]
+__all__ = ["MEASURES", "build_parser", "describe", "main", "parse_settings", "run_workers", "versions"]

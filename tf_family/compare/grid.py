@@ -242,15 +242,17 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def run_cells(grid: Grid, cells: list[Cell], report_only: bool = False) -> dict[str, dict]:
+def run_cells(grid: Grid, cells: list[Cell], report_only: bool = False, worker: int | None = None) -> dict[str, dict]:
     """Run every cell not cached; a cell's result (or error) is written atomically to ``cache/cells/``. With
-    ``report_only``, run nothing: the cached cells, and the others as not run yet."""
+    ``report_only``, run nothing: the cached cells, and the others as not run yet. ``worker``: this process's
+    number when several share the grid (``--jobs``; its progress bar's line)."""
     from tqdm.auto import tqdm
 
     folder = grid.cache / "cells"
     folder.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
-    progress = tqdm(total=len(cells), desc="compare", unit="cell", dynamic_ncols=True)
+    desc = "compare" if worker is None else f"compare {worker}"
+    progress = tqdm(total=len(cells), desc=desc, unit="cell", dynamic_ncols=True, position=worker or 0)
     for cell in cells:
         path = folder / (cell.key.replace(":", "--").replace("@", "--") + ".json")
         if path.exists():
@@ -290,6 +292,47 @@ def run_cells(grid: Grid, cells: list[Cell], report_only: bool = False) -> dict[
     return results
 
 
+# a cell kind's rough share of a run's time, for spreading the chains over processes (`split_cells`)
+_WEIGHT = {"train": 3.0, "passkey": 3.0, "cost": 1.0, "perplexity": 0.2}
+
+
+def cell_chains(cells: list[Cell]) -> list[list[Cell]]:
+    """The cells that must run in one process, in order: those joined by ``needs`` (a model's training and its
+    measures of one seed, its cost with the first seed; a model built on the dense baseline with the baseline's
+    cells of that seed); every other cell alone. Chains keep the grid's order."""
+    owner = {cell.key: i for i, cell in enumerate(cells)}
+    parent = list(range(len(cells)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, cell in enumerate(cells):
+        for need in cell.needs:
+            if need in owner:
+                parent[root(i)] = root(owner[need])
+    chains: dict[int, list[Cell]] = {}
+    for i, cell in enumerate(cells):
+        chains.setdefault(root(i), []).append(cell)
+    return list(chains.values())
+
+
+def split_cells(cells: list[Cell], jobs: int) -> list[list[Cell]]:
+    """``cells`` spread over ``jobs`` processes: whole chains (`cell_chains`), the heaviest first to the least loaded
+    process; each process's cells in the grid's order."""
+    loads = [0.0] * jobs
+    shares: list[list[int]] = [[] for _ in range(jobs)]
+    index = {cell.key: i for i, cell in enumerate(cells)}
+    chains = cell_chains(cells)
+    for chain in sorted(chains, key=lambda c: -sum(_WEIGHT.get(cell.measure, 1.0) for cell in c)):
+        least = loads.index(min(loads))
+        loads[least] += sum(_WEIGHT.get(cell.measure, 1.0) for cell in chain)
+        shares[least] += [index[cell.key] for cell in chain]
+    return [[cells[i] for i in sorted(share)] for share in shares]
+
+
 def default_archs(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The causal and encoder models of a run without ``--archs`` / ``--encoders``: the whole family, or with
     ``subset`` (``--quick``) one causal model per group and the first ``quick_encoders`` encoders."""
@@ -299,4 +342,4 @@ def default_archs(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
     return causal, encoders
 
 
-__all__ = ["Cell", "Grid", "default_archs", "run_cells", "shape_of"]
+__all__ = ["cell_chains", "split_cells", "Cell", "Grid", "default_archs", "run_cells", "shape_of"]

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from ..modeling.losses import IGNORE_INDEX
 from ..training.language_modeling import start_memory
 from .models import has_memory
+from .presets import passkey_train_distances
 from .rows import row
 
 KEY_LENGTH = 5
@@ -161,16 +162,24 @@ def _passkey_step(model, samples, segment: int, window: int, optimizer=None) -> 
 
 
 def passkey_accuracy(
-    model, tokenizer, filler: list[int], distances: list[int], segment: int, window: int, settings: dict
+    model,
+    tokenizer,
+    filler: list[int],
+    distances: list[int],
+    segment: int,
+    window: int,
+    settings: dict,
+    train_distances: list[int] | None = None,
 ) -> dict[str, float]:
-    """Fine-tune ``model`` on passkey samples at random ``distances`` (``settings``: steps, batch, learning_rate,
-    eval_samples, seed), then return the digit accuracy at each distance."""
+    """Fine-tune ``model`` on passkey samples at random ``train_distances`` (default: ``distances``; ``settings``:
+    steps, batch, learning_rate, eval_samples, seed), then return the digit accuracy at each of ``distances``."""
     generator = torch.Generator().manual_seed(settings["seed"])
+    train_distances = list(distances if train_distances is None else train_distances)
     if settings["steps"]:
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=settings["learning_rate"])
         for _ in range(settings["steps"]):
-            distance = distances[int(torch.randint(len(distances), (1,), generator=generator))]
+            distance = train_distances[int(torch.randint(len(train_distances), (1,), generator=generator))]
             samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(settings["batch"])]
             _passkey_step(model, samples, segment, window, optimizer)
     model.eval()
@@ -241,6 +250,7 @@ def passkey_rows(grid, model: str, seed: int) -> list[dict]:
         settings["segment"],
         settings["block"],
         task,
+        passkey_train_distances(settings),
     )
     return [
         row("causal", model, "passkey accuracy", value, setting=f"distance {distance}", seed=seed)

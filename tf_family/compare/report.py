@@ -21,6 +21,7 @@ from .lra import PUBLISHED, PUBLISHED_SCALE
 from .lra import TASKS as LRA_TASKS
 from .measures import CHANCE, UNIGRAM
 from .models import BASELINE, inference_setting
+from .presets import passkey_train_distances
 from .rows import fold_seeds
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -203,7 +204,7 @@ def tables(rows: list[dict], settings: dict) -> list[Table]:
     chance = f"chance is {CHANCE:.2f} per digit"
     passkey_note = (
         f"Each trained model then trained on the task for {settings['passkey_steps']} steps of "
-        f"{settings['passkey_batch']} samples at these distances; models without memory read the last "
+        f"{settings['passkey_batch']} samples at {_trained_at(settings)}; models without memory read the last "
         f"{settings['block']} tokens (their training length); {chance}."
     )
     cost_note = (
@@ -286,8 +287,20 @@ def _reading_training(rows: list[dict], settings: dict) -> list[str]:
 
 
 def reading(rows: list[dict], settings: dict) -> list[str]:
-    """What the numbers show, in sentences computed from them."""
-    said = _reading_training(rows, settings)
+    """What the numbers show, in sentences computed from them, one measurement after another."""
+    return [
+        *_reading_training(rows, settings),
+        *_reading_sizes(rows),
+        *_reading_perplexity(rows),
+        *_reading_passkey(rows, settings),
+        *_reading_cost(rows),
+        *_reading_encoders(rows),
+    ]
+
+
+def _reading_sizes(rows: list[dict]) -> list[str]:
+    """Parameter counts against the dense baseline's."""
+    said: list[str] = []
     parameters = {m: v[""] for m, v in _values(rows, "parameters").items() if "" in v}
     baseline = parameters.get("dense_llama")
     if baseline:
@@ -305,6 +318,12 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
             )
         else:
             said.append(f"Size: every model is within 10 % of the dense baseline's {baseline:,.0f} parameters.")
+    return said
+
+
+def _reading_perplexity(rows: list[dict]) -> list[str]:
+    """Perplexity overall, in the farthest bucket and from the first bucket to the last."""
+    said: list[str] = []
     ppl = _values(rows, "perplexity by position")
     ppl.pop(UNIGRAM, None)
     if ppl:
@@ -347,6 +366,12 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
                         "(differences within 5 points): short training teaches little use of far context."
                     )
                 )
+    return said
+
+
+def _reading_passkey(rows: list[dict], settings: dict) -> list[str]:
+    """Passkey accuracy beyond the dense baseline's window and inside it."""
+    said: list[str] = []
     key = _values(rows, "passkey accuracy")
     if key:
         window = settings["block"]
@@ -381,6 +406,12 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
                 else "no model finds the key above twice chance: the task budget is too small to learn the copy"
             )
             said.append(f"Within the window (distance {d}) {verdict}.")
+    return said
+
+
+def _reading_cost(rows: list[dict]) -> list[str]:
+    """Training speed at the longest length, and where a model ran out of memory or time."""
+    said: list[str] = []
     speed = _values(rows, "training tokens/s")
     if speed:
         statuses = defaultdict(dict)
@@ -411,6 +442,12 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
                 said.append(f"Where the baseline stopped ({limit} tokens), these still train: {', '.join(reach)}.")
         elif len(at) > 1:
             said.append("No model ran out of memory or time in the measured lengths, the dense baseline included.")
+    return said
+
+
+def _reading_encoders(rows: list[dict]) -> list[str]:
+    """Each encoder task's best model against the majority class."""
+    said: list[str] = []
     for title in dict.fromkeys(TASK_TITLES.values()):
         acc = {r["model"]: r["value"] for r in rows if r["metric"] == f"{title} accuracy" and r["value"] is not None}
         floor = next((r["value"] for r in rows if r["metric"] == f"{title} majority-class accuracy"), None)
@@ -424,6 +461,13 @@ def reading(rows: list[dict], settings: dict) -> list[str]:
                 + (f"{', '.join(above)} beat that floor." if above else "no encoder beats that floor at this budget.")
             )
     return said
+
+
+def _trained_at(settings: dict) -> str:
+    train = passkey_train_distances(settings)
+    if train == list(settings["passkey_distances"]):
+        return "these distances"
+    return f"distance{'s' if len(train) > 1 else ''} {', '.join(map(str, train))} (inside the dense baseline's window)"
 
 
 def _passkey_floor(base: dict[str, float], distance: int) -> float:
