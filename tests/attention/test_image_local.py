@@ -72,3 +72,41 @@ def test_patterns_refuse_bad_fields():
         Local2DPattern(image_width=6, block_height=2, block_width=4, memory_height=1, memory_width=1)
     with pytest.raises(ValueError, match="height"):
         block_raster_order(Local2DPattern(4, 2, 2, 1, 1), 3)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        Local2DPattern(image_width=16, block_height=2, block_width=2, memory_height=2, memory_width=1),
+        Local2DPattern(image_width=8, block_height=2, block_width=4, memory_height=2, memory_width=2),
+        Local2DPattern(image_width=6, block_height=3, block_width=2, memory_height=1, memory_width=1),
+    ],
+    ids=repr,
+)
+def test_2d_mask_equals_the_papers_rule_pixel_by_pixel(pattern):
+    """Parmar et al. 2018, section 3.2: query blocks generated in raster order of blocks, raster order inside a block;
+    a query reads the pixels of its memory block (its query block extended ``memory_height`` rows up and
+    ``memory_width`` columns left and right) that were generated before it, or itself. Written out here by
+    enumerating the blocks, independently of `Local2DPattern.pixel` / `position`."""
+    height = 2 * pattern.block_height * 2
+    generation = {}  # pixel (row, column) -> its step in the generation order
+    for top in range(0, height, pattern.block_height):
+        for left in range(0, pattern.image_width, pattern.block_width):
+            for row in range(top, top + pattern.block_height):
+                for column in range(left, left + pattern.block_width):
+                    generation[row, column] = len(generation)
+    pixels = sorted(generation, key=generation.get)  # sequence position -> pixel
+    assert [row * pattern.image_width + column for row, column in pixels] == block_raster_order(
+        pattern, height
+    ).tolist()
+    expected = torch.zeros(len(pixels), len(pixels), dtype=torch.bool)
+    for i, (row, column) in enumerate(pixels):
+        top = row - row % pattern.block_height
+        left = column - column % pattern.block_width
+        for j, (key_row, key_column) in enumerate(pixels):
+            inside = top - pattern.memory_height <= key_row < top + pattern.block_height and (
+                left - pattern.memory_width <= key_column < left + pattern.block_width + pattern.memory_width
+            )
+            expected[i, j] = inside and generation[key_row, key_column] <= generation[row, column]
+    positions = torch.arange(len(pixels))
+    assert torch.equal(build_image_local_mask(pattern, positions, positions), expected)
