@@ -19,6 +19,8 @@ Memory block sizes (positions a query block reads, the query block included): 1-
     python bench/bench_image_local.py [--steps 600] [--seeds 2]           # 8x8, the registry variants
     python bench/bench_image_local.py --size 16 --steps 300 --seeds 2 --block_1d 4 --memory_1d 12 \
         --block_2d 2 2 --memory_2d 2 1 --name image_local_digits16_m16   # memory block 16 < one 16-pixel row
+    python bench/bench_image_local.py --size 32 --batch_size 8 --steps 300 --seeds 2 --block_1d 4 --memory_1d 12 \
+        --block_2d 2 2 --memory_2d 2 1 --name image_local_digits32_m16   # two 1-D layers cannot reach the row above
 """
 
 from __future__ import annotations
