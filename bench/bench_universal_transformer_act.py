@@ -251,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def summarise(payload: dict, args) -> str:
     """The Markdown report: accuracy mean and per seed, ponder steps of the UT, per evaluation length."""
-    runs = payload["runs"]  # {seed: {model: result}}
-    seeds = [str(seed) for seed in args.seeds]
+    runs = payload["runs"]  # {seed: {model: result}}, the seeds finished so far
+    seeds = list(runs)
 
     def values(model, length, key):
         return [runs[seed][model]["eval"][length][key] for seed in seeds]
@@ -295,7 +295,7 @@ def summarise(payload: dict, args) -> str:
     )
     return (
         f"# Universal Transformer + ACT vs vanilla Transformer: {args.task}, length generalisation\n\n"
-        f"Seeds {args.args_seeds}; {args.steps} Adam steps per model and seed (lr {args.lr}, batch {args.batch}) at "
+        f"Seeds {seeds} (of {args.args_seeds} asked for); {args.steps} Adam steps per model and seed (lr {args.lr}, batch {args.batch}) at "
         f"lengths {args.train_lengths}, positions offset at random by 0..{args.position_offset}; ut: hidden "
         f"{args.ut_hidden_size}, feed-forward {args.ut_intermediate_size}, one shared block, layer_norm_position "
         f"{args.ut_layer_norm_position}, act_max_steps "
@@ -331,9 +331,8 @@ def main(argv: list[str] | None = None) -> None:
             result = train_and_evaluate(name, build_model(name, args), args)
             payload["runs"][str(seed)][name] = result
             print(seed, name, {n: round(r["token_accuracy"], 3) for n, r in result["eval"].items()}, flush=True)
-    del args.seed
-    markdown = summarise(payload, args)
-    write_results(args.name, payload, markdown)
+        markdown = summarise(payload, args)  # after every seed: a run cut short still leaves its finished seeds
+        write_results(args.name, payload, markdown)
     print(markdown)
 
 

@@ -3,6 +3,7 @@
 outputs and loss, the per-step key/value cache, the attention backends and the input checks."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -384,3 +385,14 @@ def test_input_errors():
     decoder = TffUniversalTransformerForCausalLM(make_config()).eval()
     with pytest.raises(ValueError, match="attention_mask"):
         decoder(ids(), attention_mask=torch.ones(2, 4, dtype=torch.long))
+
+
+def test_configs_saved_before_layer_norm_position_load_as_pre(tmp_path):
+    """A config saved without ``layer_norm_position`` (before the field existed) loads as ``"pre"``: the model it
+    describes is unchanged."""
+    config = make_config()
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved.pop("layer_norm_position")
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert TffUniversalTransformerConfig.from_pretrained(tmp_path).layer_norm_position == "pre"
