@@ -1,25 +1,36 @@
-"""Universal Transformer with ACT vs a vanilla Transformer of as many parameters on a locally generated copy task: length
-generalisation (Dehghani et al. 2019, section 3.3) and the ponder steps per token.
+"""Universal Transformer with ACT vs a vanilla Transformer of as many parameters on locally generated algorithmic
+tasks: length generalisation (Dehghani et al. 2019, section 3.3: copy, reverse, addition, trained on short
+sequences and tested on longer ones) and the distribution of ponder steps per token.
 
-A causal language model reads ``x_1 .. x_n SEP`` and must write ``x_1 .. x_n`` again (the loss covers the copy only;
-tokens uniform over 14 symbols). Both models are trained on lengths ``--train_lengths`` and evaluated on those and on
-longer ones (``--eval_lengths``): token accuracy (teacher-forced next-token argmax over the copy) and whole-copy
-accuracy. The two models:
+A causal language model reads a prompt and must write the answer after a separator; the loss covers the answer only:
 
-- ``ut``: `TffUniversalTransformerForCausalLM` (by default hidden 128, 4 heads, feed-forward 208, one shared block:
-  as many parameters as ``vanilla``, the paper's equal-parameter comparison; ``--ut_hidden_size 64
-  --ut_intermediate_size 128`` gives the same width instead), ``act_max_steps`` 8, ACT ``basic``, its ponder steps
-  ``N`` per token reported as a histogram per length; ``--freeze_halting`` with ``--act_halting_bias_init -10`` makes
-  it a fixed-depth UT (every token halts by force at ``act_max_steps``);
+- ``copy``: ``x_1 .. x_n SEP x_1 .. x_n`` (tokens uniform over 14 symbols);
+- ``reverse``: ``x_1 .. x_n SEP x_n .. x_1``;
+- ``addition``: ``a_1 .. a_n + b_1 .. b_n SEP s_1 .. s_{n+1}``, decimal digits least significant first (so that
+  every digit of the sum follows the digits it depends on), ``n`` digits per operand, ``s = a + b``.
+
+Every model is trained on the lengths ``--train_lengths`` (one length per batch, in turn) and evaluated on those and
+on longer ones (``--eval_lengths``): token accuracy (teacher-forced next-token argmax over the answer) and whole-answer
+accuracy, on the same 512 sequences per length for every model and seed. Each ``--seeds`` entry builds every model
+afresh from that seed and trains it on the same batches. The models, all with as many parameters (the paper's
+equal-parameter comparison; the counts are in the results):
+
+- ``ut``: `TffUniversalTransformerForCausalLM` (hidden 128, 4 heads, feed-forward 208, one shared block),
+  ``act_max_steps`` 8, ACT ``basic``; its ponder steps ``N`` per token are reported per length: a histogram over all
+  tokens and the mean over the prompt's and over the answer's positions (the positions whose output is scored);
+- ``ut_fixed``: the same model with its halting unit frozen at bias -10 and ``act_max_steps`` ``--vanilla_layers``:
+  every token halts by force at the last step, a fixed-depth UT as deep as ``vanilla`` (it separates what weight
+  sharing and the per-step timing signals do from what the halting does);
 - ``vanilla``: ``--vanilla_layers`` separate blocks of the same class (hidden 64, feed-forward 128; not shared, no
-  halting), the same sqrt(d)-scaled embeddings and init, the position timing signal added once at the input, the
-  same tied LM head.
+  halting), the same sqrt(d)-scaled embeddings and init, the position timing signal added once at the input (the
+  UTs add it at every step, as tensor2tensor does), the same tied LM head.
 
-Positions: the sinusoid timing signal of both models is read at ``offset + t`` with a random ``offset`` per training
-sequence in ``[0, --position_offset]`` (randomised positions, Ruoss et al. 2023), so a longer evaluation sequence
-(read at offset 0) uses positions seen in training and the test is of the mechanism, not of unseen sinusoid phases.
+Positions: the sinusoid timing signal of every model is read at ``offset + t`` with a random ``offset`` per training
+sequence in ``[0, --position_offset]`` (randomised positions, Ruoss et al. 2023; the UT paper trains with randomised
+offsets as well), so a longer evaluation sequence (read at offset 0) uses positions seen in training and the test is
+of the mechanism, not of unseen sinusoid phases; the script refuses an offset range too small for that.
 
-    python bench/bench_universal_transformer_act.py --threads 1
+    python bench/bench_universal_transformer_act.py --threads 1 --task copy --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -27,38 +38,61 @@ from __future__ import annotations
 import argparse
 import collections
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import markdown_table, setup_threads, write_results  # noqa: E402
+from common import loadavg, markdown_table, setup_threads, write_results  # noqa: E402
 
 SEP = 1
-VOCAB = 16  # 0 padding (unused), 1 separator, 2..15 the symbols
+VOCAB = 16  # 0 padding (unused), 1 separator, 2..15 the symbols (copy, reverse); addition: 2..11 digits, 12 "+"
+DIGIT, PLUS = 2, 12
 DROPOUT_OFF = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+MODELS = ("ut", "ut_fixed", "vanilla")
 
 
-def make_batch(batch: int, length: int, generator, position_offset: int = 0):
-    """``(input_ids, labels, position_ids)``, each ``(B, 2n + 1)``; labels -100 outside the copy."""
+def sequence_length(task: str, length: int) -> int:
+    """Tokens in one sequence of ``task`` at length ``n`` (prompt, separator and answer)."""
+    return 3 * length + 3 if task == "addition" else 2 * length + 1
+
+
+def make_batch(task: str, batch: int, length: int, generator, position_offset: int = 0):
+    """``(input_ids, labels, position_ids, prompt_length)``; the tensors ``(B, sequence_length(task, n))``, labels
+    -100 outside the answer; ``prompt_length`` counts the prompt and the separator."""
     import torch
 
-    tokens = torch.randint(2, VOCAB, (batch, length), generator=generator)
-    input_ids = torch.cat([tokens, torch.full((batch, 1), SEP), tokens], dim=1)
+    if task == "addition":
+        digits = torch.randint(0, 10, (batch, 2, length), generator=generator)  # least significant first
+        place = 10 ** torch.arange(length + 1)
+        total = (digits * place[:length]).sum(-1).sum(-1, keepdim=True)  # (B, 1)
+        answer = (total // place) % 10  # (B, n + 1)
+        plus = torch.full((batch, 1), PLUS)
+        prompt = torch.cat([digits[:, 0] + DIGIT, plus, digits[:, 1] + DIGIT], dim=1)
+        answer = answer + DIGIT
+    else:
+        prompt = torch.randint(2, VOCAB, (batch, length), generator=generator)
+        answer = prompt if task == "copy" else prompt.flip(1)
+    input_ids = torch.cat([prompt, torch.full((batch, 1), SEP), answer], dim=1)
     labels = input_ids.clone()
-    labels[:, : length + 1] = -100
+    prompt_length = prompt.shape[1] + 1
+    labels[:, :prompt_length] = -100
     offsets = torch.randint(0, position_offset + 1, (batch, 1), generator=generator)
-    return input_ids, labels, offsets + torch.arange(input_ids.shape[1])
+    return input_ids, labels, offsets + torch.arange(input_ids.shape[1]), prompt_length
 
 
-def build_models(args):
-    """``{"ut": ..., "vanilla": ...}``, both fresh from the same seed."""
+def build_model(name: str, args):
+    """A fresh ``ut``, ``ut_fixed`` or ``vanilla`` model from seed ``args.seed``."""
     import torch
     from torch import nn
 
     from tf_family import create_model
     from tf_family.modeling.heads import LMPredictionHead
+    from tf_family.models.universal_transformer.configuration_universal_transformer import (
+        TffUniversalTransformerConfig,
+    )
     from tf_family.models.universal_transformer.modeling_universal_transformer import (
         TffUniversalTransformerBlock,
         build_allowed_mask,
@@ -67,19 +101,25 @@ def build_models(args):
 
     common = {"vocab_size": VOCAB, "num_attention_heads": 4}
     torch.manual_seed(args.seed)
-    ut = create_model(
-        "universal_transformer",
-        "causal_lm",
-        "tiny",
-        **common,
-        hidden_size=args.ut_hidden_size,
-        intermediate_size=args.ut_intermediate_size,
-        act_max_steps=args.act_max_steps,
-        act_loss_weight=args.act_loss_weight,
-        act_halting_bias_init=args.act_halting_bias_init,
-        act_force_halt_at_max_steps=args.act_force_halt,
-        act_type=args.act_type,
-    )
+    if name in ("ut", "ut_fixed"):
+        fixed = name == "ut_fixed"
+        ut = create_model(
+            "universal_transformer",
+            "causal_lm",
+            "tiny",
+            **common,
+            hidden_size=args.ut_hidden_size,
+            intermediate_size=args.ut_intermediate_size,
+            act_max_steps=args.vanilla_layers if fixed else args.act_max_steps,
+            act_loss_weight=args.act_loss_weight,
+            act_halting_bias_init=-10.0 if fixed else args.act_halting_bias_init,
+            act_force_halt_at_max_steps=True if fixed else args.act_force_halt,
+            act_type=args.act_type,
+            layer_norm_position=args.ut_layer_norm_position,
+        )
+        if fixed:  # every token halts by force at the last step
+            ut.transformer.halting.requires_grad_(False)
+        return ut
 
     class VanillaTransformerLM(nn.Module):
         """Fixed depth, one block per layer (the UT's block class), the position signal added once."""
@@ -107,21 +147,17 @@ def build_models(args):
                 hidden, _ = block(hidden, allowed)
             return self.lm_head(self.final_layer_norm(hidden))
 
-    if args.freeze_halting:  # with a low act_halting_bias_init: a fixed-depth UT (halts by force at act_max_steps)
-        ut.transformer.halting.requires_grad_(False)
-    torch.manual_seed(args.seed)
-    vanilla_config = ut.config.__class__(
+    config = TffUniversalTransformerConfig(
         **common, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size, **DROPOUT_OFF
     )
-    vanilla = VanillaTransformerLM(vanilla_config, args.vanilla_layers)
-    return {"ut": ut, "vanilla": vanilla}
+    return VanillaTransformerLM(config, args.vanilla_layers)
 
 
 def run_model(name, model, input_ids, labels, position_ids):
     """``(loss, logits, ponder_steps or None)``."""
     from torch import nn
 
-    if name == "ut":
+    if name != "vanilla":
         outputs = model(input_ids, labels=labels, position_ids=position_ids, use_cache=False)
         return outputs.loss, outputs.logits, outputs.ponder_steps
     logits = model(input_ids, position_ids)
@@ -130,28 +166,36 @@ def run_model(name, model, input_ids, labels, position_ids):
 
 
 def train_and_evaluate(name, model, args) -> dict:
+    """Train ``model`` for ``args.steps`` Adam steps, then evaluate it at every ``args.eval_lengths``."""
     import torch
 
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
     model.train()
     started = time.perf_counter()
+    trace = []  # (step, loss, mean ponder steps) every args.log_every steps
     for step in range(args.steps):
-        if name == "ut" and args.act_loss_ramp_steps:  # tau from 0 to act_loss_weight, linearly
-            model.config.act_loss_weight = args.act_loss_weight * min(1.0, step / args.act_loss_ramp_steps)
         length = args.train_lengths[step % len(args.train_lengths)]
-        loss, _, _ = run_model(name, model, *make_batch(args.batch, length, generator, args.position_offset))
+        input_ids, labels, position_ids, _ = make_batch(args.task, args.batch, length, generator, args.position_offset)
+        loss, _, ponder = run_model(name, model, input_ids, labels, position_ids)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if args.log_every and step % args.log_every == 0:
+            mean_ponder = None if ponder is None else float(ponder.float().mean())
+            trace.append([step, float(loss.detach()), mean_ponder])
+            print(f"seed {args.seed} {name} step {step} loss {trace[-1][1]:.3f} ponder {mean_ponder}", flush=True)
     result = {
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": time.perf_counter() - started,
+        "trace": trace,
         "eval": {},
     }
     model.eval()
     for length in args.eval_lengths:
-        input_ids, labels, position_ids = make_batch(512, length, torch.Generator().manual_seed(1000 + length))
+        input_ids, labels, position_ids, prompt_length = make_batch(
+            args.task, 512, length, torch.Generator().manual_seed(1000 + length)
+        )
         with torch.no_grad():
             _, logits, ponder_steps = run_model(name, model, input_ids, labels, position_ids)
         predicted, target = logits[:, :-1].argmax(-1), labels[:, 1:]
@@ -160,15 +204,19 @@ def train_and_evaluate(name, model, args) -> dict:
             "token_accuracy": float((predicted[scored] == target[scored]).float().mean()),
             "sequence_accuracy": float(((predicted == target) | ~scored).all(dim=1).float().mean()),
         }
-        if ponder_steps is not None:
-            row["ponder_histogram"] = dict(sorted(collections.Counter(ponder_steps.flatten().int().tolist()).items()))
-            row["mean_ponder"] = float(ponder_steps.float().mean())
+        if ponder_steps is not None and name == "ut":
+            steps = ponder_steps.int()
+            row["ponder_histogram"] = dict(sorted(collections.Counter(steps.flatten().tolist()).items()))
+            row["mean_ponder"] = float(steps.float().mean())
+            row["mean_ponder_prompt"] = float(steps[:, : prompt_length - 1].float().mean())
+            row["mean_ponder_answer"] = float(steps[:, prompt_length - 1 : -1].float().mean())  # scored outputs
         result["eval"][length] = row
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="copy", choices=["copy", "reverse", "addition"])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--train_lengths", type=int, nargs="+", default=[2, 3, 4, 5, 6, 7, 8])
@@ -180,71 +228,111 @@ def main(argv: list[str] | None = None) -> None:
         "--ut_hidden_size", type=int, default=128, help="128 (with 208): as many parameters as vanilla"
     )
     parser.add_argument("--ut_intermediate_size", type=int, default=208)
+    parser.add_argument(
+        "--ut_layer_norm_position",
+        default="pre",
+        choices=["pre", "post"],
+        help="the UTs' layer_norm_position: pre (tensor2tensor's code) or post (the paper's equations)",
+    )
     parser.add_argument("--act_max_steps", type=int, default=8)
     parser.add_argument("--act_force_halt", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--act_type", default="basic", choices=["basic", "accumulated"])
-    parser.add_argument(
-        "--freeze_halting",
-        action="store_true",
-        help="do not train the halting unit (with --act_halting_bias_init -10: every token takes act_max_steps steps)",
-    )
-    parser.add_argument("--act_loss_ramp_steps", type=int, default=0, help="ramp tau from 0 over these steps")
     parser.add_argument("--act_loss_weight", type=float, default=0.001)
     parser.add_argument("--act_halting_bias_init", type=float, default=1.0)
-    parser.add_argument("--vanilla_layers", type=int, default=4)
-    parser.add_argument("--models", nargs="+", default=["ut", "vanilla"], choices=["ut", "vanilla"])
+    parser.add_argument("--vanilla_layers", type=int, default=4, help="also the depth of ut_fixed")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--name", default="universal_transformer_act")
-    args = parser.parse_args(argv)
-    if max(args.eval_lengths) * 2 + 1 > args.position_offset + max(args.train_lengths) * 2 + 1:
-        raise ValueError(
-            f"--position_offset {args.position_offset}: the longest evaluation sequence ({max(args.eval_lengths)}) "
-            "would read positions never seen in training; raise --position_offset to at least "
-            f"{2 * (max(args.eval_lengths) - max(args.train_lengths))}."
-        )
-    setup_threads(args.threads)
+    parser.add_argument("--log_every", type=int, default=100, help="record loss and mean ponder steps (0: never)")
+    parser.add_argument("--name", default=None, help="results file name (default universal_transformer_act_<task>)")
+    return parser
 
-    models = build_models(args)
-    payload = {"args": vars(args), "models": {}}
-    for name in args.models:
-        payload["models"][name] = train_and_evaluate(name, models[name], args)
-        print(name, payload["models"][name], flush=True)
+
+def summarise(payload: dict, args) -> str:
+    """The Markdown report: accuracy mean and per seed, ponder steps of the UT, per evaluation length."""
+    runs = payload["runs"]  # {seed: {model: result}}, the seeds finished so far
+    seeds = list(runs)
+
+    def values(model, length, key):
+        return [runs[seed][model]["eval"][length][key] for seed in seeds]
 
     rows = []
     for length in args.eval_lengths:
         seen = "seen" if length <= max(args.train_lengths) else "longer"
         row = [f"{length} ({seen})"]
-        for name in args.models:
-            result = payload["models"][name]["eval"][length]
-            row.append(f"{result['token_accuracy']:.3f} / {result['sequence_accuracy']:.3f}")
-        if "ut" in args.models:
-            result = payload["models"]["ut"]["eval"][length]
-            row.append(f"{result['mean_ponder']:.2f}")
-            row.append(" ".join(f"{k}:{v}" for k, v in result["ponder_histogram"].items()))
+        for model in args.models:
+            tokens, sequences = values(model, length, "token_accuracy"), values(model, length, "sequence_accuracy")
+            per_seed = ", ".join(f"{value:.3f}" for value in tokens)
+            row.append(f"**{statistics.mean(tokens):.3f}** ({per_seed}) / {statistics.mean(sequences):.3f}")
         rows.append(row)
-    headers = ["copy length n"] + [f"{name} token / sequence accuracy" for name in args.models]
+    headers = ["length n"] + [f"{model}: token acc. mean (per seed) / sequence acc. mean" for model in args.models]
+    tables = markdown_table(headers, rows)
     if "ut" in args.models:
-        headers += ["UT mean N", "UT N histogram (tokens)"]
-    described = ", ".join(
-        f"{name} {payload['models'][name]['parameters']} parameters, trained in "
-        f"{payload['models'][name]['train_seconds']:.0f} s"
-        for name in args.models
+        ponder_rows = []
+        for length in args.eval_lengths:
+            histogram = collections.Counter()
+            for seed in seeds:
+                histogram.update({int(k): v for k, v in runs[seed]["ut"]["eval"][length]["ponder_histogram"].items()})
+            total = sum(histogram.values())
+            ponder_rows.append(
+                [
+                    str(length),
+                    ", ".join(f"{value:.2f}" for value in values("ut", length, "mean_ponder")),
+                    ", ".join(f"{value:.2f}" for value in values("ut", length, "mean_ponder_prompt")),
+                    ", ".join(f"{value:.2f}" for value in values("ut", length, "mean_ponder_answer")),
+                    " ".join(f"{k}:{100 * v / total:.1f}%" for k, v in sorted(histogram.items())),
+                ]
+            )
+        tables += "\n\nUT+ACT ponder steps N per token (per seed; the histogram pools the seeds' tokens):\n\n"
+        tables += markdown_table(
+            ["length n", "mean N", "mean N, prompt positions", "mean N, answer positions", "N histogram"], ponder_rows
+        )
+    described = "; ".join(
+        f"{model} {runs[seeds[0]][model]['parameters']} parameters, "
+        f"{statistics.mean(runs[seed][model]['train_seconds'] for seed in seeds):.0f} s per seed"
+        for model in args.models
     )
-    markdown = (
-        "# Universal Transformer + ACT vs vanilla Transformer: copy, length generalisation\n\n"
-        f"{args.steps} Adam steps each (lr {args.lr}, batch {args.batch}) at copy lengths {args.train_lengths}, "
-        f"positions offset at random by 0..{args.position_offset}; UT hidden {args.ut_hidden_size}, feed-forward "
-        f"{args.ut_intermediate_size}, one shared block, act_max_steps {args.act_max_steps}, act_type "
-        f"{args.act_type}, act_force_halt_at_max_steps {args.act_force_halt}, act_loss_weight {args.act_loss_weight}"
-        f"{f' (ramped from 0 over {args.act_loss_ramp_steps} steps)' if args.act_loss_ramp_steps else ''}, "
-        f"act_halting_bias_init {args.act_halting_bias_init}{', halting unit frozen' if args.freeze_halting else ''}; "
-        f"vanilla {args.vanilla_layers} layers, hidden {args.hidden_size}, feed-forward {args.intermediate_size}; 4 "
-        f"heads ({described}). Evaluated on 512 sequences per length (positions from 0).\n\n"
-        f"{markdown_table(headers, rows)}\n"
+    return (
+        f"# Universal Transformer + ACT vs vanilla Transformer: {args.task}, length generalisation\n\n"
+        f"Seeds {seeds} (of {args.args_seeds} asked for); {args.steps} Adam steps per model and seed (lr {args.lr}, batch {args.batch}) at "
+        f"lengths {args.train_lengths}, positions offset at random by 0..{args.position_offset}; ut: hidden "
+        f"{args.ut_hidden_size}, feed-forward {args.ut_intermediate_size}, one shared block, layer_norm_position "
+        f"{args.ut_layer_norm_position}, act_max_steps "
+        f"{args.act_max_steps}, act_type {args.act_type}, act_force_halt_at_max_steps {args.act_force_halt}, "
+        f"act_loss_weight {args.act_loss_weight}, act_halting_bias_init {args.act_halting_bias_init}; ut_fixed: the "
+        f"same block, {args.vanilla_layers} steps (halting frozen); vanilla: {args.vanilla_layers} layers, hidden "
+        f"{args.hidden_size}, feed-forward {args.intermediate_size}; 4 heads ({described}). Evaluated on 512 "
+        f"sequences per length (positions from 0). Load average at the start {payload['loadavg_start']} (a shared "
+        "machine: accuracy does not depend on it, the seconds do).\n\n"
+        f"{tables}\n"
     )
-    write_results(args.name, payload, markdown)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    longest_train = sequence_length(args.task, max(args.train_lengths))
+    longest_eval = sequence_length(args.task, max(args.eval_lengths))
+    if longest_eval > args.position_offset + longest_train:
+        raise ValueError(
+            f"--position_offset {args.position_offset}: the longest evaluation sequence ({longest_eval} tokens) "
+            f"would read positions never seen in training (at most {args.position_offset} + {longest_train}); "
+            f"raise --position_offset to at least {longest_eval - longest_train}."
+        )
+    args.name = args.name or f"universal_transformer_act_{args.task}"
+    args.args_seeds = list(args.seeds)
+    setup_threads(args.threads)
+
+    payload = {"args": vars(args), "loadavg_start": loadavg(), "runs": {}}
+    for seed in args.seeds:
+        args.seed = seed
+        payload["runs"][str(seed)] = {}
+        for name in args.models:
+            result = train_and_evaluate(name, build_model(name, args), args)
+            payload["runs"][str(seed)][name] = result
+            print(seed, name, {n: round(r["token_accuracy"], 3) for n, r in result["eval"].items()}, flush=True)
+        markdown = summarise(payload, args)  # after every seed: a run cut short still leaves its finished seeds
+        write_results(args.name, payload, markdown)
     print(markdown)
 
 

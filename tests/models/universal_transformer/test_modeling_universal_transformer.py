@@ -3,6 +3,7 @@
 outputs and loss, the per-step key/value cache, the attention backends and the input checks."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -37,8 +38,9 @@ def varied_halting(model: torch.nn.Module, seed: int = 0, scale: float = 0.3, bi
 
 def reaching_max_steps(model: torch.nn.Module) -> torch.nn.Module:
     """`varied_halting` where about a third of the positions of `ids` never pass the threshold (checked in the
-    tests that use it)."""
-    return varied_halting(model, scale=0.1, bias=-4.0)
+    tests that use it). A post-layer-norm state is smaller (unit scale, no piled-up timing signals): larger weights."""
+    post = model.config.layer_norm_position == "post"
+    return varied_halting(model, scale=0.3, bias=-5.0) if post else varied_halting(model, scale=0.1, bias=-4.0)
 
 
 def ids(batch: int = 2, length: int = 9, seed: int = 0) -> torch.Tensor:
@@ -62,17 +64,24 @@ def test_allowed_mask_rows_are_never_empty():
     assert allowed[0, 3].tolist() == [False, False, True, True]
 
 
+@pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
 @pytest.mark.parametrize("graves", [False, True])
 @pytest.mark.parametrize("act_type", ["basic", "accumulated"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_model_equals_tensor2tensor_loop(act_type, causal, graves):
+def test_model_equals_tensor2tensor_loop(act_type, causal, graves, layer_norm_position):
     """tensor2tensor's loop with the model's halting unit, timing signals and blocks equals the model: the unweighted
     state feeds the next step, halted positions are still computed and still serve as keys, the timing signals are
     added at every step, the weighted state is the output. ``graves``: with ``act_force_halt_at_max_steps`` (the
     default) the positions still running at the last step halt there with their remainder; without, tensor2tensor's
     loop exactly."""
     torch.manual_seed(0)
-    config = make_config(act_type=act_type, causal=causal, layers_per_step=2, act_force_halt_at_max_steps=graves)
+    config = make_config(
+        act_type=act_type,
+        causal=causal,
+        layers_per_step=2,
+        act_force_halt_at_max_steps=graves,
+        layer_norm_position=layer_norm_position,
+    )
     model = reaching_max_steps(TffUniversalTransformerModel(config))
     input_ids = ids()
     with torch.no_grad():
@@ -286,6 +295,60 @@ def test_eager_and_sdpa_agree():
     torch.testing.assert_close(sdpa[mask.bool()], eager[mask.bool()], rtol=1e-5, atol=1e-5)
 
 
+def _mhsa(attention, inputs: torch.Tensor) -> torch.Tensor:
+    """Multi-head self-attention written out with ``attention``'s weights (no mask, no dropout)."""
+    batch, length, width = inputs.shape
+    heads, head_dim = attention.num_heads, attention.head_dim
+    q, k, v = (
+        proj(inputs).view(batch, length, heads, head_dim).transpose(1, 2)
+        for proj in (attention.query, attention.key, attention.value)
+    )
+    probs = torch.softmax(q @ k.transpose(-1, -2) / head_dim**0.5, dim=-1)
+    return attention.out_proj((probs @ v).transpose(1, 2).reshape(batch, length, width))
+
+
+@pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
+def test_block_is_the_papers_equations_with_post_layer_norm(layer_norm_position):
+    """``layer_norm_position="post"``: one step is the paper's section 2.1, ``A = LN(x + MHSA(x))``, ``H = LN(A +
+    FFN(A))`` with ``x = H_prev + P + S``; the default ``"pre"`` normalises each sub-layer's input instead
+    (tensor2tensor's code). Written out with the block's own weights."""
+    torch.manual_seed(0)
+    config = make_config(layer_norm_position=layer_norm_position, hidden_size=32, num_attention_heads=2)
+    block = TffUniversalTransformerModel(config).blocks[0].eval()
+    attention, transition = block.attention, block.transition
+    with torch.no_grad():  # non-trivial layer norms, so that a swapped one would show
+        for norm in (attention.layer_norm, transition.layer_norm):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 5, 32) * 3
+    allowed = build_allowed_mask(torch.ones(2, 5, dtype=torch.bool), 5, False)
+    with torch.no_grad():
+        if layer_norm_position == "post":
+            a = attention.layer_norm(x + _mhsa(attention, x))
+            expected = transition.layer_norm(a + transition.fc_out(torch.relu(transition.fc_in(a))))
+        else:
+            a = x + _mhsa(attention, attention.layer_norm(x))
+            expected = a + transition.fc_out(torch.relu(transition.fc_in(transition.layer_norm(a))))
+        torch.testing.assert_close(block(x, allowed)[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
+def test_post_layer_norm_keeps_the_re_added_timing_signals_from_piling_up(layer_norm_position):
+    """The state after each step: with ``"pre"`` it keeps every step's timing signals (at init, step ``n`` holds
+    about ``n`` copies of the position signal, so its norm grows with ``n``); with ``"post"`` every step's output is
+    normalised, so it has unit scale at every step (LN at init: weight 1, bias 0)."""
+    torch.manual_seed(0)
+    config = make_config(layer_norm_position=layer_norm_position, act_max_steps=8, act_halting_bias_init=-10.0)
+    model = TffUniversalTransformerModel(config).eval()
+    with torch.no_grad():
+        states = model(ids(), output_hidden_states=True).hidden_states[1:-1]  # after each of the 8 steps
+    norms = [state.pow(2).mean(-1).sqrt().mean().item() for state in states]  # RMS per position
+    if layer_norm_position == "post":
+        assert norms == pytest.approx([1.0] * 8, rel=1e-3)
+    else:
+        assert norms[-1] > 3 * norms[0], norms
+
+
 def test_attentions_and_hidden_states_per_step():
     model = TffUniversalTransformerModel(make_config(layers_per_step=2)).eval()
     outputs = model(ids(), output_attentions=True, output_hidden_states=True)
@@ -303,6 +366,7 @@ def test_attentions_and_hidden_states_per_step():
         ({"hidden_size": 30, "num_attention_heads": 4}, "num_attention_heads"),
         ({"act_loss_weight": -1.0}, "act_loss_weight"),
         ({"act_force_halt_at_max_steps": "yes"}, "act_force_halt_at_max_steps"),
+        ({"layer_norm_position": "sandwich"}, "layer_norm_position"),
     ],
 )
 def test_config_errors_name_the_field(overrides, message):
@@ -321,3 +385,14 @@ def test_input_errors():
     decoder = TffUniversalTransformerForCausalLM(make_config()).eval()
     with pytest.raises(ValueError, match="attention_mask"):
         decoder(ids(), attention_mask=torch.ones(2, 4, dtype=torch.long))
+
+
+def test_configs_saved_before_layer_norm_position_load_as_pre(tmp_path):
+    """A config saved without ``layer_norm_position`` (before the field existed) loads as ``"pre"``: the model it
+    describes is unchanged."""
+    config = make_config()
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved.pop("layer_norm_position")
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert TffUniversalTransformerConfig.from_pretrained(tmp_path).layer_norm_position == "pre"

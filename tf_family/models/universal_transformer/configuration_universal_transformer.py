@@ -16,8 +16,9 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
     position and step timing signals added at every step and per-position halting (ACT).
 
     Defaults follow tensor2tensor's ``universal_transformer_base`` with ACT (``recurrence_type="act"``) where it has
-    one: ``act_epsilon`` 0.01, ``act_halting_bias_init`` 1.0, ``act_loss_weight`` 0.01, sinusoid step signals; at the
-    maximum step they follow Graves 2016 (``act_force_halt_at_max_steps``; tensor2tensor's rule is the `False`).
+    one: ``act_epsilon`` 0.01, ``act_halting_bias_init`` 1.0, ``act_loss_weight`` 0.01, pre-layer-norm blocks; the
+    step timing signals are sinusoids (tensor2tensor's option; its default learns them); at the maximum step they
+    follow Graves 2016 (``act_force_halt_at_max_steps``; tensor2tensor's rule is the `False`).
 
     Args:
         vocab_size (`int`, defaults to 32000): number of tokens.
@@ -46,6 +47,11 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
         act_type (`str`, defaults to `"basic"`): ``"basic"``: the output is updated as ``s (1 - w) + y w`` at every
             step (tensor2tensor's default); ``"accumulated"``: the output is the weighted sum ``sum_n w_n y_n``
             (Graves 2016).
+        layer_norm_position (`str`, defaults to `"pre"`): ``"pre"``: each sub-layer normalises its input and the
+            residual state is never normalised until the final layer norm (tensor2tensor's code), so the timing signals
+            added at every step accumulate in it (``n`` copies of the position signal at step ``n``); ``"post"``: the
+            paper's section 2.1 equations, each residual sum normalised (``LN(x + sublayer(x))``), so the state entering
+            every step has unit scale and the step's signals a constant share of it.
         causal (`bool`, defaults to `False`): causal self-attention (a decoder); `TffUniversalTransformerForCausalLM`
             sets it.
         hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and sub-layer outputs.
@@ -81,6 +87,7 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
     act_halting_bias_init: float = 1.0
     act_loss_weight: float = 0.01
     act_type: Literal["basic", "accumulated"] = "basic"
+    layer_norm_position: Literal["pre", "post"] = "pre"
     causal: bool = False
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1

@@ -31,8 +31,14 @@ Deviations from tensor2tensor:
 - by default a position still running at `act_max_steps` halts there with its remainder (Graves 2016); tensor2tensor
   leaves it ``R = 0`` (``act_force_halt_at_max_steps=False`` restores that);
 - padding positions never run (they count as halted from the start) and are left out of the ponder cost;
-- blocks are pre-layer-norm with a final layer norm (tensor2tensor's ``layer_preprocess_sequence="n"``,
-  ``layer_postprocess_sequence="da"``); the word embeddings (or ``inputs_embeds``) are scaled by ``sqrt(d)`` as in
+- by default (``layer_norm_position="pre"``) blocks are pre-layer-norm with a final layer norm, as tensor2tensor's
+  code (``layer_preprocess_sequence="n"``, ``layer_postprocess_sequence="da"``). The timing signals re-added at
+  every step then pile up in the un-normalised residual state (step ``n`` carries ``n`` copies of the position
+  signal, and at init the token's embedding is a seventh of the state's norm by step 8). ``"post"`` is the paper's
+  section 2.1 equations, ``A = LN(H + P + MHSA(H + P))``, ``H' = LN(A + FFN(A))``: the state is re-normalised after
+  every step, so each step's signals enter at a constant share (the final layer norm is kept in both);
+- the step timing signal is a sinusoid (tensor2tensor's ``step_timing_signal_type="sinusoid"``; its default is
+  ``"learned"``); the word embeddings (or ``inputs_embeds``) are scaled by ``sqrt(d)`` as in
   tensor2tensor (``multiply_embedding_mode="sqrt_depth"``), and the word embeddings start at std ``d^-0.5`` as
   tensor2tensor's symbol modality starts them (not `initializer_range`), so the scaled embeddings have unit variance.
 
@@ -148,13 +154,15 @@ class UniversalTransformerSequenceClassifierOutput(SequenceClassifierOutput):
 
 
 class TffUniversalTransformerAttention(nn.Module):
-    """Pre-layer-norm multi-head self-attention with its residual: ``x + dropout(out_proj(attend(LN(x))))``."""
+    """Multi-head self-attention with its residual: ``x + dropout(out_proj(attend(LN(x))))`` (``layer_norm_position``
+    ``"pre"``, tensor2tensor's code) or ``LN(x + dropout(out_proj(attend(x))))`` (``"post"``, the paper's section 2.1)."""
 
     def __init__(self, config: TffUniversalTransformerConfig):
         super().__init__()
         self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
+        self.post_norm = config.layer_norm_position == "post"
         width = config.hidden_size
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.query, self.key, self.value = (nn.Linear(width, width) for _ in range(3))
@@ -176,7 +184,7 @@ class TffUniversalTransformerAttention(nn.Module):
         """``allowed``: ``(B, T, S)``; with a cache, ``S`` counts the cached positions and the keys and values of
         this call are appended to its layer ``cache_index``."""
         batch, length, _ = hidden.shape
-        normed = self.layer_norm(hidden)
+        normed = hidden if self.post_norm else self.layer_norm(hidden)
         query, key, value = (self._heads(projection(normed)) for projection in (self.query, self.key, self.value))
         if cache is not None:
             key, value = cache.update(key, value, cache_index)  # (B, H, S, Dh)
@@ -186,14 +194,17 @@ class TffUniversalTransformerAttention(nn.Module):
             query, key, value, allowed[:, None], dropout_p=dropout_p, implementation=implementation
         )  # (B, H, T, Dh)
         attended = attended.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
-        return hidden + self.dropout(self.out_proj(attended)), probs
+        output = hidden + self.dropout(self.out_proj(attended))
+        return (self.layer_norm(output) if self.post_norm else output), probs
 
 
 class TffUniversalTransformerTransition(nn.Module):
-    """The transition function: a pre-layer-norm position-wise feed-forward block with its residual."""
+    """The transition function: a position-wise feed-forward block with its residual, the layer norm at its input
+    (``"pre"``) or after the residual (``"post"``, the paper's section 2.1: ``LN(a + FFN(a))``)."""
 
     def __init__(self, config: TffUniversalTransformerConfig):
         super().__init__()
+        self.post_norm = config.layer_norm_position == "post"
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation = build_activation(config.hidden_act)
@@ -201,6 +212,8 @@ class TffUniversalTransformerTransition(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.post_norm:
+            return self.layer_norm(hidden + self.dropout(self.fc_out(self.activation(self.fc_in(hidden)))))
         return hidden + self.dropout(self.fc_out(self.activation(self.fc_in(self.layer_norm(hidden)))))  # (B, T, D)
 
 
