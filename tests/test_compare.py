@@ -546,3 +546,33 @@ def test_a_retrieval_model_trains_its_lm_alone_on_the_passkey_task():
     # 2e-6 apart here), not the update with retrieval on (0.02 apart: a whole Adam step of lr 1e-2)
     for (name, trained), alone in zip(model.lm.named_parameters(), lm.parameters(), strict=True):
         torch.testing.assert_close(trained, alone, rtol=0, atol=1e-4, msg=name)
+
+
+def test_passkey_steps_project_only_the_answers_where_the_model_can(monkeypatch):
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tf_family.compare import measures
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    config.num_attention_heads = config.num_key_value_heads = 2
+    full, kept = LlamaForCausalLM(config), None
+    kept = copy.deepcopy(full)
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for length in (20, 26, 31):  # rows of different lengths: padded in front, the answers line up at the end
+        ids = torch.randint(1, 64, (length,), generator=generator).tolist()
+        samples.append((ids, [-100] * (length - 6) + ids[-5:] + [-100]))
+    projected = []
+    forward = kept.forward
+    kept.forward = lambda **kw: projected.append(kw.get("logits_to_keep")) or forward(**kw)
+    monkeypatch.setattr(measures, "_takes", lambda model, name: model is kept)
+    counts = [
+        measures._passkey_step(m, samples, 16, 64, torch.optim.SGD(m.parameters(), lr=0.1)) for m in (full, kept)
+    ]
+    assert projected == [measures.KEY_LENGTH + 1] and counts[0] == counts[1] and counts[0][1] == 15
+    for a, b in zip(full.parameters(), kept.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 
@@ -131,6 +132,11 @@ def _batch(samples, keep: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
+def _takes(model, name: str) -> bool:
+    """Whether ``model``'s forward names the argument ``name`` (not just ``**kwargs``)."""
+    return name in inspect.signature(model.forward).parameters
+
+
 def _passkey_step(model, samples, segment: int, window: int, optimizer=None, **call) -> tuple[int, int]:
     """One batch: loss on the answer tokens (and an optimizer step when given); returns (correct, scored). ``call``:
     extra arguments of the model's forward."""
@@ -139,14 +145,19 @@ def _passkey_step(model, samples, segment: int, window: int, optimizer=None, **c
     ids, labels = ids.to(model.device), labels.to(model.device)
     pieces = [(s, s + segment) for s in range(0, ids.shape[1], segment)] if memory_model else [(0, ids.shape[1])]
     memory = start_memory(model, ids.shape[0], ids.shape[1]) if memory_model else None
+    # the answers end every row (`_batch` pads in front): a model that can project only the last positions onto the
+    # vocabulary (transformers' ``logits_to_keep``) does so, the same loss at a fraction of the vocabulary's cost
+    keep = 0 if memory_model or not _takes(model, "logits_to_keep") else KEY_LENGTH + 1
+    if keep and (labels[:, :-keep] != IGNORE_INDEX).any():
+        raise RuntimeError(f"a passkey answer starts more than {keep} tokens before the end of its row.")
     correct = scored = 0
     for low, high in pieces:
-        kwargs = {"mems": memory, **call} if memory_model else call
+        kwargs = {"mems": memory, **call} if memory_model else {**call, **({"logits_to_keep": keep} if keep else {})}
         with torch.set_grad_enabled(optimizer is not None):
             out = model(input_ids=ids[:, low:high], **kwargs)
         if memory_model:
             memory = out.mems
-        target = labels[:, low:high]
+        target = labels[:, low:high][:, -keep:] if keep else labels[:, low:high]
         counted = target != IGNORE_INDEX
         if not counted.any():
             continue
