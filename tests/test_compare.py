@@ -17,7 +17,7 @@ import pytest
 from tf_family.cli import main as cli_main
 from tf_family.compare import family, listops, lra
 from tf_family.compare.cli import build_parser, parse_settings
-from tf_family.compare.grid import Grid, cell_chains, split_cells
+from tf_family.compare.grid import Grid, cell_chains, chain_queue
 from tf_family.compare.presets import passkey_train_distances
 from tf_family.compare.report import write_report
 from tf_family.compare.rows import fold_seeds, row
@@ -276,7 +276,7 @@ def test_compare_refuses_bad_options():
         parse_settings(parser.parse_args(["--cpu", "--device", "cuda"]))
 
 
-def test_jobs_keep_each_chain_of_needs_in_one_process_and_spread_the_rest():
+def test_jobs_keep_each_chain_of_needs_in_one_process_and_queue_the_heaviest_first():
     settings = parse_settings(build_parser().parse_args(["--quick", "--cpu"]))
     args = build_parser().parse_args(["--quick", "--cpu"])
     args.encoder_tasks = list(settings["encoder_tasks"])
@@ -289,14 +289,14 @@ def test_jobs_keep_each_chain_of_needs_in_one_process_and_spread_the_rest():
         assert all(chain_of[need] == chain_of[cell.key] for need in cell.needs)
     assert chain_of["train:knn_lm@42"] == chain_of["train:dense_llama@42"] != chain_of["train:dense_llama@43"]
     assert chain_of["cost:transfo_xl"] == chain_of["passkey:transfo_xl@42"]
-    shares = split_cells(cells, 2)
-    assert sorted(c.key for share in shares for c in share) == sorted(c.key for c in cells)
+    queue = chain_queue(cells)  # every cell once, the heaviest chains first, each chain in the grid's order
+    assert sorted(c.key for chain in queue for c in chain) == sorted(c.key for c in cells)
     order = [c.key for c in cells]
-    for share in shares:
-        assert [c.key for c in share] == [k for k in order if k in {c.key for c in share}]
-        keys = {c.key for c in share}
-        assert {need for c in share for need in c.needs} <= keys
-    assert abs(len(shares[0]) - len(shares[1])) <= len(cells) // 4
+    for chain in queue:
+        assert [c.key for c in chain] == [k for k in order if k in {c.key for c in chain}]
+    weights = [sum(3.0 if c.measure in ("train", "passkey") else 1.0 for c in chain) for chain in queue]
+    assert weights[0] == max(weights) and weights[-1] < weights[0]
+    assert any(c.key == "train:dense_llama@42" for c in queue[0])  # the baseline's chain carries the kNN-LM's
     with pytest.raises(ValueError, match="--jobs=0"):
         parse_settings(build_parser().parse_args(["--quick", "--cpu", "--jobs", "0"]))
 
@@ -492,3 +492,87 @@ def test_pathfinder_labels_are_the_connectivity_of_the_dots():
         assert lra.connected(example["text"], 10) == bool(example["label"])
     with pytest.raises(ValueError, match="too small"):
         lra.pathfinder_examples(1, seed=0, side=4)
+
+
+def test_processes_take_each_chain_once_from_the_shared_queue(tmp_path):
+    from tf_family.compare.grid import Cell, claims_folder, run_claimed
+
+    grid = Grid.__new__(Grid)
+    grid.cache = tmp_path
+    ran: list[str] = []
+
+    def cell(key, measure, needs=()):
+        return Cell(key, "causal", key.split(":")[1], measure, lambda: ran.append(key) or [], list(needs))
+
+    cells = [
+        cell("train:a", "train"),
+        cell("passkey:a", "passkey", ["train:a"]),
+        cell("train:b", "train"),
+        cell("listops:c", "listops"),
+    ]
+    claims_folder(grid).mkdir(parents=True)
+    (claims_folder(grid) / "train--b.claim").touch()  # another process took b's chain
+    first = run_claimed(grid, cells)
+    assert ran == ["train:a", "passkey:a", "listops:c"]  # the heaviest chain first, b left to its taker
+    assert set(first) == {"train:a", "passkey:a", "listops:c"}
+    assert run_claimed(grid, cells) == {} and len(ran) == 3  # a second process finds every chain taken
+
+
+def test_a_retrieval_model_trains_its_lm_alone_on_the_passkey_task():
+    import copy
+
+    import torch
+
+    from tests.models.knn_lm.test_knn_lm import knn_lm_with_a_datastore
+    from tf_family.compare.measures import RETRIEVAL_OFF, _passkey_step
+
+    model = knn_lm_with_a_datastore(lmbda=0.5)
+    lm = copy.deepcopy(model.lm)
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(4):
+        ids = torch.randint(1, 128, (24,), generator=generator).tolist()
+        samples.append((ids, [-100] * 18 + ids[19:] + [-100]))
+    with torch.no_grad():  # with retrieval on, the model's distribution is not its LM's
+        assert not torch.allclose(
+            model(input_ids=torch.tensor([ids])).logits, lm(input_ids=torch.tensor([ids])).logits
+        )
+    model.train(), lm.train()
+    torch.manual_seed(1)  # the same dropout masks for both
+    _passkey_step(model, samples, 16, 32, torch.optim.AdamW(model.parameters(), lr=1e-2), **RETRIEVAL_OFF)
+    torch.manual_seed(1)
+    _passkey_step(lm, samples, 16, 32, torch.optim.AdamW(lm.parameters(), lr=1e-2))
+    # the same update up to rounding (its logits are log-probabilities; Adam scales tiny gradients up to about
+    # 2e-6 apart here), not the update with retrieval on (0.02 apart: a whole Adam step of lr 1e-2)
+    for (name, trained), alone in zip(model.lm.named_parameters(), lm.parameters(), strict=True):
+        torch.testing.assert_close(trained, alone, rtol=0, atol=1e-4, msg=name)
+
+
+def test_passkey_steps_project_only_the_answers_where_the_model_can(monkeypatch):
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tf_family.compare import measures
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    config.num_attention_heads = config.num_key_value_heads = 2
+    full, kept = LlamaForCausalLM(config), None
+    kept = copy.deepcopy(full)
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for length in (20, 26, 31):  # rows of different lengths: padded in front, the answers line up at the end
+        ids = torch.randint(1, 64, (length,), generator=generator).tolist()
+        samples.append((ids, [-100] * (length - 6) + ids[-5:] + [-100]))
+    projected = []
+    forward = kept.forward
+    kept.forward = lambda **kw: projected.append(kw.get("logits_to_keep")) or forward(**kw)
+    monkeypatch.setattr(measures, "_takes", lambda model, name: model is kept)
+    counts = [
+        measures._passkey_step(m, samples, 16, 64, torch.optim.SGD(m.parameters(), lr=0.1)) for m in (full, kept)
+    ]
+    assert projected == [measures.KEY_LENGTH + 1] and counts[0] == counts[1] and counts[0][1] == 15
+    for a, b in zip(full.parameters(), kept.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

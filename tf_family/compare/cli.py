@@ -23,6 +23,7 @@ encoders when no ``--archs`` / ``--encoders`` are given, and says so in its repo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -72,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=1,
-        help="processes that run cells side by side, each with its share of the CPU threads (a model's training and "
-        "its measures stay in one process); default 1",
+        help="processes that run cells side by side from one shared queue, each with its share of the CPU threads (a "
+        "model's training and its measures stay in one process); default 1",
     )
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --jobs for its processes
     parser.add_argument("--dry_run", "--dry-run", action="store_true", help="print the grid and its cells; run none")
@@ -292,17 +293,41 @@ def describe(grid, cells) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_workers(grid, argv: list[str], jobs: int) -> None:
-    """Run the grid's cells in ``jobs`` processes (`tf_family.compare.grid.split_cells`), each with ``cpus // jobs``
-    threads; the shared data files are written first, here, so that no two processes write one."""
+def run_workers(grid, cells, argv: list[str], jobs: int) -> None:
+    """Run the grid's cells in ``jobs`` processes, each with ``cpus // jobs`` threads, taking chains from one shared
+    queue (`tf_family.compare.grid.run_claimed`); one progress bar here, read from the cache. The shared data files
+    are written first, here, so that no two processes write one."""
+    import shutil
     import subprocess
+
+    from tqdm.auto import tqdm
+
+    from .grid import cell_path, claims_folder
 
     for task in grid.args.encoder_tasks:
         grid.data.task(task)
+    shutil.rmtree(claims_folder(grid), ignore_errors=True)  # claims of an earlier, stopped run
     threads = str(max(1, (os.cpu_count() or 1) // jobs))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     command = [sys.executable, "-m", "tf_family.cli", "compare", *argv]
+    started = time.time()
     workers = [subprocess.Popen([*command, "--worker", str(k)], env=env) for k in range(jobs)]
+
+    def finished() -> int:
+        done = 0
+        for cell in cells:
+            path = cell_path(grid, cell)
+            with contextlib.suppress(OSError, ValueError):
+                if path.stat().st_mtime >= started or "error" not in json.loads(path.read_text()):
+                    done += 1
+        return done
+
+    with tqdm(total=len(cells), desc=f"compare ({jobs} processes)", unit="cell", dynamic_ncols=True) as progress:
+        while any(worker.poll() is None for worker in workers):
+            if (done := finished()) != progress.n:
+                progress.update(done - progress.n)
+            time.sleep(1.0)
+        progress.update(finished() - progress.n)
     codes = [worker.wait() for worker in workers]
     if any(codes):
         failed = [k for k, code in enumerate(codes) if code]
@@ -313,7 +338,7 @@ def run_workers(grid, argv: list[str], jobs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .grid import Grid, run_cells, split_cells
+    from .grid import Grid, run_cells, run_claimed
     from .report import write_report
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -330,11 +355,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no GPU is visible to torch; use --device cpu or --dry-run.")
-    if args.worker is not None:  # one of --jobs's processes: its share of the cells, no report
-        run_cells(grid, split_cells(cells, args.jobs)[args.worker], worker=args.worker)
+    if args.worker is not None:  # one of --jobs's processes: chains from the shared queue, no report
+        run_claimed(grid, cells)
         return 0
     if args.jobs > 1 and not args.report_only:
-        run_workers(grid, argv, args.jobs)
+        run_workers(grid, cells, argv, args.jobs)
     results = run_cells(grid, cells, args.report_only or args.jobs > 1)
     command = {"argv": argv, **vars(args)}
     paths = write_report(Path(args.output_dir), results, settings, versions(), command, time.perf_counter() - started)

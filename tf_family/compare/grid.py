@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -100,9 +101,10 @@ class Grid:
         return list(self.settings["encoders"])
 
     def wraps_baseline(self, model: str) -> bool:
+        """Whether ``model`` is built on the dense baseline's trained weights (the baselines themselves are not)."""
         from ..registry import get_arch
 
-        return wraps_base_config(get_arch(model))
+        return model not in (BASELINE, ENCODER_BASELINE) and wraps_base_config(get_arch(model))
 
     def overrides(self, arch: str) -> dict[str, Any]:
         from ..registry import get_arch
@@ -158,9 +160,7 @@ class Grid:
         for model in contestants:
             for seed in self.seeds:
                 train = self._key("train", model, seed)
-                needs = (
-                    [self._key("train", BASELINE, seed)] if model != BASELINE and self.wraps_baseline(model) else []
-                )
+                needs = [self._key("train", BASELINE, seed)] if self.wraps_baseline(model) else []
                 cells.append(Cell(train, "causal", model, "train", _bind(train_causal, self, model, seed), needs))
                 for measure in self.args.measures:
                     if measure == "cost" or (measure == "passkey" and seed not in self.passkey_seeds()):
@@ -242,57 +242,63 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def run_cells(grid: Grid, cells: list[Cell], report_only: bool = False, worker: int | None = None) -> dict[str, dict]:
-    """Run every cell not cached; a cell's result (or error) is written atomically to ``cache/cells/``. With
-    ``report_only``, run nothing: the cached cells, and the others as not run yet. ``worker``: this process's
-    number when several share the grid (``--jobs``; its progress bar's line)."""
+def cell_path(grid: Grid, cell: Cell) -> Path:
+    """Where ``cell``'s result (or error) is cached."""
+    return grid.cache / "cells" / (cell.key.replace(":", "--").replace("@", "--") + ".json")
+
+
+def _run_cell(grid: Grid, cell: Cell, results: dict[str, dict], report_only: bool) -> None:
+    """``cell``'s result into ``results``: from the cache, or run now (written atomically to ``cache/cells/``; a
+    cell whose needs failed fails without running). With ``report_only``, a cell not cached is "not run yet"."""
+    path = cell_path(grid, cell)
+    if path.exists():
+        cached = json.loads(path.read_text())
+        if "error" not in cached or report_only:
+            results[cell.key] = cached
+            return
+    if report_only:
+        results[cell.key] = {"error": "not run yet", "key": cell.key, "model": cell.model}
+        return
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
+    failed = [need for need in cell.needs if "error" in results.get(need, {"error": "not run"})]
+    if failed:
+        result = {"error": f"needs {failed[0]}, which failed: {results.get(failed[0], {}).get('error')}"}
+    else:
+        try:
+            result = {"rows": cell.run()}
+        except Exception as error:  # the cell's failure is its result; the grid goes on
+            result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    result.update(
+        key=cell.key,
+        section=cell.section,
+        model=cell.model,
+        measure=cell.measure,
+        seconds=time.perf_counter() - started,
+        cpu_seconds=_cpu_seconds() - cpu_started,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(result, indent=1, default=str))
+    partial.replace(path)
+    results[cell.key] = result
+
+
+def run_cells(grid: Grid, cells: list[Cell], report_only: bool = False) -> dict[str, dict]:
+    """Run every cell not cached, in order, with a progress bar. With ``report_only``, run nothing: the cached
+    cells, and the others as not run yet."""
     from tqdm.auto import tqdm
 
-    folder = grid.cache / "cells"
-    folder.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
-    desc = "compare" if worker is None else f"compare {worker}"
-    progress = tqdm(total=len(cells), desc=desc, unit="cell", dynamic_ncols=True, position=worker or 0)
-    for cell in cells:
-        path = folder / (cell.key.replace(":", "--").replace("@", "--") + ".json")
-        if path.exists():
-            cached = json.loads(path.read_text())
-            if "error" not in cached or report_only:
-                results[cell.key] = cached
-                progress.update(1)
-                continue
-        if report_only:
-            results[cell.key] = {"error": "not run yet", "key": cell.key, "model": cell.model}
+    with tqdm(total=len(cells), desc="compare", unit="cell", dynamic_ncols=True) as progress:
+        for cell in cells:
+            if not report_only:
+                progress.set_postfix_str(cell.key)
+            _run_cell(grid, cell, results, report_only)
             progress.update(1)
-            continue
-        progress.set_postfix_str(cell.key)
-        started, cpu_started = time.perf_counter(), _cpu_seconds()
-        failed = [need for need in cell.needs if "error" in results.get(need, {"error": "not run"})]
-        if failed:
-            result = {"error": f"needs {failed[0]}, which failed: {results.get(failed[0], {}).get('error')}"}
-        else:
-            try:
-                result = {"rows": cell.run()}
-            except Exception as error:  # the cell's failure is its result; the grid goes on
-                result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
-        result.update(
-            key=cell.key,
-            section=cell.section,
-            model=cell.model,
-            measure=cell.measure,
-            seconds=time.perf_counter() - started,
-            cpu_seconds=_cpu_seconds() - cpu_started,
-        )
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(result, indent=1, default=str))
-        partial.replace(path)
-        results[cell.key] = result
-        progress.update(1)
-    progress.close()
     return results
 
 
-# a cell kind's rough share of a run's time, for spreading the chains over processes (`split_cells`)
+# a cell kind's rough share of a run's time: the heaviest chains are taken first (`chain_queue`)
 _WEIGHT = {"train": 3.0, "passkey": 3.0, "cost": 1.0, "perplexity": 0.2}
 
 
@@ -319,18 +325,33 @@ def cell_chains(cells: list[Cell]) -> list[list[Cell]]:
     return list(chains.values())
 
 
-def split_cells(cells: list[Cell], jobs: int) -> list[list[Cell]]:
-    """``cells`` spread over ``jobs`` processes: whole chains (`cell_chains`), the heaviest first to the least loaded
-    process; each process's cells in the grid's order."""
-    loads = [0.0] * jobs
-    shares: list[list[int]] = [[] for _ in range(jobs)]
-    index = {cell.key: i for i, cell in enumerate(cells)}
-    chains = cell_chains(cells)
-    for chain in sorted(chains, key=lambda c: -sum(_WEIGHT.get(cell.measure, 1.0) for cell in c)):
-        least = loads.index(min(loads))
-        loads[least] += sum(_WEIGHT.get(cell.measure, 1.0) for cell in chain)
-        shares[least] += [index[cell.key] for cell in chain]
-    return [[cells[i] for i in sorted(share)] for share in shares]
+def chain_queue(cells: list[Cell]) -> list[list[Cell]]:
+    """The chains (`cell_chains`) in the order ``--jobs``'s processes take them: the heaviest first (longest
+    processing time first), so that the short ones fill in at the end; ties keep the grid's order."""
+    return sorted(cell_chains(cells), key=lambda c: -sum(_WEIGHT.get(cell.measure, 1.0) for cell in c))
+
+
+def claims_folder(grid: Grid) -> Path:
+    """Where ``--jobs``'s processes mark the chains they took (emptied by the parent before it starts them)."""
+    return grid.cache / "claims"
+
+
+def run_claimed(grid: Grid, cells: list[Cell]) -> dict[str, dict]:
+    """One of ``--jobs``'s processes: take the next chain of `chain_queue` that no other process has taken (a claim
+    file created exclusively, the chain's first cell's name), run it, and so on until none is left: a shared queue,
+    so a process that drew short chains takes more of them."""
+    folder = claims_folder(grid)
+    folder.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    for chain in chain_queue(cells):
+        claim = folder / cell_path(grid, chain[0]).with_suffix(".claim").name
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue  # another process runs it
+        for cell in chain:
+            _run_cell(grid, cell, results, report_only=False)
+    return results
 
 
 def default_archs(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -342,4 +363,15 @@ def default_archs(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
     return causal, encoders
 
 
-__all__ = ["cell_chains", "split_cells", "Cell", "Grid", "default_archs", "run_cells", "shape_of"]
+__all__ = [
+    "Cell",
+    "Grid",
+    "cell_chains",
+    "cell_path",
+    "chain_queue",
+    "claims_folder",
+    "default_archs",
+    "run_cells",
+    "run_claimed",
+    "shape_of",
+]

@@ -205,7 +205,8 @@ def tables(rows: list[dict], settings: dict) -> list[Table]:
     passkey_note = (
         f"Each trained model then trained on the task for {settings['passkey_steps']} steps of "
         f"{settings['passkey_batch']} samples at {_trained_at(settings)}; models without memory read the last "
-        f"{settings['block']} tokens (their training length); {chance}."
+        f"{settings['block']} tokens (their training length); a model built on the dense baseline (the kNN-LM) "
+        f"trains its LM alone, as its paper does, and is scored with retrieval on; {chance}."
     )
     cost_note = (
         f"One forward and backward pass; memory models read the sequence in segments of {settings['segment']} "
