@@ -33,7 +33,7 @@ def test_from_imports_and_attributes_of_old_paths_work_in_a_fresh_interpreter():
     code = (
         "from tf_family.validation import check_tensor\n"
         "from tf_family.modeling_heads import GenericForSequenceClassification\n"
-        "import tf_family.remote_code_mixin as old, tf_family.modeling.remote_code_mixin as new\n"
+        "import tf_family.fused_lm_head as old, tf_family.modeling.fused_lm_head as new\n"
         "import tf_family\n"
         "assert old is new and tf_family.cards is tf_family.shipping.cards\n"
         "assert check_tensor.__module__ == 'tf_family.modeling.validation'\n"

@@ -217,15 +217,15 @@ def test_saving_with_code_gets_the_exporter_from_the_top_never_by_an_import(tmp_
     ``save_pretrained(remote_code=True)`` uses the exporter ``import tf_family`` hands down (`tf_family.lazy_auto`),
     and without it (code loaded from an export) refuses before writing anything."""
     from tf_family.lazy_auto import export_remote_code as handed_down
-    from tf_family.modeling.remote_code_mixin import RemoteCodeMixin
+    from tf_family.modeling.pretrained import TffPreTrainedModel
 
     for spec in ARCHITECTURES.values():
         files, _ = remote_code_files(spec.model_type)
         assert "remote_code.py" not in files and "lazy_auto.py" not in files, spec.name
         assert not [name for name, text in files.items() if "importlib" in text], spec.name
-    assert RemoteCodeMixin.code_exporter is handed_down
+    assert TffPreTrainedModel.code_exporter is handed_down
     model = build(ARCHITECTURES["transfo_xl"], "causal_lm")
-    monkeypatch.setattr(RemoteCodeMixin, "code_exporter", None)
+    monkeypatch.setattr(TffPreTrainedModel, "code_exporter", None)
     with pytest.raises(ValueError, match="needs tf_family installed"):
         model.save_pretrained(tmp_path / "model", remote_code=True)
     assert not (tmp_path / "model").exists()

@@ -1,7 +1,7 @@
 """Register the zoo with the transformers Auto classes (and its LoRA targets with PEFT) without importing them.
 
 (The same hook makes `SegmentMemory` and `CompressiveMemory` pytree nodes when ``tf_family.memory`` is imported, and
-gives the models' ``save_pretrained(remote_code=True)`` its exporter when ``tf_family.modeling.remote_code_mixin`` is: the top
+gives the models' ``save_pretrained(remote_code=True)`` its exporter when ``tf_family.modeling.pretrained`` is: the top
 of the package hands `tf_family.shipping.remote_code` down, the models never import it.)
 
 ``import tf_family`` must stay fast (``tf-family --help`` too: bench/bench_startup.py), so it imports neither torch nor
@@ -37,7 +37,7 @@ CONFIG_AUTO = "transformers.models.auto.configuration_auto"
 MODELING_AUTO = "transformers.models.auto.modeling_auto"
 PEFT_CONSTANTS = "peft.utils.constants"
 MEMORY = f"{__name__.rpartition('.')[0]}.memory"
-REMOTE_CODE_MIXIN = f"{__name__.rpartition('.')[0]}.modeling.remote_code_mixin"
+PRETRAINED = f"{__name__.rpartition('.')[0]}.modeling.pretrained"
 
 # task -> the name of the Auto class in transformers.models.auto.modeling_auto (as in `tf_family.auto`)
 AUTO_CLASS_NAME_BY_TASK = {
@@ -215,10 +215,10 @@ def export_remote_code(folder: Any) -> list[str]:
     return export_remote_code(folder)
 
 
-def register_remote_code_exporter(remote_code_mixin: Any) -> None:
-    """Give `tf_family.modeling.remote_code_mixin.RemoteCodeMixin` (``save_pretrained(remote_code=True)``) its exporter once
+def register_remote_code_exporter(pretrained: Any) -> None:
+    """Give `tf_family.modeling.pretrained.TffPreTrainedModel` (``save_pretrained(remote_code=True)``) its exporter once
     that module is imported."""
-    remote_code_mixin.RemoteCodeMixin.code_exporter = staticmethod(export_remote_code)
+    pretrained.TffPreTrainedModel.code_exporter = staticmethod(export_remote_code)
 
 
 _HOOKS: dict[str, Callable[[Any], None]] = {
@@ -226,7 +226,7 @@ _HOOKS: dict[str, Callable[[Any], None]] = {
     MODELING_AUTO: register_models,
     PEFT_CONSTANTS: register_peft_targets,
     MEMORY: register_pytree_nodes,
-    REMOTE_CODE_MIXIN: register_remote_code_exporter,
+    PRETRAINED: register_remote_code_exporter,
 }
 _lock = threading.RLock()
 _pending: dict[str, Callable[[Any], None]] = {}

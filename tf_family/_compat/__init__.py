@@ -24,7 +24,6 @@ MOVED = {
     "modeling_utils": "tf_family.modeling.utils",
     "onnx_export": "tf_family.shipping.onnx_export",
     "remote_code": "tf_family.shipping.remote_code",
-    "remote_code_mixin": "tf_family.modeling.remote_code_mixin",
     "user_errors": "tf_family.utils.user_errors",
     "validation": "tf_family.modeling.validation",
 }

@@ -1,11 +1,11 @@
 """Checkpoints saved by other code: reading weight files (`loading`) and one record per foreign format with the one
-loader, converter and ``from_pretrained`` hook that serve them all (`foreign`)."""
+loader and converter that serve them all (`foreign`), which the ``from_pretrained`` of every model
+(`tf_family.modeling.pretrained.TffPreTrainedModel`) calls."""
 
 from .foreign import (
     BOOKKEEPING_CONFIG_KEYS,
     ForeignFormat,
     ForeignTokenizer,
-    FromPretrainedMixin,
     build_converted,
     convert_folder,
     copy_config_values,
@@ -32,7 +32,6 @@ __all__ = [
     "LOAD_KWARGS",
     "ForeignFormat",
     "ForeignTokenizer",
-    "FromPretrainedMixin",
     "build_converted",
     "check_state_dict",
     "convert_folder",

@@ -4,10 +4,11 @@ A `ForeignFormat` says how a folder written by another implementation (transform
 Decision Transformer; transformers 4.x TransfoXL) becomes a tf_family model: the ``model_type`` its ``config.json``
 carries, how that config translates, and how its tensors are renamed, dropped, transposed or folded. Each model
 folder declares its records in ``convert_<arch>.py`` (data and small tensor functions; it never imports the modeling
-file) and lists them once, in its `ArchSpec` (``foreign``). Every tf_family model class inherits
-`FromPretrainedMixin`, the one ``from_pretrained`` override: it checks a local folder's files, loads a folder of one
-of the formats its architecture declares (`declared_formats`) through `load_foreign`, hands every other folder to
-transformers, then runs the class's `FromPretrainedMixin._finish_loading` step (kNN-LM attaches its datastore there).
+file) and lists them once, in its `ArchSpec` (``foreign``). Every tf_family model class inherits the one
+``from_pretrained`` override, `tf_family.modeling.pretrained.TffPreTrainedModel.from_pretrained`: it checks a local
+folder's files, loads a folder of one of the formats its architecture declares (`declared_formats`) through
+`load_foreign`, hands every other folder to transformers, then runs the class's ``_finish_loading`` step (kNN-LM
+attaches its datastore there).
 `load_foreign` translates the config, renames the weights, checks every key and shape against the model, then loads
 through `PreTrainedModel.from_pretrained` itself (``state_dict=``), so its keyword arguments (``dtype``,
 ``device_map``, ``attn_implementation``, ``output_loading_info`` …) mean what they always mean.
@@ -15,7 +16,6 @@ through `PreTrainedModel.from_pretrained` itself (``state_dict=``), so its keywo
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import sys
@@ -27,9 +27,7 @@ import torch
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
-from ..attention.backend import NATIVE, default_implementation
-from ..utils.files import atomic_update_dir, check_checkpoint_folder
-from ..utils.user_errors import check_local_path
+from ..utils.files import atomic_update_dir
 from .loading import HUB_KWARGS, check_state_dict, read_config_dict, read_weights, split_load_kwargs
 
 logger = logging.get_logger(__name__)
@@ -207,9 +205,10 @@ def build_converted(
     tied = skeleton.get_expanded_tied_weights_keys(all_submodels=True)
     converted = fmt.convert_state_dict(weights)
     state_dict = check_state_dict(skeleton, converted, f"{target.base_model_prefix}.", tied, fmt.unused)
-    # transformers' own from_pretrained, past the hook: the weights are converted, and the hook's caller finishes
-    return super(FromPretrainedMixin, target).from_pretrained(
-        None, *model_args, config=tff_config, state_dict=state_dict, **load_kwargs
+    # transformers' own from_pretrained for ``target``, past tf_family's hook (`TffPreTrainedModel.from_pretrained`,
+    # which sits above this module): the weights are converted, and the hook's caller finishes
+    return PreTrainedModel.from_pretrained.__func__(
+        target, None, *model_args, config=tff_config, state_dict=state_dict, **load_kwargs
     )
 
 
@@ -258,109 +257,10 @@ def declared_formats(model_class: type) -> tuple[ForeignFormat, ...]:
     return ()
 
 
-class FromPretrainedMixin:
-    """The one ``from_pretrained`` of every tf_family model class (listed before `PreTrainedModel`).
-
-    In order: a local path that does not exist is said to be missing at once (`tf_family.utils.user_errors.
-    check_local_path`), where transformers would take it for a Hub id and retry the network; a local folder's
-    ``config.json`` and safetensors files are checked (`tf_family.utils.files.check_checkpoint_folder`: a damaged or
-    truncated file, or a shard named outside the folder, is a `ValueError` naming it); a folder (or ``config``) of
-    one of the formats the architecture declares (`declared_formats`) is translated by `load_foreign`; anything else
-    goes to `PreTrainedModel.from_pretrained`, with the class's ``_checkpoint_key_mapping`` (``{old key pattern: new
-    name}``, e.g. a head that became a ``classifier`` module) as transformers' ``key_mapping``, so that tf_family's
-    older folders load; the model saves under the new names (transformers would otherwise write a renamed checkpoint
-    back in its old layout). Last, `_finish_loading` runs on the loaded model: the step where a class does what its
-    weights alone do not (kNN-LM attaches its datastore).
-    """
-
-    _checkpoint_key_mapping: Mapping[str, str] = {}
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """Load a tf_family checkpoint (older key names renamed by ``_checkpoint_key_mapping``), or a folder saved by
-        another implementation in a format the architecture declares (config translated, weights renamed and
-        checked; see `load_foreign`), then finish it (`_finish_loading`, whose keyword-only parameters are keyword
-        arguments of this call: kNN-LM's ``datastore``)."""
-        options = {name: kwargs.pop(name) for name in _finishing_options(cls) if name in kwargs}
-        check_local_path(pretrained_model_name_or_path, f"{cls.__name__}.from_pretrained")
-        if pretrained_model_name_or_path is not None and os.path.isdir(pretrained_model_name_or_path):
-            check_checkpoint_folder(os.path.join(pretrained_model_name_or_path, kwargs.get("subfolder") or ""))
-        fmt = find_format(declared_formats(cls), pretrained_model_name_or_path, kwargs)
-        if fmt is not None:
-            loaded = load_foreign(cls, pretrained_model_name_or_path, fmt, *model_args, **kwargs)
-        else:
-            loaded = cls._load_tf_family_folder(pretrained_model_name_or_path, *model_args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        cls._finish_loading(model, pretrained_model_name_or_path, kwargs, **options)
-        return loaded
-
-    @classmethod
-    def _load_tf_family_folder(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' ``from_pretrained``, reading tf_family's older key names (``_checkpoint_key_mapping``)."""
-        renames = dict(cls._checkpoint_key_mapping)
-        if renames:
-            kwargs["key_mapping"] = {**renames, **(kwargs.get("key_mapping") or {})}
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        if renames:
-            _forget_renames(loaded[0] if isinstance(loaded, tuple) else loaded, renames)
-        return loaded
-
-    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' check of ``attn_implementation``, with tf_family's two additions: no choice (``None``) takes
-        `tf_family.attention.backend.default_implementation` (a rule by the default device and the config's dtype:
-        ``"tff_native"`` on CPU where the native kernel can be built, else ``"sdpa"``), and ``"tff_native"`` (tf_family's
-        CPU kernels, `backend.NATIVE`) is accepted wherever ``"sdpa"`` is, since the attention runs through
-        `backend.attend`."""
-        if requested_attention is None and self._supports_sdpa:
-            dtype = getattr(self.config, "dtype", None)
-            dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-            # from_pretrained builds the model on the meta device and then loads its weights onto the CPU: the rule
-            # is read for the CPU there, so a loaded model runs what the same model built directly runs
-            device = torch.get_default_device()
-            device = torch.device("cpu") if device.type == "meta" else device
-            requested_attention = default_implementation(
-                device, dtype=dtype if isinstance(dtype, torch.dtype) else None
-            )
-        if requested_attention == NATIVE:
-            if not self._supports_sdpa:
-                raise ValueError(
-                    f"{type(self).__name__} does not run its attention through tf_family.attention.attend, so "
-                    f"attn_implementation={NATIVE!r} is not available; use 'eager'."
-                )
-            return NATIVE
-        return super().get_correct_attn_implementation(requested_attention, is_init_check)
-
-    @classmethod
-    def _finish_loading(cls, model: PreTrainedModel, pretrained_model_name_or_path, load_kwargs: dict) -> None:
-        """The last step of `from_pretrained`, on the loaded ``model``: nothing here. A class that needs one overrides
-        it; its keyword-only parameters become keyword arguments of ``from_pretrained`` (taken out before
-        transformers sees the rest). ``load_kwargs``: the other keyword arguments of the call (Hub arguments …)."""
-
-
-def _finishing_options(model_class: type) -> tuple[str, ...]:
-    """The keyword-only parameters of ``model_class._finish_loading``: its own ``from_pretrained`` arguments."""
-    parameters = inspect.signature(model_class._finish_loading).parameters.values()
-    return tuple(parameter.name for parameter in parameters if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
-
-
-def _forget_renames(model: PreTrainedModel, renames: Mapping[str, str]) -> None:
-    """Drop ``renames`` from the weight conversions transformers keeps on a loaded model to undo them on save (it
-    writes a renamed checkpoint back in its original layout): tf_family's older names are read, never written."""
-    conversions = getattr(model, "_weight_conversions", None)
-    if conversions:
-        ours = [[pattern] for pattern in renames]
-        model._weight_conversions = [
-            conversion
-            for conversion in conversions
-            if list(getattr(conversion, "_original_source_patterns", ())) not in ours
-        ]
-
-
 __all__ = [
     "BOOKKEEPING_CONFIG_KEYS",
     "ForeignFormat",
     "ForeignTokenizer",
-    "FromPretrainedMixin",
     "build_converted",
     "convert_folder",
     "copy_config_values",

@@ -1,14 +1,15 @@
 """What every tf_family model is built from: the pieces each modeling file imports.
 
+* `pretrained` — `TffPreTrainedModel`, the one base of every model's ``PreTrainedModel``: input checks, the
+  ``from_pretrained`` hook, ``save_pretrained(remote_code=True)``;
 * `configuration` — the checks every config runs on itself (unknown keys, field types, shared fields);
-* `validation` — the checks a model input runs once at the edge, and the mixins that run them
-  (`InputValidationMixin`, `ValidatedGenerationMixin`);
+* `validation` — the checks a model input runs once at the edge, and `ValidatedGenerationMixin` (the generation
+  mixin of the models that generate);
 * `outputs` — the `ModelOutput` dataclasses several models return;
 * `heads` — the task heads the encoders share (masked LM, classification, question answering, multiple choice);
 * `losses` — the losses, with `Trainer`'s ``num_items_in_batch``;
-* `cache` — the key/value cache the decoders grow in place (`GrowingCache`);
+* `cache` — the key/value cache the decoders grow in place (`GrowingCache`, `GrowingCacheGenerationMixin`);
 * `fused_lm_head` — TRL's fused LM head, answered by the causal LMs;
-* `remote_code_mixin` — ``save_pretrained(remote_code=True)``;
 * `utils` — small shared modules and functions (dropout, activations, pooling, decoding-step inputs).
 
 Nothing here imports a model; the models import from here (by plain relative imports, so that the remote-code export

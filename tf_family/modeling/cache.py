@@ -1,5 +1,6 @@
 """Key/value caches for tf_family's models: `GrowingCache`, a `transformers.DynamicCache` whose decoding steps are
-written in place (`GrowingLayer`), and `GrowingCacheMixin`, which makes ``generate`` use it."""
+written in place (`GrowingLayer`), and `GrowingCacheGenerationMixin`, the generation mixin whose ``generate`` uses
+it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .validation import ValidatedGenerationMixin
+
 
 class GrowingLayer(DynamicLayer):
     """transformers' `DynamicLayer` whose keys and values live in buffers with room to spare: an update writes the
@@ -17,7 +20,7 @@ class GrowingLayer(DynamicLayer):
     ``values`` are views of the filled part, so whatever reads a `DynamicLayer` reads this one alike.
 
     A full buffer is replaced by one of about twice the filled length (``+ 256``), or of ``reserve`` positions when
-    that is enough and smaller (`GrowingCacheMixin` passes generation's whole length), so the copies cost
+    that is enough and smaller (`GrowingCacheGenerationMixin` passes generation's whole length), so the copies cost
     ``O(length)`` in all and the room never exceeds about twice what is filled. Keys that something else put in
     place (``crop``, beam search's reordering, offloading, ``reset``) are adopted, copied into new buffers, at the
     next update. While gradients flow into the new keys or values an update concatenates as `DynamicLayer` does
@@ -79,9 +82,11 @@ class GrowingCache(DynamicCache):
             self.layer_class_to_replicate = functools.partial(GrowingLayer, reserve)
 
 
-class GrowingCacheMixin:
-    """``generate`` makes a `GrowingCache` with room for the whole generation where it would make a plain
-    `DynamicCache` (same tokens, no copy of the cache at every step). A cache the caller passes is used as given."""
+class GrowingCacheGenerationMixin(ValidatedGenerationMixin):
+    """`ValidatedGenerationMixin` whose ``generate`` makes a `GrowingCache` with room for the whole generation where it
+    would make a plain `DynamicCache` (same tokens, no copy of the cache at every step). A cache the caller passes is
+    used as given. A model lists it in place of `ValidatedGenerationMixin` (transformers' ``can_generate`` looks for
+    a base whose name holds ``GenerationMixin``)."""
 
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size: int, max_cache_length: int
@@ -99,4 +104,4 @@ class GrowingCacheMixin:
             model_kwargs["cache"] = GrowingCache(self.config.get_text_config(decoder=True), reserve=reserve)
 
 
-__all__ = ["GrowingCache", "GrowingCacheMixin", "GrowingLayer"]
+__all__ = ["GrowingCache", "GrowingCacheGenerationMixin", "GrowingLayer"]

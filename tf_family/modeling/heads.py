@@ -125,7 +125,7 @@ class LMPredictionHead(nn.Module):
 
 
 # Checkpoints saved before the sequence-classification head was a ``classifier`` module (its ``dense`` and
-# ``out_proj`` sat on the model itself) load through the renaming of ``FromPretrainedMixin.from_pretrained``,
+# ``out_proj`` sat on the model itself) load through the renaming of ``TffPreTrainedModel.from_pretrained``,
 # which reads a class's ``_checkpoint_key_mapping``; saving writes the new names.
 CLASSIFIER_KEY_MAPPING = {r"^dense\.": "classifier.dense.", r"^out_proj\.": "classifier.out_proj."}
 

@@ -2,8 +2,8 @@
 the cache argument's old name, decoding-step inputs, fused projections and `torch.export` helpers.
 
 What has a concern of its own lives elsewhere: key/value caches in `tf_family.modeling.cache`, adaptive-embedding
-resizing in `tf_family.layers.adaptive`, ``save_pretrained(remote_code=True)`` in `tf_family.modeling.remote_code_mixin`, the
-one ``from_pretrained`` hook (folder checks, foreign formats) in `tf_family.conversion.foreign`.
+resizing in `tf_family.layers.adaptive`, ``save_pretrained(remote_code=True)`` and the one ``from_pretrained`` hook
+in `tf_family.modeling.pretrained` (foreign formats in `tf_family.conversion.foreign`).
 """
 
 from __future__ import annotations

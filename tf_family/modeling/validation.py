@@ -6,10 +6,11 @@ names the field or argument, the value and the fix). Two kinds of check live her
 * **values**: small typed checks of one number, choice or list (`check_int`, `check_positive_int`, `check_float`,
   `check_probability`, `check_choice`, `check_activation`, `check_list_of`, `check_token_id`, `check_seed`), used by
   the configs' ``validate_architecture`` and by ``forward`` arguments alike;
-* **model inputs**: `InputValidationMixin`, listed among the bases of every tf_family ``PreTrainedModel``; its
-  ``_check_*`` methods run at the top of each ``forward`` (``input_ids`` integer, 2-D, non-empty and inside the
-  vocabulary; masks shaped like the input; labels inside their classes or ``-100``; float inputs finite). Reading the
-  extreme ids costs one ``min`` / ``max`` per call; nothing is checked inside the layers.
+* **model inputs**: checks of one tensor (`check_tensor`, `check_ids_in_range`, `check_finite`, labels, caches,
+  memories), which the ``_check_*`` methods of `tf_family.modeling.pretrained.TffPreTrainedModel` run at the top of
+  each ``forward`` (``input_ids`` integer, 2-D, non-empty and inside the vocabulary; masks shaped like the input;
+  labels inside their classes or ``-100``; float inputs finite). Reading the extreme ids costs one ``min`` / ``max``
+  per call; nothing is checked inside the layers.
 
 Config validation (unknown keys, field types, the fields every config shares, then ``validate_architecture``) is in
 `tf_family.modeling.configuration`, which uses the value checks above.
@@ -339,110 +340,6 @@ def refuse_key_value_cache(name: str, value: Any, model: str, state: str) -> Non
         )
 
 
-class InputValidationMixin:
-    """The checks at the top of every tf_family ``forward`` (and so of `generate`, which calls it), each run once per
-    call. Listed among the bases of every tf_family ``PreTrainedModel``; the model's ``config`` gives the sizes."""
-
-    def _check_token_inputs(
-        self,
-        input_ids: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
-        *,
-        vocab_size: int | None = None,
-        embedding_width: int | None = None,
-    ) -> tuple[int, int]:
-        """Exactly one of ``input_ids`` ``(B, T)`` (integer ids in ``[0, vocab_size)``) and ``inputs_embeds``
-        ``(B, T, D)`` (finite floats), with ``B, T >= 1``. Returns ``(B, T)``."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
-        if input_ids is not None:
-            check_tensor("input_ids", input_ids, integer=True, dim=2)
-            name, source = "input_ids", input_ids
-        else:
-            check_tensor("inputs_embeds", inputs_embeds, integer=False, dim=3)
-            name, source = "inputs_embeds", inputs_embeds
-        batch, length = source.shape[:2]
-        if batch == 0 or length == 0:
-            raise ValueError(
-                f"{name} is empty (shape {tuple(source.shape)}): pass at least one row of at least one token."
-            )
-        if input_ids is not None:
-            vocab_size = vocab_size if vocab_size is not None else self.config.vocab_size
-            check_ids_in_range("input_ids", input_ids, vocab_size)
-        else:
-            width = embedding_width if embedding_width is not None else self.config.hidden_size
-            if inputs_embeds.shape[-1] != width:
-                raise ValueError(
-                    f"inputs_embeds must have width {width} (the embedding width), got shape "
-                    f"{tuple(inputs_embeds.shape)}."
-                )
-            dtype = getattr(self, "dtype", inputs_embeds.dtype)
-            if inputs_embeds.dtype != dtype and not torch.is_autocast_enabled(inputs_embeds.device.type):
-                raise TypeError(
-                    f"inputs_embeds has dtype {inputs_embeds.dtype} but the model computes in {dtype}; convert with "
-                    f"inputs_embeds.to({dtype})."
-                )
-            check_finite("inputs_embeds", inputs_embeds)
-        return batch, length
-
-    @staticmethod
-    def _check_mask(
-        name: str,
-        mask: torch.Tensor | None,
-        batch: int,
-        length: int,
-        *,
-        at_least: bool = False,
-        dims: tuple[int, ...] = (2,),
-    ) -> None:
-        """A 0/1 (or bool) mask ``(B, length)`` (``at_least``: ``(B, >= length)``); masks of ``dims`` other than 2
-        are left to the model, batch excepted."""
-        if mask is None:
-            return
-        check_tensor(name, mask, dim=dims)
-        if mask.shape[0] != batch:
-            raise ValueError(f"{name} has {mask.shape[0]} rows but the input has {batch}; give one row per input row.")
-        binary = mask.dim() != 2 or mask.dtype == torch.bool or not mask.numel() or _tracing()
-        if not binary and bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError(
-                f"{name} must hold 0 / 1 (or bool) values, got values in [{mask.min().item()}, "
-                f"{mask.max().item()}]; pass 1 for the tokens to use, 0 for padding."
-            )
-        if mask.dim() == 2:
-            columns = mask.shape[1]
-            if columns < length if at_least else columns != length:
-                expected = f"(B, >= {length})" if at_least else f"{(batch, length)}"
-                raise ValueError(f"{name} must have shape {expected} like the input, got {tuple(mask.shape)}.")
-
-    @staticmethod
-    def _check_reset_mems(reset_mems: torch.Tensor | None, batch: int) -> None:
-        """``reset_mems``: ``(B,)`` bool, the rows that start a new document."""
-        if reset_mems is None:
-            return
-        check_tensor("reset_mems", reset_mems)
-        if reset_mems.dtype != torch.bool or tuple(reset_mems.shape) != (batch,):
-            raise ValueError(
-                f"reset_mems must be a bool tensor of shape ({batch},) (True: the row starts a new document), got "
-                f"{reset_mems.dtype} {tuple(reset_mems.shape)}."
-            )
-
-    @staticmethod
-    def _check_index_inputs(name: str, value: torch.Tensor | None, batch: int, length: int, high: int, what: str):
-        """``token_type_ids`` / ``position_ids``: integers ``(B, T)`` (or ``(1, T)``) in ``[0, high)``."""
-        if value is None:
-            return
-        check_tensor(name, value, integer=True, dim=2)
-        if value.shape[1] != length or value.shape[0] not in (1, batch):
-            raise ValueError(f"{name} must have shape {(batch, length)}, got {tuple(value.shape)}.")
-        check_ids_in_range(name, value, high, what=what)
-
-    def _check_lm_labels(self, labels: torch.Tensor | None, batch: int, length: int, vocab_size: int | None = None):
-        """Language-modelling labels: token ids ``(B, T)`` in ``[0, vocab_size)`` or ``-100``."""
-        if labels is not None:
-            vocab_size = vocab_size if vocab_size is not None else self.config.vocab_size
-            check_class_labels("labels", labels, vocab_size, (batch, length), "vocab_size")
-
-
 class ValidatedGenerationMixin(GenerationMixin):
     """transformers' `GenerationMixin` whose `generate` first checks the prompt as `forward` would (integer, 2-D,
     non-empty, inside the vocabulary, with a mask of the same shape): some malformed prompts otherwise fail inside
@@ -452,7 +349,7 @@ class ValidatedGenerationMixin(GenerationMixin):
 
     def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
-        if prompt is not None:  # (the model lists InputValidationMixin too)
+        if prompt is not None:  # (the model's checks: it is a TffPreTrainedModel)
             vocab_size = self.config.vocab_size
             batch, length = self._check_token_inputs(prompt, None, vocab_size=vocab_size)
             self._check_mask("attention_mask", kwargs.get("attention_mask"), batch, length)
@@ -463,7 +360,6 @@ __all__ = [
     "MAX_INPUT_MAGNITUDE",
     "MAX_SEED",
     "MAX_SIZE",
-    "InputValidationMixin",
     "ValidatedGenerationMixin",
     "check_activation",
     "check_cache",

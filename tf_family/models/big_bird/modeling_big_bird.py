@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, QuestionAnsweringModelOutput
@@ -59,7 +58,6 @@ from ...attention.alibi import alibi_bias, alibi_slopes
 from ...attention.etc import EtcPattern, etc_attention, etc_attention_reference
 from ...attention.flex import BlockMaskCache, size_key
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling.heads import (
     GenericForMaskedLM,
@@ -68,7 +66,7 @@ from ...modeling.heads import (
     GenericForTokenClassification,
     question_answering_output,
 )
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import (
     Dropout,
     build_activation,
@@ -76,7 +74,7 @@ from ...modeling.utils import (
     fused_projections,
     real_tensors_while_exporting,
 )
-from ...modeling.validation import InputValidationMixin, check_seed, check_tensor
+from ...modeling.validation import check_seed, check_tensor
 from .configuration_big_bird import TffBigBirdConfig
 
 logger = logging.get_logger(__name__)
@@ -364,7 +362,7 @@ class TffBigBirdLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffBigBirdPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffBigBirdPreTrainedModel(TffPreTrainedModel):
     config_class = TffBigBirdConfig
     config: TffBigBirdConfig
     base_model_prefix = "bert"

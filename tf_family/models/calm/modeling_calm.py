@@ -46,7 +46,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Cache, PreTrainedModel
+from transformers import Cache
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -54,7 +54,6 @@ from transformers.utils import logging
 
 from ...attention import attend
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...conversion import FromPretrainedMixin
 from ...early_exit import (
     HALTING_MEASURES,
     decayed_threshold,
@@ -67,11 +66,11 @@ from ...early_exit import (
     softmax_max_confidence,
     state_confidence,
 )
-from ...modeling.cache import GrowingCache, GrowingCacheMixin
+from ...modeling.cache import GrowingCache, GrowingCacheGenerationMixin
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share
 from ...modeling.outputs import CalmGenerateOutput, EarlyExitCausalLMOutput
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import (
     GENERATION_CACHE_KEY,
     accepts_past_key_values,
@@ -83,8 +82,6 @@ from ...modeling.utils import (
 )
 from ...modeling.validation import (
     MAX_SIZE,
-    InputValidationMixin,
-    ValidatedGenerationMixin,
     check_cache,
     check_class_labels,
     check_int,
@@ -236,7 +233,7 @@ class TffCalmDecoderLayer(GradientCheckpointingLayer):
 
 
 # ------------------------------------------------------------------------------------------------- pretrained model
-class TffCalmPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffCalmPreTrainedModel(TffPreTrainedModel):
     config_class = TffCalmConfig
     config: TffCalmConfig
     base_model_prefix = "model"
@@ -467,7 +464,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
-class TffCalmForCausalLM(FusedLMHeadMixin, GrowingCacheMixin, TffCalmPreTrainedModel, ValidatedGenerationMixin):
+class TffCalmForCausalLM(FusedLMHeadMixin, TffCalmPreTrainedModel, GrowingCacheGenerationMixin):
     """CALM's language model: the decoder, the shared LM head, the meta classifier, and early exit while decoding.
 
     ``exit_training = True`` tells the causal-LM recipe to pass its aligned targets as ``exit_targets`` (the anytime

@@ -39,10 +39,8 @@ import functools
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 from transformers.utils import logging
 
-from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
 from ...layers.adaptive import adaptive_embeddings_view, resize_adaptive_token_embeddings
 from ...layers.xl_scaffold import (
@@ -68,10 +66,9 @@ from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import memory_generation_inputs
 from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share
 from ...modeling.outputs import CompressiveCausalLMOutput, CompressiveModelOutput
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import accepts_past_key_values
 from ...modeling.validation import (
-    InputValidationMixin,
     ValidatedGenerationMixin,
     check_memory_states,
     refuse_key_value_cache,
@@ -116,7 +113,7 @@ class TffCompressiveCompression(nn.Module):
         return conv_transpose_decompress(compressed, self.rate, self.decoder.weight, self.decoder.bias)
 
 
-class TffCompressivePreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffCompressivePreTrainedModel(TffPreTrainedModel):
     """Flags and weights initialisation (`tf_family.layers.xl_scaffold.init_xl_weights`, the compression kernels
     drawn as linear layers), and the resizing of the adaptive embeddings."""
 

@@ -33,19 +33,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput, logging
 
 from ...attention import attend
-from ...conversion import FromPretrainedMixin
 from ...layers.gated_residual import GRUGate
 from ...modeling.losses import IGNORE_INDEX
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.validation import (
-    InputValidationMixin,
     check_class_labels,
     check_finite,
     check_ids_in_range,
@@ -179,9 +176,7 @@ class TffDecisionTransformerBlock(GradientCheckpointingLayer):
         return self.mlp_gate(hidden, F.relu(self.mlp(self.mlp_norm(hidden)))), probs
 
 
-class TffDecisionTransformerPreTrainedModel(
-    InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
-):
+class TffDecisionTransformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffDecisionTransformerConfig
     config: TffDecisionTransformerConfig
     base_model_prefix = "decision_transformer"

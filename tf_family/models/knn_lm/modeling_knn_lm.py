@@ -34,13 +34,12 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
-from ...conversion import FromPretrainedMixin
 from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import NumItems, nll
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import GENERATION_CACHE_KEY, accepts_past_key_values
-from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_positive_int
+from ...modeling.validation import ValidatedGenerationMixin, check_cache, check_positive_int
 from ...retrieval.datastore import (
     DatastoreMismatchError,
     KNNDatastore,
@@ -78,7 +77,7 @@ class KNNLMCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffKNNLMPreTrainedModel(TffPreTrainedModel):
     config_class = TffKNNLMConfig
     base_model_prefix = "knn_lm"
     carried_state = None  # nothing carried between calls
@@ -97,7 +96,7 @@ class TffKNNLMPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrai
         ``config._attn_implementation`` names what runs and a client that copies it (TRL builds its reference model
         with the policy's) gets a value the base model accepts."""
         base_class = AutoModelForCausalLM._model_mapping.get(type(self.config.base_config), None)
-        if base_class is None or not issubclass(base_class, FromPretrainedMixin):
+        if base_class is None or not issubclass(base_class, TffPreTrainedModel):
             return PreTrainedModel.get_correct_attn_implementation(self, requested_attention, is_init_check)
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
@@ -436,8 +435,8 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
         datastore: KNNDatastore | None = None,
         allow_unverified_datastore: bool = False,
     ) -> None:
-        """The last step of ``from_pretrained`` (`tf_family.conversion.FromPretrainedMixin`), whose keyword arguments
-        ``datastore`` and ``allow_unverified_datastore`` are these: attach ``datastore``, else
+        """The last step of ``from_pretrained`` (`tf_family.modeling.pretrained.TffPreTrainedModel`), whose keyword
+        arguments ``datastore`` and ``allow_unverified_datastore`` are these: attach ``datastore``, else
         ``config.datastore_path``, else the checkpoint's ``datastore/`` folder (a local folder's, or a Hub
         repository's, fetched into the Hub cache beside the weights), searching with ``config.index_type``. The
         datastore is checked as `set_datastore` checks it; ``allow_unverified_datastore=True`` accepts one without a

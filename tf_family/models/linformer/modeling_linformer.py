@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput
@@ -31,11 +30,9 @@ from transformers.modeling_outputs import BaseModelOutput
 from ...attention.backend import attend
 from ...attention.dropout import dropout
 from ...attention.low_rank import low_rank_attention, project_along_sequence, project_prefix_along_sequence
-from ...conversion import FromPretrainedMixin
 from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, GenericForTokenClassification
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import Dropout, build_activation
-from ...modeling.validation import InputValidationMixin
 from .configuration_linformer import TffLinformerConfig
 
 
@@ -165,7 +162,7 @@ class TffLinformerLayer(GradientCheckpointingLayer):
         return hidden, probs
 
 
-class TffLinformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffLinformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffLinformerConfig
     config: TffLinformerConfig
     base_model_prefix = "linformer"

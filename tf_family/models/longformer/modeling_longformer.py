@@ -31,7 +31,7 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Cache, PreTrainedModel
+from transformers import Cache
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions, CausalLMOutputWithPast
@@ -51,7 +51,6 @@ from ...attention.alibi import alibi_slopes
 from ...attention.flex import BlockMaskCache
 from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...attention.sliding_window import cached_window_attention, sliding_window_alibi_bias
-from ...conversion import FromPretrainedMixin
 from ...layers import BertFeedForward
 from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
@@ -64,7 +63,7 @@ from ...modeling.heads import (
     LMPredictionHead,
 )
 from ...modeling.losses import causal_lm_loss
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import (
     Dropout,
     accepts_past_key_values,
@@ -72,7 +71,7 @@ from ...modeling.utils import (
     fused_projections,
     key_value_generation_inputs,
 )
-from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
+from ...modeling.validation import ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_longformer import TffLongformerConfig
 
 logger = logging.get_logger(__name__)
@@ -324,7 +323,7 @@ class TffLongformerLayer(GradientCheckpointingLayer):
         return self.feed_forward(hidden), probs
 
 
-class TffLongformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffLongformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffLongformerConfig
     config: TffLongformerConfig
     base_model_prefix = "longformer"

@@ -40,12 +40,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, PreTrainedModel
+from transformers import AutoConfig
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
-from ...conversion import FromPretrainedMixin
 from ...layers import (
     PositionwiseFeedForward,
     RelativeAttentionInputs,
@@ -77,10 +76,9 @@ from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import memory_generation_inputs
 from ...modeling.losses import NumItems
 from ...modeling.outputs import MemorizingCausalLMOutput, MemorizingModelOutput
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import accepts_past_key_values
 from ...modeling.validation import (
-    InputValidationMixin,
     ValidatedGenerationMixin,
     check_memory_states,
     refuse_key_value_cache,
@@ -170,7 +168,7 @@ class TffMemorizingKNNLayer(GradientCheckpointingLayer):
         return attended, probs[..., :key_length]
 
 
-class TffMemorizingPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffMemorizingPreTrainedModel(TffPreTrainedModel):
     """Flags and weights initialisation (`tf_family.layers.xl_scaffold.init_xl_weights`, and the kNN layers' gate
     and scale from the config), and the resizing of the adaptive embeddings."""
 

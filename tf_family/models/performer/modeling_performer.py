@@ -37,7 +37,6 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -57,13 +56,12 @@ from ...attention.kernelized import (
     mask_key_features,
     random_fourier_features,
 )
-from ...conversion import FromPretrainedMixin
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, GenericForTokenClassification
 from ...modeling.losses import causal_lm_loss
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, decoding_step_inputs
-from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_tensor, refuse_key_value_cache
+from ...modeling.validation import ValidatedGenerationMixin, check_tensor, refuse_key_value_cache
 from .cache_performer import TffPerformerCache
 from .configuration_performer import TffLinearTransformerConfig, TffPerformerConfig, TffRFAConfig
 
@@ -246,7 +244,7 @@ class TffPerformerLayer(GradientCheckpointingLayer):
         return hidden, probs
 
 
-class TffPerformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffPerformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffPerformerConfig
     config: TffPerformerConfig
     base_model_prefix = "performer"

@@ -20,7 +20,6 @@ import dataclasses
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -46,7 +45,6 @@ from ...attention import (
 )
 from ...attention.flex import BlockMaskCache
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...conversion import FromPretrainedMixin
 from ...layers.reversible import ReversibleChain, reversible_layer
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import (
@@ -56,7 +54,7 @@ from ...modeling.heads import (
     sequence_classification_loss,
 )
 from ...modeling.losses import causal_lm_loss, cross_entropy
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import (
     Dropout,
     accepts_past_key_values,
@@ -66,7 +64,6 @@ from ...modeling.utils import (
     real_tensors_while_exporting,
 )
 from ...modeling.validation import (
-    InputValidationMixin,
     ValidatedGenerationMixin,
 )
 from .cache_reformer import TffReformerCache
@@ -368,7 +365,7 @@ class TffReformerLayer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------ model
-class TffReformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffReformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffReformerConfig
     base_model_prefix = "reformer"
     supports_gradient_checkpointing = True

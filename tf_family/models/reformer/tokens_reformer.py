@@ -34,7 +34,7 @@ def check_inputs(
     model, *, input_ids, inputs_embeds, attention_mask, position_ids, num_hashes, hash_seed, cache, use_cache
 ) -> tuple[int, int]:
     """`TffReformerModel.forward`'s inputs checked once, at the edge (``model``: the model, for its config and
-    `InputValidationMixin` checks); returns ``(B, T)``. Nine parameters: the model and the eight inputs of `forward`
+    `TffPreTrainedModel` checks); returns ``(B, T)``. Nine parameters: the model and the eight inputs of `forward`
     it checks, by name."""
     config = model.config
     batch, length = model._check_token_inputs(input_ids, inputs_embeds)

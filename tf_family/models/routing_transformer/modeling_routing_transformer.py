@@ -51,7 +51,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Cache, PreTrainedModel
+from transformers import Cache
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -72,13 +72,12 @@ from ...attention.routing import (
     routing_attention,
     routing_attention_reference,
 )
-from ...conversion import FromPretrainedMixin
 from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import causal_lm_loss
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, key_value_generation_inputs
-from ...modeling.validation import MAX_SIZE, InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
+from ...modeling.validation import MAX_SIZE, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_routing_transformer import TffRoutingTransformerConfig
 
 logger = logging.get_logger(__name__)
@@ -257,9 +256,7 @@ class TffRoutingTransformerLayer(GradientCheckpointingLayer):
 
 
 # ------------------------------------------------------------------------------------------------- pretrained model
-class TffRoutingTransformerPreTrainedModel(
-    InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
-):
+class TffRoutingTransformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffRoutingTransformerConfig
     config: TffRoutingTransformerConfig
     base_model_prefix = "model"

@@ -48,10 +48,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
 from transformers.utils import ModelOutput, logging
 
-from ...conversion import FromPretrainedMixin
 from ...layers import RelativeDecoderLayer
 from ...layers.adaptive import adaptive_embeddings_view, resize_adaptive_token_embeddings
 from ...layers.xl_scaffold import (
@@ -69,10 +67,9 @@ from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import memory_generation_inputs
 from ...modeling.losses import NumItems
 from ...modeling.outputs import MemoryModelOutput
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import accepts_past_key_values
 from ...modeling.validation import (
-    InputValidationMixin,
     ValidatedGenerationMixin,
     check_positive_int,
 )
@@ -110,7 +107,7 @@ class SpalmCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class TffSpalmPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffSpalmPreTrainedModel(TffPreTrainedModel):
     """Flags and weights initialisation: the Transformer-XL family's (`tf_family.layers.xl_scaffold.init_xl_weights`;
     the gate ``w_g`` is drawn as a linear layer), and the resizing of the adaptive embeddings."""
 

@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from transformers import Cache, PreTrainedModel
+from transformers import Cache
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -61,12 +61,11 @@ from ...attention.distance_aware import distance_aware_attention
 from ...attention.factorized import FactorizedPattern, build_factorized_mask, factorized_attention
 from ...attention.image_local import Local1DPattern, Local2DPattern, build_image_local_mask, image_local_attention
 from ...attention.rotary import apply_rotary, rotary_cos_sin
-from ...conversion import FromPretrainedMixin
 from ...layers.distance_aware import DistanceAwareScaling, initial_distance_weights
 from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import causal_lm_loss
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import (
     Dropout,
     accepts_past_key_values,
@@ -74,7 +73,7 @@ from ...modeling.utils import (
     fused_projections,
     key_value_generation_inputs,
 )
-from ...modeling.validation import MAX_SIZE, InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
+from ...modeling.validation import MAX_SIZE, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_sparse_transformer import FACTORS, TffSparseTransformerConfig
 
 logger = logging.get_logger(__name__)
@@ -270,7 +269,7 @@ class TffSparseTransformerLayer(GradientCheckpointingLayer):
 
 
 # ------------------------------------------------------------------------------------------------- pretrained model
-class TffSparseTransformerPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffSparseTransformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffSparseTransformerConfig
     config: TffSparseTransformerConfig
     base_model_prefix = "model"

@@ -29,11 +29,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 from transformers.utils import logging
 
 from ...attention.adaptive_span import span_key_limit
-from ...conversion import FromPretrainedMixin
 from ...layers import PositionwiseFeedForward, RelativeDecoderLayer, RelativeMultiHeadAttention
 from ...layers.adaptive import adaptive_embeddings_view, resize_adaptive_token_embeddings
 from ...layers.adaptive_span import AdaptiveSpan, AdaptiveSpanAttention
@@ -53,10 +51,9 @@ from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import memory_generation_inputs, sequence_classification_loss
 from ...modeling.losses import IGNORE_INDEX, NumItems, item_mean
 from ...modeling.outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import accepts_past_key_values
 from ...modeling.validation import (
-    InputValidationMixin,
     ValidatedGenerationMixin,
 )
 from .configuration_transfo_xl import TffTransfoXLConfig
@@ -72,7 +69,7 @@ class TransfoXLCausalLMOutput(MemoryCausalLMOutput):
     span_loss: torch.FloatTensor | None = None
 
 
-class TffTransfoXLPreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel):
+class TffTransfoXLPreTrainedModel(TffPreTrainedModel):
     """Flags and weights initialisation (`tf_family.layers.xl_scaffold.init_xl_weights`), and the resizing of the
     adaptive embeddings (`tf_family.layers.adaptive.resize_adaptive_token_embeddings`)."""
 

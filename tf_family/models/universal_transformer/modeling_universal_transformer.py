@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import Cache, PreTrainedModel
+from transformers import Cache
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -66,15 +66,14 @@ from transformers.modeling_outputs import (
 from transformers.utils import logging
 
 from ...attention import attend
-from ...conversion import FromPretrainedMixin
 from ...layers.halting import HaltingLinear, HaltingState, HaltingUnit, accumulate_state, halting_step
 from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, LMPredictionHead
 from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share, causal_lm_loss
-from ...modeling.remote_code_mixin import RemoteCodeMixin
+from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, key_value_generation_inputs
-from ...modeling.validation import InputValidationMixin, ValidatedGenerationMixin, check_cache, check_tensor
+from ...modeling.validation import ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_universal_transformer import TffUniversalTransformerConfig
 
 logger = logging.get_logger(__name__)
@@ -232,9 +231,7 @@ class TffUniversalTransformerBlock(GradientCheckpointingLayer):
         return self.transition(hidden), probs
 
 
-class TffUniversalTransformerPreTrainedModel(
-    InputValidationMixin, RemoteCodeMixin, FromPretrainedMixin, PreTrainedModel
-):
+class TffUniversalTransformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffUniversalTransformerConfig
     config: TffUniversalTransformerConfig
     base_model_prefix = "transformer"

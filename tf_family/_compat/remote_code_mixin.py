@@ -1,5 +1,0 @@
-"""Old path of `tf_family.modeling.remote_code_mixin` (see `tf_family._compat`)."""
-
-from tf_family._compat import become_moved_module
-
-become_moved_module(__name__)
