@@ -182,11 +182,10 @@ def passkey_accuracy(
     window: int,
     settings: dict,
     train_distances: list[int] | None = None,
-    train_call: dict | None = None,
 ) -> dict[str, float]:
     """Fine-tune ``model`` on passkey samples at random ``train_distances`` (default: ``distances``; ``settings``:
-    steps, batch, learning_rate, eval_samples, seed), then return the digit accuracy at each of ``distances``.
-    ``train_call``: extra forward arguments for the training steps only (`RETRIEVAL_OFF`)."""
+    steps, batch, learning_rate, eval_samples, seed, and optionally ``train_call``, extra forward arguments for the
+    training steps only, e.g. `RETRIEVAL_OFF`), then return the digit accuracy at each of ``distances``."""
     generator = torch.Generator().manual_seed(settings["seed"])
     train_distances = list(distances if train_distances is None else train_distances)
     if settings["steps"]:
@@ -195,7 +194,7 @@ def passkey_accuracy(
         for _ in range(settings["steps"]):
             distance = train_distances[int(torch.randint(len(train_distances), (1,), generator=generator))]
             samples = [passkey_sample(tokenizer, filler, distance, generator) for _ in range(settings["batch"])]
-            _passkey_step(model, samples, segment, window, optimizer, **(train_call or {}))
+            _passkey_step(model, samples, segment, window, optimizer, **settings.get("train_call", {}))
     model.eval()
     test = torch.Generator().manual_seed(settings["seed"] + 1)
     result = {}
@@ -261,6 +260,7 @@ def passkey_rows(grid, model: str, seed: int) -> list[dict]:
         "learning_rate": settings["passkey_learning_rate"],
         "eval_samples": settings["passkey_eval_samples"],
         "seed": seed,
+        "train_call": RETRIEVAL_OFF if grid.wraps_baseline(model) else {},
     }
     result = passkey_accuracy(
         grid.load(model, seed),
@@ -271,7 +271,6 @@ def passkey_rows(grid, model: str, seed: int) -> list[dict]:
         settings["block"],
         task,
         passkey_train_distances(settings),
-        RETRIEVAL_OFF if grid.wraps_baseline(model) else None,
     )
     return [
         row("causal", model, "passkey accuracy", value, setting=f"distance {distance}", seed=seed)
