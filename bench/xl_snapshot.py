@@ -107,7 +107,7 @@ def run_case(index: int, state_dict: dict | None = None) -> tuple[dict, dict, to
             result = model(**kwargs)
             flatten(result.to_tuple(), f"{mode}.{step}.out", out)
             flatten(dict(result), f"{mode}.{step}.named", out)
-            mems = result[state_name] if state_name in result else None
+            mems = result.get(state_name)
             if getattr(result, "loss", None) is not None:
                 total = total + result.loss
             else:
