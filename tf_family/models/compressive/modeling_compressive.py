@@ -218,10 +218,10 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
 
     def _project(self, layer: int, *states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Query, key and value ``(B, H, N, Dh)`` of each of ``states`` with layer ``layer``'s attention weights,
-        detached from them (the auxiliary losses train the compression network only). One call of the layer itself
-        (`RelativeDecoderLayer` with ``detached_projection``), so that FSDP gathers its weights for it."""
+        detached from them (the auxiliary losses train the compression network only). One call of the layer's
+        `RelativeDecoderLayer.project_detached`, a forward method FSDP gathers the layer's weights for."""
         lengths = [part.shape[1] for part in states]
-        projected = self.layers[layer](torch.cat(states, dim=1), detached_projection=True)  # 3 x (B, sum N, H*Dh)
+        projected = self.layers[layer].project_detached(torch.cat(states, dim=1))  # 3 x (B, sum N, H*Dh)
         parts = [x.split(lengths, dim=1) for x in projected]
         return [tuple(_split_heads(x[i], self.config.n_head) for x in parts) for i in range(len(states))]
 
