@@ -161,7 +161,7 @@ class TffCompressivePreTrainedModel(InputValidationMixin, RemoteCodeMixin, FromP
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> CompressiveMemory | None:
     if mems is None:
         return None
-    refuse_key_value_cache("mems (cache)", mems, "the Compressive Transformer", "a memory of hidden states")
+    refuse_key_value_cache("mems", mems, "the Compressive Transformer", "a memory of hidden states")
     if isinstance(mems, SegmentMemory):
         mems = CompressiveMemory(mems, SegmentMemory(tuple(s[:, :0] for s in mems.states), mems.mask[:, :0]))
     elif isinstance(mems, (list, tuple)) and mems and all(isinstance(m, torch.Tensor) for m in mems):

@@ -266,7 +266,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
     def _as_memory(self, mems, batch_size: int, device, dtype) -> MemorizingMemory:
         if mems is None:
             return self.empty_memory(batch_size, device=device, dtype=dtype)
-        refuse_key_value_cache("mems (cache)", mems, "the Memorizing Transformer", "a MemorizingMemory")
+        refuse_key_value_cache("mems", mems, "the Memorizing Transformer", "a MemorizingMemory")
         if not isinstance(mems, MemorizingMemory):
             raise TypeError(
                 f"mems must be the MemorizingMemory a previous call returned (or None to start), got {type(mems)}."
