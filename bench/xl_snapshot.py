@@ -32,7 +32,15 @@ CASES = [
     ("spalm", "base", {}),
     ("spalm", "causal_lm", {}),
     ("spalm", "causal_lm", {"datastore": True}),
+    # key/value-cache models whose state is `cache`: CALM (its cache carried across the three calls) and the kNN-LM
+    # over its default base
+    ("calm", "causal_lm", {}),
+    ("knn_lm", "causal_lm", {}),
 ]
+
+# the argument (and output field) that carries the state between calls: `mems` in the Transformer-XL family, `cache`
+# in key/value-cache models (`tf_family.modeling.state_names`)
+STATE_NAME = {"calm": "cache", "knn_lm": "cache"}
 
 
 def flatten(value, prefix: str, out: dict, depth: int = 0) -> None:
@@ -62,7 +70,8 @@ def run_case(index: int, state_dict: dict | None = None) -> tuple[dict, dict, to
     overrides = dict(overrides)
     with_datastore = overrides.pop("datastore", False)
     spec = get_arch(arch)
-    config = spec.make_config("tiny", **{"dropout": 0.1, **overrides})
+    dropout = {} if arch in STATE_NAME else {"dropout": 0.1}  # the key/value-cache models have no `dropout` field
+    config = spec.make_config("tiny", **{**dropout, **overrides})
     torch.manual_seed(1234 + index)
     model = spec.model_classes[task](config)
     with torch.no_grad():
@@ -86,7 +95,8 @@ def run_case(index: int, state_dict: dict | None = None) -> tuple[dict, dict, to
         torch.manual_seed(7)
         mems, total = None, 0.0
         for step, segment in enumerate(segments):
-            kwargs = {"input_ids": segment, "mems": mems, "use_cache": True, "output_hidden_states": True}
+            state_name = STATE_NAME.get(arch, "mems")
+            kwargs = {"input_ids": segment, state_name: mems, "use_cache": True, "output_hidden_states": True}
             kwargs["output_attentions"] = True
             if task == "causal_lm":
                 kwargs["labels"] = segment
@@ -97,7 +107,7 @@ def run_case(index: int, state_dict: dict | None = None) -> tuple[dict, dict, to
             result = model(**kwargs)
             flatten(result.to_tuple(), f"{mode}.{step}.out", out)
             flatten(dict(result), f"{mode}.{step}.named", out)
-            mems = result.mems
+            mems = result.get(state_name)
             if getattr(result, "loss", None) is not None:
                 total = total + result.loss
             else:

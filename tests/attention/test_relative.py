@@ -12,6 +12,7 @@ from tf_family.attention import (
     sinusoid_position_embedding,
 )
 from tf_family.layers import RelativeMultiHeadAttention
+from tf_family.layers.relative_attention import RelativeAttentionInputs
 
 
 @pytest.mark.parametrize(("query_length", "memory_length"), [(1, 0), (4, 0), (5, 3), (3, 7), (6, 6)])
@@ -95,24 +96,23 @@ def test_rel_shift_without_autograd_is_a_view_equal_to_the_reference(query_lengt
     torch.testing.assert_close(fast * visible, rel_shift_reference(scores) * visible, rtol=0, atol=0)
 
 
-def test_position_projection_is_kept_only_while_its_inputs_are_unchanged():
+def test_position_keys_follow_weights_changed_in_place_and_nothing_is_kept_on_the_layer():
     torch.manual_seed(0)
     layer = RelativeMultiHeadAttention(8, 2, 4, 0.0, 0.0, False, 1e-5, True).eval()
     embedding = cached_position_embedding(6, 0, 8, None, torch.float32)
     assert cached_position_embedding(6, 0, 8, None, torch.float32) is embedding
     positions = relative_position_sequence(6, 0)
     torch.testing.assert_close(embedding, sinusoid_position_embedding(positions, 8), rtol=0, atol=0)
+    query = torch.randn(1, 2, 6, 4)
+    allowed = torch.ones(6, 6, dtype=torch.bool)
+    inputs = RelativeAttentionInputs(position_embedding=embedding, allowed=allowed)
+    state = dict(vars(layer))
     with torch.no_grad():
-        first = layer._projected_positions(embedding)
-        assert layer._projected_positions(embedding) is first
-        layer.position_proj.weight.add_(1.0)  # weights changed in place: projected again
-        second = layer._projected_positions(embedding)
-        torch.testing.assert_close(second, layer.position_proj(embedding), rtol=0, atol=0)
-        assert not torch.equal(first, second)
-        assert layer._projected_positions(embedding.clone()) is not second  # another embedding tensor
-    projected = layer._projected_positions(embedding)  # with autograd: not cached, the gradient flows
-    projected.sum().backward()
-    assert layer.position_proj.weight.grad is not None
+        first, _ = layer.position_scores(query, inputs)
+        layer.position_proj.weight.add_(1.0)  # weights changed in place: the next call reads them
+        second, _ = layer.position_scores(query, inputs)
+    assert not torch.equal(first, second)
+    assert vars(layer).keys() == state.keys(), "a call left state on the layer"
 
 
 def test_transfo_xl_evaluation_is_the_same_with_and_without_autograd():

@@ -49,8 +49,8 @@ class ForgetfulLM(TffTransfoXLLMHeadModel):
 class RecomputingLM(TffTransfoXLLMHeadModel):
     """Generates correctly but drops its memory between steps, re-reading the whole prefix every step."""
 
-    def prepare_inputs_for_generation(self, input_ids, cache=None, **kwargs):
-        return super().prepare_inputs_for_generation(input_ids, cache=None, **kwargs)
+    def prepare_inputs_for_generation(self, input_ids, mems=None, **kwargs):
+        return super().prepare_inputs_for_generation(input_ids, mems=None, **kwargs)
 
 
 class PaddingBlindLM(TffTransfoXLLMHeadModel):

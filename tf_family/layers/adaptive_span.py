@@ -187,7 +187,7 @@ class AdaptiveSpanAttention(RelativeMultiHeadAttention):
         """
         query_length, key_length = query.shape[-2], key.shape[-2]
         memory_length = key_length - query_length
-        position_keys = self._projected_positions(inputs.position_embedding)  # (S', H*Dh), projected once
+        position_keys = self.position_proj(inputs.position_embedding)  # (S', H*Dh), projected once per call
         content_bias, position_bias = inputs.shared_biases or (self.content_bias, self.position_bias)
         content_query = query + content_bias[:, None, :].to(query.dtype)  # the content term's u folded in
         chunk = max(reach, 1)

@@ -97,33 +97,13 @@ class RelativeMultiHeadAttention(nn.Module):
         value = value.reshape(batch, key_length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
         return query, key, value
 
-    def _projected_positions(self, position_embedding: torch.Tensor) -> torch.Tensor:
-        """``position_proj(position_embedding)`` ``(S, H*Dh)``. Without autograd, kept for the next call with the
-        same embedding tensor (a model's cached one, `cached_position_embedding`) and unchanged weights: evaluating
-        segment after segment projects the same distances each time."""
-        weight = self.position_proj.weight
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
-            self._position_keys_cache = None
-            return self.position_proj(position_embedding)
-        key = (position_embedding, weight, weight._version)
-        cached = getattr(self, "_position_keys_cache", None)
-        if (
-            cached is not None
-            and all(a is b for a, b in zip(cached[0][:2], key[:2], strict=True))
-            and (cached[0][2] == key[2])
-        ):
-            return cached[1]
-        projected = self.position_proj(position_embedding)
-        self._position_keys_cache = (key, projected)
-        return projected
-
     def position_scores(
         self, query: torch.Tensor, inputs: RelativeAttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The scaled position term, masked with ``finfo.min`` where ``inputs.allowed`` is False, ``(B, H, T, S)``,
         and the content bias ``u`` ``(H, Dh)`` to fold into the query."""
         key_length = inputs.position_embedding.shape[0]
-        position_keys = self._projected_positions(inputs.position_embedding)  # (S, H*Dh)
+        position_keys = self.position_proj(inputs.position_embedding)  # (S, H*Dh), projected at every call
         position_keys = position_keys.view(key_length, self.num_heads, self.head_dim).transpose(0, 1)  # (H, S, Dh)
         content_bias, position_bias = inputs.shared_biases or (self.content_bias, self.position_bias)
         position = relative_position_scores(query, position_keys, position_bias)  # (B, H, T, S)
@@ -185,28 +165,34 @@ class RelativeDecoderLayer(GradientCheckpointingLayer):
         memory: torch.Tensor | None = None,
         *,
         inputs: RelativeAttentionInputs | None = None,
-        detached_projection: bool = False,
-    ) -> tuple[torch.Tensor, ...]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The layer on ``(B, T, D)`` ``hidden`` over ``[memory, hidden]``: ``(B, T, D)`` and the probabilities.
         The tensors are positional (a checkpointed layer, `GradientCheckpointingLayer`, passes gradients to its
-        positional tensors only), the rest by keyword.
-
-        With ``detached_projection``, instead the query, key and value ``(B, N, H*Dh)`` of ``hidden`` ``(B, N, D)``
-        under this layer's attention weights (its layer norm first when ``pre_lnorm``), detached from those weights:
-        what the Compressive Transformer's auxiliary losses compare. It is a call of the layer, not of its weights
-        from outside, so that a wrapper that gathers the weights around the layer's calls (FSDP's ``fully_shard``)
-        gathers them for it, in the forward and again in the backward.
-        """
-        if detached_projection:
-            attention = self.attention
-            if attention.pre_lnorm:
-                norm = attention.layer_norm
-                hidden = F.layer_norm(
-                    hidden, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps
-                )
-            return F.linear(hidden, attention.qkv.weight.detach()).chunk(3, dim=-1)
+        positional tensors only), the rest by keyword."""
         hidden, probs = self.attention(hidden, memory, inputs=inputs)
         return self.feed_forward(hidden), probs
+
+    def project_detached(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The query, key and value ``(B, N, H*Dh)`` of ``hidden`` ``(B, N, D)`` under this layer's attention weights
+        (its layer norm first when ``pre_lnorm``), detached from those weights: what the Compressive Transformer's
+        auxiliary losses compare.
+
+        A second forward method of the layer: when FSDP2 shards the layer (``fully_shard``, by `shard_model` or
+        accelerate), the first call registers it with FSDP (``register_fsdp_forward_method``), so that FSDP gathers
+        the weights around it as around ``forward``: before the projection, and again in the backward (the gradient
+        reaching ``hidden`` reads them).
+        """
+        if torch.distributed.is_available() and "project_detached" not in self.__dict__:
+            from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+            if isinstance(self, FSDPModule):
+                register_fsdp_forward_method(self, "project_detached")  # replaces this method on this instance
+                return self.project_detached(hidden)
+        attention = self.attention
+        if attention.pre_lnorm:
+            norm = attention.layer_norm
+            hidden = F.layer_norm(hidden, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps)
+        return F.linear(hidden, attention.qkv.weight.detach()).chunk(3, dim=-1)
 
 
 __all__ = ["RelativeAttentionInputs", "RelativeDecoderLayer", "RelativeMultiHeadAttention"]

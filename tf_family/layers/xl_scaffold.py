@@ -54,7 +54,7 @@ def as_segment_memory(mems: Any, model_name: str, num_layers: int, batch_size: i
 
     if mems is None:
         return None
-    refuse_key_value_cache("mems (cache)", mems, model_name, "a memory of the previous segments' hidden states")
+    refuse_key_value_cache("mems", mems, model_name, "a memory of the previous segments' hidden states")
     if not isinstance(mems, SegmentMemory):
         if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) for m in mems):
             raise TypeError(f"mems must be a SegmentMemory or a sequence of (B, M, D) tensors, got {type(mems)}.")

@@ -439,20 +439,21 @@ class GenericForMultipleChoice(_Head):
 
 def memory_generation_inputs(
     input_ids: torch.LongTensor,
-    cache,
+    mems,
     attention_mask: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None,
     use_cache: bool | None,
     is_first_iteration: bool = True,
 ) -> dict:
     """``prepare_inputs_for_generation`` of a language model that carries a memory object as ``mems`` (the
-    Transformer-XL family): the memory is the generation cache, so once it exists only the newest token is fed (the
+    Transformer-XL family): the memory is what `generate` carries between steps (under ``mems``,
+    `tf_family.modeling.state_names`), so once it exists only the newest token is fed (the
     rest is in the memory, which the model reads and updates); without one (first step, or no memory kept) the whole
     prefix is read."""
     model_inputs = {"attention_mask": attention_mask, "use_cache": use_cache}
-    if cache is not None:
+    if mems is not None:
         model_inputs["input_ids"] = input_ids[:, -1:]
-        model_inputs["mems"] = cache
+        model_inputs["mems"] = mems
     elif inputs_embeds is not None and is_first_iteration:
         model_inputs["inputs_embeds"] = inputs_embeds
     else:

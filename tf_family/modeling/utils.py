@@ -1,15 +1,15 @@
 """Small pieces of modeling code shared by several tf_family models: the `Dropout` module, activations, pooling,
-the cache argument's old name, decoding-step inputs, fused projections and `torch.export` helpers.
+decoding-step inputs, fused projections and `torch.export` helpers.
 
-What has a concern of its own lives elsewhere: key/value caches in `tf_family.modeling.cache`, adaptive-embedding
-resizing in `tf_family.layers.adaptive`, ``save_pretrained(remote_code=True)`` and the one ``from_pretrained`` hook
-in `tf_family.modeling.pretrained` (foreign formats in `tf_family.conversion.foreign`).
+What has a concern of its own lives elsewhere: key/value caches in `tf_family.modeling.cache`, the names of the
+state a model carries (and their aliases) in `tf_family.modeling.state_names`, adaptive-embedding resizing in
+`tf_family.layers.adaptive`, ``save_pretrained(remote_code=True)`` and the one ``from_pretrained`` hook in
+`tf_family.modeling.pretrained` (foreign formats in `tf_family.conversion.foreign`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,9 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from ..attention.dropout import _check_p, dropout
+
+# the cache argument's old name and the key PEFT reads, declared with the other state names in `state_names`
+from .state_names import GENERATION_CACHE_KEY, accepts_past_key_values  # noqa: F401
 
 
 class Dropout(nn.Dropout):
@@ -57,34 +60,6 @@ def max_input_length(config) -> int | None:
     if getattr(config, "model_type", "").endswith("longformer") or "roberta" in getattr(config, "model_type", ""):
         return positions - (config.pad_token_id or 0) - 1
     return positions
-
-
-def accepts_past_key_values(function):
-    """Let a ``forward`` or ``prepare_inputs_for_generation`` that takes the cache as ``cache`` (its name since
-    transformers 5.24) also take it under its older name ``past_key_values``, as callers written for earlier
-    transformers releases pass it. Passing both is a ValueError."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        if "past_key_values" in kwargs:
-            old = kwargs.pop("past_key_values")
-            if kwargs.get("cache") is not None and old is not None and kwargs["cache"] is not old:
-                raise ValueError(
-                    "Got both `cache` and `past_key_values`: they are the same argument (`past_key_values` is the "
-                    "name transformers used before 5.24). Pass the cache once, as `cache`."
-                )
-            if kwargs.get("cache") is None:
-                kwargs["cache"] = old
-        return function(*args, **kwargs)
-
-    return wrapper
-
-
-# The key under which a `prepare_inputs_for_generation` hands the cache to ``forward`` (which takes either name, see
-# `accepts_past_key_values`). transformers 5.24 renamed the argument ``cache``, but PEFT's prompt learning (peft 0.21,
-# `PeftModelForCausalLM.prepare_inputs_for_generation`) reads and replaces ``past_key_values`` in the prepared inputs:
-# a cache under ``cache`` is invisible to it, so it injects its prefix again on every step.
-GENERATION_CACHE_KEY = "past_key_values"
 
 
 def decoding_past_length(

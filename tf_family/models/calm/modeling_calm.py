@@ -309,8 +309,7 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
         Without gradients, all those layers' norms and key/value projections are one product: a layer's norm is
         the shared normalisation ``x̂`` times its weight (plus its bias, LayerNorm), so ``norm_l(x) W_l^T + c_l =
-        x̂ (W_l diag(w_l))^T + (W_l b_l + c_l)``, and the folded weights of every layer are stacked once per weight
-        version. With gradients, or when a norm or projection is not a plain module (LoRA), each layer projects on
+        x̂ (W_l diag(w_l))^T + (W_l b_l + c_l)``, and the folded weights of every layer are stacked (at every call). With gradients, or when a norm or projection is not a plain module (LoRA), each layer projects on
         its own (`TffCalmDecoderLayer.propagate`)."""
         layers = self.layers[start : self.depth]
         if not len(layers):
@@ -337,9 +336,9 @@ class TffCalmModel(TffCalmPreTrainedModel):
 
     def _folded_key_value(self, dtype: torch.dtype):
         """Every layer's key/value projection with its input norm's weight (and bias) folded in, stacked:
-        ``(L * 2 * Hkv * Dh, D)`` and ``(L * 2 * Hkv * Dh,)`` (rebuilt when a weight changes); ``None`` when a norm
-        or projection is not the plain module whose weights these are (a LoRA or quantised wrapper, a hook)."""
-        parameters = []
+        ``(L * 2 * Hkv * Dh, D)`` and ``(L * 2 * Hkv * Dh,)``, folded at every call (nothing is kept on the module:
+        weights changed in place are always read); ``None`` when a norm or projection is not the plain module whose
+        weights these are (a LoRA or quantised wrapper, a hook)."""
         for layer in self.layers:
             attention, norm = layer.self_attn, layer.input_layernorm
             plain_norm = type(norm) in (TffCalmRMSNorm, nn.LayerNorm) and not (
@@ -347,17 +346,6 @@ class TffCalmModel(TffCalmPreTrainedModel):
             )
             if not (plain_norm and is_plain_linear(attention.k_proj) and is_plain_linear(attention.v_proj)):
                 return None
-            parameters += [norm.weight, getattr(norm, "bias", None)]
-            parameters += [
-                attention.k_proj.weight,
-                attention.k_proj.bias,
-                attention.v_proj.weight,
-                attention.v_proj.bias,
-            ]
-        key = (dtype, tuple((p.data_ptr(), p._version) for p in parameters if p is not None))
-        cached = getattr(self, "_folded_cache", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]
         weights, biases = [], []
         with torch.no_grad():
             for layer in self.layers:
@@ -371,7 +359,6 @@ class TffCalmModel(TffCalmPreTrainedModel):
                 weights.append(projection * norm.weight.double()[None, :])
                 biases.append(bias)
             folded = (torch.cat(weights).to(dtype), torch.cat(biases).to(dtype))
-        self._folded_cache = (key, folded)
         return folded
 
     def prepare(self, input_ids, inputs_embeds, attention_mask, position_ids, cache) -> CalmLayerInputs:

@@ -67,7 +67,7 @@ from ...modeling.heads import memory_generation_inputs
 from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share
 from ...modeling.outputs import CompressiveCausalLMOutput, CompressiveModelOutput
 from ...modeling.pretrained import TffPreTrainedModel
-from ...modeling.utils import accepts_past_key_values
+from ...modeling.state_names import MEMORY_NAME, memory_from_aliases
 from ...modeling.validation import (
     ValidatedGenerationMixin,
     check_memory_states,
@@ -158,7 +158,7 @@ class TffCompressivePreTrainedModel(TffPreTrainedModel):
 def _as_memory(mems, num_layers: int, batch_size: int, width: int) -> CompressiveMemory | None:
     if mems is None:
         return None
-    refuse_key_value_cache("mems (cache)", mems, "the Compressive Transformer", "a memory of hidden states")
+    refuse_key_value_cache("mems", mems, "the Compressive Transformer", "a memory of hidden states")
     if isinstance(mems, SegmentMemory):
         mems = CompressiveMemory(mems, SegmentMemory(tuple(s[:, :0] for s in mems.states), mems.mask[:, :0]))
     elif isinstance(mems, (list, tuple)) and mems and all(isinstance(m, torch.Tensor) for m in mems):
@@ -215,10 +215,10 @@ class TffCompressiveModel(TffCompressivePreTrainedModel):
 
     def _project(self, layer: int, *states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Query, key and value ``(B, H, N, Dh)`` of each of ``states`` with layer ``layer``'s attention weights,
-        detached from them (the auxiliary losses train the compression network only). One call of the layer itself
-        (`RelativeDecoderLayer` with ``detached_projection``), so that FSDP gathers its weights for it."""
+        detached from them (the auxiliary losses train the compression network only). One call of the layer's
+        `RelativeDecoderLayer.project_detached`, a forward method FSDP gathers the layer's weights for."""
         lengths = [part.shape[1] for part in states]
-        projected = self.layers[layer](torch.cat(states, dim=1), detached_projection=True)  # 3 x (B, sum N, H*Dh)
+        projected = self.layers[layer].project_detached(torch.cat(states, dim=1))  # 3 x (B, sum N, H*Dh)
         parts = [x.split(lengths, dim=1) for x in projected]
         return [tuple(_split_heads(x[i], self.config.n_head) for x in parts) for i in range(len(states))]
 
@@ -387,7 +387,6 @@ class TffCompressiveLMHeadModel(FusedLMHeadMixin, TffCompressivePreTrainedModel,
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
     @answers_fused_lm_head
-    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -396,7 +395,6 @@ class TffCompressiveLMHeadModel(FusedLMHeadMixin, TffCompressivePreTrainedModel,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         reset_mems: torch.Tensor | None = None,
-        cache: CompressiveMemory | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -416,13 +414,11 @@ class TffCompressiveLMHeadModel(FusedLMHeadMixin, TffCompressivePreTrainedModel,
                 tokens) enter weighted by this call's share of the counted tokens (`tf_family.modeling.losses.batch_share`),
                 so that accumulated they are the token-weighted average of the micro-batches' auxiliary losses.
                 `aux_loss` and its parts are reported unweighted.
-            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
             output_compression_loss: compute the auxiliary losses (defaults to training mode or labels given).
             Other arguments: see `TffCompressiveModel.forward`.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if mems is None:
-            mems = cache
+        mems = memory_from_aliases(mems, kwargs, type(self).__name__)  # its names before, for one release
         if output_compression_loss is None:
             output_compression_loss = self.training or labels is not None
         outputs = self.transformer(
@@ -458,20 +454,20 @@ class TffCompressiveLMHeadModel(FusedLMHeadMixin, TffCompressivePreTrainedModel,
         return output if return_dict else output.to_tuple()
 
     # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.prepare_inputs_for_generation with TransfoXL->Compressive
-    @accepts_past_key_values
     def prepare_inputs_for_generation(
-        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+        self, input_ids, mems=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
     ) -> dict:
         """Once the memory exists only the newest token is fed (`memory_generation_inputs`)."""
         first = kwargs.get("is_first_iteration", True)
-        return memory_generation_inputs(input_ids, cache, attention_mask, inputs_embeds, use_cache, first)
+        return memory_generation_inputs(input_ids, mems, attention_mask, inputs_embeds, use_cache, first)
 
     # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._update_model_kwargs_for_generation with TransfoXL->Compressive
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
-        """transformers carries the cache from ``outputs.cache``; this model returns its memory as ``mems``."""
+        """The memory travels between steps as ``mems`` (`MEMORY_NAME`), in the output and in the model kwargs, as
+        transformers 5 carries XLNet's."""
         model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
         if getattr(outputs, "mems", None) is not None:
-            model_kwargs["cache"] = outputs.mems
+            model_kwargs[MEMORY_NAME] = outputs.mems
         return model_kwargs
 
     # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._reorder_cache with TransfoXL->Compressive

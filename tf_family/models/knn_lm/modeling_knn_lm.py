@@ -38,7 +38,7 @@ from ...memory.knn_lm import interpolate_log_probs, knn_log_probs
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import NumItems, nll
 from ...modeling.pretrained import TffPreTrainedModel
-from ...modeling.utils import GENERATION_CACHE_KEY, accepts_past_key_values
+from ...modeling.state_names import GENERATION_CACHE_KEY, accepts_past_key_values, state_argument_name
 from ...modeling.validation import ValidatedGenerationMixin, check_cache, check_positive_int
 from ...retrieval.datastore import (
     DatastoreMismatchError,
@@ -269,7 +269,8 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             **kwargs,
         }
         # the optional ones only when given: a base model may not take them (or may default them differently)
-        optional = {"position_ids": position_ids, "cache": cache, "use_cache": use_cache}
+        # the state under the base model's name for it: `cache`, or `mems` for a Transformer-XL-family base
+        optional = {"position_ids": position_ids, state_argument_name(self.lm): cache, "use_cache": use_cache}
         base_inputs.update({name: value for name, value in optional.items() if value is not None})
         outputs, queries = self._run_base_model(base_inputs, retrieve)
         lm_log_probs = F.log_softmax(outputs.logits.float(), dim=-1)  # (B, T, V)
@@ -288,7 +289,7 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
             knn_scores=scores,
             knn_tokens=tokens,
             # a KV cache, or a segment memory (Transformer-XL's `mems`), carried to the next decoding step
-            cache=getattr(outputs, "cache", None) or getattr(outputs, "mems", None),
+            cache=getattr(outputs, state_argument_name(self.lm), None),
             hidden_states=getattr(outputs, "hidden_states", None),
             attentions=getattr(outputs, "attentions", None),
         )
@@ -351,7 +352,7 @@ class TffKNNLMForCausalLM(FusedLMHeadMixin, TffKNNLMPreTrainedModel, ValidatedGe
         ``generate(inputs_embeds=...)`` is accepted), plus this call's ``datastore`` / ``lmbda`` / ``k``."""
         inputs = self.lm.prepare_inputs_for_generation(
             input_ids,
-            cache=cache,
+            **{state_argument_name(self.lm): cache},
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             **kwargs,

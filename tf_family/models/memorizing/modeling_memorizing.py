@@ -77,7 +77,7 @@ from ...modeling.heads import memory_generation_inputs
 from ...modeling.losses import NumItems
 from ...modeling.outputs import MemorizingCausalLMOutput, MemorizingModelOutput
 from ...modeling.pretrained import TffPreTrainedModel
-from ...modeling.utils import accepts_past_key_values
+from ...modeling.state_names import MEMORY_NAME, memory_from_aliases
 from ...modeling.validation import (
     ValidatedGenerationMixin,
     check_memory_states,
@@ -264,7 +264,7 @@ class TffMemorizingModel(TffMemorizingPreTrainedModel):
     def _as_memory(self, mems, batch_size: int, device, dtype) -> MemorizingMemory:
         if mems is None:
             return self.empty_memory(batch_size, device=device, dtype=dtype)
-        refuse_key_value_cache("mems (cache)", mems, "the Memorizing Transformer", "a MemorizingMemory")
+        refuse_key_value_cache("mems", mems, "the Memorizing Transformer", "a MemorizingMemory")
         if not isinstance(mems, MemorizingMemory):
             raise TypeError(
                 f"mems must be the MemorizingMemory a previous call returned (or None to start), got {type(mems)}."
@@ -450,7 +450,6 @@ class TffMemorizingForCausalLM(FusedLMHeadMixin, TffMemorizingPreTrainedModel, V
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
     @answers_fused_lm_head
-    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -459,7 +458,6 @@ class TffMemorizingForCausalLM(FusedLMHeadMixin, TffMemorizingPreTrainedModel, V
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         reset_mems: torch.Tensor | None = None,
-        cache: MemorizingMemory | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -475,12 +473,10 @@ class TffMemorizingForCausalLM(FusedLMHeadMixin, TffMemorizingPreTrainedModel, V
                 (the shift happens inside), ``-100`` is ignored. With ``num_items_in_batch`` (`Trainer`: the counted
                 ``labels[:, 1:]`` of the accumulated batch) the loss is the sum over it. With an adaptive softmax
                 (non-empty `cutoffs`) the full `logits` are not computed when labels are given, only the losses.
-            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
             Other arguments: see `TffMemorizingModel.forward`.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if mems is None:
-            mems = cache
+        mems = memory_from_aliases(mems, kwargs, type(self).__name__)  # its names before, for one release
         outputs = self.transformer(
             input_ids=input_ids,
             mems=mems,
@@ -505,20 +501,20 @@ class TffMemorizingForCausalLM(FusedLMHeadMixin, TffMemorizingPreTrainedModel, V
         return output if return_dict else output.to_tuple()
 
     # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel.prepare_inputs_for_generation with TransfoXL->Memorizing
-    @accepts_past_key_values
     def prepare_inputs_for_generation(
-        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+        self, input_ids, mems=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
     ) -> dict:
         """Once the memory exists only the newest token is fed (`memory_generation_inputs`)."""
         first = kwargs.get("is_first_iteration", True)
-        return memory_generation_inputs(input_ids, cache, attention_mask, inputs_embeds, use_cache, first)
+        return memory_generation_inputs(input_ids, mems, attention_mask, inputs_embeds, use_cache, first)
 
     # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._update_model_kwargs_for_generation with TransfoXL->Memorizing
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
-        """transformers carries the cache from ``outputs.cache``; this model returns its memory as ``mems``."""
+        """The memory travels between steps as ``mems`` (`MEMORY_NAME`), in the output and in the model kwargs, as
+        transformers 5 carries XLNet's."""
         model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
         if getattr(outputs, "mems", None) is not None:
-            model_kwargs["cache"] = outputs.mems
+            model_kwargs[MEMORY_NAME] = outputs.mems
         return model_kwargs
 
     # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._reorder_cache with TransfoXL->Memorizing

@@ -68,7 +68,7 @@ from ...modeling.heads import memory_generation_inputs
 from ...modeling.losses import NumItems
 from ...modeling.outputs import MemoryModelOutput
 from ...modeling.pretrained import TffPreTrainedModel
-from ...modeling.utils import accepts_past_key_values
+from ...modeling.state_names import MEMORY_NAME, memory_from_aliases
 from ...modeling.validation import (
     ValidatedGenerationMixin,
     check_positive_int,
@@ -359,7 +359,6 @@ class TffSpalmForCausalLM(FusedLMHeadMixin, TffSpalmPreTrainedModel, ValidatedGe
 
     # -------------------------------------------------------------------------------------------------- forward
     @answers_fused_lm_head
-    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -368,7 +367,6 @@ class TffSpalmForCausalLM(FusedLMHeadMixin, TffSpalmPreTrainedModel, ValidatedGe
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         reset_mems: torch.Tensor | None = None,
-        cache: SegmentMemory | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -384,14 +382,12 @@ class TffSpalmForCausalLM(FusedLMHeadMixin, TffSpalmPreTrainedModel, ValidatedGe
         Args:
             labels: ``(B, T)`` token ids; position ``t`` is predicted from positions ``<= t-1`` (the shift happens
                 inside), ``-100`` is ignored. With ``num_items_in_batch`` the loss is the sum over it.
-            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
             datastore: overrides the attached datastore for this call (checked like `set_datastore`).
             k: overrides ``config.k`` for this call.
             Other arguments: see `TffSpalmModel.forward`.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if mems is None:
-            mems = cache
+        mems = memory_from_aliases(mems, kwargs, type(self).__name__)  # its names before, for one release
         if datastore is not None and datastore is not self.datastore:
             self._check_datastore(datastore)
         datastore = self.datastore if datastore is None else datastore
@@ -438,23 +434,23 @@ class TffSpalmForCausalLM(FusedLMHeadMixin, TffSpalmPreTrainedModel, ValidatedGe
         )
         return output if return_dict else output.to_tuple()
 
-    @accepts_past_key_values
     def prepare_inputs_for_generation(
-        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+        self, input_ids, mems=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
     ) -> dict:
         """Once the memory exists only the newest token is fed (`memory_generation_inputs`); this call's
         ``datastore`` / ``k`` are passed on when `generate` was given them."""
         first = kwargs.get("is_first_iteration", True)
-        inputs = memory_generation_inputs(input_ids, cache, attention_mask, inputs_embeds, use_cache, first)
+        inputs = memory_generation_inputs(input_ids, mems, attention_mask, inputs_embeds, use_cache, first)
         inputs.update({name: kwargs[name] for name in ("datastore", "k") if kwargs.get(name) is not None})
         return inputs
 
     # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._update_model_kwargs_for_generation with TransfoXL->Spalm
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
-        """transformers carries the cache from ``outputs.cache``; this model returns its memory as ``mems``."""
+        """The memory travels between steps as ``mems`` (`MEMORY_NAME`), in the output and in the model kwargs, as
+        transformers 5 carries XLNet's."""
         model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
         if getattr(outputs, "mems", None) is not None:
-            model_kwargs["cache"] = outputs.mems
+            model_kwargs[MEMORY_NAME] = outputs.mems
         return model_kwargs
 
     # Copied from tf_family.models.transfo_xl.modeling_transfo_xl.TffTransfoXLLMHeadModel._reorder_cache with TransfoXL->Spalm

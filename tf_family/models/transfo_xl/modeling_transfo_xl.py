@@ -52,7 +52,7 @@ from ...modeling.heads import memory_generation_inputs, sequence_classification_
 from ...modeling.losses import IGNORE_INDEX, NumItems, item_mean
 from ...modeling.outputs import MemoryCausalLMOutput, MemoryModelOutput, MemorySequenceClassifierOutput
 from ...modeling.pretrained import TffPreTrainedModel
-from ...modeling.utils import accepts_past_key_values
+from ...modeling.state_names import MEMORY_NAME, memory_from_aliases
 from ...modeling.validation import (
     ValidatedGenerationMixin,
 )
@@ -268,7 +268,6 @@ class TffTransfoXLLMHeadModel(FusedLMHeadMixin, TffTransfoXLPreTrainedModel, Val
         return None  # the adaptive softmax is not one matrix; tying is handled by get_expanded_tied_weights_keys
 
     @answers_fused_lm_head
-    @accepts_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -277,7 +276,6 @@ class TffTransfoXLLMHeadModel(FusedLMHeadMixin, TffTransfoXLPreTrainedModel, Val
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         reset_mems: torch.Tensor | None = None,
-        cache: SegmentMemory | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -296,12 +294,10 @@ class TffTransfoXLLMHeadModel(FusedLMHeadMixin, TffTransfoXLPreTrainedModel, Val
                 With ``adaptive_span`` the span penalty is added to every predicted token's loss (so that with
                 ``num_items_in_batch`` the accumulated batch counts it once, as it counts the tokens) and reported
                 as ``span_loss``.
-            cache: alias of `mems`, used by `generate()` (also accepted as ``past_key_values``).
             Other arguments: see `TffTransfoXLModel.forward`.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if mems is None:
-            mems = cache
+        mems = memory_from_aliases(mems, kwargs, type(self).__name__)  # its names before, for one release
         outputs = self.transformer(
             input_ids=input_ids,
             mems=mems,
@@ -330,19 +326,19 @@ class TffTransfoXLLMHeadModel(FusedLMHeadMixin, TffTransfoXLPreTrainedModel, Val
         )
         return output if return_dict else output.to_tuple()
 
-    @accepts_past_key_values
     def prepare_inputs_for_generation(
-        self, input_ids, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+        self, input_ids, mems=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
     ) -> dict:
         """Once the memory exists only the newest token is fed (`memory_generation_inputs`)."""
         first = kwargs.get("is_first_iteration", True)
-        return memory_generation_inputs(input_ids, cache, attention_mask, inputs_embeds, use_cache, first)
+        return memory_generation_inputs(input_ids, mems, attention_mask, inputs_embeds, use_cache, first)
 
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs) -> dict:
-        """transformers carries the cache from ``outputs.cache``; this model returns its memory as ``mems``."""
+        """The memory travels between steps as ``mems`` (`MEMORY_NAME`), in the output and in the model kwargs, as
+        transformers 5 carries XLNet's."""
         model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
         if getattr(outputs, "mems", None) is not None:
-            model_kwargs["cache"] = outputs.mems
+            model_kwargs[MEMORY_NAME] = outputs.mems
         return model_kwargs
 
     def _reorder_cache(self, mems, beam_idx: torch.Tensor):
