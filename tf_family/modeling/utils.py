@@ -17,9 +17,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from ..attention.dropout import _check_p, dropout
-
-# the cache argument's old name and the key PEFT reads, declared with the other state names in `state_names`
-from .state_names import GENERATION_CACHE_KEY, accepts_past_key_values  # noqa: F401
+from .state_names import GENERATION_CACHE_KEY
 
 
 class Dropout(nn.Dropout):

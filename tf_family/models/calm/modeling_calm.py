@@ -71,9 +71,8 @@ from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share
 from ...modeling.outputs import CalmGenerateOutput, EarlyExitCausalLMOutput
 from ...modeling.pretrained import TffPreTrainedModel
+from ...modeling.state_names import GENERATION_CACHE_KEY, accepts_past_key_values
 from ...modeling.utils import (
-    GENERATION_CACHE_KEY,
-    accepts_past_key_values,
     build_activation,
     decoding_past_length,
     decoding_step_inputs,

@@ -64,9 +64,9 @@ from ...modeling.heads import (
 )
 from ...modeling.losses import causal_lm_loss
 from ...modeling.pretrained import TffPreTrainedModel
+from ...modeling.state_names import accepts_past_key_values
 from ...modeling.utils import (
     Dropout,
-    accepts_past_key_values,
     find_first_real_token,
     fused_projections,
     key_value_generation_inputs,

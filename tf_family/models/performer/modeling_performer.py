@@ -60,7 +60,8 @@ from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, GenericForTokenClassification
 from ...modeling.losses import causal_lm_loss
 from ...modeling.pretrained import TffPreTrainedModel
-from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, decoding_step_inputs
+from ...modeling.state_names import accepts_past_key_values
+from ...modeling.utils import Dropout, build_activation, decoding_step_inputs
 from ...modeling.validation import ValidatedGenerationMixin, check_tensor, refuse_key_value_cache
 from .cache_performer import TffPerformerCache
 from .configuration_performer import TffLinearTransformerConfig, TffPerformerConfig, TffRFAConfig

@@ -55,9 +55,9 @@ from ...modeling.heads import (
 )
 from ...modeling.losses import causal_lm_loss, cross_entropy
 from ...modeling.pretrained import TffPreTrainedModel
+from ...modeling.state_names import accepts_past_key_values
 from ...modeling.utils import (
     Dropout,
-    accepts_past_key_values,
     build_activation,
     decoding_step_inputs,
     find_first_real_token,

@@ -76,7 +76,8 @@ from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import causal_lm_loss
 from ...modeling.pretrained import TffPreTrainedModel
-from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, key_value_generation_inputs
+from ...modeling.state_names import accepts_past_key_values
+from ...modeling.utils import Dropout, build_activation, key_value_generation_inputs
 from ...modeling.validation import MAX_SIZE, ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_routing_transformer import TffRoutingTransformerConfig
 

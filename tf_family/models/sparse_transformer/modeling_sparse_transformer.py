@@ -66,9 +66,9 @@ from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.losses import causal_lm_loss
 from ...modeling.pretrained import TffPreTrainedModel
+from ...modeling.state_names import accepts_past_key_values
 from ...modeling.utils import (
     Dropout,
-    accepts_past_key_values,
     build_activation,
     fused_projections,
     key_value_generation_inputs,

@@ -72,7 +72,8 @@ from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
 from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification, LMPredictionHead
 from ...modeling.losses import IGNORE_INDEX, NumItems, batch_share, causal_lm_loss
 from ...modeling.pretrained import TffPreTrainedModel
-from ...modeling.utils import Dropout, accepts_past_key_values, build_activation, key_value_generation_inputs
+from ...modeling.state_names import accepts_past_key_values
+from ...modeling.utils import Dropout, build_activation, key_value_generation_inputs
 from ...modeling.validation import ValidatedGenerationMixin, check_cache, check_tensor
 from .configuration_universal_transformer import TffUniversalTransformerConfig
 
