@@ -17,8 +17,10 @@ next-token targets (`tf_family.data.packing`). Models that carry a memory betwee
 ``carried_state``: Transformer-XL, the Compressive and Memorizing Transformers, SPALM) train on ordered streams:
 each batch row reads documents end to end (`tf_family.data.sampling.DocumentStreamSampler`), the memory (``mems``)
 is carried from step to step, and reset where a document starts; each process owns its own rows. Other models see
-shuffled blocks (`ShuffledBlockSampler`). The loaders are prepared by accelerate; a resumed run skips what it has
-read with ``accelerate.skip_first_batches``.
+shuffled blocks (`ShuffledBlockSampler`), or with ``--streaming`` the blocks of their own part of the stream, in
+order (`SequentialStepSampler`, `streaming_loader`). The loaders are prepared by accelerate; a resumed run skips what it
+has read with ``accelerate.skip_first_batches`` (a stream instead continues from the position its checkpoint
+recorded).
 
 A checkpoint (``--checkpointing_steps``) holds the accelerate state (weights, optimizer, scheduler, RNG), the step
 reached and each process's memory, so ``--resume_from_checkpoint latest`` continues exactly where a run stopped.
@@ -39,7 +41,6 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, skip_first_batches
 from accelerate.logging import get_logger
-from accelerate.utils import send_to_device
 from datasets import DatasetDict
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
@@ -49,12 +50,14 @@ from transformers import AutoTokenizer
 from tf_family.data import (
     SOTU_TOKENIZER_DIR,
     DocumentStreamSampler,
+    SequentialStepSampler,
     ShuffledBlockSampler,
     StreamingBlocks,
     block_loader,
     build_document_streams,
     load_text_streams,
     pack_into_blocks,
+    streaming_loader,
 )
 from tf_family.data.packing import IGNORE_INDEX
 from tf_family.models.knn_lm.modeling_knn_lm import DATASTORE_FOLDER
@@ -137,8 +140,9 @@ def build_parser(prog: str | None = None, defaults: dict[str, Any] | None = None
     model.add_argument(
         "--datastore_tokens",
         type=int,
+        default=DEFAULT_DATASTORE_TOKENS,
         help="kNN-LM (--arch knn_lm): after training its base model, store this many training tokens in its "
-        f"datastore (0: all; default: {DEFAULT_DATASTORE_TOKENS:,})",
+        "datastore (0: all)",
     )
 
     data = parser.add_argument_group("data")
@@ -191,7 +195,7 @@ def validate_args(args: argparse.Namespace) -> None:
                 f"--arch {args.arch} --variant {args.variant} names no base model to train; choose a variant that "
                 f"does ({able}), or wrap a model you trained with recipes/knn_lm.py (`build`, then `eval`)."
             )
-    elif args.datastore_tokens is not None:
+    elif args.datastore_tokens != DEFAULT_DATASTORE_TOKENS:
         raise ValueError("--datastore_tokens sizes a kNN-LM's datastore: use it with --arch knn_lm.")
     check_at_least(
         args,
@@ -329,13 +333,12 @@ class LanguageModel:
 
 @dataclass
 class Blocks:
-    """The training and validation blocks, the loaders that read them (``accelerator.prepare``-d by
-    `prepare_training`; a stream, ``--streaming``, is read without one: see `epoch_batches`) and what the summary
-    counts."""
+    """The training and validation blocks (``train``: a `StreamingBlocks` with ``--streaming``), the loaders that
+    read them (``accelerator.prepare``-d by `prepare_training`) and what the summary counts."""
 
     train: Any
     eval: Any
-    train_dataloader: DataLoader | None
+    train_dataloader: DataLoader
     eval_dataloader: DataLoader
     train_docs: list | None
     eval_docs: list
@@ -396,7 +399,8 @@ def build_language_model(args: argparse.Namespace, corpus: Corpus, config_overri
 
 
 def make_blocks(run: Run, corpus: Corpus, lm: LanguageModel) -> Blocks:
-    """Tokenized documents cut into blocks and their loaders: streamed blocks in stream order (``--streaming``),
+    """Tokenized documents cut into blocks and their loaders: streamed blocks in stream order (``--streaming``:
+    `SequentialStepSampler` counts ``--max_train_steps`` of micro-batches, `streaming_loader` reads them),
     ordered document streams for a model with memory (`DocumentStreamSampler`: each row's documents contiguous from
     step to step, on one process), shuffled blocks otherwise (`ShuffledBlockSampler`)."""
     args, accelerator, tokenizer, text_column = run.args, run.accelerator, corpus.tokenizer, corpus.text_column
@@ -417,7 +421,6 @@ def make_blocks(run: Run, corpus: Corpus, lm: LanguageModel) -> Blocks:
     world, per_device, eval_per_device = run.world, args.per_device_train_batch_size, args.per_device_eval_batch_size
     # an epoch ends on an optimizer step: micro-batches that do not fill one are left out of it
     whole_steps = args.gradient_accumulation_steps
-    train_sampler = None
     if lm.has_memory:
         train_blocks, train_doc_blocks = build_document_streams(train_docs, block_size, separator_id)
         eval_blocks, eval_doc_blocks = build_document_streams(eval_docs, block_size, separator_id)
@@ -432,6 +435,7 @@ def make_blocks(run: Run, corpus: Corpus, lm: LanguageModel) -> Blocks:
                 block_size,
                 separator_id,
             )
+            train_sampler = SequentialStepSampler(args.max_train_steps * whole_steps, per_device, world)
         else:
             train_blocks = pack_into_blocks(train_docs, block_size, separator_id)
             train_sampler = ShuffledBlockSampler(
@@ -441,12 +445,15 @@ def make_blocks(run: Run, corpus: Corpus, lm: LanguageModel) -> Blocks:
         eval_sampler = ShuffledBlockSampler(
             len(eval_blocks), eval_per_device, world, shuffle=False, drop_last_batch=False
         )
-    if train_sampler is not None and not train_sampler.schedule(0):
+    if not args.streaming and not train_sampler.schedule(0):
         raise ValueError(
             f"the training data fills {len(train_blocks)} blocks of {block_size} tokens, fewer than one "
             f"batch of {world * per_device}; lower --per_device_train_batch_size or --block_size."
         )
-    train_dataloader = block_loader(train_blocks, train_sampler) if train_sampler is not None else None
+    if args.streaming:
+        train_dataloader = streaming_loader(train_blocks, train_sampler)
+    else:
+        train_dataloader = block_loader(train_blocks, train_sampler)
     eval_dataloader = block_loader(eval_blocks, eval_sampler)
     return Blocks(train_blocks, eval_blocks, train_dataloader, eval_dataloader, train_docs, eval_docs, eval_characters)
 
@@ -475,8 +482,7 @@ def prepare_training(run: Run, lm: LanguageModel, blocks: Blocks) -> int:
     lm.model = None  # the prepared model is run.model
     # each process reads its own rows of every step (the samplers' order; see tf_family.data.sampling)
     blocks.eval_dataloader = run.accelerator.prepare(blocks.eval_dataloader)
-    if blocks.train_dataloader is not None:
-        blocks.train_dataloader = run.accelerator.prepare(blocks.train_dataloader)
+    blocks.train_dataloader = run.accelerator.prepare(blocks.train_dataloader)
     return math.ceil(max_train_steps / updates_per_epoch)
 
 
@@ -513,18 +519,8 @@ def evaluate_run(run: Run, lm: LanguageModel, blocks: Blocks, with_memory: bool 
 def epoch_batches(run: Run, blocks: Blocks, epoch: int, first_update: int) -> tuple[Iterable, int]:
     """This process's micro-batches of ``epoch`` from optimizer step ``first_update`` on, and the optimizer steps
     in the epoch: the prepared loader in the epoch's order (``skip_first_batches`` past the steps a resumed run has
-    done), or with ``--streaming`` the next blocks of this process's stream.
-
-    A stream is read without a loader: its position is checkpointed after every step, and accelerate's loader reads
-    one batch ahead (and would dispatch an iterable dataset from the main process), which would move it."""
-    args, accumulation = run.args, run.args.gradient_accumulation_steps
-    if args.streaming:
-        micro_batches = (args.max_train_steps - first_update) * accumulation
-        batches = (
-            send_to_device(blocks.train.batch(args.per_device_train_batch_size), run.accelerator.device)
-            for _ in range(micro_batches)
-        )
-        return batches, args.max_train_steps
+    done: a sampler's batches skipped unread, so a stream, restored by `resume_run`, is not advanced)."""
+    accumulation = run.args.gradient_accumulation_steps
     loader = blocks.train_dataloader
     loader.set_epoch(epoch)  # the sampler's order of this epoch (seed + epoch)
     updates = len(loader) // accumulation
@@ -565,6 +561,9 @@ def after_optimizer_step(
         run.log_metrics(evaluate_run(run, lm, blocks), label=f"step {steps}")
     if args.checkpointing_steps and steps % args.checkpointing_steps == 0:
         epoch, update, updates_in_epoch = position
+        # a stream's position after the last micro-batch trained on (its loader has read one ahead)
+        last_micro_batch = update * args.gradient_accumulation_steps - 1
+        data_state = blocks.train_dataloader.dataset.state_after(last_micro_batch) if args.streaming else None
         if update == updates_in_epoch:  # the epoch is done: a resumed run starts the next one
             epoch, update = epoch + 1, 0
         state = {"completed_steps": steps, "epoch": epoch, "update_in_epoch": update}
@@ -573,7 +572,6 @@ def after_optimizer_step(
             per_device_train_batch_size=args.per_device_train_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
         )
-        data_state = blocks.train.state_dict() if args.streaming else None
         save_checkpoint(
             run.accelerator, args.output_dir, state, memory, args.checkpoints_total_limit, data_state=data_state
         )
@@ -620,7 +618,7 @@ def final_metrics(run: Run, lm: LanguageModel, blocks: Blocks, corpus: Corpus) -
     base_metrics = None
     if wraps_base_model(unwrapped.config):  # a kNN-LM: the trained base model's keys over the training data
         base_metrics = evaluate_run(run, lm, blocks, with_memory=False)  # the base LM alone, before the datastore
-        limit = DEFAULT_DATASTORE_TOKENS if args.datastore_tokens is None else (args.datastore_tokens or None)
+        limit = args.datastore_tokens or None  # 0: all of them
         attach_run_datastore(
             run.accelerator, run.model, blocks.train, run.output_dir / DATASTORE_FOLDER, corpus.tokenizer,
             args.per_device_eval_batch_size, limit,

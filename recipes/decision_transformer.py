@@ -14,9 +14,10 @@ Data, in the D4RL-style layout of `tf_family.data.offline_rl` (one row per traje
 ``actions``, ``rewards``; ``terminals`` / ``truncations`` optional): generated on the fly from a real simulator
 (`make_offline_dataset`: ``--env_id``, ``--dataset_tier``, ``--dataset_steps``, ``--dataset_seed``; the default),
 a local file or folder (``--train_file``: a `save_to_disk` folder, parquet, JSON lines or arrow) or a Hub dataset
-(``--dataset_name``). Training batches are random ``K``-step windows (`TrajectoryWindowSampler`); micro-batch ``i``
-of process ``p`` is drawn from a generator seeded with ``(seed, i, p)``, so a resumed run draws exactly the windows
-the uninterrupted one would have drawn.
+(``--dataset_name``). Training batches are random ``K``-step windows (`TrajectoryWindowSampler`), read through a
+`DataLoader` prepared by accelerate (`window_loader` over a `SequentialStepSampler`); micro-batch ``i`` of process
+``p`` is drawn from a generator seeded with ``(seed, i, p)``, so a resumed run, which skips the micro-batches done
+with ``accelerate.skip_first_batches``, draws exactly the windows the uninterrupted one would have drawn.
 
 A model trained from scratch (``--arch decision_transformer --variant …``) takes from the data and the environment
 its state and action spaces, ``action_tanh`` (only for continuous spaces inside [-1, 1]), ``max_ep_len``, the state
@@ -45,7 +46,7 @@ from typing import Any
 
 import datasets
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, skip_first_batches
 from accelerate.logging import get_logger
 from accelerate.utils import gather_object
 from transformers import AutoConfig, AutoModel
@@ -59,6 +60,7 @@ from tf_family.data.offline_rl import (
     reference_returns,
     trajectory_statistics,
 )
+from tf_family.data.sampling import SequentialStepSampler
 from tf_family.registry import get_arch
 from tf_family.rl import evaluate_in_env
 from tf_family.shipping.cards import RL_TASK
@@ -90,6 +92,7 @@ from tf_family.training.offline_rl import (
     plot_returns,
     summarise_returns,
     summary_metrics,
+    window_loader,
 )
 from tf_family.training.run import Run, prepare, start_run
 from tf_family.utils.user_errors import run_main
@@ -411,10 +414,11 @@ def plan_evaluation(args: argparse.Namespace, offline: OfflineData) -> Evaluatio
     return EvaluationPlan(offline.env_id, target_returns, reference)
 
 
-def train(run: Run, sampler: TrajectoryWindowSampler, plan: EvaluationPlan, described: str):
-    """The training loop: windows sampled per micro-batch (a function of seed, micro-batch and process, so a resumed
-    run samples as the uninterrupted one), gradient accumulation, clipping, evaluations and checkpoints; returns the
-    log of training steps and the evaluations made on the way (those before a resumed checkpoint included)."""
+def train(run: Run, train_dataloader, plan: EvaluationPlan, described: str):
+    """The training loop: the prepared loader's micro-batches of windows (a function of seed, micro-batch and
+    process: `window_loader`), ``skip_first_batches`` past those a resumed run has done, gradient accumulation,
+    clipping, evaluations and checkpoints; returns the log of training steps and the evaluations made on the way
+    (those before a resumed checkpoint included)."""
     args, accelerator, model = run.args, run.accelerator, run.model
     state: dict[str, Any] = {}
     if args.resume_from_checkpoint:
@@ -423,9 +427,9 @@ def train(run: Run, sampler: TrajectoryWindowSampler, plan: EvaluationPlan, desc
     progress, log = run.start_training("windows_per_second", described)
     eval_history: list[dict[str, Any]] = []
     per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
-    for micro_index in range(run.completed_steps * accumulation, run.max_train_steps * accumulation):
-        generator = micro_batch_generator(args.seed, micro_index, accelerator.process_index)
-        batch = {k: v.to(accelerator.device) for k, v in sampler.sample(per_device, generator).items()}
+    done = run.completed_steps * accumulation
+    batches = skip_first_batches(train_dataloader, done) if done else train_dataloader
+    for batch in batches:
         # accumulate(): gradients are all-reduced and the optimizer steps on every `accumulation`-th micro-batch
         with accelerator.accumulate(model):
             with accelerator.autocast():
@@ -507,19 +511,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = build_policy(args, offline, config_overrides)
     plan = plan_evaluation(args, offline)
     context_length = model.config.context_length
-    sampler = TrajectoryWindowSampler(offline.dataset, context_length, discrete=model.config.discrete)
+    windows = TrajectoryWindowSampler(offline.dataset, context_length, discrete=model.config.discrete)
+    per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    # micro-batch i of process p: windows drawn with micro_batch_generator(seed, i, p), looked up when it is read
+    train_dataloader = window_loader(
+        windows, SequentialStepSampler(args.max_train_steps * accumulation, per_device, run.world),
+        lambda micro_index, rank: micro_batch_generator(args.seed, micro_index, rank),
+    )  # fmt: skip
     model = apply_lora(model, args)
-    per_device = args.per_device_train_batch_size
     prepare(
         run, model, args.max_train_steps, "tf_family_decision_transformer", context_length=context_length,
-        hidden_size=model.config.hidden_size,
-        effective_batch_windows=run.world * per_device * args.gradient_accumulation_steps,
+        hidden_size=model.config.hidden_size, effective_batch_windows=run.world * per_device * accumulation,
     )  # fmt: skip
+    train_dataloader = run.accelerator.prepare(train_dataloader)  # each process reads its own micro-batches
     described = (
-        f"{len(offline.dataset)} trajectories ({len(sampler)} steps) of {offline.env_id}, "
+        f"{len(offline.dataset)} trajectories ({len(windows)} steps) of {offline.env_id}, "
         f"{run.max_train_steps} steps of {run.world} x {per_device} windows of {context_length} steps"
     )
-    log, eval_history = train(run, sampler, plan, described)
+    log, eval_history = train(run, train_dataloader, plan, described)
     evaluation = plan.evaluate(run)
     run.log_metrics(summary_metrics(evaluation), label="evaluation")
     summary = save(run, offline, plan, evaluation, eval_history, log)

@@ -17,7 +17,8 @@ best on validation, reports test with it, and (``--output_dir``) saves a `TffKNN
 settings whose config points at the datastore, plus a model card and ``training_run.json``.
 
 Blocks are read independently (no segment memory is carried), for every model, when building and when evaluating,
-so keys and queries come from the same kind of context. One process: datastore building and the grid are not
+so keys and queries come from the same kind of context; each split is read in order through a `DataLoader` prepared
+by accelerate (`sequential_block_loader`). One process: datastore building and the grid are not
 split across processes (``accelerate launch --num_processes 1``).
 """
 
@@ -45,6 +46,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import tf_family
 from tf_family.data import SOTU_TOKENIZER_DIR, pack_into_blocks
 from tf_family.data.packing import IGNORE_INDEX
+from tf_family.data.sampling import sequential_block_loader
 from tf_family.memory.knn import FAISS_INDEX_TYPES
 from tf_family.memory.knn_lm import knn_target_log_probs
 from tf_family.models.knn_lm.modeling_knn_lm import DATASTORE_FOLDER, TffKNNLMForCausalLM
@@ -178,10 +180,6 @@ def load_blocks(args: argparse.Namespace, tokenizer, splits: list[str]) -> dict[
     return out
 
 
-def block_batches(blocks, batch_size: int) -> list[dict[str, torch.Tensor]]:
-    return [blocks.batch(range(i, min(i + batch_size, len(blocks)))) for i in range(0, len(blocks), batch_size)]
-
-
 def load_model_and_tokenizer(args: argparse.Namespace, device: torch.device):
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or _tokenizer_source(args))
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).to(device).eval()
@@ -206,18 +204,18 @@ def build(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
     if args.split not in blocks:
         raise ValueError(f"--split {args.split!r} is not a split of the data.")
     split_blocks, _ = blocks[args.split]
-    batches = block_batches(split_blocks, args.per_device_batch_size)
+    dataloader = accelerator.prepare(sequential_block_loader(split_blocks, args.per_device_batch_size))
     started = time.perf_counter()
     datastore = build_datastore(
         model,
-        batches,
+        dataloader,
         args.output_dir,
         tokenizer=tokenizer,
         key_point=args.key_point,
         module_path=args.module_path,
         key_dtype=getattr(torch, args.key_dtype),
         shard_size=args.shard_size,
-        total=len(batches),
+        total=len(dataloader),
         show_progress=accelerator.is_local_main_process,
     )
     seconds = time.perf_counter() - started
@@ -251,19 +249,19 @@ def build(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------------------- eval
 def score_grid(
-    model, datastore: KNNDatastore, blocks, args: argparse.Namespace, device: torch.device, recompute: bool
+    model, datastore: KNNDatastore, dataloader, args: argparse.Namespace, recompute: bool
 ) -> tuple[float, dict[tuple[int, float], float], int]:
-    """Summed NLL of the base LM and of every (k, λ) over the scored tokens of ``blocks``, and the token count."""
+    """Summed NLL of the base LM and of every (k, λ) over the scored tokens of the blocks ``dataloader`` reads
+    (prepared: on the model's device), and the token count."""
     _, module = resolve_key_module(model, args.key_point, args.module_path)
     k_max = max(args.ks)
     base_total, count = 0.0, 0
     totals = {(k, lmbda): 0.0 for k in args.ks for lmbda in args.lmbdas}
-    batches = block_batches(blocks, args.per_device_batch_size)
     with torch.no_grad(), capture_module_inputs(module) as captured:
-        for batch in tqdm(batches, desc="kNN-LM grid", disable=not args.show_progress):
+        for batch in tqdm(dataloader, desc="kNN-LM grid", disable=not args.show_progress):
             captured.clear()
-            logits = model(input_ids=batch["input_ids"].to(device)).logits
-            labels = batch["labels"].to(device)
+            logits = model(input_ids=batch["input_ids"]).logits
+            labels = batch["labels"]
             keep = labels != IGNORE_INDEX
             targets = labels[keep]  # (N,)
             lm = F.log_softmax(logits.float(), -1)[keep].gather(1, targets[:, None])[:, 0]  # (N,) log p_LM(target)
@@ -324,7 +322,8 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
     results: dict[str, Any] = {"datastore": args.datastore, "datastore_keys": datastore.size, "grid": {}}
     val_blocks, val_characters = blocks["validation"]
     started = time.perf_counter()
-    base_nll, totals, count = score_grid(model, datastore, val_blocks, args, accelerator.device, recompute)
+    val_loader = accelerator.prepare(sequential_block_loader(val_blocks, args.per_device_batch_size))
+    base_nll, totals, count = score_grid(model, datastore, val_loader, args, recompute)
     results["validation_seconds"] = time.perf_counter() - started
     results["validation_tokens"] = count
     results["validation_base"] = metrics_of(base_nll, count, val_characters)
@@ -337,7 +336,8 @@ def evaluate_grid(args: argparse.Namespace, accelerator: Accelerator) -> dict[st
     if "test" in blocks:
         test_blocks, test_characters = blocks["test"]
         args.ks, args.lmbdas = [best_k], [best_lmbda]
-        base_nll, totals, count = score_grid(model, datastore, test_blocks, args, accelerator.device, recompute)
+        test_loader = accelerator.prepare(sequential_block_loader(test_blocks, args.per_device_batch_size))
+        base_nll, totals, count = score_grid(model, datastore, test_loader, args, recompute)
         results["test_tokens"] = count
         results["test_base"] = metrics_of(base_nll, count, test_characters)
         results["test_knn"] = metrics_of(totals[(best_k, best_lmbda)], count, test_characters)

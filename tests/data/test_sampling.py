@@ -1,6 +1,8 @@
 """The recipes' batch samplers through accelerate: each process reads its own rows of every step of the packing
 schedule, in the schedule's order, across epochs and after ``skip_first_batches``."""
 
+import json
+
 import pytest
 import torch
 from accelerate import PartialState, skip_first_batches
@@ -144,3 +146,117 @@ def test_bad_sizes_are_refused():
         ShuffledBlockSampler(10, 0)
     with pytest.raises(ValueError, match="whole_steps=0 must be a positive integer"):
         DocumentStreamSampler([[0]], 1, whole_steps=0)
+
+
+def _stream(documents, block_size=8):
+    from datasets import Dataset
+
+    from tf_family.data import StreamingBlocks
+
+    rows = Dataset.from_list([{"text": " ".join(map(str, doc))} for doc in documents]).to_iterable_dataset()
+    return StreamingBlocks(rows, lambda text: [int(word) for word in text.split()], "text", block_size, 0)
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_sequential_steps_give_each_process_its_own_slice_lazily(num_processes):
+    from tf_family.data.sampling import SequentialStepSampler
+
+    sampler = SequentialStepSampler(5, 3, num_processes)
+    assert len(sampler) == 5 * num_processes
+    assert [b for step in sampler.schedule(0) for b in step] == list(range(5 * 3 * num_processes))
+    assert [i for batch in sampler for i in batch] == list(range(5 * 3 * num_processes))
+    with pytest.raises(ValueError, match="num_steps=0 must be a positive integer"):
+        SequentialStepSampler(0, 3)
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_a_stream_through_a_prepared_loader_reads_its_blocks_in_order_and_resumes_exactly(num_processes):
+    """A prepared loader reads one batch ahead of the loop; `state_after` is the stream's position after the batch
+    the loop holds, and a loader resumed from it with ``skip_first_batches`` continues with exactly the blocks an
+    uninterrupted one reads (what the causal-LM recipe's --streaming checkpoints rely on)."""
+    from tf_family.data.sampling import SequentialStepSampler
+    from tf_family.data.streaming import streaming_loader
+
+    generator = torch.Generator().manual_seed(0)
+    documents = [torch.randint(1, 50, (int(n),), generator=generator).tolist() for n in (5, 17, 1, 9, 30, 4, 22)]
+    steps, per_device = 7, 2
+    for process in range(num_processes):
+        plain = _stream(documents)
+        expected = [plain.batch(per_device) for _ in range(steps)]
+        loader = prepared(
+            streaming_loader(_stream(documents), SequentialStepSampler(steps, per_device, num_processes)),
+            num_processes,
+            process,
+        )
+        states = []
+        batches = []
+        for micro_batch, batch in enumerate(loader):
+            batches.append(dict(batch))
+            states.append(json.loads(json.dumps(loader.dataset.state_after(micro_batch))))
+        assert_same(batches, expected)
+        for done in (1, 4, 6):
+            stream = _stream(documents)
+            stream.load_state_dict(states[done - 1])
+            resumed = prepared(
+                streaming_loader(stream, SequentialStepSampler(steps, per_device, num_processes)),
+                num_processes,
+                process,
+            )
+            assert_same(read(skip_first_batches(resumed, done)), expected[done:])
+    with pytest.raises(ValueError, match="position after micro-batch 0 is not kept"):
+        loader.dataset.state_after(0)
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_decision_transformer_windows_are_a_function_of_micro_batch_and_process(num_processes):
+    """`window_loader`: process p's micro-batch i holds the windows drawn with the generator of (i, p), in order,
+    and ``skip_first_batches`` resumes on exactly the remaining ones; reading draws nothing from the global state."""
+    from tf_family.data.sampling import SequentialStepSampler
+    from tf_family.training.offline_rl import window_loader
+
+    class Windows:  # stands in for a TrajectoryWindowSampler: what it draws shows the generator it was given
+        def __len__(self):
+            return 100
+
+        def sample(self, batch_size, generator):
+            return {"ends": torch.randint(0, 100, (batch_size,), generator=generator)}
+
+    def generator_of(micro_batch, rank):
+        return torch.Generator().manual_seed(1000 * micro_batch + rank)
+
+    steps, per_device = 6, 3
+    for process in range(num_processes):
+        expected = [Windows().sample(per_device, generator_of(i, process)) for i in range(steps)]
+        loader = prepared(
+            window_loader(Windows(), SequentialStepSampler(steps, per_device, num_processes), generator_of),
+            num_processes,
+            process,
+        )
+        torch.manual_seed(0)
+        state = torch.get_rng_state()
+        assert_same(read(loader), expected)
+        assert_same(read(skip_first_batches(loader, 4)), expected[4:])
+        assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_sequential_block_loader_reads_blocks_in_order_with_a_short_last_batch():
+    from tf_family.data.sampling import sequential_block_loader
+
+    blocks = pack_into_blocks(DOCUMENTS, 8, 0)
+    # the batches the kNN-LM recipe read before it had a loader
+    expected = [blocks.batch(range(i, min(i + 5, len(blocks)))) for i in range(0, len(blocks), 5)]
+    assert_same(read(prepared(sequential_block_loader(blocks, 5), 1, 0)), expected)
+    assert_same(read(sequential_block_loader(blocks, 5, num_blocks=7)), [blocks.batch(range(5)), blocks.batch([5, 6])])
+    with pytest.raises(ValueError, match="batch_size=0 must be a positive integer"):
+        sequential_block_loader(blocks, 0)
+
+
+def test_prompt_loader_gives_the_slices_calibration_read_before():
+    from tf_family.training.early_exit import prompt_loader
+
+    prompts = torch.arange(7 * 4).reshape(7, 4)
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    batches = list(prompt_loader(prompts, 3))
+    assert [b.tolist() for b in batches] == [prompts[i : i + 3].tolist() for i in range(0, 7, 3)]
+    assert torch.equal(torch.get_rng_state(), state)

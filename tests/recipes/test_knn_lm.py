@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tf_family.data.packing import IGNORE_INDEX
+from tf_family.data.sampling import sequential_block_loader
 from tf_family.models.knn_lm.modeling_knn_lm import TffKNNLMForCausalLM
 from tf_family.recipes import knn_lm
 from tf_family.retrieval.datastore import DatastoreMismatchError
@@ -55,7 +56,7 @@ def test_build_then_eval_then_reload(corpus, tiny_gpt2, tmp_path):
     blocks, _ = knn_lm.load_blocks(args, tokenizer, ["validation"])["validation"]
     nll, count = 0.0, 0
     with torch.no_grad():
-        for batch in knn_lm.block_batches(blocks, 8):
+        for batch in sequential_block_loader(blocks, 8):
             log_probs = model(batch["input_ids"]).logits
             keep = batch["labels"] != IGNORE_INDEX
             nll -= log_probs[keep].gather(1, batch["labels"][keep][:, None]).sum().item()

@@ -5,13 +5,14 @@ from .packing import LMBlocks, build_document_streams, pack_into_blocks, schedul
 from .sampling import (
     DocumentStreamSampler,
     ExampleDataset,
+    SequentialStepSampler,
     ShuffledBlockSampler,
     StepBatchSampler,
     block_loader,
     example_loader,
 )
 from .sotu import SOTU_CORPUS_FILE, SOTU_TOKENIZER_DIR, load_sotu, read_sotu_records, sotu_split
-from .streaming import StreamingBlocks
+from .streaming import StreamingBatchDataset, StreamingBlocks, streaming_loader
 from .text import BUNDLED_DATASETS, load_text_datasets, load_text_streams
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "SOTU_TOKENIZER_DIR",
     "ShuffledBlockSampler",
     "StepBatchSampler",
+    "SequentialStepSampler",
+    "StreamingBatchDataset",
     "StreamingBlocks",
     "block_loader",
     "build_document_streams",
@@ -38,4 +41,5 @@ __all__ = [
     "schedule_shuffled_batches",
     "schedule_streams",
     "sotu_split",
+    "streaming_loader",
 ]

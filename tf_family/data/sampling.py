@@ -138,6 +138,33 @@ class ShuffledBlockSampler(StepBatchSampler):
         )
 
 
+class SequentialStepSampler(StepBatchSampler):
+    """``num_steps`` steps of consecutive indices (step ``t``: ``[t · n · batch_size, (t + 1) · n · batch_size)``, in
+    the processes' slices), yielded without building the schedule: micro-batches whose indices only count them and
+    name the process reading them (a training stream, `tf_family.data.streaming.StreamingBatchDataset`; the
+    Decision Transformer's random windows, `tf_family.training.offline_rl.WindowBatchDataset`)."""
+
+    def __init__(self, num_steps: int, batch_size: int, num_processes: int = 1):
+        super().__init__(batch_size, num_processes)
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"num_steps={num_steps!r} must be a positive integer.")
+        self.num_steps = num_steps
+
+    def schedule(self, epoch: int) -> list[list[int]]:
+        rows = self.num_processes * self.batch_size
+        return [list(range(step * rows, (step + 1) * rows)) for step in range(self.num_steps)]
+
+    def __len__(self) -> int:
+        return self.num_steps * self.num_processes
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rows = self.num_processes * self.batch_size
+        for step in range(self.num_steps):
+            for process in range(self.num_processes):
+                start = step * rows + process * self.batch_size
+                yield list(range(start, start + self.batch_size))
+
+
 class BlockDataset(torch.utils.data.Dataset):
     """`LMBlocks` as a map-style dataset read a batch at a time: ``__getitems__`` (which a `DataLoader` calls with a
     sampler's batch of indices) returns `LMBlocks.batch` of them (`EMPTY_BLOCK` included), the tensors the recipe
@@ -167,6 +194,25 @@ def block_loader(blocks: LMBlocks, sampler: StepBatchSampler) -> torch.utils.dat
     global random state: reading data then leaves the model's dropout masks where they were."""
     return torch.utils.data.DataLoader(
         BlockDataset(blocks), batch_sampler=sampler, collate_fn=keep_batch, generator=torch.Generator().manual_seed(0)
+    )
+
+
+def sequential_block_loader(
+    blocks: LMBlocks, batch_size: int, num_blocks: int | None = None
+) -> torch.utils.data.DataLoader:
+    """A `DataLoader` reading the first ``num_blocks`` of ``blocks`` (all when None) in order, ``batch_size`` at a
+    time (the last batch shorter), each batch `LMBlocks.batch` of its indices: for reading a split once, as the kNN-LM
+    recipe's datastore and grid do. Its own seeded generator, as `block_loader`'s, leaves the global random state
+    alone."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+    count = len(blocks) if num_blocks is None else min(num_blocks, len(blocks))
+    return torch.utils.data.DataLoader(
+        BlockDataset(blocks),
+        batch_size=batch_size,
+        sampler=range(count),
+        collate_fn=keep_batch,
+        generator=torch.Generator().manual_seed(0),
     )
 
 
@@ -212,7 +258,9 @@ __all__ = [
     "ExampleDataset",
     "ShuffledBlockSampler",
     "StepBatchSampler",
+    "SequentialStepSampler",
     "block_loader",
     "example_loader",
     "keep_batch",
+    "sequential_block_loader",
 ]

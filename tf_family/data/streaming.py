@@ -8,6 +8,11 @@ in stream order, without ever holding more than one document and one block. When
 Resumable: `state_dict` records how far the stream was read (`IterableDataset.state_dict`, which counts the
 documents taken from it) and the tokens read but not yet given out; `load_state_dict` continues from there, so a run
 resumed from a checkpoint sees exactly the blocks an uninterrupted run would have seen.
+
+`StreamingBatchDataset` and `streaming_loader` read a stream through a `torch.utils.data.DataLoader` prepared by
+accelerate: a `SequentialStepSampler` (`tf_family.data.sampling`) names each process's micro-batches, and the dataset
+answers each with the stream's next blocks, recording where the stream stood after it (`state_after`), since a
+prepared loader reads one batch ahead of the one the loop holds.
 """
 
 from __future__ import annotations
@@ -114,4 +119,58 @@ class StreamingBlocks:
             self._iterator = iter(self.dataset)
 
 
-__all__ = ["StreamingBlocks"]
+class StreamingBatchDataset(torch.utils.data.Dataset):
+    """`StreamingBlocks` read a batch at a time by a `DataLoader` over a `SequentialStepSampler`: ``__getitems__`` (which a
+    loader calls with a sampler's batch of indices) returns the stream's next ``len(indices)`` blocks
+    (`StreamingBlocks.batch`), whatever the indices, which only name the micro-batch (``indices[0] // step_rows``).
+
+    The stream is read in order, so its loader must neither shuffle nor skip by reading: ``skip_first_batches``
+    skips a sampler's batches without fetching them, and a resumed run restores the stream (`load_state_dict`)
+    instead. After each micro-batch it records the stream's `state_dict` (`state_after`): a checkpoint saves the
+    position after the micro-batch the loop last trained on, not after the one the loader has already read ahead.
+
+    Args:
+        stream: this process's `StreamingBlocks`.
+        step_rows: the rows of one step over all processes (``num_processes · batch_size``), as the sampler counts.
+    """
+
+    def __init__(self, stream: StreamingBlocks, step_rows: int):
+        if not isinstance(step_rows, int) or step_rows < 1:
+            raise ValueError(f"step_rows={step_rows!r} must be a positive integer.")
+        self.stream, self.step_rows = stream, step_rows
+        self._states: dict[int, dict[str, Any]] = {}  # micro-batch -> the stream's state after it (the last few)
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        micro_batch = indices[0] // self.step_rows
+        batch = self.stream.batch(len(indices))
+        self._states[micro_batch] = self.stream.state_dict()
+        for old in [index for index in self._states if index < micro_batch - 2]:
+            del self._states[old]
+        return batch
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: rows[0] for name, rows in self.__getitems__([index]).items()}
+
+    def state_after(self, micro_batch: int) -> dict[str, Any]:
+        """The stream's `StreamingBlocks.state_dict` just after ``micro_batch`` was read (for a checkpoint)."""
+        if micro_batch not in self._states:
+            raise ValueError(
+                f"the stream's position after micro-batch {micro_batch} is not kept (kept: {sorted(self._states)}); "
+                "a checkpoint must follow the micro-batch it records."
+            )
+        return self._states[micro_batch]
+
+
+def streaming_loader(stream: StreamingBlocks, sampler) -> torch.utils.data.DataLoader:
+    """A `DataLoader` reading ``stream`` in ``sampler``'s micro-batches (a `SequentialStepSampler`), for
+    ``accelerator.prepare``; its own seeded generator, as `tf_family.data.sampling.block_loader`'s, leaves the global
+    random state alone."""
+    from .sampling import keep_batch
+
+    dataset = StreamingBatchDataset(stream, sampler.num_processes * sampler.batch_size)
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=keep_batch, generator=torch.Generator().manual_seed(0)
+    )
+
+
+__all__ = ["StreamingBatchDataset", "StreamingBlocks", "streaming_loader"]

@@ -90,20 +90,29 @@ class Generations:
         return float(self.exit_layers.double().mean())
 
 
+def prompt_loader(prompts: torch.Tensor, batch_size: int) -> torch.utils.data.DataLoader:
+    """A `DataLoader` of the rows of ``prompts`` ``(N, P)`` in order, ``batch_size`` at a time (the last batch
+    shorter); its own seeded generator leaves the global random state alone (a loader otherwise draws its seed
+    from it)."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+    return torch.utils.data.DataLoader(prompts, batch_size=batch_size, generator=torch.Generator().manual_seed(0))
+
+
 @torch.no_grad()
 def generate_with_exits(
     model, prompts: torch.Tensor, max_new_tokens: int, batch_size: int, threshold: float | None
 ) -> Generations:
     """Greedy generation of every prompt (same length, no padding) at ``threshold`` (``None``: full depth), in
-    batches. ``model.config.exit_threshold`` is restored afterwards. End-of-sequence tokens do not stop it (every
+    batches (`prompt_loader`). ``model.config.exit_threshold`` is restored afterwards. End-of-sequence tokens do not stop it (every
     row generates ``max_new_tokens``), so losses compare sequences of equal length."""
     saved = model.config.exit_threshold
     model.config.exit_threshold = threshold
     device = next(model.parameters()).device
     tokens, exits = [], []
     try:
-        for start in range(0, prompts.shape[0], batch_size):
-            batch = prompts[start : start + batch_size].to(device)
+        for batch in prompt_loader(prompts, batch_size):
+            batch = batch.to(device)
             out = model.generate(
                 batch,
                 attention_mask=torch.ones_like(batch),
@@ -260,6 +269,7 @@ __all__ = [
     "cut_prompts",
     "generate_with_exits",
     "loss_tolerance",
+    "prompt_loader",
     "run_calibration",
     "score_grid",
 ]

@@ -170,20 +170,21 @@ def attach_run_datastore(
     the first ``max_tokens`` scored tokens of ``blocks`` (the training data) and writes the datastore to ``folder``
     (the output folder's ``datastore/``, which the saved model then holds); every process then attaches it. Returns
     the datastore."""
+    from ..data.sampling import sequential_block_loader
     from ..retrieval.datastore import KNNDatastore, build_datastore
 
     unwrapped = accelerator.unwrap_model(model)
     if accelerator.is_main_process:
-        rows = datastore_rows(blocks, max_tokens)
-        batches = [blocks.batch(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+        # the first blocks, in order (this process alone reads them: the loader is not prepared)
+        dataloader = sequential_block_loader(blocks, batch_size, num_blocks=len(datastore_rows(blocks, max_tokens)))
         build_datastore(
             unwrapped.lm,
-            batches,
+            dataloader,
             folder,
             tokenizer=tokenizer,
             key_point=unwrapped.config.key_point,
             module_path=unwrapped.config.key_module_path,
-            total=len(batches),
+            total=len(dataloader),
             show_progress=accelerator.is_local_main_process,
         )
     accelerator.wait_for_everyone()

@@ -1,16 +1,19 @@
 """What the Decision Transformer recipe (``recipes/decision_transformer.py``) needs beside its data, model and loop:
 the environment's and the data's state and action spaces and the checks that the model fits them, the split of the
 evaluation episodes between processes and the summary of their returns, the flat metrics of an evaluation, the plot
-of achieved against target return, and the run record's description of the data."""
+of achieved against target return, the run record's description of the data, and the `DataLoader` of its training
+windows (`WindowBatchDataset`, `window_loader`)."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 
 
 def check_env_id(env_id: str) -> None:
@@ -247,3 +250,47 @@ def describe_dataset(
         "description": f"{title}: {len(dataset)} trajectories, {stats['num_transitions']} transitions, "
         f"mean return {stats['return_mean']:.1f} (best {stats['return_max']:.1f}, worst {worst:.1f}).",
     }
+
+
+class WindowBatchDataset(torch.utils.data.Dataset):
+    """Random training windows (`tf_family.data.offline_rl.TrajectoryWindowSampler`) read a micro-batch at a time by
+    a `DataLoader` over a `tf_family.data.sampling.SequentialStepSampler`: the indices of a batch name the micro-batch
+    (``indices[0] // step_rows``) and the process reading it (its slice of the step), and ``__getitems__`` returns
+    ``windows.sample(len(indices), generator_of(micro_batch, rank))``. What is drawn is then a function of the
+    micro-batch and the process only, so ``skip_first_batches`` (which skips a sampler's batches unread) resumes a
+    run on exactly the windows the uninterrupted one drew.
+
+    Args:
+        windows: the training data's `TrajectoryWindowSampler`.
+        step_rows: the windows of one step over all processes (``num_processes · batch_size``).
+        generator_of: ``(micro_batch, rank) -> torch.Generator`` (the recipe's, seeded with ``--seed``).
+    """
+
+    def __init__(self, windows, step_rows: int, generator_of: Callable[[int, int], torch.Generator]):
+        if not isinstance(step_rows, int) or step_rows < 1:
+            raise ValueError(f"step_rows={step_rows!r} must be a positive integer.")
+        self.windows, self.step_rows, self.generator_of = windows, step_rows, generator_of
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        micro_batch, row = divmod(indices[0], self.step_rows)
+        return self.windows.sample(len(indices), self.generator_of(micro_batch, row // len(indices)))
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: rows[0] for name, rows in self.__getitems__([index]).items()}
+
+
+def window_loader(
+    windows, sampler, generator_of: Callable[[int, int], torch.Generator]
+) -> torch.utils.data.DataLoader:
+    """A `DataLoader` of `WindowBatchDataset` micro-batches in ``sampler``'s order (a `SequentialStepSampler` of
+    ``--max_train_steps`` × accumulation micro-batches), for ``accelerator.prepare``; its own seeded generator, as
+    `tf_family.data.sampling.block_loader`'s, leaves the global random state alone."""
+    from ..data.sampling import keep_batch
+
+    dataset = WindowBatchDataset(windows, sampler.num_processes * sampler.batch_size, generator_of)
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=keep_batch, generator=torch.Generator().manual_seed(0)
+    )
