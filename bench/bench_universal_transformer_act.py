@@ -116,6 +116,7 @@ def build_model(name: str, args):
             act_force_halt_at_max_steps=True if fixed else args.act_force_halt,
             act_type=args.act_type,
             layer_norm_position=args.ut_layer_norm_position,
+            step_timing_signal=args.ut_step_timing_signal,
         )
         if fixed:  # every token halts by force at the last step
             ut.transformer.halting.requires_grad_(False)
@@ -234,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["pre", "post"],
         help="the UTs' layer_norm_position: pre (tensor2tensor's code) or post (the paper's equations)",
     )
+    parser.add_argument(
+        "--ut_step_timing_signal",
+        default="sinusoid",
+        choices=["sinusoid", "learned"],
+        help="the UTs' step_timing_signal: sinusoid, or learned (tensor2tensor's default)",
+    )
     parser.add_argument("--act_max_steps", type=int, default=8)
     parser.add_argument("--act_force_halt", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--act_type", default="basic", choices=["basic", "accumulated"])
@@ -298,7 +305,7 @@ def summarise(payload: dict, args) -> str:
         f"Seeds {seeds} (of {args.args_seeds} asked for); {args.steps} Adam steps per model and seed (lr {args.lr}, batch {args.batch}) at "
         f"lengths {args.train_lengths}, positions offset at random by 0..{args.position_offset}; ut: hidden "
         f"{args.ut_hidden_size}, feed-forward {args.ut_intermediate_size}, one shared block, layer_norm_position "
-        f"{args.ut_layer_norm_position}, act_max_steps "
+        f"{args.ut_layer_norm_position}, step_timing_signal {args.ut_step_timing_signal}, act_max_steps "
         f"{args.act_max_steps}, act_type {args.act_type}, act_force_halt_at_max_steps {args.act_force_halt}, "
         f"act_loss_weight {args.act_loss_weight}, act_halting_bias_init {args.act_halting_bias_init}; ut_fixed: the "
         f"same block, {args.vanilla_layers} steps (halting frozen); vanilla: {args.vanilla_layers} layers, hidden "

@@ -122,6 +122,8 @@ def _allows_int(annotation: Any) -> bool:
 
 
 def _describe(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:  # (its __name__ is just "Literal")
+        return "one of " + ", ".join(repr(value) for value in typing.get_args(annotation))
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 

@@ -224,7 +224,7 @@ def test_k_per_call_and_its_check():
         ({"d_embed": 16}, ValueError, "d_embed=16 differs from d_model=32"),
         ({"k": 0}, ValueError, "k must be >= 1"),
         ({"k": 2.5}, TypeError, "k must be int"),
-        ({"distance": "cosine"}, TypeError, "distance must be Literal"),
+        ({"distance": "cosine"}, TypeError, "distance must be one of 'l2', 'ip'"),
         ({"datastore_path": 3}, TypeError, "datastore_path"),
         ({"check_datastore": "yes"}, TypeError, "check_datastore"),
     ],

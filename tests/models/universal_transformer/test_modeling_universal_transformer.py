@@ -11,6 +11,7 @@ import torch
 from tests.layers.test_halting import t2t_act
 from tf_family.models.universal_transformer.configuration_universal_transformer import TffUniversalTransformerConfig
 from tf_family.models.universal_transformer.modeling_universal_transformer import (
+    LearnedStepSignal,
     TffUniversalTransformerForCausalLM,
     TffUniversalTransformerForMaskedLM,
     TffUniversalTransformerForSequenceClassification,
@@ -367,6 +368,7 @@ def test_attentions_and_hidden_states_per_step():
         ({"act_loss_weight": -1.0}, "act_loss_weight"),
         ({"act_force_halt_at_max_steps": "yes"}, "act_force_halt_at_max_steps"),
         ({"layer_norm_position": "sandwich"}, "layer_norm_position"),
+        ({"step_timing_signal": "learnt"}, "step_timing_signal must be one of 'sinusoid', 'learned'"),
     ],
 )
 def test_config_errors_name_the_field(overrides, message):
@@ -396,3 +398,61 @@ def test_configs_saved_before_layer_norm_position_load_as_pre(tmp_path):
     saved.pop("layer_norm_position")
     (tmp_path / "config.json").write_text(json.dumps(saved))
     assert TffUniversalTransformerConfig.from_pretrained(tmp_path).layer_norm_position == "pre"
+
+
+@pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
+def test_learned_step_signal_is_tensor2tensors_and_trains(layer_norm_position):
+    """``step_timing_signal="learned"``: before step ``n`` the state gets ``weight[n] * sqrt(d)``, the weight started
+    at std ``d ** -0.5`` (tensor2tensor's ``get_layer_timing_signal_learned_1d``), in place of the step's sinusoid;
+    the loop is otherwise tensor2tensor's, and the signal gets a gradient."""
+    torch.manual_seed(0)
+    config = make_config(step_timing_signal="learned", layer_norm_position=layer_norm_position, hidden_size=64)
+    model = reaching_max_steps(TffUniversalTransformerModel(config))
+    weight = model.step_signal.weight
+    assert weight.shape == (config.act_max_steps, 64)
+    assert 0.8 * 64**-0.5 < float(weight.detach().std()) < 1.2 * 64**-0.5  # t2t's init (not initializer_range)
+    input_ids = ids()
+    outputs = model(input_ids, use_cache=False)
+    with torch.no_grad():
+        embeddings = model.word_embeddings(input_ids) * 8.0
+        position = timing_signal(torch.arange(input_ids.shape[1]), 64)
+        steps = weight * 8.0
+        allowed = build_allowed_mask(torch.ones(2, input_ids.shape[1], dtype=torch.bool), input_ids.shape[1], False)
+        expected, n_updates, _ = t2t_act(
+            embeddings,
+            lambda state, step: state + position + steps[step],
+            model.halting,
+            lambda state, step: model.blocks[0](state, allowed)[0],
+            config.act_max_steps,
+            config.act_threshold,
+            "basic",
+            graves=True,
+        )
+    assert len(set(n_updates.flatten().tolist())) > 1, "positions should halt at different steps"
+    torch.testing.assert_close(outputs.last_hidden_state, model.final_layer_norm(expected), rtol=1e-5, atol=1e-5)
+    sinusoid = TffUniversalTransformerModel(make_config(layer_norm_position=layer_norm_position, hidden_size=64))
+    sinusoid.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("step_signal.")})
+    reaching_max_steps(sinusoid)
+    assert not torch.allclose(sinusoid(input_ids).last_hidden_state, outputs.last_hidden_state)
+    outputs.last_hidden_state.square().sum().backward()
+    assert weight.grad is not None and bool(weight.grad[: int(n_updates.max())].abs().sum(-1).gt(0).all())
+
+
+def test_learned_step_signal_round_trips_and_sinusoid_models_have_no_new_weights(tmp_path):
+    """A learned model saves and reloads its step vectors; a sinusoid model (the default) has no step parameters, so
+    its state dict -- and a checkpoint saved before the field existed -- is unchanged, and such a config loads as
+    ``"sinusoid"``."""
+    torch.manual_seed(0)
+    model = TffUniversalTransformerForCausalLM(make_config(step_timing_signal="learned")).eval()
+    model.save_pretrained(tmp_path / "learned")
+    loaded = TffUniversalTransformerForCausalLM.from_pretrained(tmp_path / "learned").eval()
+    torch.testing.assert_close(loaded.transformer.step_signal.weight, model.transformer.step_signal.weight)
+    torch.testing.assert_close(loaded(ids()).logits, model(ids()).logits)
+    default = TffUniversalTransformerForCausalLM(make_config())
+    assert not any(isinstance(module, LearnedStepSignal) for module in default.modules())
+    assert not any("step_signal" in name for name in default.state_dict())
+    default.config.save_pretrained(tmp_path / "old")
+    saved = json.loads((tmp_path / "old" / "config.json").read_text())
+    saved.pop("step_timing_signal")
+    (tmp_path / "old" / "config.json").write_text(json.dumps(saved))
+    assert TffUniversalTransformerConfig.from_pretrained(tmp_path / "old").step_timing_signal == "sinusoid"

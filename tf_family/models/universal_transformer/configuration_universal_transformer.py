@@ -17,8 +17,9 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
 
     Defaults follow tensor2tensor's ``universal_transformer_base`` with ACT (``recurrence_type="act"``) where it has
     one: ``act_epsilon`` 0.01, ``act_halting_bias_init`` 1.0, ``act_loss_weight`` 0.01, pre-layer-norm blocks; the
-    step timing signals are sinusoids (tensor2tensor's option; its default learns them); at the maximum step they
-    follow Graves 2016 (``act_force_halt_at_max_steps``; tensor2tensor's rule is the `False`).
+    step timing signals are sinusoids by default (tensor2tensor's ``step_timing_signal_type="sinusoid"``; its default
+    learns them: ``step_timing_signal="learned"``); at the maximum step they follow Graves 2016
+    (``act_force_halt_at_max_steps``; tensor2tensor's rule is the `False`).
 
     Args:
         vocab_size (`int`, defaults to 32000): number of tokens.
@@ -52,6 +53,10 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
             added at every step accumulate in it (``n`` copies of the position signal at step ``n``); ``"post"``: the
             paper's section 2.1 equations, each residual sum normalised (``LN(x + sublayer(x))``), so the state entering
             every step has unit scale and the step's signals a constant share of it.
+        step_timing_signal (`str`, defaults to `"sinusoid"`): the step timing signal added before every step:
+            ``"sinusoid"``: the sinusoid of the step number (section 2.1; no parameters); ``"learned"``: one learned
+            vector per step, ``act_max_steps`` of them, started at std ``hidden_size ** -0.5`` and scaled by
+            ``sqrt(hidden_size)`` (tensor2tensor's ``get_layer_timing_signal_learned_1d``, its default).
         causal (`bool`, defaults to `False`): causal self-attention (a decoder); `TffUniversalTransformerForCausalLM`
             sets it.
         hidden_dropout_prob (`float`, defaults to 0.1): dropout on embeddings and sub-layer outputs.
@@ -88,6 +93,7 @@ class TffUniversalTransformerConfig(PreTrainedConfig):
     act_loss_weight: float = 0.01
     act_type: Literal["basic", "accumulated"] = "basic"
     layer_norm_position: Literal["pre", "post"] = "pre"
+    step_timing_signal: Literal["sinusoid", "learned"] = "sinusoid"
     causal: bool = False
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1

@@ -37,8 +37,8 @@ Deviations from tensor2tensor:
   signal, and at init the token's embedding is a seventh of the state's norm by step 8). ``"post"`` is the paper's
   section 2.1 equations, ``A = LN(H + P + MHSA(H + P))``, ``H' = LN(A + FFN(A))``: the state is re-normalised after
   every step, so each step's signals enter at a constant share (the final layer norm is kept in both);
-- the step timing signal is a sinusoid (tensor2tensor's ``step_timing_signal_type="sinusoid"``; its default is
-  ``"learned"``); the word embeddings (or ``inputs_embeds``) are scaled by ``sqrt(d)`` as in
+- the step timing signal is by default a sinusoid (tensor2tensor's ``step_timing_signal_type="sinusoid"``; its
+  default, ``"learned"``, is ``step_timing_signal="learned"``: `LearnedStepSignal`); the word embeddings (or ``inputs_embeds``) are scaled by ``sqrt(d)`` as in
   tensor2tensor (``multiply_embedding_mode="sqrt_depth"``), and the word embeddings start at std ``d^-0.5`` as
   tensor2tensor's symbol modality starts them (not `initializer_range`), so the scaled embeddings have unit variance.
 
@@ -232,6 +232,20 @@ class TffUniversalTransformerBlock(GradientCheckpointingLayer):
         return self.transition(hidden), probs
 
 
+class LearnedStepSignal(nn.Module):
+    """tensor2tensor's learned step timing signal (``get_layer_timing_signal_learned_1d``): one vector per step,
+    ``weight`` ``(act_max_steps, D)`` started at std ``D ** -0.5`` and read scaled by ``sqrt(D)`` (unit variance at
+    init, as the sinusoid's entries)."""
+
+    def __init__(self, steps: int, channels: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(steps, channels))
+        nn.init.normal_(self.weight, std=channels**-0.5)
+
+    def forward(self) -> torch.Tensor:
+        return self.weight * self.weight.shape[1] ** 0.5  # (steps, D)
+
+
 class TffUniversalTransformerPreTrainedModel(TffPreTrainedModel):
     config_class = TffUniversalTransformerConfig
     config: TffUniversalTransformerConfig
@@ -250,6 +264,8 @@ class TffUniversalTransformerPreTrainedModel(TffPreTrainedModel):
         if isinstance(module, HaltingLinear):  # before the generic linear layers: its bias starts at bias_init
             init.normal_(module.weight, mean=0.0, std=std)
             init.constant_(module.bias, self.config.act_halting_bias_init)
+        elif isinstance(module, LearnedStepSignal):
+            init.normal_(module.weight, mean=0.0, std=self.config.hidden_size**-0.5)
         elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
@@ -283,6 +299,9 @@ class TffUniversalTransformerModel(TffUniversalTransformerPreTrainedModel):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.embedding_dropout = Dropout(config.hidden_dropout_prob)
         self.halting = HaltingUnit(config.hidden_size, config.act_halting_bias_init, config.initializer_range)
+        # only when learned, so that a sinusoid model's weights (and its old checkpoints) are unchanged
+        if config.step_timing_signal == "learned":
+            self.step_signal = LearnedStepSignal(config.act_max_steps, config.hidden_size)
         self.blocks = nn.ModuleList(TffUniversalTransformerBlock(config) for _ in range(config.layers_per_step))
         self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
@@ -359,7 +378,10 @@ class TffUniversalTransformerModel(TffUniversalTransformerPreTrainedModel):
             position_ids = ((real.cumsum(dim=1) - 1).clamp(min=0) * real)[:, past_length:]  # (B, T)
         allowed = build_allowed_mask(key_valid, length, config.causal)  # (B, T, S)
         position_signal = timing_signal(position_ids, config.hidden_size).to(hidden.dtype)  # (B, T, D)
-        step_signals = timing_signal(torch.arange(config.act_max_steps, device=hidden.device), config.hidden_size)
+        if config.step_timing_signal == "learned":
+            step_signals = self.step_signal()  # (act_max_steps, D)
+        else:
+            step_signals = timing_signal(torch.arange(config.act_max_steps, device=hidden.device), config.hidden_size)
 
         # every step when the keys of every step are kept (a cache) or when the loop is traced (an export)
         every_step = cache is not None or torch.compiler.is_exporting()
@@ -587,6 +609,7 @@ class TffUniversalTransformerForCausalLM(
 
 
 __all__ = [
+    "LearnedStepSignal",
     "TffUniversalTransformerForCausalLM",
     "TffUniversalTransformerForMaskedLM",
     "TffUniversalTransformerForSequenceClassification",
