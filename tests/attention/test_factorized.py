@@ -29,14 +29,15 @@ def _inputs(length, seed=0):
     return [torch.randn(B, H, length, DH, generator=generator, dtype=torch.float64, requires_grad=True) for _ in "qkv"]
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "tff_native"])  # tff_native: short tiles take masked_attention
 @pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
 @pytest.mark.parametrize("length", [1, 7, 12, 13])
 @pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: f"{p.kind}{p.stride}-{p.summary_start}")
-def test_kernel_matches_dense_twin(pattern, length, alibi):
+def test_kernel_matches_dense_twin(pattern, length, alibi, implementation):
     tensors = _inputs(length)
     slopes = alibi_slopes(H).double() if alibi else None
     weights = torch.randn(B, H, length, DH, dtype=torch.float64)
-    fast = factorized_attention(*tensors, pattern, slopes)
+    fast = factorized_attention(*tensors, pattern, slopes, implementation=implementation)
     reference = factorized_attention_reference(*tensors, pattern, slopes)
     torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-10)
     fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)

@@ -136,9 +136,11 @@ def grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, impl
     def merged(tensor):  # (B, H, N, ., Dh) -> (B, H * N, ., Dh)
         return tensor.reshape(batch, heads * groups, tensor.shape[3], head_dim)
 
-    allowed = (
-        allowed.expand(groups, queries, keys)[None].expand(heads, -1, -1, -1).reshape(1, heads * groups, queries, keys)
-    )
+    if allowed.shape[0] == 1 and slopes is None:  # one mask for every group and head: (1, 1, Tq, Tk), broadcast
+        allowed = allowed[None]
+    else:
+        allowed = allowed.expand(groups, queries, keys)[None].expand(heads, -1, -1, -1)
+        allowed = allowed.reshape(1, heads * groups, queries, keys)
     if isinstance(slopes, DistanceAware):
         work = torch.promote_types(query.dtype, torch.float32)
         coefficients = slopes.coefficients(distance, work).transpose(0, 1)  # (H, N | 1, Tq, Tk)
