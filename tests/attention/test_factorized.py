@@ -5,6 +5,7 @@ combines them (split across heads, or interleaved across layers) reach every ear
 import pytest
 import torch
 
+from tf_family.attention import factorized
 from tf_family.attention.alibi import alibi_slopes
 from tf_family.attention.factorized import (
     FactorizedPattern,
@@ -28,11 +29,37 @@ def _inputs(length, seed=0):
     return [torch.randn(B, H, length, DH, generator=generator, dtype=torch.float64, requires_grad=True) for _ in "qkv"]
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "tff_native"])  # tff_native: short tiles take masked_attention
 @pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
 @pytest.mark.parametrize("length", [1, 7, 12, 13])
 @pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: f"{p.kind}{p.stride}-{p.summary_start}")
-def test_kernel_matches_dense_twin(pattern, length, alibi):
+def test_kernel_matches_dense_twin(pattern, length, alibi, implementation):
     tensors = _inputs(length)
+    slopes = alibi_slopes(H).double() if alibi else None
+    weights = torch.randn(B, H, length, DH, dtype=torch.float64)
+    fast = factorized_attention(*tensors, pattern, slopes, implementation=implementation)
+    reference = factorized_attention_reference(*tensors, pattern, slopes)
+    torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-10)
+    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
+    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
+    for got, expected in zip(fast_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():  # without a gradient `attend` takes PyTorch's fused attention
+        torch.testing.assert_close(factorized_attention(*tensors, pattern, slopes), reference, rtol=1e-6, atol=1e-6)
+
+
+SUMMARIES = [p for p in PATTERNS if p.kind == "summary"]
+
+
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+@pytest.mark.parametrize("slab_rows", [1, 8])
+@pytest.mark.parametrize("length", [7, 12, 13, 23])
+@pytest.mark.parametrize("pattern", SUMMARIES, ids=lambda p: f"{p.kind}{p.stride}-{p.summary_start}")
+def test_summary_slabs_match_dense_twin(pattern, length, slab_rows, alibi, monkeypatch):
+    """The summary kernel's query slabs (each against its causal prefix of summary keys), several per sequence: one
+    block per slab (``slab_rows=1``) or two, the last one cut short by a length that is not a multiple."""
+    monkeypatch.setattr(factorized, "SUMMARY_SLAB_ROWS", slab_rows)
+    tensors = _inputs(length, seed=1)
     slopes = alibi_slopes(H).double() if alibi else None
     weights = torch.randn(B, H, length, DH, dtype=torch.float64)
     fast = factorized_attention(*tensors, pattern, slopes)
@@ -42,8 +69,22 @@ def test_kernel_matches_dense_twin(pattern, length, alibi):
     reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
     for got, expected in zip(fast_grads, reference_grads, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
-    with torch.no_grad():  # without a gradient `attend` takes PyTorch's fused attention
-        torch.testing.assert_close(factorized_attention(*tensors, pattern, slopes), reference, rtol=1e-6, atol=1e-6)
+
+
+def test_summary_float32_long():
+    """Float32 at a length with many slabs of the default size (each head its own sub-block of summary columns)."""
+    generator = torch.Generator().manual_seed(2)
+    tensors = [torch.randn(1, 2, 700, 16, generator=generator, requires_grad=True) for _ in "qkv"]
+    weights = torch.randn(1, 2, 700, 16, generator=generator)
+    for start in (0, 24):
+        pattern = FactorizedPattern("summary", 32, summary_start=start, summary_size=8)
+        fast = factorized_attention(*tensors, pattern)
+        reference = factorized_attention_reference(*tensors, pattern)
+        torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
+        fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
+        reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
+        for got, expected in zip(fast_grads, reference_grads, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_masks_follow_the_paper():

@@ -21,13 +21,17 @@ without a ``T x T`` tensor, by regrouping the sequence (positions ``0 .. T - 1``
 - ``"strided"``: the sequence as an ``(T / l, l)`` grid, attention down each column (the paper's transposed
   sequence): ``O(T^2 / l)``;
 - ``"block"``: attention inside each block: ``O(T l)``;
-- ``"summary"``: the ``c T / l`` summary keys gathered, plus the query's own key: ``O(c T^2 / l)``.
+- ``"summary"``: the ``c T / l`` summary keys gathered, plus the query's own key: ``O(c T^2 / l)``, in slabs of
+  whole blocks of queries (`SUMMARY_SLAB_ROWS`), each against the summary keys up to its own last block only, so the
+  later blocks' scores (half of one ``T x (c T / l)`` product) are never computed.
 
-The first three go through `backend.attend` (PyTorch's SDPA, or on CPU under a gradient the native kernel), on
-4-D tensors whose batch axis holds (heads x groups); the summary keys' softmax with the query's own key is written out
-here. An optional ALiBi slope per head adds ``-m_h (i - j)`` to the scores (`alibi.alibi_bias`) in both paths; or,
-given a `distance_aware.DistanceAware` in its place, every kernel computes DA-Transformer's re-normalised
-distance-aware weights (`distance_aware.distance_aware_attention`) on the same groups instead of the softmax.
+The first three go through `backend.attend` (PyTorch's SDPA, or on CPU under a gradient the native kernel), on 4-D
+tensors whose batch axis holds (heads x groups); the summary keys' softmax with the query's own key is written out here,
+forward and backward (`_SummaryAttention`, saving only the probabilities; under attention dropout, DA-Transformer's
+weights or a reduced dtype, plain autograd over the whole ``T x (c T / l)`` scores). An optional ALiBi slope per head
+adds ``-m_h (i - j)`` to the scores (`alibi.alibi_bias`) in both paths; or, given a `distance_aware.DistanceAware` in
+its place, every kernel computes DA-Transformer's re-normalised distance-aware weights
+(`distance_aware.distance_aware_attention`) on the same groups instead of the softmax.
 Tensors are ``(B, H, T, Dh)``.
 """
 
@@ -132,9 +136,11 @@ def grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, impl
     def merged(tensor):  # (B, H, N, ., Dh) -> (B, H * N, ., Dh)
         return tensor.reshape(batch, heads * groups, tensor.shape[3], head_dim)
 
-    allowed = (
-        allowed.expand(groups, queries, keys)[None].expand(heads, -1, -1, -1).reshape(1, heads * groups, queries, keys)
-    )
+    if allowed.shape[0] == 1 and slopes is None:  # one mask for every group and head: (1, 1, Tq, Tk), broadcast
+        allowed = allowed[None]
+    else:
+        allowed = allowed.expand(groups, queries, keys)[None].expand(heads, -1, -1, -1)
+        allowed = allowed.reshape(1, heads * groups, queries, keys)
     if isinstance(slopes, DistanceAware):
         work = torch.promote_types(query.dtype, torch.float32)
         coefficients = slopes.coefficients(distance, work).transpose(0, 1)  # (H, N | 1, Tq, Tk)
@@ -196,12 +202,120 @@ def _block(query, key, value, stride, slopes, dropout_p, implementation):
     return out.flatten(2, 3)
 
 
-def _summary(query, key, value, pattern: FactorizedPattern, slopes, dropout_p, training):
+# queries per slab of the summary kernel: each slab is scored against the summary keys up to its own last block only
+# (the causal prefix), so the scores of later blocks, half of a single T x (N c) product, are never computed
+SUMMARY_SLAB_ROWS = 256
+
+
+def _summary_positions(stride: int, start: int, size: int, first: int, end: int, device) -> torch.Tensor:
+    """Positions of the summary keys ``first .. end - 1`` (key ``s`` is column ``start + s % c`` of block ``s // c``)."""
+    index = torch.arange(first, end, device=device)
+    return torch.div(index, size, rounding_mode="floor") * stride + start + index % size
+
+
+def _summary_slabs(length: int, stride: int, size: int, slab_blocks: int) -> list[tuple[int, int, int, int]]:
+    """The query slabs of the summary kernel: ``(t0, t1, s0, s1)``, queries ``t0 .. t1 - 1`` (whole blocks of
+    ``stride``, ``slab_blocks`` of them) against summary keys ``0 .. s1 - 1``; only keys ``s0 .. s1 - 1`` (the slab's
+    own blocks) can lie at or after a query of the slab and need a mask."""
+    rows = slab_blocks * stride
+    return [
+        (t0, min(t0 + rows, length), (t0 // stride) * size, -(-min(t0 + rows, length) // stride) * size)
+        for t0 in range(0, length, rows)
+    ]
+
+
+def _mask_slab(scores, t0, s0, stride, start, size, slopes):
+    """Add to a slab's scores ``(B, H, R, s1)`` (queries ``t0 ..``) ALiBi's ``-m_h (i - j)`` (with ``slopes``
+    ``(H,)``) and ``-inf`` where a summary key of the slab's own blocks (``s0 ..``) is not strictly before the
+    query."""
+    device, dtype = scores.device, scores.dtype
+    rows = torch.arange(t0, t0 + scores.shape[2], device=device)[:, None]
+    if slopes is not None:
+        distance = (rows - _summary_positions(stride, start, size, 0, scores.shape[3], device)[None, :]).to(dtype)
+        scores.add_(-slopes.to(device, dtype)[:, None, None] * distance)
+    late = _summary_positions(stride, start, size, s0, scores.shape[3], device)[None, :] >= rows  # (R, s1 - s0)
+    scores[..., s0:].masked_fill_(late, float("-inf"))
+
+
+class _SummaryAttention(torch.autograd.Function):
+    # The summary factor as slabs of queries, each against its causal prefix of the shared summary keys plus every
+    # query's own key, the softmax over both written out. Like `masked._MaskedAttention`: products through `torch.bmm`
+    # on 3-D views, the probabilities computed in place and kept for the backward pass, no (T, N c) tensor built.
+    @staticmethod
+    def forward(ctx, query, key, value, summary_keys, summary_values, pattern, slopes, slab_blocks):
+        batch, heads, length, head_dim = query.shape
+        stride, start, size = pattern.stride, pattern.summary_start, pattern.summary_size
+        scaled = (query * head_dim**-0.5).reshape(batch * heads, length, head_dim)  # (B H, T, Dh), a fresh tensor
+        key, value = key.reshape(batch * heads, length, head_dim), value.reshape(batch * heads, length, head_dim)
+        summary_keys = summary_keys.reshape(batch * heads, -1, head_dim)  # (B H, N c, Dh)
+        summary_values = summary_values.reshape(batch * heads, -1, head_dim)
+        out = torch.empty_like(scaled)
+        own_probs = torch.empty(batch * heads, length, 1, dtype=query.dtype, device=query.device)
+        slabs, probs_of = _summary_slabs(length, stride, size, slab_blocks), []
+        for t0, t1, s0, s1 in slabs:
+            rows = scaled[:, t0:t1]
+            probs = torch.bmm(rows, summary_keys[:, :s1].transpose(1, 2))  # scores (B H, R, s1)
+            _mask_slab(probs.view(batch, heads, t1 - t0, s1), t0, s0, stride, start, size, slopes)
+            own = (rows * key[:, t0:t1]).sum(-1, keepdim=True)  # (B H, R, 1): the query's own key
+            peak = torch.maximum(probs.amax(-1, keepdim=True), own)
+            probs.sub_(peak).exp_()
+            own = own.sub_(peak).exp_()
+            total = probs.sum(-1, keepdim=True).add_(own)
+            probs.div_(total)
+            own_probs[:, t0:t1] = own.div_(total)
+            torch.baddbmm(value[:, t0:t1] * own_probs[:, t0:t1], probs, summary_values[:, :s1], out=out[:, t0:t1])
+            probs_of.append(probs)
+        ctx.save_for_backward(scaled, key, value, summary_keys, summary_values, own_probs, *probs_of)
+        ctx.slabs = slabs
+        return out.view(batch, heads, length, head_dim)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        scaled, key, value, summary_keys, summary_values, own_probs, *probs_of = ctx.saved_tensors
+        shape = grad_out.shape
+        grad_out = grad_out.reshape(scaled.shape)
+        grad_scaled = torch.empty_like(scaled)
+        grad_own_key = torch.empty_like(key)
+        grad_value = own_probs * grad_out
+        grad_summary_keys = torch.zeros_like(summary_keys)
+        grad_summary_values = torch.zeros_like(summary_values)
+        for (t0, t1, _, s1), probs in zip(ctx.slabs, probs_of, strict=True):
+            grad_rows, own = grad_out[:, t0:t1], own_probs[:, t0:t1]
+            grad_summary_values[:, :s1].baddbmm_(probs.transpose(1, 2), grad_rows)
+            grad_scores = torch.bmm(grad_rows, summary_values[:, :s1].transpose(1, 2)).mul_(probs)  # P dP
+            grad_own = (grad_rows * value[:, t0:t1]).sum(-1, keepdim=True).mul_(own)  # p dp of the own key
+            row_sum = grad_scores.sum(-1, keepdim=True).add_(grad_own)
+            grad_scores.addcmul_(probs, row_sum, value=-1)  # dS = P (dP - sum P dP)
+            grad_own.addcmul_(own, row_sum, value=-1)
+            torch.baddbmm(grad_own * key[:, t0:t1], grad_scores, summary_keys[:, :s1], out=grad_scaled[:, t0:t1])
+            torch.mul(grad_own, scaled[:, t0:t1], out=grad_own_key[:, t0:t1])
+            grad_summary_keys[:, :s1].baddbmm_(grad_scores.transpose(1, 2), scaled[:, t0:t1])
+        grad_query = grad_scaled.mul_(shape[-1] ** -0.5).view(shape)
+        summary_shape = (*shape[:2], -1, shape[-1])
+        return (
+            grad_query,
+            grad_own_key.view(shape),
+            grad_value.view(shape),
+            grad_summary_keys.view(summary_shape),
+            grad_summary_values.view(summary_shape),
+            None,
+            None,
+            None,
+        )
+
+
+def _summary(query, key, value, pattern: FactorizedPattern, slopes, dropout_p, training, slab_blocks=None):
     stride, start, size = pattern.stride, pattern.summary_start, pattern.summary_size
     batch, heads, length, head_dim = query.shape
     summary_keys, summary_values = (
         padded_blocks(t, stride)[:, :, :, start : start + size].flatten(2, 3) for t in (key, value)
     )  # (B, H, N * c, Dh)
+    plain = slopes is None or isinstance(slopes, torch.Tensor)
+    if plain and dropout_p == 0.0 and query.dtype in (torch.float32, torch.float64):
+        same = [t.to(query.dtype) for t in (key, value, summary_keys, summary_values)]
+        slab_blocks = slab_blocks or max(1, SUMMARY_SLAB_ROWS // stride)
+        return _SummaryAttention.apply(query, *same, pattern, slopes, slab_blocks)
+    # dropout on the probabilities, DA-Transformer's weights, reduced precision: plain autograd over (T, N c) scores
     positions = torch.arange(length, device=query.device)
     blocks = torch.arange(summary_keys.shape[2] // size, device=query.device)
     summary_positions = (blocks[:, None] * stride + start + torch.arange(size, device=query.device)).flatten()

@@ -186,8 +186,10 @@ class TffSparseTransformerAttention(nn.Module):
             index = inputs.roll[:, None, :, None].expand_as(query)
             query, key, value = (t.gather(2, index) for t in (query, key, value))
         parts, implementation = [], self.config._attn_implementation
-        for first, end, pattern in self.groups:
-            heads = (query[:, first:end], key[:, first:end], value[:, first:end])
+        # one split per tensor: its backward is one concatenation, not a zero-filled full-size gradient per group
+        sizes = [end - first for first, end, _ in self.groups]
+        per_group = zip(*(t.split(sizes, dim=1) for t in (query, key, value)), strict=True)
+        for (first, end, pattern), heads in zip(self.groups, per_group, strict=True):
             slopes = None if inputs.slopes is None else inputs.slopes[first:end]
             if self.distance_aware is not None:  # the kernels take DA's (w_h, v_h) where they take ALiBi slopes
                 slopes = self.distance_aware.heads(first, end)
