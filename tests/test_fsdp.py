@@ -7,6 +7,7 @@ One launch of two processes runs every case (a launch costs seconds of start-up 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -30,11 +31,18 @@ MORE_HEADS = {
     "linformer": ["sequence_classification"],
     "performer": ["masked_lm"],
 }
-CASES = [
-    (name, task)
-    for name, spec in ARCHITECTURES.items()
-    for task in [HEAD.get(name, next(iter(spec.tasks))), *MORE_HEADS.get(name, [])]
-]
+
+
+def fsdp_cases(architectures) -> list[tuple[str, str]]:
+    """One case per architecture (its first head, or the one in HEAD) and the heads in MORE_HEADS."""
+    return [
+        (name, task)
+        for name, spec in architectures.items()
+        for task in [HEAD.get(name, next(iter(spec.tasks))), *MORE_HEADS.get(name, [])]
+    ]
+
+
+CASES = fsdp_cases(ARCHITECTURES)
 STEPS, ROWS, LENGTH, LR = 3, 4, 16, 1e-3
 RESUME_CASE = ("compressive", "causal_lm")  # a sharded checkpoint after step 2, resumed for step 3
 
@@ -181,6 +189,13 @@ def test_every_architecture_has_a_case():
     ]
     assert not wrong, f"HEAD / MORE_HEADS name heads that are not in the registry: {wrong}"
     assert len(set(CASES)) == len(CASES)
+
+
+def test_a_new_architecture_gets_its_case_without_an_edit_here():
+    """A scratch architecture (a renamed copy of an entry, as tests/test_compare.py registers one) joins the cases."""
+    scratch = dataclasses.replace(ARCHITECTURES["calm"], name="scratch")
+    cases = fsdp_cases({**ARCHITECTURES, "scratch": scratch})
+    assert cases == [*CASES, ("scratch", "causal_lm")]
 
 
 def _extra_cases() -> list[tuple[str, str]]:
