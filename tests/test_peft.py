@@ -189,8 +189,11 @@ PROMPT_TASKS = {"causal_lm", "sequence_classification", "question_answering"}  #
 PROMPT_CASES = [(name, task) for name, task in CASES if task in PROMPT_TASKS]
 # prefix tuning passes keys and values per layer: the causal LMs that attend over a key/value cache read it
 PREFIX_WORKS = ["longformer", "knn_lm", "calm", "sparse_transformer", "universal_transformer", "routing_transformer"]
-# their state is not keys and values: a memory (the XL family, Reformer) or a recurrent state (the kernelised ones)
-PREFIX_REFUSED = ["transfo_xl", "compressive", "memorizing", "reformer", "performer", "linear_transformer", "rfa"]
+# every other causal LM: its state is not keys and values, a memory (the XL family, SPALM, Reformer) or a recurrent
+# state (the kernelised ones). A new causal LM is held to one of the two without an edit here.
+PREFIX_REFUSED = [
+    name for name, spec in ARCHITECTURES.items() if "causal_lm" in spec.tasks and name not in PREFIX_WORKS
+]
 NO_DROPOUT = {
     "calm": {"meta_loss_weight": 0.0},
     # local blocks that cover the prompt, so that a prefix reaches the last position in both layers

@@ -16,6 +16,7 @@ every causal architecture, with transformers' ``LlamaForCausalLM`` of the same s
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -119,6 +120,35 @@ def test_trl_fused_log_probs_are_the_models_own(name):
     # and the plain call still gives the model's outputs (generation is unchanged)
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits.log_softmax(-1)[:, :-1], own)
+
+
+@pytest.mark.parametrize("name", ["transfo_xl", "performer"])
+def test_trl_patch_stays_installed_and_its_temperature_is_kept(name):
+    """TRL's patch is installed as TRL installs it (no attribute interception); the model's forward pre-hook hands the
+    fused call to the model's own forward with the patch's temperature and fields, also under accelerate's
+    mixed-precision wrapper (which sits on top of the patch)."""
+    from accelerate.utils import convert_outputs_to_fp32
+
+    from tf_family.modeling.fused_lm_head import fused_lm_head_output
+
+    model = _model(name).eval()
+    ids = torch.randint(4, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[0, :4] = -100
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    expected = fused_lm_head_output(logits, labels, None, None, 0.7, ("log_probs", "entropy"))
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    assert "forward" in model.__dict__  # TRL's own patch, not declined
+    for wrapped in (False, True):
+        if wrapped:  # what accelerate's Accelerator.prepare does under native mixed precision
+            model.forward = types.MethodType(convert_outputs_to_fp32(model.forward.__func__), model)
+        with torch.no_grad():
+            fused = model(input_ids=ids, labels=labels, fused_lm_head=True)
+        assert torch.equal(fused.log_probs, expected.log_probs)
+        assert torch.equal(fused.entropy, expected.entropy)
+        assert fused.is_top1 is None and fused.mean_logits is None  # not asked for by the patch
+        assert not torch.equal(fused.log_probs, fused_lm_head_output(logits, labels, None, None, 1.0).log_probs)
 
 
 @pytest.mark.parametrize("name", [*CAUSAL, CONTROL])

@@ -8,9 +8,11 @@ the backbone's last hidden state. Among the tf_family causal LMs it is not: the 
 softmax is no single matrix (``get_output_embeddings()`` is ``None``), Longformer's head is RoBERTa's
 (dense, GELU, LayerNorm, decoder), the kNN-LM interpolates with its datastore.
 
-So every tf_family causal LM answers the same call itself: its class lists `FusedLMHeadMixin`, which declines TRL's
-patch (keeping the temperature and the fields TRL asked for), and its ``forward`` is wrapped by
-`answers_fused_lm_head`, which computes `FusedLMHeadOutput` (the fields of TRL's ``FusedCausalLMOutput``) from the
+So every tf_family causal LM answers the same call itself. TRL's patch is installed as TRL installs it; the class
+lists `FusedLMHeadMixin`, whose ``post_init`` registers a forward pre-hook (PyTorch's public
+``register_forward_pre_hook(with_kwargs=True)``) that turns a ``fused_lm_head=True`` call into a plain one carrying
+the patch's temperature and requested fields (``fused_lm_head_settings``); TRL's patch passes a plain call, labels
+included, to the model's own ``forward``, which is wrapped by `answers_fused_lm_head`, which computes `FusedLMHeadOutput` (the fields of TRL's ``FusedCausalLMOutput``) from the
 model's own next-token log-probabilities. The per-token log-probabilities are then exactly those of
 ``forward(...).logits.log_softmax(-1)``, and the loss (their sum over ``num_items_in_batch``) is exact under gradient
 accumulation. Unlike TRL's tiled kernel it materialises the ``(B, T, V)`` logits, as the models' own ``forward``
@@ -63,55 +65,94 @@ class FusedLMHeadOutput(ModelOutput):
     aux_loss: torch.Tensor | None = None
 
 
-def _installs_fused_lm_head(value) -> bool:
-    """Whether ``value``, being set as ``forward``, is a forward taking ``fused_lm_head`` (TRL's patch)."""
-    if not callable(value) or isinstance(value, torch.nn.Module):
-        return False
-    try:
-        parameters = inspect.signature(value, follow_wrapped=False).parameters
-    except (TypeError, ValueError):
-        return False
-    return "fused_lm_head" in parameters
+def _is_own_forward(function) -> bool:
+    """Whether ``function`` is a forward wrapped by `answers_fused_lm_head` (told by its code, since
+    ``functools.wraps`` copies names and ``__dict__`` onto the patches that wrap it)."""
+    code = getattr(function, "__code__", None)
+    return (
+        code is not None
+        and code.co_filename == __file__
+        and code.co_qualname == "answers_fused_lm_head.<locals>.wrapper"
+    )
+
+
+def _installed_patch_settings(forward) -> dict | None:
+    """The temperature and requested fields of the ``fused_lm_head`` patch (TRL's ``_fused_forward``) installed as
+    ``forward``, looked for through ``__wrapped__`` (accelerate's mixed-precision wrappers sit on top of it); ``None``
+    when the first function taking ``fused_lm_head`` is the model's own (`answers_fused_lm_head`). TRL keeps what
+    ``add_fused_lm_head(model, temperature=, outputs=)`` was called with nowhere but in that function's closure, so
+    they are read there."""
+    for _ in range(16):
+        function = getattr(forward, "__func__", forward)
+        if _is_own_forward(function):
+            return None
+        try:
+            takes_fused = "fused_lm_head" in inspect.signature(function, follow_wrapped=False).parameters
+        except (TypeError, ValueError):
+            takes_fused = False
+        if takes_fused:
+            break
+        forward = getattr(function, "__wrapped__", None)
+        if forward is None:
+            return None
+    else:
+        return None
+    settings = inspect.getclosurevars(function).nonlocals if hasattr(function, "__code__") else {}
+    if "temperature" not in settings:
+        raise ValueError(
+            "model.forward was replaced by a forward taking fused_lm_head whose temperature cannot be read (TRL's "
+            "add_fused_lm_head keeps it in the closure of its `_fused_forward`; this TRL may have renamed it). Call "
+            "the model without that patch: the tf_family causal LMs answer fused_lm_head=True themselves."
+        )
+    requested = tuple(settings.get("outputs") or FUSED_FIELDS)
+    unknown = sorted(set(requested) - set(FUSED_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"The fused LM head fields {unknown} cannot be computed; the fields are {list(FUSED_FIELDS)}."
+        )
+    return {"temperature": float(settings["temperature"]), "outputs": requested}
+
+
+def _hand_fused_call_to_own_forward(module, args, kwargs):
+    """Forward pre-hook (``register_forward_pre_hook(with_kwargs=True)``) of every tf_family causal LM: when TRL's
+    patch is installed on the instance (``model.forward`` set by ``add_fused_lm_head``) and the call asks for
+    ``fused_lm_head=True``, turn it into a plain call carrying ``fused_lm_head_settings``: TRL's patch then passes it,
+    with the labels, to the model's own ``forward`` (its ``original_forward``), which answers it. Other calls are
+    left alone (``None``)."""
+    patch = module.__dict__.get("forward")
+    if patch is None or not kwargs.get("fused_lm_head"):
+        return None
+    settings = _installed_patch_settings(patch)
+    if settings is None:  # no foreign patch: the model's own forward gets the call as it is
+        return None
+    logger.info_once(
+        f"{type(module).__name__} answers `fused_lm_head=True` itself (its head is not one linear layer on the "
+        "backbone's last hidden state, or it refuses padding-free batches); the installed patch passes the call on."
+    )
+    return args, {**kwargs, "fused_lm_head": False, "fused_lm_head_settings": settings}
 
 
 class FusedLMHeadMixin:
-    """Listed by every tf_family causal LM (before its ``PreTrainedModel``): a ``forward`` that takes
-    ``fused_lm_head`` set on the model (``add_fused_lm_head`` in TRL) is not installed, because the model's own
-    ``forward`` (wrapped by `answers_fused_lm_head`) answers that call with the model's real distribution. The
-    temperature and the fields the patch was built with are kept for it."""
+    """Listed by every tf_family causal LM (before its ``PreTrainedModel``): its ``post_init`` (transformers' hook run
+    at the end of every model's ``__init__``) registers `_hand_fused_call_to_own_forward` as a forward pre-hook, so a
+    ``fused_lm_head=True`` call reaches the model's own ``forward`` (wrapped by `answers_fused_lm_head`) even after
+    TRL's ``add_fused_lm_head`` replaced ``model.forward``; the temperature and fields TRL's patch was built with are
+    kept."""
 
-    def __setattr__(self, name, value):
-        if name == "forward" and _installs_fused_lm_head(value):
-            function = getattr(value, "__func__", value)
-            settings = inspect.getclosurevars(function).nonlocals if hasattr(function, "__code__") else {}
-            requested = tuple(settings.get("outputs") or FUSED_FIELDS)
-            unknown = sorted(set(requested) - set(FUSED_FIELDS))
-            if unknown:
-                raise ValueError(
-                    f"{type(self).__name__} cannot compute the fused LM head fields {unknown}; it computes "
-                    f"{list(FUSED_FIELDS)}."
-                )
-            self.__dict__["_fused_lm_head_settings"] = {
-                "temperature": float(settings.get("temperature", 1.0)),
-                "outputs": requested,
-            }
-            logger.info_once(
-                f"{type(self).__name__} answers `fused_lm_head=True` itself (its head is not one linear layer on the "
-                "backbone's last hidden state, or it refuses padding-free batches); the patched forward is not "
-                "installed."
-            )
-            return
-        super().__setattr__(name, value)
+    def post_init(self):
+        super().post_init()
+        self.register_forward_pre_hook(_hand_fused_call_to_own_forward, with_kwargs=True)
 
 
 def answers_fused_lm_head(forward):
     """Wrap a causal LM's ``forward`` so that ``forward(..., labels=labels, fused_lm_head=True)`` returns
     `FusedLMHeadOutput` computed from ``forward(...).logits`` (without labels), and so that padding-free batches are
-    refused in both modes. ``shift_labels`` (already shifted, as passed under context parallelism) are scored without
+    refused in both modes. ``fused_lm_head_settings`` (``{"temperature": float, "outputs": tuple}``, set by the
+    pre-hook when TRL's patch is installed) asks for the same with that temperature and those fields. ``shift_labels`` (already shifted, as passed under context parallelism) are scored without
     shifting."""
 
     @functools.wraps(forward)
-    def wrapper(self, *args, fused_lm_head: bool = False, shift_labels=None, **kwargs):
+    def wrapper(self, *args, fused_lm_head: bool = False, shift_labels=None, fused_lm_head_settings=None, **kwargs):
         padding_free = [key for key in PADDING_FREE_KEYS if kwargs.get(key) is not None]
         if padding_free:
             raise ValueError(
@@ -120,6 +161,8 @@ def answers_fused_lm_head(forward):
                 "TRL, pack with SFTConfig(packing=True, packing_strategy='wrapped') or do not pack (packing=False, "
                 "padding_free=False)."
             )
+        if fused_lm_head_settings is not None:  # handed on by TRL's patch (see `_hand_fused_call_to_own_forward`)
+            fused_lm_head = True
         if not fused_lm_head:
             if shift_labels is not None:
                 raise ValueError("shift_labels is only read with fused_lm_head=True; pass labels (shifted inside).")
@@ -131,7 +174,7 @@ def answers_fused_lm_head(forward):
         kwargs["use_cache"] = False
         kwargs["return_dict"] = True
         logits = forward(self, *args, **kwargs).logits  # (B, T, V)
-        settings = self.__dict__.get("_fused_lm_head_settings", {"temperature": 1.0, "outputs": FUSED_FIELDS})
+        settings = fused_lm_head_settings or {"temperature": 1.0, "outputs": FUSED_FIELDS}
         return fused_lm_head_output(
             logits, labels, shift_labels, num_items_in_batch, settings["temperature"], settings["outputs"]
         )
