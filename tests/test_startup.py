@@ -1,5 +1,7 @@
-"""A fast start: ``tf-family --help`` / ``list`` and ``import tf_family`` import no heavy module, and the lazy
-registration with the Auto classes (`tf_family.lazy_auto`) registers the same classes as the eager one.
+"""A fast start: ``tf-family --help`` / ``list`` and ``import tf_family`` import no heavy module, and the late
+registration with the Auto classes (`tf_family.lazy_auto`: public ``register`` calls, the configs when transformers'
+``configuration_auto`` is imported, an architecture's model classes when its first config is built) registers the
+same classes as the eager one, whatever is imported first.
 
 Each check runs in a fresh interpreter and inspects ``sys.modules`` (what is imported, not how long it takes: the
 times are in ``bench/results/startup.md``).
@@ -60,18 +62,27 @@ def test_heavy_modules_stay_out_of_the_start(command):
     assert report == {"loaded": [], "modeling": []}
 
 
-def test_lazy_registration_imports_only_what_transformers_reads():
+def test_late_registration_imports_only_the_model_classes_of_the_configs_built():
+    """The configs are registered when the Auto classes are imported, the model classes of an architecture when its
+    first config is built: only that architecture's modeling module is imported."""
     code = """
 import json, sys
 import tf_family
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+config_class = CONFIG_MAPPING["tff_longformer"]
+before = [config_class.__name__, config_class in AutoModelForCausalLM._model_mapping]
+modeling_before = [name for name in sys.modules if name.startswith("tf_family.models.") and ".modeling_" in name]
 config = AutoConfig.for_model("tff_longformer", **dict(tf_family.get_arch("longformer").variants["tiny"]))
 model = AutoModelForCausalLM.from_config(config)
 modeling = sorted(name for name in sys.modules if name.startswith("tf_family.models.") and ".modeling_" in name)
-print(json.dumps({"model": type(model).__name__, "config": type(config).__name__, "modeling": modeling}))
+print(json.dumps({"before": before, "modeling_before": modeling_before, "model": type(model).__name__,
+                  "config": type(config).__name__, "modeling": modeling}))
 """
     report = _run(code)
     assert report == {
+        "before": ["TffLongformerConfig", False],
+        "modeling_before": [],
         "model": "TffLongformerForCausalLM",
         "config": "TffLongformerConfig",
         "modeling": ["tf_family.models.longformer.modeling_longformer"],
@@ -79,9 +90,10 @@ print(json.dumps({"model": type(model).__name__, "config": type(config).__name__
 
 
 @pytest.mark.parametrize("order", ["tf_family first", "transformers first"])
-def test_lazy_registration_matches_the_eager_one(order):
-    """Whichever is imported first, every Auto class maps every config (legacy ones included) to the class the
-    eager `register_all` registers, PEFT knows the LoRA targets, and the memories are pytree nodes."""
+def test_late_registration_matches_the_eager_one(order):
+    """Whichever is imported first, every Auto class maps every config (legacy ones included, each built once here)
+    to the class the eager `register_all` registers, PEFT knows the LoRA targets, the memories are pytree nodes, and
+    transformers' tables of registered classes are still plain dicts (we only call ``register``)."""
     first = {
         "tf_family first": "import tf_family\nimport transformers.models.auto.modeling_auto\nimport peft",
         "transformers first": "import transformers.models.auto.modeling_auto\nimport peft\nimport tf_family",
@@ -112,13 +124,71 @@ for spec in ARCHITECTURES.values():
                 wrong.append((task, config_class.model_type))
 from tf_family import CompressiveMemory, SegmentMemory
 nodes = [cls.__name__ for cls in (SegmentMemory, CompressiveMemory) if cls in pytree.SUPPORTED_NODES]
-print(json.dumps({"wrong": wrong, "nodes": nodes}))
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+tables = [CONFIG_MAPPING, *(auto_class._model_mapping for auto_class in AUTO_CLASS_BY_TASK.values())]
+table_types = sorted({type(table._extra_content).__name__ for table in tables})
+print(json.dumps({"wrong": wrong, "nodes": nodes, "table_types": table_types}))
 """
     )
-    assert _run(code) == {"wrong": [], "nodes": ["SegmentMemory", "CompressiveMemory"]}
+    assert _run(code) == {"wrong": [], "nodes": ["SegmentMemory", "CompressiveMemory"], "table_types": ["dict"]}
 
 
-def test_a_user_registration_of_the_same_config_wins_over_the_deferred_one():
+@pytest.mark.parametrize(
+    "first",
+    [
+        "import transformers.modeling_utils",  # imports configuration_auto half-way through its own import
+        "import peft",
+        "import tf_family.models.longformer.modeling_longformer",
+    ],
+)
+def test_configs_register_whatever_imports_transformers_first(first):
+    """The configs are registered once nothing of transformers or tf_family is half-imported any more, so no import
+    order trips a circular import (a failed registration warns: an error here)."""
+    code = f"""
+import json, warnings
+warnings.simplefilter("error", UserWarning)
+import tf_family
+{first}
+from transformers import AutoConfig
+print(json.dumps(type(AutoConfig.for_model("tff_transfo_xl")).__name__))
+"""
+    assert _run(code) == "TffTransfoXLConfig"
+
+
+def test_a_config_pickled_to_a_fresh_process_finds_its_model_class(tmp_path):
+    """A config is not built where it is unpickled (``torch.multiprocessing.spawn``): its rebuild registers the
+    model classes all the same, and ``copy.deepcopy`` keeps it whole."""
+    import copy
+    import pickle
+
+    import tf_family
+
+    config = tf_family.get_arch("longformer").tiny_config()
+    duplicate = copy.deepcopy(config)
+    assert type(duplicate) is type(config) and duplicate.to_dict() == config.to_dict()
+    (tmp_path / "config.pkl").write_bytes(pickle.dumps(config))
+    code = f"""
+import json, pickle
+config = pickle.loads(open({str(tmp_path / "config.pkl")!r}, "rb").read())
+from transformers import AutoModel
+print(json.dumps([type(AutoModel.from_config(config)).__name__, config.hidden_size]))
+"""
+    assert _run(code) == ["TffLongformerModel", config.hidden_size]
+
+
+def test_tf_family_writes_no_private_table_of_transformers():
+    """Registration goes through transformers' public ``register`` calls: no tf_family module names the private
+    ``_extra_content`` tables (they are read, as plain dicts, only by the tests)."""
+    from pathlib import Path
+
+    import tf_family
+
+    root = Path(tf_family.__file__).parent
+    naming = [str(path.relative_to(root)) for path in root.rglob("*.py") if "_extra_content" in path.read_text()]
+    assert naming == []
+
+
+def test_a_user_registration_of_the_same_config_wins_over_the_late_one():
     code = """
 import json
 import tf_family
@@ -153,3 +223,20 @@ def test_a_spec_whose_model_type_disagrees_with_its_config_says_so():
         _ = spec.config_class
     with pytest.raises(ValueError, match="'module:Name'"):
         _ = dataclasses.replace(spec, config="no_colon").config_class
+
+
+def test_a_legacy_transfo_xl_folder_loads_after_only_importing_tf_family():
+    """The legacy config (``transfo-xl``) announces itself as ours do: its folder loads through the Auto class in a
+    fresh interpreter where no other config was built."""
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "fixtures" / "transfo_xl_4x" / "plain_softmax_safetensors"
+    code = f"""
+import json
+import tf_family
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.from_pretrained({str(folder)!r})
+model = AutoModelForCausalLM.from_pretrained({str(folder)!r})
+print(json.dumps([type(config).__name__, type(model).__name__]))
+"""
+    assert _run(code) == ["TffTransfoXLLegacyConfig", "TffTransfoXLLMHeadModel"]

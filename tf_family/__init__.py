@@ -1,9 +1,9 @@
 """tf_family: a Hugging Face-compatible model zoo and fine-tuning toolkit for the Transformer family.
 
-Importing the package registers every architecture with the transformers Auto classes (idempotent), lazily: it
-imports neither torch nor transformers (``tf-family --help`` stays quick: bench/bench_startup.py); its entries join
-transformers' Auto tables when those are imported, and each class is imported the first time transformers reads it
-(`tf_family.lazy_auto`). The public names below (``tf_family.TffLongformerModel``...) are imported on first use
+Importing the package registers every architecture with the transformers Auto classes (idempotent), through their
+public ``register`` calls and as late as it can: it imports neither torch nor transformers (``tf-family --help``
+stays quick: bench/bench_startup.py); the configs are registered when transformers' ``configuration_auto`` is
+imported, an architecture's model classes when its first config is built (`tf_family.lazy_auto`). The public names below (``tf_family.TffLongformerModel``...) are imported on first use
 (PEP 562), each architecture's from its `ArchSpec` (config, model classes, ``exports``): a new architecture adds
 nothing here (its names may join the ``TYPE_CHECKING`` block below for IDEs). ``tf_family.register_all()``
 registers everything now.

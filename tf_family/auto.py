@@ -1,9 +1,10 @@
 """Register every architecture of the registry with the transformers Auto classes, and its default LoRA targets
-with PEFT.
+with PEFT, through their public ``register`` calls and PEFT's public constant dicts.
 
-``import tf_family`` registers the same entries lazily (`tf_family.lazy_auto`: nothing is imported until transformers
-looks a class up); `register_all` registers them now, importing every class. Idempotent: a second call, or a call after the user registered the same classes (or
-their own LoRA targets for our model types), changes nothing and raises nothing.
+``import tf_family`` registers the same entries as late as it can (`tf_family.lazy_auto`: the configs when
+transformers' ``configuration_auto`` is imported, an architecture's model classes when its first config is built,
+`register_models`); `register_all` registers them all now, importing every class. Idempotent: a second call, or a
+call after the user registered the same classes (or their own LoRA targets for our model types), raises nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .registry import ARCHITECTURES
 from .spec import ArchSpec
@@ -65,22 +65,29 @@ def _legacy_class(spec: ArchSpec, legacy_config: type, tff_class: type) -> type:
 @functools.cache
 def legacy_model_class(legacy_config: type, task: str) -> type:
     """The model class that the Auto classes route ``legacy_config``'s folders of ``task`` to (built once, so
-    that eager and lazy registration register the same class)."""
+    that every registration registers the same class)."""
     spec = next(spec for spec in ARCHITECTURES.values() if legacy_config in spec.legacy_configs)
     return _legacy_class(spec, legacy_config, spec.model_classes[task])
 
 
-def _register_config(config_class: type) -> None:
-    registered = CONFIG_MAPPING._extra_content.get(config_class.model_type)
-    if registered is config_class:
-        return
-    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+def _register_model(auto_class: type, config_class: type, model_class: type, replace: bool) -> None:
+    # ``in``: the Auto class's table read through its public mapping interface (the user's registration too)
+    if replace or config_class not in auto_class._model_mapping:
+        auto_class.register(config_class, model_class, exist_ok=True)
 
 
-def _register_model(auto_class: type, config_class: type, model_class: type) -> None:
-    if auto_class._model_mapping._extra_content.get(config_class) is model_class:
-        return
-    auto_class.register(config_class, model_class, exist_ok=True)
+def register_models(spec: ArchSpec, *, replace: bool = True) -> None:
+    """``AutoModel*.register`` for each task of ``spec`` (an Auto class per task: `AUTO_CLASS_BY_TASK`), for its
+    config and for each legacy config (e.g. ``transfo-xl``, with `legacy_model_class`). With ``replace=False`` a config
+    class an Auto class already maps (the user registered their own model class for it) is left as it is."""
+    for task, model_class in spec.model_classes.items():
+        if task in AUTO_CLASS_BY_TASK:
+            _register_model(AUTO_CLASS_BY_TASK[task], spec.config_class, model_class, replace)
+    for legacy_config in spec.legacy_configs:
+        for task in spec.model_classes:
+            if task in AUTO_CLASS_BY_TASK:
+                model_class = legacy_model_class(legacy_config, task)
+                _register_model(AUTO_CLASS_BY_TASK[task], legacy_config, model_class, replace)
 
 
 def register_lora_targets() -> None:
@@ -112,19 +119,21 @@ def register_ia3_targets() -> None:
 
 def register_all() -> None:
     """Register every registry entry (and its legacy model types, e.g. ``transfo-xl``) with AutoConfig and
-    AutoModel*, and its default LoRA and IA3 targets with PEFT (`register_lora_targets`, `register_ia3_targets`)."""
+    AutoModel* (`register_models`), and its default LoRA and IA3 targets with PEFT (`register_lora_targets`,
+    `register_ia3_targets`)."""
     for spec in ARCHITECTURES.values():
-        _register_config(spec.config_class)
-        for task, model_class in spec.model_classes.items():
-            if task in AUTO_CLASS_BY_TASK:
-                _register_model(AUTO_CLASS_BY_TASK[task], spec.config_class, model_class)
-        for legacy_config in spec.legacy_configs:
-            _register_config(legacy_config)
-            for task in spec.model_classes:
-                if task in AUTO_CLASS_BY_TASK:
-                    _register_model(AUTO_CLASS_BY_TASK[task], legacy_config, legacy_model_class(legacy_config, task))
+        for config_class in (spec.config_class, *spec.legacy_configs):
+            AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        register_models(spec)
     register_lora_targets()
     register_ia3_targets()
 
 
-__all__ = ["AUTO_CLASS_BY_TASK", "legacy_model_class", "register_all", "register_ia3_targets", "register_lora_targets"]
+__all__ = [
+    "AUTO_CLASS_BY_TASK",
+    "legacy_model_class",
+    "register_all",
+    "register_models",
+    "register_ia3_targets",
+    "register_lora_targets",
+]

@@ -1,196 +1,55 @@
-"""Register the zoo with the transformers Auto classes (and its LoRA targets with PEFT) without importing them.
+"""Register the zoo with the transformers Auto classes (and its LoRA / IA3 targets with PEFT) through their public
+API, each piece as late as it can be, so that ``import tf_family`` imports neither torch nor transformers.
 
-(The same hook makes `SegmentMemory` and `CompressiveMemory` pytree nodes when ``tf_family.memory`` is imported, and
-gives the models' ``save_pretrained(remote_code=True)`` its exporter when ``tf_family.modeling.pretrained`` is: the top
-of the package hands `tf_family.shipping.remote_code` down, the models never import it.)
+Why late: ``import tf_family`` must stay fast (``tf-family --help`` too: bench/bench_startup.py), and importing
+transformers' Auto classes, which any call to ``AutoConfig.register`` needs, alone takes longer than the whole budget
+(bench/results/startup_registration.md). So `install` (run by ``import tf_family``) registers:
 
-``import tf_family`` must stay fast (``tf-family --help`` too: bench/bench_startup.py), so it imports neither torch nor
-transformers; yet ``AutoConfig.from_pretrained`` / ``AutoModelForCausalLM.from_config`` must know our model types
-after it. `install` does this in two steps:
+- the **configs**, with ``AutoConfig.register(model_type, config_class)``, the moment transformers'
+  ``configuration_auto`` module has been imported (at once, if it already is): `register_configs`. That is the one
+  thing this module needs an import hook for: `_Finder` wraps the loader of that module (and of PEFT's constants
+  module) and calls the public registration after the module has run; it touches nothing else;
+- the **model classes** of an architecture, with ``AutoModel*.register(config_class, model_class)``, the first time a
+  config of that architecture is built (`config_built`, handed to every config's checks through
+  `tf_family.modeling.handoff`): ``AutoModel*.from_pretrained`` / ``from_config``, pipelines and the libraries
+  built on them (TRL, lm-eval) build the config before they look its model class up;
+- **PEFT's default targets** (its public ``TRANSFORMERS_MODELS_TO_*_MODULES_MAPPING`` dicts) when
+  ``peft.utils.constants`` is imported (at once, if it already is): `register_peft_targets`, strings only.
 
-- when transformers' ``configuration_auto`` / ``modeling_auto`` module (or PEFT's ``utils.constants``) is imported
-  (at once, if it already is), the registry's entries are added to its tables: for the Auto classes, as
-  `Deferred` references to our classes, nothing imported;
-- a `Deferred` class is imported the first time transformers reads the entry (``AutoModel.from_config(config)``
-  imports that one modeling file). Transformers keeps its registered classes in a plain dict
-  (``_extra_content``) of each table; `install` makes it a `ResolvingDict`, a dict that imports a deferred class
-  when it is read and otherwise behaves the same for the classes others register.
-
-Nothing of our code is imported while transformers is itself importing (an import hook runs the moment a module has
-finished executing, when transformers' own import may still be part-way): only strings are added then.
-`tf_family.auto.register_all` is the eager twin: it registers the same classes, imported now.
+A user's own registration of one of our model types or config classes is left as it is. `tf_family.auto.register_all`
+is the eager twin: it registers everything now.
 """
 
 from __future__ import annotations
 
+import copyreg
 import importlib.abc
-import importlib.machinery
 import sys
 import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .modeling import handoff
 from .registry import ARCHITECTURES
 
 CONFIG_AUTO = "transformers.models.auto.configuration_auto"
-MODELING_AUTO = "transformers.models.auto.modeling_auto"
 PEFT_CONSTANTS = "peft.utils.constants"
-MEMORY = f"{__name__.rpartition('.')[0]}.memory"
-PRETRAINED = f"{__name__.rpartition('.')[0]}.modeling.pretrained"
-
-# task -> the name of the Auto class in transformers.models.auto.modeling_auto (as in `tf_family.auto`)
-AUTO_CLASS_NAME_BY_TASK = {
-    "base": "AutoModel",
-    "causal_lm": "AutoModelForCausalLM",
-    "masked_lm": "AutoModelForMaskedLM",
-    "sequence_classification": "AutoModelForSequenceClassification",
-    "token_classification": "AutoModelForTokenClassification",
-    "question_answering": "AutoModelForQuestionAnswering",
-    "multiple_choice": "AutoModelForMultipleChoice",
-    "action": "AutoModel",
-}
-
-
-class Deferred:
-    """A class that is imported (by ``load``) the first time a `ResolvingDict` hands it out."""
-
-    __slots__ = ("load", "what")
-
-    def __init__(self, load: Callable[[], Any], what: str):
-        self.load = load
-        self.what = what
-
-    def __repr__(self) -> str:
-        return f"Deferred({self.what})"
-
-
-class ResolvingDict(dict):
-    """A dict whose `Deferred` keys and values are imported when it is read.
-
-    Keys that are `Deferred` (config classes, the keys of transformers' model tables) are all imported at the first
-    read of any kind (config modules are light once transformers is loaded); a `Deferred` value (a model class) is
-    imported when its entry is read. A key registered as a real class wins over a deferred one for the same class.
-    """
-
-    def _settle_keys(self) -> None:
-        pending = [key for key in dict.keys(self) if isinstance(key, Deferred)]
-        for key in pending:
-            value = dict.pop(self, key)
-            real = key.load()
-            if not dict.__contains__(self, real):
-                dict.__setitem__(self, real, value)
-
-    def _value(self, key: Any) -> Any:
-        value = dict.__getitem__(self, key)
-        if isinstance(value, Deferred):
-            value = value.load()
-            dict.__setitem__(self, key, value)
-        return value
-
-    def __contains__(self, key: object) -> bool:
-        self._settle_keys()
-        return dict.__contains__(self, key)
-
-    def __getitem__(self, key: Any) -> Any:
-        self._settle_keys()
-        return self._value(key)
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        self._settle_keys()
-        return self._value(key) if dict.__contains__(self, key) else default
-
-    def keys(self):  # type: ignore[override]
-        self._settle_keys()
-        return dict.keys(self)
-
-    def __iter__(self):
-        self._settle_keys()
-        return dict.__iter__(self)
-
-    def __len__(self) -> int:
-        self._settle_keys()
-        return dict.__len__(self)
-
-    def values(self):  # type: ignore[override]
-        return [self._value(key) for key in list(self.keys())]
-
-    def items(self):  # type: ignore[override]
-        return [(key, self._value(key)) for key in list(self.keys())]
-
-    def pop(self, key: Any, *default: Any) -> Any:
-        self._settle_keys()
-        if dict.__contains__(self, key):
-            value = self._value(key)
-            dict.__delitem__(self, key)
-            return value
-        return dict.pop(self, key, *default)
-
-    def copy(self) -> ResolvingDict:
-        return ResolvingDict(self.items())
-
-    def __reduce__(self):
-        return (dict, (dict(self.items()),))
-
-
-def resolving(table: Any) -> ResolvingDict:
-    """``table._extra_content`` (a transformers Auto table's registered classes), made a `ResolvingDict` in place."""
-    content = table._extra_content
-    if not isinstance(content, ResolvingDict):
-        content = ResolvingDict(content)
-        table._extra_content = content
-    return content
-
-
-def _deferred_config(reference: Any, what: str) -> Deferred:
-    from .spec import import_object
-
-    return Deferred(lambda: import_object(reference), what)
 
 
 def register_configs(configuration_auto: Any) -> None:
-    """Add every model type of the registry to ``CONFIG_MAPPING`` as a deferred config class; a model type someone
-    already registered is left as it is."""
-    content = resolving(configuration_auto.CONFIG_MAPPING)
+    """``AutoConfig.register`` for every model type of the registry (legacy ones included); a model type already
+    known to transformers (the user's registration) is left as it is."""
     for spec in ARCHITECTURES.values():
-        pairs = [(spec.model_type, spec.config), *zip(spec.legacy_model_types, spec.legacy, strict=True)]
-        for model_type, reference in pairs:
-            if not dict.__contains__(content, model_type):
-                dict.__setitem__(content, model_type, _deferred_config(reference, model_type))
-
-
-def register_models(modeling_auto: Any) -> None:
-    """Add every (config, task) of the registry to the model table of its Auto class, both deferred; a config class
-    already registered there (by `tf_family.auto.register_all` or the user) is left as it is."""
-    for spec in ARCHITECTURES.values():
-        for task in spec.models:
-            if task not in AUTO_CLASS_NAME_BY_TASK:
-                continue
-            table = getattr(modeling_auto, AUTO_CLASS_NAME_BY_TASK[task])._model_mapping
-            content = resolving(table)
-            config = Deferred(lambda spec=spec: spec.config_class, spec.model_type)
-            model = Deferred(lambda spec=spec, task=task: spec.model_classes[task], f"{spec.name} {task}")
-            dict.__setitem__(content, config, model)
-            for index, legacy_type in enumerate(spec.legacy_model_types):
-                legacy_config = Deferred(lambda spec=spec, i=index: spec.legacy_configs[i], legacy_type)
-                legacy_model = Deferred(
-                    lambda spec=spec, i=index, task=task: _legacy_model(spec.legacy_configs[i], task),
-                    f"{legacy_type} {task}",
-                )
-                dict.__setitem__(content, legacy_config, legacy_model)
-
-
-def _legacy_model(legacy_config: type, task: str) -> type:
-    from .auto import legacy_model_class
-
-    return legacy_model_class(legacy_config, task)
+        for config_class in (spec.config_class, *spec.legacy_configs):
+            if config_class.model_type not in configuration_auto.CONFIG_MAPPING:
+                configuration_auto.AutoConfig.register(config_class.model_type, config_class)
 
 
 def register_peft_targets(constants: Any) -> None:
     """Each spec's ``lora_target_modules`` and ``ia3_target_modules`` / ``ia3_feedforward_modules`` as PEFT's
-    defaults for its model types (an entry already there, the user's, is kept): the same as
-    `tf_family.auto.register_lora_targets` and `tf_family.auto.register_ia3_targets`, run when PEFT's constants are
-    imported rather than importing PEFT."""
+    defaults for its model types (an entry already there, the user's, is kept): `tf_family.auto.register_lora_targets`
+    and `tf_family.auto.register_ia3_targets` on the module just imported."""
     lora = constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
     ia3 = constants.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING
     ia3_feedforward = constants.TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING
@@ -202,34 +61,70 @@ def register_peft_targets(constants: Any) -> None:
                 ia3_feedforward[model_type] = list(spec.ia3_feedforward_modules)
 
 
-def register_pytree_nodes(memory: Any) -> None:
-    """`tf_family.memory.register_pytree_nodes` once that package is imported (torch.export traces the models that
-    return a `SegmentMemory` / `CompressiveMemory`)."""
-    memory.register_pytree_nodes()
+_SPEC_BY_MODEL_TYPE = {model_type: spec for spec in ARCHITECTURES.values() for model_type in spec.model_types}
+_announced: set[type] = set()  # config classes seen by `config_built`
+_registered: set[str] = set()  # names of the architectures whose model classes are registered
+_lock = threading.RLock()
+
+
+def config_built(config_class: type) -> None:
+    """Register the model classes of ``config_class``'s architecture with the Auto classes, the first time one of
+    its configs is built (`tf_family.auto.register_models`, keeping a user's registration); then nothing.
+
+    A config pickled to another process (``torch.multiprocessing.spawn``) is not built there, only filled in: so
+    ``config_class`` is also given a `copyreg` reducer whose rebuild (`rebuild_config`) announces it the same way."""
+    if config_class in _announced:
+        return
+    spec = _SPEC_BY_MODEL_TYPE.get(getattr(config_class, "model_type", None))
+    with _lock:
+        if config_class not in _announced:
+            _announced.add(config_class)
+            copyreg.pickle(config_class, _reduce_config)
+        if spec is None or spec.name in _registered:  # done, or a config built while the model classes import
+            return
+        _registered.add(spec.name)
+        try:
+            from .auto import register_models
+
+            register_models(spec, replace=False)
+        except Exception as error:  # never break building a config; the next one tries again
+            _registered.discard(spec.name)
+            _announced.discard(config_class)
+            warnings.warn(
+                f"tf_family could not register the {spec.name} model classes with the Auto classes ({error!r}); "
+                "call tf_family.register_all() to register them now.",
+                stacklevel=2,
+            )
+
+
+def rebuild_config(config_class: type) -> Any:
+    """An empty ``config_class`` for pickle or ``copy`` to fill in (as ``object.__reduce_ex__`` makes one), after
+    `config_built` (the model classes registered in the process that unpickles it)."""
+    config_built(config_class)
+    return config_class.__new__(config_class)
+
+
+def _reduce_config(config: Any) -> tuple:
+    return rebuild_config, (type(config),), config.__getstate__()
 
 
 def export_remote_code(folder: Any) -> list[str]:
-    """`tf_family.shipping.remote_code.export_remote_code` (imported when first called: the exporter reads the registry)."""
+    """`tf_family.shipping.remote_code.export_remote_code` (imported when first called: the exporter reads the
+    registry), handed down to ``save_pretrained(remote_code=True)``."""
     from .shipping.remote_code import export_remote_code
 
     return export_remote_code(folder)
 
 
-def register_remote_code_exporter(pretrained: Any) -> None:
-    """Give `tf_family.modeling.pretrained.TffPreTrainedModel` (``save_pretrained(remote_code=True)``) its exporter once
-    that module is imported."""
-    pretrained.TffPreTrainedModel.code_exporter = staticmethod(export_remote_code)
-
-
-_HOOKS: dict[str, Callable[[Any], None]] = {
-    CONFIG_AUTO: register_configs,
-    MODELING_AUTO: register_models,
-    PEFT_CONSTANTS: register_peft_targets,
-    MEMORY: register_pytree_nodes,
-    PRETRAINED: register_remote_code_exporter,
-}
-_lock = threading.RLock()
+_HOOKS: dict[str, Callable[[Any], None]] = {CONFIG_AUTO: register_configs, PEFT_CONSTANTS: register_peft_targets}
+# Registering the configs imports our config modules, which import transformers (``GenerationMixin``...); done while
+# a transformers or tf_family module is still executing (``import transformers.modeling_utils`` imports
+# ``configuration_auto`` half-way) it would import that module half-made. So while the configs wait, the loader of
+# every module under these prefixes is wrapped too, and the configs are registered when none is executing any more.
+_WATCHED = ("transformers.", "tf_family.")
 _pending: dict[str, Callable[[Any], None]] = {}
+_ready: dict[str, Any] = {}  # modules imported whose hook waits for `_executing` to empty
+_executing: set[str] = set()  # watched modules executing now, under `_AfterExec`
 
 
 def _run(name: str, module: Any) -> None:
@@ -247,8 +142,19 @@ def _run(name: str, module: Any) -> None:
         )
 
 
+def _run_ready() -> None:
+    """Run the hooks of the modules imported, once no watched module is executing (in any thread)."""
+    with _lock:
+        if _executing or not _ready:
+            return
+        ready = list(_ready.items())
+        _ready.clear()
+    for name, module in ready:
+        _run(name, module)
+
+
 class _AfterExec(importlib.abc.Loader):
-    """Wraps a module's loader: runs the module, then our hook for it."""
+    """Wraps a module's loader: runs the module, then the hooks that were waiting for it (or for it to finish)."""
 
     def __init__(self, loader: Any, name: str):
         self._loader = loader
@@ -258,18 +164,27 @@ class _AfterExec(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        _run(self._name, module)
+        with _lock:
+            _executing.add(self._name)
+        try:
+            self._loader.exec_module(module)
+        finally:
+            with _lock:
+                _executing.discard(self._name)
+                if self._name in _pending:
+                    _ready[self._name] = module
+        _run_ready()
 
     def __getattr__(self, attribute: str) -> Any:  # get_resource_reader, get_source, ... of the real loader
         return getattr(self._loader, attribute)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a module we wait for, it asks the finders after it and wraps the loader found."""
+    """Finds nothing itself: for a module in ``_pending`` (or under ``_WATCHED`` while the configs wait), asks the
+    finders after it and wraps the loader found."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in _pending:
+        if fullname not in _pending and not (CONFIG_AUTO in _pending and fullname.startswith(_WATCHED)):
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -288,8 +203,10 @@ _finder = _Finder()
 
 
 def install() -> None:
-    """Register lazily with every table named in ``_HOOKS``: now for a module already imported, else the moment it
-    is. Idempotent."""
+    """Hand the configs and `TffPreTrainedModel` their callbacks (`tf_family.modeling.handoff`), and register with
+    the modules of ``_HOOKS``: now for one already imported, else the moment it is. Idempotent."""
+    handoff.config_built = config_built
+    handoff.code_exporter = export_remote_code
     with _lock:
         for name, hook in _HOOKS.items():
             if name not in _pending:
@@ -298,13 +215,8 @@ def install() -> None:
             sys.meta_path.insert(0, _finder)
     for name in list(_HOOKS):
         module = sys.modules.get(name)
-        if module is not None and getattr(module, "__spec__", None) is not None and not _importing(module):
+        if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
             _run(name, module)
 
 
-def _importing(module: Any) -> bool:
-    """Whether ``module`` is still executing (its import has not finished): its spec says so."""
-    return bool(getattr(module.__spec__, "_initializing", False))
-
-
-__all__ = ["Deferred", "ResolvingDict", "install", "register_configs", "register_models", "register_peft_targets"]
+__all__ = ["config_built", "install", "rebuild_config", "register_configs", "register_peft_targets"]

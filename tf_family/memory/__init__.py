@@ -70,8 +70,8 @@ def _unflatten_fields(cls: type, names: tuple[str, ...]):
 
 def register_pytree_nodes() -> None:
     """Make `SegmentMemory` and `CompressiveMemory` pytree nodes (idempotent), so that `torch.export` traces the
-    models that return them (Transformer-XL, the Compressive Transformer) with their memory. Called by
-    ``import tf_family`` (`tf_family.lazy_auto`) the moment this package is imported."""
+    models that return them (Transformer-XL, the Compressive Transformer) with their memory. Called when this
+    package is imported (below)."""
     import torch.utils._pytree as pytree
 
     nodes = {SegmentMemory: ("states", "mask"), CompressiveMemory: ("memory", "compressed", "usage")}
@@ -84,6 +84,8 @@ def register_pytree_nodes() -> None:
                 serialized_type_name=f"tf_family.memory.{cls.__name__}",
             )
 
+
+register_pytree_nodes()
 
 __all__ = [
     "register_pytree_nodes",

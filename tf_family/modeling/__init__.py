@@ -11,6 +11,8 @@
 * `cache` — the key/value cache the decoders grow in place (`GrowingCache`, `GrowingCacheGenerationMixin`);
 * `fused_lm_head` — TRL's fused LM head, answered by the causal LMs;
 * `utils` — small shared modules and functions (dropout, activations, pooling, decoding-step inputs).
+* `handoff` — what ``import tf_family`` hands down to these modules (the remote-code exporter, the callback a
+  config calls when it is built), None in a remote-code export.
 
 Nothing here imports a model; the models import from here (by plain relative imports, so that the remote-code export
 can copy exactly the modules a model uses).

@@ -19,6 +19,7 @@ from typing import Any
 
 from transformers import GenerationConfig
 
+from .handoff import announce_config
 from .validation import check_activation, check_float, check_list_of, check_positive_int, check_token_id
 
 # Layer counts: far above any trained model, low enough that a typo does not build a model for hours.
@@ -162,7 +163,8 @@ def validate_config(config: Any) -> None:
 
     Raises `TypeError` or `ValueError` whose message starts with the config's class name and names the field, its
     value and the fix. (transformers' `@strict` wraps such errors in its own exception types; tf_family raises the
-    plain ones users catch.)
+    plain ones users catch.) A valid config is then announced (`tf_family.modeling.handoff`): the first one of an
+    architecture registers its model classes with the Auto classes.
     """
     owner = type(config).__name__
     try:
@@ -192,3 +194,4 @@ def validate_config(config: Any) -> None:
         if type(error) not in (TypeError, ValueError) or str(error).startswith(f"{owner}"):
             raise
         raise type(error)(f"{owner}: {error}") from None
+    announce_config(type(config))  # the first config of an architecture registers its model classes (`handoff`)

@@ -15,9 +15,9 @@ transformers' heads list `GenerationMixin`. It adds to `PreTrainedModel`:
 
 The remote-code export (`tf_family.shipping.remote_code.export_remote_code`) reads the registry and copies the
 package's code: it sits above the models, so this module (which travels inside every export, beside the models) never
-imports it. The top of the package hands it down instead: ``import tf_family`` installs `tf_family.lazy_auto`, which
-sets `TffPreTrainedModel.code_exporter` the moment this module is imported. A class loaded from an export, where
-tf_family may be missing, has no exporter: it saves with ``remote_code=False`` and keeps its ``auto_map``.
+imports it. The top of the package hands it down instead: ``import tf_family`` sets
+`tf_family.modeling.handoff.code_exporter`, which `TffPreTrainedModel.code_exporter` is. A class loaded from an export,
+where tf_family may be missing, has no exporter: it saves with ``remote_code=False`` and keeps its ``auto_map``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..attention.backend import NATIVE, default_implementation
 from ..conversion.foreign import declared_formats, find_format, load_foreign
 from ..utils.files import check_checkpoint_folder
 from ..utils.user_errors import check_local_path
+from . import handoff
 from .validation import _tracing, check_class_labels, check_finite, check_ids_in_range, check_tensor
 
 
@@ -43,8 +44,10 @@ class TffPreTrainedModel(PreTrainedModel):
     choice of ``attn_implementation``, and ``save_pretrained(..., remote_code=True)``. The model's ``config`` gives
     the sizes the checks use."""
 
-    # ``(folder) -> files written``: set by `tf_family.lazy_auto` when tf_family is imported; None in an export
-    code_exporter: ClassVar[Callable[[str | os.PathLike], Any] | None] = None
+    # ``(folder) -> files written``: handed down by ``import tf_family`` (`handoff`); None in an export
+    code_exporter: ClassVar[Callable[[str | os.PathLike], Any] | None] = (
+        None if handoff.code_exporter is None else staticmethod(handoff.code_exporter)
+    )
     # ``{old key pattern: new name}`` read by `from_pretrained` (transformers' ``key_mapping``), never written
     _checkpoint_key_mapping: Mapping[str, str] = {}
 

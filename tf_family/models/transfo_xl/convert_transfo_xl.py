@@ -14,6 +14,7 @@ from typing import Any
 from transformers import PreTrainedConfig
 
 from ...conversion import ForeignFormat
+from ...modeling.handoff import announce_config
 from .configuration_transfo_xl import TffTransfoXLConfig
 
 LEGACY_MODEL_TYPE = "transfo-xl"
@@ -55,6 +56,10 @@ class TffTransfoXLLegacyConfig(PreTrainedConfig):
     tf_family, so none is refused here); `to_tff_config` checks and translates it."""
 
     model_type = LEGACY_MODEL_TYPE
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        announce_config(type(self))  # as every tf_family config: registers the model classes it loads as
 
     def to_tff_config(self, **overrides: Any) -> TffTransfoXLConfig:
         """The equivalent `TffTransfoXLConfig`; raises `NotImplementedError` for 4.x settings we do not implement."""
