@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import csv
 import json
+import os
 import time
 from types import MappingProxyType
 
@@ -16,7 +17,7 @@ import pytest
 
 from tf_family.cli import main as cli_main
 from tf_family.compare import family, listops, lra
-from tf_family.compare.cli import build_parser, parse_settings
+from tf_family.compare.cli import MAX_DEFAULT_JOBS, build_parser, default_jobs, parse_settings
 from tf_family.compare.grid import Grid, cell_chains, chain_queue
 from tf_family.compare.presets import passkey_train_distances
 from tf_family.compare.report import write_report
@@ -160,7 +161,7 @@ def test_compare_miniature_grid_end_to_end_and_resume(tmp_path, capsys):
 
     cells = {p.name: p.stat().st_mtime_ns for p in out.glob("cache/*/cells/*.json")}
     started = time.perf_counter()
-    assert cli_main(["compare", *MINI, "--cpu", "--output_dir", str(out)]) == 0
+    assert cli_main(["compare", *MINI, "--cpu", "--jobs", "1", "--output_dir", str(out)]) == 0
     rerun_seconds = time.perf_counter() - started
     after = {p.name: p.stat().st_mtime_ns for p in out.glob("cache/*/cells/*.json")}
     failed = {name for name in cells if "calm" in name}
@@ -237,6 +238,8 @@ def test_a_registered_architecture_gets_its_rows(scratch_architecture, tmp_path)
         "compare",
         "--quick",
         "--cpu",
+        "--jobs",
+        "1",  # the scratch architecture is registered in this process only
         "--archs",
         "scratch",
         "--no_baseline",
@@ -301,14 +304,30 @@ def test_jobs_keep_each_chain_of_needs_in_one_process_and_queue_the_heaviest_fir
         parse_settings(build_parser().parse_args(["--quick", "--cpu", "--jobs", "0"]))
 
 
+def test_jobs_default_to_one_process_per_usable_core_on_cpu_and_one_on_a_gpu(monkeypatch):
+    parser = build_parser()
+    args = parser.parse_args(["--quick", "--cpu"])
+    parse_settings(args)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert args.jobs == min(cores, MAX_DEFAULT_JOBS) >= 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert default_jobs("cpu") == MAX_DEFAULT_JOBS
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_jobs("cpu") == 1
+    assert default_jobs("cuda") == 1
+    args = parser.parse_args(["--quick", "--cpu", "--jobs", "3"])
+    parse_settings(args)
+    assert args.jobs == 3  # given, kept
+
+
 def test_passkey_trains_inside_the_window_or_at_every_distance():
     parser = build_parser()
     quick = parse_settings(parser.parse_args(["--quick", "--cpu"]))
     assert quick["passkey_train"] == "window"
     assert passkey_train_distances(quick) == [d for d in quick["passkey_distances"] if d <= quick["block"]]
     assert max(quick["passkey_distances"]) > quick["block"]  # it still scores beyond the window
-    whole = parse_settings(parser.parse_args(["--cpu"]))
-    assert passkey_train_distances(whole) == whole["passkey_distances"]
+    gpu = parse_settings(parser.parse_args(["--device", "cuda"]))
+    assert passkey_train_distances(gpu) == gpu["passkey_distances"]
     with pytest.raises(ValueError, match="passkey_train='often'"):
         parse_settings(parser.parse_args(["--quick", "--cpu", "--set", 'passkey_train="often"']))
     with pytest.raises(ValueError, match="within block=128 tokens"):

@@ -38,6 +38,17 @@ from .presets import DEFAULT, GPU, QUICK
 
 MEASURES = ("perplexity", "passkey", "cost")
 DEVICES = ("cpu", "cuda")
+MAX_DEFAULT_JOBS = 8  # each process holds its own torch and data (about 1 GB)
+
+
+def default_jobs(device: str) -> int:
+    """``--jobs`` when not given: on CPU one process per core this process may run on, at most `MAX_DEFAULT_JOBS` (the
+    grid's models are small: processes side by side keep the cores busier than threads in one; the guide's Budgets
+    section has the timings); on a GPU one, which holds the device."""
+    if device == "cuda":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_DEFAULT_JOBS))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--jobs",
         type=int,
-        default=1,
         help="processes that run cells side by side from one shared queue, each with its share of the CPU threads (a "
-        "model's training and its measures stay in one process); default 1",
+        "model's training and its measures stay in one process); default: one per CPU core this process may use (at "
+        f"most {MAX_DEFAULT_JOBS}) on CPU, 1 on a GPU",
     )
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --jobs for its processes
     parser.add_argument("--dry_run", "--dry-run", action="store_true", help="print the grid and its cells; run none")
@@ -232,6 +243,8 @@ def parse_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["encoder_seeds"] = [args.seed]
     settings["minutes"] = args.minutes
     _check_numbers(settings)
+    if args.jobs is None:
+        args.jobs = default_jobs(device)
     if args.jobs < 1 or (args.worker is not None and not 0 <= args.worker < args.jobs):
         raise ValueError(f"--jobs={args.jobs} must be a positive integer (--worker {args.worker} below it).")
     settings["archs"], settings["encoders"], settings["chosen"] = _models(args, settings)
@@ -311,7 +324,7 @@ def run_workers(grid, cells, argv: list[str], jobs: int) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     command = [sys.executable, "-m", "tf_family.cli", "compare", *argv]
     started = time.time()
-    workers = [subprocess.Popen([*command, "--worker", str(k)], env=env) for k in range(jobs)]
+    workers = [subprocess.Popen([*command, "--jobs", str(jobs), "--worker", str(k)], env=env) for k in range(jobs)]
 
     def finished() -> int:
         done = 0
@@ -370,4 +383,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["MEASURES", "build_parser", "describe", "main", "parse_settings", "run_workers", "versions"]
+__all__ = [
+    "MAX_DEFAULT_JOBS",
+    "MEASURES",
+    "build_parser",
+    "default_jobs",
+    "describe",
+    "main",
+    "parse_settings",
+    "run_workers",
+    "versions",
+]

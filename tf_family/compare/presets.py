@@ -1,5 +1,6 @@
-"""The grid's named settings: ``--quick`` (CPU, minutes), the default grid (CPU, hours) and ``--device cuda`` (one
-GPU, minutes). Every key can be changed with ``--set KEY=VALUE``; `tf_family.compare.cli.parse_settings` checks them.
+"""The grid's named settings: ``--quick`` (CPU, a quarter of an hour: a stated subset of the family), the default
+grid (CPU, about an hour: the whole family at ``--quick``'s shape) and ``--device cuda`` (one GPU, minutes: base
+width, long sequences). Every key can be changed with ``--set KEY=VALUE``; `tf_family.compare.cli.parse_settings` checks them.
 
 Passkey: every model is trained on the task at the scored distances (``passkey_distances``) that lie inside the dense
 baseline's window (``passkey_train="window"``: up to ``block`` tokens) or at all of them (``"all"``), and scored at
@@ -65,7 +66,8 @@ _ENCODER_QUICK: dict[str, Any] = {
 
 QUICK: dict[str, Any] = {**_CAUSAL_QUICK, **_ENCODER_QUICK, "subset": True}
 
-DEFAULT: dict[str, Any] = {
+# the base of the one-GPU grid: LRA's lengths, lengths up to 16k, the whole family (about 90 hours on 2 CPU cores)
+_LONG: dict[str, Any] = {
     **QUICK,
     "width": 256,
     "depth": 4,
@@ -106,11 +108,20 @@ DEFAULT: dict[str, Any] = {
     "subset": False,
 }
 
+# the default grid on CPU: the whole family and all six encoder tasks at --quick's shape, two seeds everywhere but
+# passkey; sized for about an hour with two processes on 2 CPU cores (docs/guides/comparing.md, Budgets)
+DEFAULT: dict[str, Any] = {
+    **QUICK,
+    "encoder_seeds": [42, 43],
+    "encoder_tasks": ["listops", "text", "retrieval", "image", "pathfinder", "brown"],
+    "subset": False,
+}
+
 # one GPU (an H100 or H200): base width, LRA's lengths (1k-4k characters) for the encoders, 4k-16k tokens for cost.
 # Sized by arithmetic for about 8 minutes (a few seconds of matrix work per model and seed; the memory models' segment
 # loops and the recipes' start-up dominate), not yet timed on a GPU.
 GPU: dict[str, Any] = {
-    **DEFAULT,
+    **_LONG,
     "width": 512,
     "depth": 4,
     "heads": 8,
