@@ -8,7 +8,10 @@ transformers' Auto classes, which any call to ``AutoConfig.register`` needs, alo
 - the **configs**, with ``AutoConfig.register(model_type, config_class)``, the moment transformers'
   ``configuration_auto`` module has been imported (at once, if it already is): `register_configs`. That is the one
   thing this module needs an import hook for: `_Finder` wraps the loader of that module (and of PEFT's constants
-  module) and calls the public registration after the module has run; it touches nothing else;
+  module) and calls the public registration after the module has run. Until the configs are registered it also wraps
+  the loaders of the ``transformers.*`` and ``tf_family.*`` modules imported meanwhile, only to know when none is
+  half-imported (our config modules import transformers; registering in the middle of transformers' own import would
+  import it half-made); it changes none of them and stops once the configs are registered;
 - the **model classes** of an architecture, with ``AutoModel*.register(config_class, model_class)``, the first time a
   config of that architecture is built (`config_built`, handed to every config's checks through
   `tf_family.modeling.handoff`): ``AutoModel*.from_pretrained`` / ``from_config``, pipelines and the libraries
