@@ -159,29 +159,35 @@ def grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, impl
 
 def _local(query, key, value, stride, slopes, dropout_p, implementation):
     blocks_q, blocks_k, blocks_v = (padded_blocks(t, stride) for t in (query, key, value))  # (B, H, N, l, Dh)
-    num_blocks = blocks_q.shape[2]
-
-    def with_previous(blocks):  # (B, H, N, 2l, Dh): the previous block (zeros before the first) and the block itself
-        previous = F.pad(blocks, (0, 0, 0, 0, 1, 0))[:, :, :-1]
-        return torch.cat([previous, blocks], dim=3)
-
     offsets_q = torch.arange(stride, device=query.device)[:, None]  # (l, 1): a
     offsets_k = torch.arange(2 * stride, device=query.device)[None, :]  # (1, 2l): b, key j = (n - 1) l + b
-    distance = stride + offsets_q - offsets_k  # (l, 2l): i - j
+    distance = (stride + offsets_q - offsets_k)[None]  # (1, l, 2l): i - j
     allowed = (distance >= 0) & (distance < stride)
-    first = (torch.arange(num_blocks, device=query.device) > 0)[:, None, None] | (offsets_k >= stride)[None]
-    allowed = allowed[None] & first  # (N, l, 2l): block 0 has no previous block
-    out = grouped_attend(
-        blocks_q,
-        with_previous(blocks_k),
-        with_previous(blocks_v),
-        allowed,
-        distance[None],
+    # block 0 has no previous block: its queries against its own keys (the mask's second half); every later block
+    # against the previous block and its own, under one (l, 2l) mask that all of them and all heads share
+    first = grouped_attend(
+        blocks_q[:, :, :1],
+        blocks_k[:, :, :1],
+        blocks_v[:, :, :1],
+        allowed[..., stride:],
+        distance[..., stride:],
         slopes,
         dropout_p,
         implementation,
     )
-    return out.flatten(2, 3)
+    if blocks_q.shape[2] == 1:
+        return first.flatten(2, 3)
+    rest = grouped_attend(
+        blocks_q[:, :, 1:],
+        torch.cat([blocks_k[:, :, :-1], blocks_k[:, :, 1:]], dim=3),  # (B, H, N - 1, 2l, Dh)
+        torch.cat([blocks_v[:, :, :-1], blocks_v[:, :, 1:]], dim=3),
+        allowed,
+        distance,
+        slopes,
+        dropout_p,
+        implementation,
+    )
+    return torch.cat([first, rest], dim=2).flatten(2, 3)
 
 
 def _strided(query, key, value, stride, slopes, dropout_p, implementation):
@@ -224,23 +230,28 @@ def _summary_slabs(length: int, stride: int, size: int, slab_blocks: int) -> lis
     ]
 
 
-def _mask_slab(scores, t0, s0, stride, start, size, slopes):
-    """Add to a slab's scores ``(B, H, R, s1)`` (queries ``t0 ..``) ALiBi's ``-m_h (i - j)`` (with ``slopes``
-    ``(H,)``) and ``-inf`` where a summary key of the slab's own blocks (``s0 ..``) is not strictly before the
-    query."""
+def _late_keys(stride: int, start: int, size: int, rows: int, device) -> torch.Tensor:
+    """Bool ``(rows, ceil(rows / l) c)``: whether the ``u``-th summary key of a slab's own blocks lies at or after
+    its ``r``-th query (key ``u`` sits ``(u // c) l + start + u % c`` positions after the slab's first query). The
+    same for every slab of whole blocks; a shorter last slab reads its top-left corner."""
+    keys = _summary_positions(stride, start, size, 0, -(-rows // stride) * size, device)
+    return keys[None, :] >= torch.arange(rows, device=device)[:, None]
+
+
+def _alibi_slab(scores, t0, stride, start, size, slopes):
+    """Add ALiBi's ``-m_h (i - j)`` (``slopes`` ``(H,)``) to a slab's scores ``(B, H, R, s1)`` of queries ``t0 ..``."""
     device, dtype = scores.device, scores.dtype
     rows = torch.arange(t0, t0 + scores.shape[2], device=device)[:, None]
-    if slopes is not None:
-        distance = (rows - _summary_positions(stride, start, size, 0, scores.shape[3], device)[None, :]).to(dtype)
-        scores.add_(-slopes.to(device, dtype)[:, None, None] * distance)
-    late = _summary_positions(stride, start, size, s0, scores.shape[3], device)[None, :] >= rows  # (R, s1 - s0)
-    scores[..., s0:].masked_fill_(late, float("-inf"))
+    distance = (rows - _summary_positions(stride, start, size, 0, scores.shape[3], device)[None, :]).to(dtype)
+    scores.add_(-slopes.to(device, dtype)[:, None, None] * distance)
 
 
 class _SummaryAttention(torch.autograd.Function):
     # The summary factor as slabs of queries, each against its causal prefix of the shared summary keys plus every
     # query's own key, the softmax over both written out. Like `masked._MaskedAttention`: products through `torch.bmm`
     # on 3-D views, the probabilities computed in place and kept for the backward pass, no (T, N c) tensor built.
+    # Whatever concerns the own key (its score, probability and gradients) is computed for all queries at once,
+    # outside the loop over slabs, whose Python calls are the kernel's overhead.
     @staticmethod
     def forward(ctx, query, key, value, summary_keys, summary_values, pattern, slopes, slab_blocks):
         batch, heads, length, head_dim = query.shape
@@ -250,21 +261,24 @@ class _SummaryAttention(torch.autograd.Function):
         summary_keys = summary_keys.reshape(batch * heads, -1, head_dim)  # (B H, N c, Dh)
         summary_values = summary_values.reshape(batch * heads, -1, head_dim)
         out = torch.empty_like(scaled)
-        own_probs = torch.empty(batch * heads, length, 1, dtype=query.dtype, device=query.device)
+        own = (scaled * key).sum(-1, keepdim=True)  # (B H, T, 1): each query's score of its own key
+        own_probs = torch.empty_like(own)
         slabs, probs_of = _summary_slabs(length, stride, size, slab_blocks), []
+        late = _late_keys(stride, start, size, slabs[0][1] - slabs[0][0], query.device)
         for t0, t1, s0, s1 in slabs:
-            rows = scaled[:, t0:t1]
-            probs = torch.bmm(rows, summary_keys[:, :s1].transpose(1, 2))  # scores (B H, R, s1)
-            _mask_slab(probs.view(batch, heads, t1 - t0, s1), t0, s0, stride, start, size, slopes)
-            own = (rows * key[:, t0:t1]).sum(-1, keepdim=True)  # (B H, R, 1): the query's own key
-            peak = torch.maximum(probs.amax(-1, keepdim=True), own)
+            probs = torch.bmm(scaled[:, t0:t1], summary_keys[:, :s1].transpose(1, 2))  # scores (B H, R, s1)
+            if slopes is not None:
+                _alibi_slab(probs.view(batch, heads, t1 - t0, s1), t0, stride, start, size, slopes)
+            probs[..., s0:].masked_fill_(late[: t1 - t0, : s1 - s0], float("-inf"))
+            peak = torch.maximum(probs.amax(-1, keepdim=True), own[:, t0:t1])
             probs.sub_(peak).exp_()
-            own = own.sub_(peak).exp_()
-            total = probs.sum(-1, keepdim=True).add_(own)
+            own_exp = own[:, t0:t1].sub(peak).exp_()
+            total = probs.sum(-1, keepdim=True).add_(own_exp)
             probs.div_(total)
-            own_probs[:, t0:t1] = own.div_(total)
-            torch.baddbmm(value[:, t0:t1] * own_probs[:, t0:t1], probs, summary_values[:, :s1], out=out[:, t0:t1])
+            torch.div(own_exp, total, out=own_probs[:, t0:t1])
+            torch.bmm(probs, summary_values[:, :s1], out=out[:, t0:t1])
             probs_of.append(probs)
+        out.addcmul_(own_probs, value)
         ctx.save_for_backward(scaled, key, value, summary_keys, summary_values, own_probs, *probs_of)
         ctx.slabs = slabs
         return out.view(batch, heads, length, head_dim)
@@ -275,26 +289,25 @@ class _SummaryAttention(torch.autograd.Function):
         shape = grad_out.shape
         grad_out = grad_out.reshape(scaled.shape)
         grad_scaled = torch.empty_like(scaled)
-        grad_own_key = torch.empty_like(key)
         grad_value = own_probs * grad_out
+        grad_own = (grad_out * value).sum(-1, keepdim=True).mul_(own_probs)  # p dp of the own keys, (B H, T, 1)
+        row_sum = torch.empty_like(grad_own)  # sum P dP over each query's summary keys and own key
         grad_summary_keys = torch.zeros_like(summary_keys)
         grad_summary_values = torch.zeros_like(summary_values)
         for (t0, t1, _, s1), probs in zip(ctx.slabs, probs_of, strict=True):
-            grad_rows, own = grad_out[:, t0:t1], own_probs[:, t0:t1]
+            grad_rows = grad_out[:, t0:t1]
             grad_summary_values[:, :s1].baddbmm_(probs.transpose(1, 2), grad_rows)
             grad_scores = torch.bmm(grad_rows, summary_values[:, :s1].transpose(1, 2)).mul_(probs)  # P dP
-            grad_own = (grad_rows * value[:, t0:t1]).sum(-1, keepdim=True).mul_(own)  # p dp of the own key
-            row_sum = grad_scores.sum(-1, keepdim=True).add_(grad_own)
-            grad_scores.addcmul_(probs, row_sum, value=-1)  # dS = P (dP - sum P dP)
-            grad_own.addcmul_(own, row_sum, value=-1)
-            torch.baddbmm(grad_own * key[:, t0:t1], grad_scores, summary_keys[:, :s1], out=grad_scaled[:, t0:t1])
-            torch.mul(grad_own, scaled[:, t0:t1], out=grad_own_key[:, t0:t1])
+            torch.add(grad_scores.sum(-1, keepdim=True), grad_own[:, t0:t1], out=row_sum[:, t0:t1])
+            grad_scores.addcmul_(probs, row_sum[:, t0:t1], value=-1)  # dS = P (dP - sum P dP)
+            torch.bmm(grad_scores, summary_keys[:, :s1], out=grad_scaled[:, t0:t1])
             grad_summary_keys[:, :s1].baddbmm_(grad_scores.transpose(1, 2), scaled[:, t0:t1])
-        grad_query = grad_scaled.mul_(shape[-1] ** -0.5).view(shape)
+        grad_own.addcmul_(own_probs, row_sum, value=-1)
+        grad_query = grad_scaled.addcmul_(grad_own, key).mul_(shape[-1] ** -0.5).view(shape)
         summary_shape = (*shape[:2], -1, shape[-1])
         return (
             grad_query,
-            grad_own_key.view(shape),
+            (grad_own * scaled).view(shape),
             grad_value.view(shape),
             grad_summary_keys.view(summary_shape),
             grad_summary_values.view(summary_shape),
