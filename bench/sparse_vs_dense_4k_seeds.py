@@ -1,4 +1,4 @@
-"""Merge the Sparse Transformer's 4,096-token quality runs into one table per seed and a two-seed table (issue 39).
+"""Merge the Sparse Transformer's 4,096-token quality runs into one table per seed and tables over seeds (issue 39).
 
 Seed 1 was run in two parts: ``strided`` and ``fixed`` (``sparse_vs_dense_4k_seed1.json``; its dense run was stopped
 under load) and ``dense`` alone (``sparse_vs_dense_4k_seed1_dense.json``, the same command with ``--variants dense``:
@@ -7,7 +7,11 @@ This script checks that the parts share the configuration, then writes
 
 - ``sparse_vs_dense_4k_seed1.{json,md}``: seed 1 complete (each part's command, date and load average kept);
 - ``sparse_vs_dense_4k_2seeds.{json,md}``: seeds 0 (``sparse_vs_dense_4k.json``) and 1, the mean bits per byte of
-  each attention, the per-seed figures and each one against dense (mean and per seed).
+  each attention, the per-seed figures and each one against dense (mean and per seed);
+- ``sparse_vs_dense_4k_{N}seeds.{json,md}``, when the later seeds' run exists (``--later``, default
+  ``sparse_vs_dense_4k_seeds23``: ``python bench/bench_sparse_vs_dense_4k.py --threads 1 --first_seed 2 --seeds 2
+  --no_memory --variants strided fixed dense --name sparse_vs_dense_4k_seeds23``): the same table over seeds 0, 1 and
+  those.
 
 It reads and writes result files only (no training):
 
@@ -140,15 +144,32 @@ def _native_note(parts: dict) -> str:
     return "\n"
 
 
-def two_seeds(seed0: dict, seed1: dict) -> tuple[dict, str]:
-    _check_same_configuration({"sparse_vs_dense_4k": seed0, "sparse_vs_dense_4k_seed1": seed1})
-    per_seed = {v: [seed0["quality"][v]["bits_per_byte"], seed1["quality"][v]["bits_per_byte"]] for v in VARIANTS}
+def seed_rows(record: dict, seed: int) -> dict:
+    """One seed's quality rows of a run (a run of several seeds keys them ``variant/seedN``), every variant present."""
+    args = record["args"]
+    first = args.get("first_seed", 0)  # seed 0's run predates the flag
+    seeds = range(first, first + args.get("seeds", 1))
+    if seed not in seeds:
+        raise ValueError(f"{record.get('name', 'the run')} holds seeds {list(seeds)}, not seed {seed}.")
+    quality = record["quality"]
+    keys = {v: v if len(seeds) == 1 else f"{v}/seed{seed}" for v in VARIANTS}
+    missing = [key for key in keys.values() if key not in quality]
+    if missing:
+        raise ValueError(f"{record.get('name', 'the run')} has no row {missing[0]!r}; rerun it with every variant.")
+    return {v: quality[key] for v, key in keys.items()}
+
+
+def seeds_table(runs: dict[int, tuple[str, dict]], args: dict, intro: str, name: str) -> tuple[dict, str]:
+    """The table over ``runs`` (seed -> (source file, its rows by variant)): mean bits per byte of each attention,
+    the per-seed figures, each against dense (from the means and per seed), and the spread over seeds."""
+    seeds = sorted(runs)
+    per_seed = {v: [runs[s][1][v]["bits_per_byte"] for s in seeds] for v in VARIANTS}
     mean = {v: sum(values) / len(values) for v, values in per_seed.items()}
     against = {v: [100 * (b / d - 1) for b, d in zip(per_seed[v], per_seed["dense"], strict=True)] for v in VARIANTS}
     rows = [
         [
             v,
-            seed0["quality"][v]["parameters"],
+            runs[seeds[0]][1][v]["parameters"],
             f"{mean[v]:.4f}",
             ", ".join(f"{b:.4f}" for b in per_seed[v]),
             f"{100 * (mean[v] / mean['dense'] - 1):+.2f} %",
@@ -156,23 +177,15 @@ def two_seeds(seed0: dict, seed1: dict) -> tuple[dict, str]:
         ]
         for v in VARIANTS
     ]
-    header = ["attention", "parameters", "held-out bits per byte (mean)", "seed 0, seed 1", "vs dense (means)"]
-    header += ["vs dense (seed 0, seed 1)"]
-    args = seed0["args"]
-    markdown = (
-        f"# Sparse Transformer against dense attention at {args['length']} tokens, 2 seeds\n\n"
-        f"Seeds 0 (`sparse_vs_dense_4k.md`) and 1 (`sparse_vs_dense_4k_seed1.md`), the same configuration "
-        f"({args['layers']} layers, width {args['width']}, {args['heads']} heads, bytes; stride {args['stride']}, "
-        f"{args['summary']} summary columns, heads split between the two factors; {args['steps']} AdamW steps of "
-        f"{args['batch']} x {args['length']} bytes; held-out {args['eval_windows']} windows). The issue's target: "
-        "within 2 % of dense. A tiny scale, 2 seeds: from seed 0 to seed 1 (init and batch order) "
-        + ", ".join(f"{v} moves by {per_seed[v][1] - per_seed[v][0]:+.4f}" for v in VARIANTS)
-        + " bits per byte. Seed 0 ran with the native CPU kernel, seed 1 with TF_FAMILY_NATIVE=0 (PyTorch's SDPA): "
-        "the same attention up to float rounding.\n\n" + markdown_table(header, rows) + "\n"
-    )
+    listed = ", ".join(f"seed {s}" for s in seeds)
+    header = ["attention", "parameters", "held-out bits per byte (mean)", listed, "vs dense (means)"]
+    header += [f"vs dense ({listed})"]
+    markdown = f"# Sparse Transformer against dense attention at {args['length']} tokens, {len(seeds)} seeds\n\n"
+    markdown += intro + "\n\n" + markdown_table(header, rows) + "\n"
     payload = {
-        "name": "sparse_vs_dense_4k_2seeds",
-        "sources": ["sparse_vs_dense_4k.json", "sparse_vs_dense_4k_seed1.json"],
+        "name": name,
+        "seeds": seeds,
+        "sources": {str(s): f"{runs[s][0]}.json" for s in seeds},
         "args": {field: args[field] for field in QUALITY_FIELDS},
         "bits_per_byte": per_seed,
         "mean_bits_per_byte": mean,
@@ -182,10 +195,60 @@ def two_seeds(seed0: dict, seed1: dict) -> tuple[dict, str]:
     return payload, markdown
 
 
+def _configuration(args: dict) -> str:
+    return (
+        f"{args['layers']} layers, width {args['width']}, {args['heads']} heads, bytes; stride {args['stride']}, "
+        f"{args['summary']} summary columns, heads split between the two factors; {args['steps']} AdamW steps of "
+        f"{args['batch']} x {args['length']} bytes; held-out {args['eval_windows']} windows"
+    )
+
+
+def two_seeds(seed0: dict, seed1: dict) -> tuple[dict, str]:
+    _check_same_configuration({"sparse_vs_dense_4k": seed0, "sparse_vs_dense_4k_seed1": seed1})
+    runs = {0: ("sparse_vs_dense_4k", seed_rows(seed0, 0)), 1: ("sparse_vs_dense_4k_seed1", seed1["quality"])}
+    moves = ", ".join(
+        f"{v} moves by {runs[1][1][v]['bits_per_byte'] - runs[0][1][v]['bits_per_byte']:+.4f}" for v in VARIANTS
+    )
+    intro = (
+        f"Seeds 0 (`sparse_vs_dense_4k.md`) and 1 (`sparse_vs_dense_4k_seed1.md`), the same configuration "
+        f"({_configuration(seed0['args'])}). The issue's target: within 2 % of dense. A tiny scale, 2 seeds: from seed "
+        f"0 to seed 1 (init and batch order) {moves} bits per byte. Seed 0 ran with the native CPU kernel, seed 1 with "
+        "TF_FAMILY_NATIVE=0 (PyTorch's SDPA): the same attention up to float rounding."
+    )
+    payload, markdown = seeds_table(runs, seed0["args"], intro, "sparse_vs_dense_4k_2seeds")
+    payload["sources"] = ["sparse_vs_dense_4k.json", "sparse_vs_dense_4k_seed1.json"]
+    return payload, markdown
+
+
+def more_seeds(seed0: dict, seed1: dict, later: dict, later_name: str) -> tuple[dict, str]:
+    """Seeds 0 and 1 with every seed of ``later`` (one run of several seeds, ``--first_seed 2 --seeds N``)."""
+    _check_same_configuration({"sparse_vs_dense_4k": seed0, "sparse_vs_dense_4k_seed1": seed1, later_name: later})
+    first, count = later["args"]["first_seed"], later["args"].get("seeds", 1)
+    runs = {0: ("sparse_vs_dense_4k", seed_rows(seed0, 0)), 1: ("sparse_vs_dense_4k_seed1", seed1["quality"])}
+    runs.update({s: (later_name, seed_rows(later, s)) for s in range(first, first + count)})
+    if len(runs) != 2 + count:
+        raise ValueError(f"{later_name}.json repeats seed 0 or 1 (first_seed={first}); use --first_seed 2.")
+    per_seed = {v: [runs[s][1][v]["bits_per_byte"] for s in sorted(runs)] for v in VARIANTS}
+    spread = ", ".join(f"{v} {max(b) - min(b):.4f}" for v, b in per_seed.items())
+    environment = ", ".join(f"{k}={v}" for k, v in later.get("environment", {}).items() if v is not None) or "default"
+    intro = (
+        f"Seeds 0 and 1 (`sparse_vs_dense_4k_2seeds.md`) and seeds {first}-{first + count - 1} (`{later_name}.md`: "
+        f"`{later['command']}`, {environment}, {later['date']}), the same configuration ({_configuration(later['args'])})."
+        f" The issue's target: within 2 % of dense. Spread over the seeds (max - min bits per byte): {spread}."
+    )
+    return seeds_table(runs, later["args"], intro, f"sparse_vs_dense_4k_{len(runs)}seeds")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the result files")
-    folder = parser.parse_args(argv).results
+    parser.add_argument(
+        "--later",
+        default="sparse_vs_dense_4k_seeds23",
+        help="a run of the later seeds (--first_seed 2 --seeds N), merged into an all-seeds table when its file exists",
+    )
+    parser_args = parser.parse_args(argv)
+    folder = parser_args.results
     merged = merge_seed1(folder)
     (folder / "sparse_vs_dense_4k_seed1.json").write_text(json.dumps(merged, indent=2) + "\n")
     (folder / "sparse_vs_dense_4k_seed1.md").write_text(seed1_markdown(merged))
@@ -193,6 +256,12 @@ def main(argv: list[str] | None = None) -> None:
     (folder / "sparse_vs_dense_4k_2seeds.json").write_text(json.dumps(payload, indent=2) + "\n")
     (folder / "sparse_vs_dense_4k_2seeds.md").write_text(markdown)
     print(markdown)
+    later = parser_args.later
+    if later and (folder / f"{later}.json").is_file():
+        payload, markdown = more_seeds(_load(folder, "sparse_vs_dense_4k"), merged, _load(folder, later), later)
+        (folder / f"{payload['name']}.json").write_text(json.dumps(payload, indent=2) + "\n")
+        (folder / f"{payload['name']}.md").write_text(markdown)
+        print(markdown)
 
 
 if __name__ == "__main__":

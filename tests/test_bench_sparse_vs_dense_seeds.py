@@ -70,3 +70,27 @@ def test_a_missing_dense_part_says_how_to_run_it(tmp_path):
     (tmp_path / "sparse_vs_dense_4k_seed1_dense.json").unlink()
     with pytest.raises(FileNotFoundError, match="--variants dense"):
         _script().main(["--results", str(tmp_path)])
+
+
+def test_later_seeds_join_the_table(tmp_path):
+    _write(tmp_path)
+    bits = {"dense/seed2": 3.5, "strided/seed2": 3.6, "fixed/seed2": 3.4}
+    bits.update({"dense/seed3": 3.7, "strided/seed3": 3.8, "fixed/seed3": 3.6})
+    later = _record(bits, 2, seeds=2)
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    _script().main(["--results", str(tmp_path), "--later", "later"])
+    table = json.loads((tmp_path / "sparse_vs_dense_4k_4seeds.json").read_text())
+    assert table["seeds"] == [0, 1, 2, 3]
+    assert table["bits_per_byte"]["strided"] == [4.2, 3.7, 3.6, 3.8]
+    assert table["mean_bits_per_byte"]["dense"] == pytest.approx((4.0 + 3.6 + 3.5 + 3.7) / 4)
+    assert table["vs_dense_percent_per_seed"]["fixed"][3] == pytest.approx(100 * (3.6 / 3.7 - 1))
+    markdown = (tmp_path / "sparse_vs_dense_4k_4seeds.md").read_text()
+    assert "| dense | 10 | 3.7000 | 4.0000, 3.6000, 3.5000, 3.7000 | +0.00 % |" in markdown
+
+
+def test_later_seeds_without_a_variant_are_refused(tmp_path):
+    _write(tmp_path)
+    later = _record({"dense/seed2": 3.5, "strided/seed2": 3.6, "dense/seed3": 3.7, "strided/seed3": 3.8}, 2, seeds=2)
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    with pytest.raises(ValueError, match="fixed/seed2"):
+        _script().main(["--results", str(tmp_path), "--later", "later"])
