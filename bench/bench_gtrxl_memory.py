@@ -50,6 +50,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--gate_bias", type=float, default=2.0, help="GTrXL's b_g (2 in the paper; 0: a fresh gate passes half)"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads (1 on a shared machine)")
     parser.add_argument("--solved", type=float, default=0.9, help="accuracy that counts as solved")
     parser.add_argument("--eval_segments", type=int, default=60, help="segments of held-out streams")
     parser.add_argument("--quick", action="store_true", help="2 seeds, 40 steps: a smoke run")
@@ -112,6 +116,7 @@ def build(args, seed: int, overrides: dict):
         same_length=False,
         dropout=0.0,
         dropatt=0.0,
+        **({"gate_bias": args.gate_bias} if overrides.get("gating") == "gru" else {}),
         **overrides,
     )
     return TffTransfoXLLMHeadModel(config)
@@ -185,7 +190,7 @@ def train_one(args, seed: int, overrides: dict, held_out) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    setup_threads()
+    setup_threads(args.threads)
     import torch
 
     held_out = make_streams(args, 64, args.eval_segments, torch.Generator().manual_seed(12345))
@@ -243,7 +248,8 @@ def main(argv=None) -> None:
         f"Recall a cue from {min(args.episode_segments) - 1}-{max(args.episode_segments) - 1} segments back "
         f"(segment {args.segment} tokens, memory {(max(args.episode_segments) - 1) * args.segment}), "
         f"{args.cues} cues: chance {chance:.3f}. Width {args.d_model}, {args.layers} layers, {args.heads} heads, "
-        f"AdamW lr {args.lr}, batch {args.batch}, the same seeds for every model.\n\n"
+        f"AdamW lr {args.lr}, batch {args.batch}, GTrXL gate bias b_g {args.gate_bias}, the same seeds for every "
+        f"model.\n\n"
         f"{table}\n\nHeld-out accuracy during training (mean ± population std over seeds):\n\n{curves}\n"
     )
     payload = {"args": vars(args), "chance": chance, "results": results}

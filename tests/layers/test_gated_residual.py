@@ -99,3 +99,96 @@ def test_episode_boundary_resets_the_memory():
 )
 def test_gtrxl_passes_the_common_checks(check):
     check(GTRXL)
+
+
+def _layer_norm(x, norm):  # LayerNorm written out: (x - mean) / sqrt(var + eps) * weight + bias
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+def _gate(gate, x, y):  # section 3, eq. 5-8, on the gate's weights, without calling the gate
+    r = torch.sigmoid(y @ gate.reset_y.weight.T + x @ gate.reset_x.weight.T)
+    z = torch.sigmoid(y @ gate.update_y.weight.T + x @ gate.update_x.weight.T - gate.gate_bias)
+    h = torch.tanh(y @ gate.candidate_y.weight.T + (r * x) @ gate.candidate_x.weight.T)
+    return (1 - z) * x + z * h
+
+
+def _gtrxl_layer_by_hand(layer, hidden, memory, inputs):
+    """One GTrXL layer from the paper's equations (section 3 and Figure 1, right), on the layer's own weights:
+
+        Ybar = MHA(LN([StopGrad(M), E]))       Y = g_MHA(E, ReLU(Ybar))
+        Ebar = FF(LN(Y))                       E' = g_MLP(Y, ReLU(Ebar))
+
+    The relative attention core (scores with u, v and the relative positions, softmax, values) is Transformer-XL's,
+    checked against transformers 4.x elsewhere; everything around it is written out here."""
+    attention, ff = layer.attention, layer.feed_forward
+    heads, head_dim = attention.num_heads, attention.head_dim
+    batch, length, _ = hidden.shape
+    normed = _layer_norm(torch.cat([memory, hidden], dim=1), attention.layer_norm)  # LN of memory and segment
+    query, key, value = (normed @ attention.qkv.weight.T).chunk(3, dim=-1)
+    split = lambda t: t.reshape(batch, t.shape[1], heads, head_dim).transpose(1, 2)  # noqa: E731
+    attended, _ = attention.local_attention(split(query[:, -length:]), split(key), split(value), inputs)
+    y_bar = attended.transpose(1, 2).reshape(batch, length, -1) @ attention.out_proj.weight.T
+    y = _gate(layer.attention_gate, hidden, torch.relu(y_bar))  # the ReLU before the gate, not after
+    e_bar = torch.relu(_layer_norm(y, ff.layer_norm) @ ff.fc_in.weight.T + ff.fc_in.bias) @ ff.fc_out.weight.T
+    return _gate(layer.feed_forward_gate, y, torch.relu(e_bar + ff.fc_out.bias))
+
+
+def test_a_gtrxl_layer_follows_the_papers_equations_written_out():
+    """Every layer of a GTrXL with memory, against `_gtrxl_layer_by_hand` on the same weights: the layer norm at the
+    sublayer input (applied to the memory too), a ReLU on each sublayer's output before its gate, the GRU gates in
+    place of both residuals. The layer norms' affine weights and the gate biases are randomised so that each term
+    shows; the memory is what the model kept from a first segment."""
+    torch.manual_seed(0)
+    model = TffTransfoXLLMHeadModel(GTRXL.tiny_config(cutoffs=[], div_val=1)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "layer_norm" in name or "gate_bias" in name:
+                parameter.add_(0.5 * torch.randn_like(parameter))
+    seen = []
+
+    def record(layer, args, kwargs, output):
+        seen.append((layer, args, kwargs, output[0]))
+
+    for layer in model.transformer.layers:
+        layer.register_forward_hook(record, with_kwargs=True)
+    ids = torch.randint(0, 128, (2, 14), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        first = model(ids[:, :7])
+        seen.clear()
+        model(ids[:, 7:], mems=first.mems)
+        assert len(seen) == 2
+        for layer, (hidden, memory), kwargs, output in seen:
+            assert memory is not None and memory.shape[1] == 7
+            torch.testing.assert_close(output, _gtrxl_layer_by_hand(layer, hidden, memory, kwargs["inputs"]))
+
+
+def test_gtrxl_keeps_the_layer_inputs_as_memory_and_has_no_final_layer_norm():
+    """The memory of layer l is that layer's input E^(l-1) (Transformer-XL's recurrence, which GTrXL keeps), and the
+    model's output is the last gate's output: the paper's GTrXL, like TrXL-I, adds no layer norm after the last
+    layer (the identity path from the input embedding to the output is the point of the reordering)."""
+    torch.manual_seed(0)
+    model = TRANSFO_XL.model_classes["base"](GTRXL.tiny_config()).eval()
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(2))
+    inputs = _inputs_of(model, ids)
+    with torch.no_grad():
+        out = model(ids)
+        hidden = model.word_embeddings(ids)
+        for index, layer in enumerate(model.layers):
+            torch.testing.assert_close(out.mems.states[index][:, -6:], hidden)  # the layer's input is kept
+            hidden = layer(hidden, None, inputs=inputs)[0]
+    torch.testing.assert_close(out.last_hidden_state, hidden)  # no layer norm after the last gate
+
+
+def _inputs_of(model, ids):
+    """The `RelativeAttentionInputs` the model passes its layers for ``ids`` (no memory)."""
+    captured = []
+
+    def capture(module, args, kwargs):
+        captured.append(kwargs["inputs"])
+
+    handle = model.layers[0].register_forward_pre_hook(capture, with_kwargs=True)
+    with torch.no_grad():
+        model(ids)
+    handle.remove()
+    return captured[0]
