@@ -166,11 +166,26 @@ def run_model(name, model, input_ids, labels, position_ids):
     return loss, logits, None
 
 
+def lr_factor(step: int, steps: int, warmup_steps: int, schedule: str) -> float:
+    """The learning rate at ``step`` (0-based) over ``--lr``: a linear warm-up from ``1 / warmup_steps`` to 1 over
+    the first ``warmup_steps`` steps, then ``constant`` (1), or a ``cosine`` or ``linear`` decay to 0 at ``steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+
+
 def train_and_evaluate(name, model, args) -> dict:
     """Train ``model`` for ``args.steps`` Adam steps, then evaluate it at every ``args.eval_lengths``."""
     import torch
 
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(parameters, lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, args.steps, args.warmup_steps, args.lr_schedule)
+    )
     generator = torch.Generator().manual_seed(args.seed)
     model.train()
     started = time.perf_counter()
@@ -178,10 +193,15 @@ def train_and_evaluate(name, model, args) -> dict:
     for step in range(args.steps):
         length = args.train_lengths[step % len(args.train_lengths)]
         input_ids, labels, position_ids, _ = make_batch(args.task, args.batch, length, generator, args.position_offset)
+        if args.positions == "none":
+            position_ids = torch.zeros_like(position_ids)
         loss, _, ponder = run_model(name, model, input_ids, labels, position_ids)
         optimizer.zero_grad()
         loss.backward()
+        if args.grad_clip:
+            torch.nn.utils.clip_grad_norm_(parameters, args.grad_clip)
         optimizer.step()
+        scheduler.step()
         if args.log_every and step % args.log_every == 0:
             mean_ponder = None if ponder is None else float(ponder.float().mean())
             trace.append([step, float(loss.detach()), mean_ponder])
@@ -197,6 +217,8 @@ def train_and_evaluate(name, model, args) -> dict:
         input_ids, labels, position_ids, prompt_length = make_batch(
             args.task, 512, length, torch.Generator().manual_seed(1000 + length)
         )
+        if args.positions == "none":
+            position_ids = torch.zeros_like(position_ids)
         with torch.no_grad():
             _, logits, ponder_steps = run_model(name, model, input_ids, labels, position_ids)
         predicted, target = logits[:, :-1].argmax(-1), labels[:, 1:]
@@ -223,6 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train_lengths", type=int, nargs="+", default=[2, 3, 4, 5, 6, 7, 8])
     parser.add_argument("--eval_lengths", type=int, nargs="+", default=[8, 12, 16, 24])
     parser.add_argument("--position_offset", type=int, default=40)
+    parser.add_argument(
+        "--positions",
+        default="offset",
+        choices=["offset", "none"],
+        help="offset: the position timing signal at offset + t (randomised offsets); none: every position id is 0, "
+        "for every model, in training and evaluation (the timing signal is one constant vector; order comes from "
+        "the causal mask only)",
+    )
     parser.add_argument("--hidden_size", type=int, default=64, help="width of the vanilla model")
     parser.add_argument("--intermediate_size", type=int, default=128, help="feed-forward width of the vanilla model")
     parser.add_argument(
@@ -251,6 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup_steps", type=int, default=0, help="linear learning-rate warm-up (0: none)")
+    parser.add_argument(
+        "--lr_schedule",
+        default="constant",
+        choices=["constant", "cosine", "linear"],
+        help="after the warm-up: constant, or a cosine or linear decay to 0 at the last step",
+    )
+    parser.add_argument("--grad_clip", type=float, default=0.0, help="clip the gradient norm to this (0: never)")
     parser.add_argument("--log_every", type=int, default=100, help="record loss and mean ponder steps (0: never)")
     parser.add_argument("--name", default=None, help="results file name (default universal_transformer_act_<task>)")
     return parser
@@ -300,10 +338,16 @@ def summarise(payload: dict, args) -> str:
         f"{statistics.mean(runs[seed][model]['train_seconds'] for seed in seeds):.0f} s per seed"
         for model in args.models
     )
+    positions = (
+        f"positions offset at random by 0..{args.position_offset}"
+        if args.positions == "offset"
+        else "no positions (every position id 0, every model)"
+    )
     return (
         f"# Universal Transformer + ACT vs vanilla Transformer: {args.task}, length generalisation\n\n"
-        f"Seeds {seeds} (of {args.args_seeds} asked for); {args.steps} Adam steps per model and seed (lr {args.lr}, batch {args.batch}) at "
-        f"lengths {args.train_lengths}, positions offset at random by 0..{args.position_offset}; ut: hidden "
+        f"Seeds {seeds} (of {args.args_seeds} asked for); {args.steps} Adam steps per model and seed (lr {args.lr}, "
+        f"warm-up {args.warmup_steps} steps then {args.lr_schedule}, gradient clip {args.grad_clip or 'none'}, "
+        f"batch {args.batch}) at lengths {args.train_lengths}, {positions}; ut: hidden "
         f"{args.ut_hidden_size}, feed-forward {args.ut_intermediate_size}, one shared block, layer_norm_position "
         f"{args.ut_layer_norm_position}, step_timing_signal {args.ut_step_timing_signal}, act_max_steps "
         f"{args.act_max_steps}, act_type {args.act_type}, act_force_halt_at_max_steps {args.act_force_halt}, "
@@ -320,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     longest_train = sequence_length(args.task, max(args.train_lengths))
     longest_eval = sequence_length(args.task, max(args.eval_lengths))
-    if longest_eval > args.position_offset + longest_train:
+    if args.positions == "offset" and longest_eval > args.position_offset + longest_train:
         raise ValueError(
             f"--position_offset {args.position_offset}: the longest evaluation sequence ({longest_eval} tokens) "
             f"would read positions never seen in training (at most {args.position_offset} + {longest_train}); "
