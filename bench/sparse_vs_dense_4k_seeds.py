@@ -159,11 +159,16 @@ def seed_rows(record: dict, seed: int) -> dict:
     return {v: quality[key] for v, key in keys.items()}
 
 
+def _bits_per_seed(runs: dict[int, tuple[str, dict]]) -> dict[str, list[float]]:
+    """Each attention's bits per byte over ``runs`` (seed -> (source file, its rows by variant)), in seed order."""
+    return {v: [runs[s][1][v]["bits_per_byte"] for s in sorted(runs)] for v in VARIANTS}
+
+
 def seeds_table(runs: dict[int, tuple[str, dict]], args: dict, intro: str, name: str) -> tuple[dict, str]:
     """The table over ``runs`` (seed -> (source file, its rows by variant)): mean bits per byte of each attention,
-    the per-seed figures, each against dense (from the means and per seed), and the spread over seeds."""
+    the per-seed figures and each against dense (from the means and per seed)."""
     seeds = sorted(runs)
-    per_seed = {v: [runs[s][1][v]["bits_per_byte"] for s in seeds] for v in VARIANTS}
+    per_seed = _bits_per_seed(runs)
     mean = {v: sum(values) / len(values) for v, values in per_seed.items()}
     against = {v: [100 * (b / d - 1) for b, d in zip(per_seed[v], per_seed["dense"], strict=True)] for v in VARIANTS}
     rows = [
@@ -228,8 +233,7 @@ def more_seeds(seed0: dict, seed1: dict, later: dict, later_name: str) -> tuple[
     runs.update({s: (later_name, seed_rows(later, s)) for s in range(first, first + count)})
     if len(runs) != 2 + count:
         raise ValueError(f"{later_name}.json repeats seed 0 or 1 (first_seed={first}); use --first_seed 2.")
-    per_seed = {v: [runs[s][1][v]["bits_per_byte"] for s in sorted(runs)] for v in VARIANTS}
-    spread = ", ".join(f"{v} {max(b) - min(b):.4f}" for v, b in per_seed.items())
+    spread = ", ".join(f"{v} {max(b) - min(b):.4f}" for v, b in _bits_per_seed(runs).items())
     environment = ", ".join(f"{k}={v}" for k, v in later.get("environment", {}).items() if v is not None) or "default"
     intro = (
         f"Seeds 0 and 1 (`sparse_vs_dense_4k_2seeds.md`) and seeds {first}-{first + count - 1} (`{later_name}.md`: "

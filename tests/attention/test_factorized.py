@@ -29,6 +29,19 @@ def _inputs(length, seed=0):
     return [torch.randn(B, H, length, DH, generator=generator, dtype=torch.float64, requires_grad=True) for _ in "qkv"]
 
 
+def _assert_twins_agree(tensors, weights, pattern, slopes, value_tol, grad_tol, implementation="sdpa"):
+    """The efficient kernel and its dense twin: the same outputs and the same gradients of ``(out * weights).sum()``
+    (tolerances as (rtol, atol)); returns the twin's output."""
+    fast = factorized_attention(*tensors, pattern, slopes, implementation=implementation)
+    reference = factorized_attention_reference(*tensors, pattern, slopes)
+    torch.testing.assert_close(fast, reference, rtol=value_tol[0], atol=value_tol[1])
+    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
+    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
+    for got, expected in zip(fast_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=grad_tol[0], atol=grad_tol[1])
+    return reference
+
+
 @pytest.mark.parametrize("implementation", ["sdpa", "tff_native"])  # tff_native: short tiles take masked_attention
 @pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
 @pytest.mark.parametrize("length", [1, 7, 12, 13])
@@ -37,13 +50,8 @@ def test_kernel_matches_dense_twin(pattern, length, alibi, implementation):
     tensors = _inputs(length)
     slopes = alibi_slopes(H).double() if alibi else None
     weights = torch.randn(B, H, length, DH, dtype=torch.float64)
-    fast = factorized_attention(*tensors, pattern, slopes, implementation=implementation)
-    reference = factorized_attention_reference(*tensors, pattern, slopes)
-    torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-10)
-    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
-    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
-    for got, expected in zip(fast_grads, reference_grads, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    tolerance = (1e-10, 1e-10)
+    reference = _assert_twins_agree(tensors, weights, pattern, slopes, tolerance, tolerance, implementation)
     with torch.no_grad():  # without a gradient `attend` takes PyTorch's fused attention
         torch.testing.assert_close(factorized_attention(*tensors, pattern, slopes), reference, rtol=1e-6, atol=1e-6)
 
@@ -63,18 +71,6 @@ def test_summary_slabs_match_dense_twin(pattern, length, slab_rows, alibi, monke
     slopes = alibi_slopes(H).double() if alibi else None
     weights = torch.randn(B, H, length, DH, dtype=torch.float64)
     _assert_twins_agree(tensors, weights, pattern, slopes, (1e-10, 1e-10), (1e-10, 1e-10))
-
-
-def _assert_twins_agree(tensors, weights, pattern, slopes, value_tol, grad_tol):
-    """The efficient kernel and its dense twin: the same outputs and the same gradients of ``(out * weights).sum()``
-    (tolerances as (rtol, atol))."""
-    fast = factorized_attention(*tensors, pattern, slopes)
-    reference = factorized_attention_reference(*tensors, pattern, slopes)
-    torch.testing.assert_close(fast, reference, rtol=value_tol[0], atol=value_tol[1])
-    fast_grads = torch.autograd.grad((fast * weights).sum(), tensors)
-    reference_grads = torch.autograd.grad((reference * weights).sum(), tensors)
-    for got, expected in zip(fast_grads, reference_grads, strict=True):
-        torch.testing.assert_close(got, expected, rtol=grad_tol[0], atol=grad_tol[1])
 
 
 def test_summary_float32_long():
