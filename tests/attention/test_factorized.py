@@ -5,7 +5,7 @@ combines them (split across heads, or interleaved across layers) reach every ear
 import pytest
 import torch
 
-from tf_family.attention import factorized
+from tf_family.attention import factorized, native
 from tf_family.attention.alibi import alibi_slopes
 from tf_family.attention.factorized import (
     FactorizedPattern,
@@ -81,6 +81,82 @@ def test_summary_float32_long():
     for start in (0, 24):
         pattern = FactorizedPattern("summary", 32, summary_start=start, summary_size=8)
         _assert_twins_agree(tensors, weights, pattern, None, (1e-5, 1e-5), (1e-4, 1e-5))
+
+
+# one call for several summary heads, each with its own summary columns (the fixed pattern's per-head sub-blocks)
+PER_HEAD = [
+    tuple(FactorizedPattern("summary", 4, summary_start=start, summary_size=1) for start in (3, 2, 3)),
+    tuple(FactorizedPattern("summary", 6, summary_start=start, summary_size=2) for start in (4, 2, 0)),
+]
+needs_native = pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "tff_native"])  # the slab kernel in Python, or the native one
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+@pytest.mark.parametrize("length", [1, 7, 13, 23])
+@pytest.mark.parametrize("patterns", PER_HEAD, ids=["stride4", "stride6"])
+def test_per_head_summary_columns_match_dense_twin(patterns, length, alibi, implementation, monkeypatch):
+    """Summary heads with different summary columns in one call (the kernels' per-head ``starts``), query slabs or
+    blocks of rows smaller than, and not a multiple of, the stride."""
+    monkeypatch.setattr(factorized, "SUMMARY_SLAB_ROWS", 1)
+    monkeypatch.setattr(factorized, "NATIVE_SUMMARY_ROWS", 5)
+    tensors = _inputs(length, seed=3)
+    slopes = alibi_slopes(H).double() if alibi else None
+    weights = torch.randn(B, H, length, DH, dtype=torch.float64)
+    _assert_twins_agree(tensors, weights, patterns, slopes, (1e-10, 1e-10), (1e-10, 1e-10), implementation)
+
+
+def test_per_head_summary_columns_with_distance_aware_weights():
+    """DA-Transformer's weights take the plain-autograd summary path: per-head columns there too."""
+    from tf_family.layers.distance_aware import DistanceAwareScaling
+
+    scaling = DistanceAwareScaling(H).double()
+    with torch.no_grad():
+        scaling.weight.copy_(torch.tensor([0.3, -0.2, 0.5]))
+    tensors = _inputs(13, seed=4)
+    weights = torch.randn(B, H, 13, DH, dtype=torch.float64)
+    _assert_twins_agree(tensors, weights, PER_HEAD[1], scaling.heads(), (1e-10, 1e-10), (1e-10, 1e-10))
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 64, 128, 1000])
+def test_native_summary_kernel_float32_long(rows, monkeypatch):
+    """The native summary kernel in float32 at a length with many blocks of rows (one row, fewer rows than the
+    stride, more, the whole sequence), two heads with their own columns, against the dense twin."""
+    monkeypatch.setattr(factorized, "NATIVE_SUMMARY_ROWS", rows)
+    generator = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(1, 2, 700, 16, generator=generator, requires_grad=True) for _ in "qkv"]
+    weights = torch.randn(1, 2, 700, 16, generator=generator)
+    patterns = tuple(FactorizedPattern("summary", 32, summary_start=start, summary_size=8) for start in (24, 16))
+    _assert_twins_agree(tensors, weights, patterns, None, (1e-5, 1e-5), (1e-4, 1e-5), "tff_native")
+
+
+@needs_native
+def test_native_summary_kernel_does_not_depend_on_the_thread_count():
+    """The work is dealt out by thread count (parts of a tile, each with its own summary-key gradients): one thread
+    and two give the same values and gradients, up to the order of the partial sums."""
+    tensors = _inputs(50, seed=6)
+    pattern = FactorizedPattern("summary", 8, summary_start=6, summary_size=2)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            out = factorized_attention(*tensors, pattern, implementation="tff_native")
+            results.append((out, *torch.autograd.grad(out.square().sum(), tensors)))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*results, strict=True):
+        torch.testing.assert_close(one, two, rtol=1e-12, atol=1e-12)
+
+
+def test_per_head_patterns_must_agree_but_for_the_summary_columns():
+    tensors = _inputs(8)
+    with pytest.raises(ValueError, match="share kind, stride and summary_size"):
+        mixed = (FactorizedPattern("summary", 4, 3, 1), FactorizedPattern("summary", 4, 2, 2), PER_HEAD[0][0])
+        factorized_attention(*tensors, mixed)
+    with pytest.raises(ValueError, match="one per head \\(3 heads\\)"):
+        factorized_attention(*tensors, PER_HEAD[0][:2])
 
 
 def test_masks_follow_the_paper():

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .backend import attend
+from . import native
+from .backend import NATIVE, attend
 from .distance_aware import ROW_SUM_FLOOR, DistanceAware, distance_aware_attention, reference_attention
 from .dropout import dropout
 
@@ -102,18 +103,40 @@ def build_factorized_mask(
     return allowed & (distance >= 0)
 
 
+def head_patterns(pattern, heads: int) -> tuple[FactorizedPattern, ...]:
+    """``pattern`` for each of ``heads`` heads: one `FactorizedPattern` for all, or a sequence of one per head. The
+    heads of one call share ``kind``, ``stride`` and ``summary_size``; only ``summary_start`` may differ (the fixed
+    pattern's summary heads each read their own sub-block of columns, and are one call)."""
+    if isinstance(pattern, FactorizedPattern):
+        return (pattern,) * heads
+    patterns = tuple(pattern)
+    if len(patterns) != heads or not all(isinstance(p, FactorizedPattern) for p in patterns):
+        raise ValueError(
+            f"pattern must be a FactorizedPattern or a sequence of one per head ({heads} heads), got {pattern!r}."
+        )
+    shared = {(p.kind, p.stride, p.summary_size) for p in patterns}
+    if len(shared) != 1:
+        raise ValueError(
+            "the heads of one factorized_attention call must share kind, stride and summary_size (only "
+            f"summary_start may differ per head), got {sorted(shared)}; call it once per group of alike heads."
+        )
+    return patterns
+
+
 def factorized_attention_reference(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    pattern: FactorizedPattern,
+    pattern: FactorizedPattern | tuple[FactorizedPattern, ...],
     slopes: torch.Tensor | DistanceAware | None = None,
 ) -> torch.Tensor:
     """Dense twin of `factorized_attention`: plain attention under `build_factorized_mask` over positions
     ``0 .. T - 1`` (plus the ALiBi bias of ``slopes`` ``(H,)``; or, for a `DistanceAware`, the distance-aware
-    attention). ``(B, H, T, Dh)``."""
+    attention). ``pattern``: one for every head, or one per head (`head_patterns`). ``(B, H, T, Dh)``."""
     positions = torch.arange(query.shape[2], device=query.device)
-    allowed = build_factorized_mask(pattern, positions, positions)  # (T, T)
+    patterns = head_patterns(pattern, query.shape[1])
+    masks = {p: build_factorized_mask(p, positions, positions) for p in set(patterns)}  # (T, T) each
+    allowed = masks[patterns[0]] if len(masks) == 1 else torch.stack([masks[p] for p in patterns])  # (H |, T, T)
     return reference_attention(query, key, value, allowed, slopes)
 
 
@@ -213,10 +236,11 @@ def _block(query, key, value, stride, slopes, dropout_p, implementation):
 SUMMARY_SLAB_ROWS = 256
 
 
-def _summary_positions(stride: int, start: int, size: int, first: int, end: int, device) -> torch.Tensor:
-    """Positions of the summary keys ``first .. end - 1`` (key ``s`` is column ``start + s % c`` of block ``s // c``)."""
-    index = torch.arange(first, end, device=device)
-    return torch.div(index, size, rounding_mode="floor") * stride + start + index % size
+def _summary_positions(stride: int, starts: torch.Tensor, size: int, first: int, end: int) -> torch.Tensor:
+    """Positions of the summary keys ``first .. end - 1`` of each head, ``(H, end - first)``: key ``s`` of head ``h``
+    is column ``starts[h] + s % c`` of block ``s // c``."""
+    index = torch.arange(first, end, device=starts.device)
+    return (torch.div(index, size, rounding_mode="floor") * stride + index % size)[None] + starts[:, None]
 
 
 def _summary_slabs(length: int, stride: int, size: int, slab_blocks: int) -> list[tuple[int, int, int, int]]:
@@ -230,19 +254,19 @@ def _summary_slabs(length: int, stride: int, size: int, slab_blocks: int) -> lis
     ]
 
 
-def _late_keys(stride: int, start: int, size: int, rows: int, device) -> torch.Tensor:
-    """Bool ``(rows, ceil(rows / l) c)``: whether the ``u``-th summary key of a slab's own blocks lies at or after
-    its ``r``-th query (key ``u`` sits ``(u // c) l + start + u % c`` positions after the slab's first query). The
-    same for every slab of whole blocks; a shorter last slab reads its top-left corner."""
-    keys = _summary_positions(stride, start, size, 0, -(-rows // stride) * size, device)
-    return keys[None, :] >= torch.arange(rows, device=device)[:, None]
+def _late_keys(stride: int, starts: torch.Tensor, size: int, rows: int) -> torch.Tensor:
+    """Bool ``(H, rows, ceil(rows / l) c)``: whether the ``u``-th summary key of a slab's own blocks lies at or after
+    its ``r``-th query (key ``u`` of head ``h`` sits ``(u // c) l + starts[h] + u % c`` positions after the slab's
+    first query). The same for every slab of whole blocks; a shorter last slab reads its top-left corner."""
+    keys = _summary_positions(stride, starts, size, 0, -(-rows // stride) * size)  # (H, keys)
+    return keys[:, None, :] >= torch.arange(rows, device=starts.device)[None, :, None]
 
 
-def _alibi_slab(scores, t0, stride, start, size, slopes):
+def _alibi_slab(scores, t0, stride, starts, size, slopes):
     """Add ALiBi's ``-m_h (i - j)`` (``slopes`` ``(H,)``) to a slab's scores ``(B, H, R, s1)`` of queries ``t0 ..``."""
     device, dtype = scores.device, scores.dtype
-    rows = torch.arange(t0, t0 + scores.shape[2], device=device)[:, None]
-    distance = (rows - _summary_positions(stride, start, size, 0, scores.shape[3], device)[None, :]).to(dtype)
+    rows = torch.arange(t0, t0 + scores.shape[2], device=device)[None, :, None]
+    distance = (rows - _summary_positions(stride, starts, size, 0, scores.shape[3])[:, None, :]).to(dtype)
     scores.add_(-slopes.to(device, dtype)[:, None, None] * distance)
 
 
@@ -253,9 +277,8 @@ class _SummaryAttention(torch.autograd.Function):
     # Whatever concerns the own key (its score, probability and gradients) is computed for all queries at once,
     # outside the loop over slabs, whose Python calls are the kernel's overhead.
     @staticmethod
-    def forward(ctx, query, key, value, summary_keys, summary_values, pattern, slopes, slab_blocks):
+    def forward(ctx, query, key, value, summary_keys, summary_values, starts, stride, size, slopes, slab_blocks):
         batch, heads, length, head_dim = query.shape
-        stride, start, size = pattern.stride, pattern.summary_start, pattern.summary_size
         scaled = (query * head_dim**-0.5).reshape(batch * heads, length, head_dim)  # (B H, T, Dh), a fresh tensor
         key, value = key.reshape(batch * heads, length, head_dim), value.reshape(batch * heads, length, head_dim)
         summary_keys = summary_keys.reshape(batch * heads, -1, head_dim)  # (B H, N c, Dh)
@@ -264,12 +287,13 @@ class _SummaryAttention(torch.autograd.Function):
         own = (scaled * key).sum(-1, keepdim=True)  # (B H, T, 1): each query's score of its own key
         own_probs = torch.empty_like(own)
         slabs, probs_of = _summary_slabs(length, stride, size, slab_blocks), []
-        late = _late_keys(stride, start, size, slabs[0][1] - slabs[0][0], query.device)
+        late = _late_keys(stride, starts, size, slabs[0][1] - slabs[0][0])  # (H, R, own keys)
         for t0, t1, s0, s1 in slabs:
             probs = torch.bmm(scaled[:, t0:t1], summary_keys[:, :s1].transpose(1, 2))  # scores (B H, R, s1)
+            scores = probs.view(batch, heads, t1 - t0, s1)
             if slopes is not None:
-                _alibi_slab(probs.view(batch, heads, t1 - t0, s1), t0, stride, start, size, slopes)
-            probs[..., s0:].masked_fill_(late[: t1 - t0, : s1 - s0], float("-inf"))
+                _alibi_slab(scores, t0, stride, starts, size, slopes)
+            scores[..., s0:].masked_fill_(late[:, : t1 - t0, : s1 - s0], float("-inf"))
             peak = torch.maximum(probs.amax(-1, keepdim=True), own[:, t0:t1])
             probs.sub_(peak).exp_()
             own_exp = own[:, t0:t1].sub(peak).exp_()
@@ -314,25 +338,74 @@ class _SummaryAttention(torch.autograd.Function):
             None,
             None,
             None,
+            None,
+            None,
         )
 
 
-def _summary(query, key, value, pattern: FactorizedPattern, slopes, dropout_p, training, slab_blocks=None):
-    stride, start, size = pattern.stride, pattern.summary_start, pattern.summary_size
+class _NativeSummaryAttention(torch.autograd.Function):
+    # The summary factor through the native kernel (`csrc/summary_attention.cpp`): the same slabs, softmax and
+    # gradients as `_SummaryAttention`, one call forward and one backward; only each row's log-sum-exp is saved.
+    @staticmethod
+    def forward(ctx, query, key, value, summary_keys, summary_values, starts, stride, size, slopes, block_rows):
+        module = native.extension()
+        tensors = [t.contiguous() for t in (query, key, value, summary_keys, summary_values)]
+        slopes = None if slopes is None else slopes.detach().to("cpu", torch.float64).contiguous()
+        out, lse = module.summary_forward(*tensors, starts, slopes, stride, size, block_rows)
+        ctx.save_for_backward(*tensors, starts, lse)
+        ctx.slopes, ctx.geometry = slopes, (stride, size, block_rows)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        *tensors, starts, lse = ctx.saved_tensors
+        grads = native.extension().summary_backward(
+            grad_out.contiguous(), *tensors, starts, ctx.slopes, lse, *ctx.geometry
+        )
+        return (*grads, None, None, None, None, None)
+
+
+# query rows per block of the native summary kernel (two 64-position blocks of the default stride; a block's scores
+# against the 512 summary keys of a 4,096-token sequence stay within 256 KiB)
+NATIVE_SUMMARY_ROWS = 128
+
+
+def _takes_native_summary(query: torch.Tensor, slopes, dropout_p: float, implementation: str | None) -> bool:
+    """Whether the summary factor runs on the native kernel: `backend.NATIVE` chosen, a CPU float32/64 call without
+    dropout or DA-Transformer's weights, outside `torch.compile` / `torch.export`, and the kernel built."""
+    if implementation != NATIVE or query.device.type != "cpu" or query.dtype not in (torch.float32, torch.float64):
+        return False
+    if dropout_p > 0.0 or isinstance(slopes, DistanceAware):
+        return False
+    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+        return False
+    return native.extension() is not None
+
+
+def _summary(query, key, value, patterns, slopes, dropout_p, training, implementation, slab_blocks=None):
+    first = patterns[0]
+    stride, size = first.stride, first.summary_size
     batch, heads, length, head_dim = query.shape
+    starts = torch.tensor([p.summary_start for p in patterns], device=query.device)  # (H,)
+    columns = (starts[:, None] + torch.arange(size, device=query.device))[None, :, None, :, None]  # (1, H, 1, c, 1)
     summary_keys, summary_values = (
-        padded_blocks(t, stride)[:, :, :, start : start + size].flatten(2, 3) for t in (key, value)
-    )  # (B, H, N * c, Dh)
+        padded_blocks(t, stride).gather(3, columns.expand(batch, heads, -(-length // stride), size, head_dim))
+        for t in (key, value)
+    )  # (B, H, N, c, Dh): each head's own summary columns
+    summary_keys, summary_values = summary_keys.flatten(2, 3), summary_values.flatten(2, 3)  # (B, H, N * c, Dh)
+    if _takes_native_summary(query, slopes, dropout_p, implementation):
+        same = [t.to(query.dtype) for t in (key, value, summary_keys, summary_values)]
+        rows = NATIVE_SUMMARY_ROWS
+        return _NativeSummaryAttention.apply(query, *same, starts.cpu(), stride, size, slopes, rows)
     plain = slopes is None or isinstance(slopes, torch.Tensor)
     if plain and dropout_p == 0.0 and query.dtype in (torch.float32, torch.float64):
         same = [t.to(query.dtype) for t in (key, value, summary_keys, summary_values)]
         slab_blocks = slab_blocks or max(1, SUMMARY_SLAB_ROWS // stride)
-        return _SummaryAttention.apply(query, *same, pattern, slopes, slab_blocks)
+        return _SummaryAttention.apply(query, *same, starts, stride, size, slopes, slab_blocks)
     # dropout on the probabilities, DA-Transformer's weights, reduced precision: plain autograd over (T, N c) scores
     positions = torch.arange(length, device=query.device)
-    blocks = torch.arange(summary_keys.shape[2] // size, device=query.device)
-    summary_positions = (blocks[:, None] * stride + start + torch.arange(size, device=query.device)).flatten()
-    distance = positions[:, None] - summary_positions[None, :]  # (T, N * c)
+    summary_positions = _summary_positions(stride, starts, size, 0, summary_keys.shape[2])  # (H, N * c)
+    distance = positions[None, :, None] - summary_positions[:, None, :]  # (H, T, N * c)
     work = torch.promote_types(query.dtype, torch.float32)
     scale = head_dim**-0.5
     scores = torch.einsum("bhtd,bhsd->bhts", query.to(work), summary_keys.to(work)) * scale  # (B, H, T, N * c)
@@ -340,7 +413,8 @@ def _summary(query, key, value, pattern: FactorizedPattern, slopes, dropout_p, t
     # strictly earlier summary keys: a query that is itself a summary column is counted once, as its own key
     earlier = distance > 0
     if isinstance(slopes, DistanceAware):  # ReLU'd scores re-scaled by f(w |i - j|; v), f(0) = 1 for the own key
-        weights = F.relu(scores) * slopes.coefficients(distance, work).masked_fill(~earlier, 0.0)
+        coefficients = slopes.coefficients(distance, work).diagonal(dim1=0, dim2=1).permute(2, 0, 1)  # (H, T, N * c)
+        weights = F.relu(scores) * coefficients.masked_fill(~earlier, 0.0)
         weights = torch.cat([weights, F.relu(own)], dim=-1)  # (B, H, T, N * c + 1)
         probs = weights / weights.sum(dim=-1, keepdim=True).clamp_min(ROW_SUM_FLOOR)
     else:
@@ -357,7 +431,7 @@ def factorized_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    pattern: FactorizedPattern,
+    pattern: FactorizedPattern | tuple[FactorizedPattern, ...],
     slopes: torch.Tensor | DistanceAware | None = None,
     dropout_p: float = 0.0,
     implementation: str | None = "sdpa",
@@ -365,8 +439,9 @@ def factorized_attention(
     """Causal attention under ``pattern`` over positions ``0 .. T - 1``, without a ``T x T`` tensor (module docstring).
 
     Args:
-        query, key, value: ``(B, H, T, Dh)``, every head with this pattern.
-        pattern: the heads' `FactorizedPattern`.
+        query, key, value: ``(B, H, T, Dh)``.
+        pattern: the heads' `FactorizedPattern`, or one per head that differ only in ``summary_start``
+            (`head_patterns`: the fixed pattern's summary heads, one call).
         slopes: ``(H,)`` ALiBi slopes, a `DistanceAware` (DA-Transformer's ``w_h``, ``v_h``), or ``None``.
         dropout_p: dropout on the probabilities (0 in eval).
         implementation: ``config._attn_implementation``, for `backend.attend`.
@@ -375,10 +450,11 @@ def factorized_attention(
         ``(B, H, T, Dh)``, equal to `factorized_attention_reference` up to float rounding.
     """
     length = query.shape[2]
-    if pattern.kind == "summary":
-        return _summary(query, key, value, pattern, slopes, dropout_p, dropout_p > 0.0)
-    function = {"local": _local, "strided": _strided, "block": _block}[pattern.kind]
-    return function(query, key, value, pattern.stride, slopes, dropout_p, implementation)[:, :, :length]
+    patterns = head_patterns(pattern, query.shape[1])
+    if patterns[0].kind == "summary":
+        return _summary(query, key, value, patterns, slopes, dropout_p, dropout_p > 0.0, implementation)
+    function = {"local": _local, "strided": _strided, "block": _block}[patterns[0].kind]
+    return function(query, key, value, patterns[0].stride, slopes, dropout_p, implementation)[:, :, :length]
 
 
 __all__ = [
@@ -388,5 +464,6 @@ __all__ = [
     "factorized_attention",
     "factorized_attention_reference",
     "grouped_attend",
+    "head_patterns",
     "padded_blocks",
 ]

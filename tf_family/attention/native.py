@@ -51,8 +51,11 @@ from .dropout import _dropout_levels
 from .timing import interleaved_times
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = tuple(_CSRC / name for name in ("fused_attention.cpp", "knn_top_k.cpp", "knn_pairs.cpp"))  # one module
-_HEADERS = (_CSRC / "blas.h",)
+# one module
+_SOURCES = tuple(
+    _CSRC / name for name in ("fused_attention.cpp", "summary_attention.cpp", "knn_top_k.cpp", "knn_pairs.cpp")
+)
+_HEADERS = (_CSRC / "blas.h", _CSRC / "softmax.h")
 _state: dict = {}
 
 

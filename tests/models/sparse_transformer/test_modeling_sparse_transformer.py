@@ -11,6 +11,7 @@ import tf_family.attention.factorized as factorized_module
 import tf_family.attention.image_local as image_local_module
 import tf_family.models.sparse_transformer.modeling_sparse_transformer as modeling
 from tf_family import create_model
+from tf_family.attention import native
 
 SETTINGS = [
     {"sparsity_pattern": "strided", "pattern_layout": "heads", "position_embedding_type": "absolute"},
@@ -56,12 +57,33 @@ def _batch(length=13):
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(str(v) for v in s.values()))
 def test_efficient_path_equals_dense_twin(settings):
+    _assert_efficient_path_equals_dense_twin(settings, "sdpa")
+
+
+@pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
+@pytest.mark.parametrize(
+    "settings",
+    [SETTINGS[2], SETTINGS[3], {**SETTINGS[2], "stride": 5}],
+    ids=["fixed-heads-alibi", "fixed-layers-rotary", "fixed-heads-alibi-stride5"],
+)
+def test_native_kernels_equal_dense_twin(settings):
+    """``tff_native``: the fixed pattern's summary heads through the native summary kernel, one call per layer (with
+    stride 5 and 2 summary columns, the 2 summary heads of a layer read different columns)."""
+    if settings.get("stride") == 5:
+        model = _model(**settings)
+        summary_groups = [g for layer in model.model.layers for g in layer.self_attn.groups if isinstance(g[2], tuple)]
+        assert [end - first for first, end, _ in summary_groups] == [2] * model.config.num_hidden_layers
+        assert all(g[2][0].summary_start != g[2][1].summary_start for g in summary_groups)
+    _assert_efficient_path_equals_dense_twin(settings, "tff_native")
+
+
+def _assert_efficient_path_equals_dense_twin(settings, implementation):
     model = _model(**settings)
     ids, mask = _batch()
     real = mask.bool()
     labels = ids.masked_fill(~real, -100)
     labels[1, 4] = -100  # the first real token of the left-padded row: a padded position would predict it
-    model.config._attn_implementation = "sdpa"
+    model.config._attn_implementation = implementation
     fast = model(input_ids=ids, attention_mask=mask, labels=labels)
     model.config._attn_implementation = "eager"
     dense = model(input_ids=ids, attention_mask=mask, labels=labels)

@@ -18,6 +18,7 @@
 #include <torch/extension.h>
 
 #include "blas.h"
+#include "softmax.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +29,7 @@
 
 namespace {
 
+using tf_family::exp_nonpositive;
 using tf_family::gemm_rm;
 
 // 64-bit finaliser of MurmurHash3: a bijection that mixes every input bit into every output bit.
@@ -62,28 +64,6 @@ inline void keep_row(uint64_t seed, int64_t first, int64_t count, uint32_t thres
     keep[count - 1] = static_cast<uint32_t>(h) >= threshold;
   }
 }
-
-// exp for x <= 0 (softmax after subtracting the row maximum): 2^(x log2 e) split into 2^n * 2^f with a degree-6
-// polynomial for 2^f on [-0.5, 0.5] (relative error < 2e-7); written so that the compiler vectorises the loop.
-inline float exp_nonpositive(float x) {
-  float y = x * 1.44269504088896341f;
-  y = y < -126.0f ? -126.0f : y;
-  const float n = (y + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick; vectorises)
-  const float f = y - n;
-  float p = 1.535336188319500e-4f;
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-inline double exp_nonpositive(double x) { return std::exp(x); }
 
 struct Geometry {
   int64_t heads, T, S, D;
@@ -327,6 +307,14 @@ at::Tensor knn_pair_scores(const at::Tensor& x, const at::Tensor& memory, const 
                            const c10::optional<at::Tensor>& stash);  // knn_pairs.cpp
 at::Tensor knn_pair_mix(const at::Tensor& w, const at::Tensor& memory, const at::Tensor& slots,
                         const c10::optional<at::Tensor>& remap, const c10::optional<at::Tensor>& stash);
+std::vector<at::Tensor> summary_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& sk, const at::Tensor& sv, const at::Tensor& starts,
+                                        const c10::optional<at::Tensor>& slopes, int64_t stride, int64_t size,
+                                        int64_t block_rows);  // summary_attention.cpp
+std::vector<at::Tensor> summary_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& sk, const at::Tensor& sv,
+                                         const at::Tensor& starts, const c10::optional<at::Tensor>& slopes,
+                                         const at::Tensor& lse, int64_t stride, int64_t size, int64_t block_rows);
 }  // namespace tf_family
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -335,5 +323,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("keep_mask", &keep_mask, "dropout keep mask of a call");
   m.def("knn_top_k", &tf_family::knn_top_k, "exact top-k of a kNN memory: (scores, slots)");
   m.def("knn_pair_scores", &tf_family::knn_pair_scores, "queries . memory rows by slot: (R, T, K)");
+  m.def("summary_forward", &tf_family::summary_forward, "Sparse Transformer summary factor forward: (out, lse)");
+  m.def("summary_backward", &tf_family::summary_backward,
+        "Sparse Transformer summary factor backward: (grad_q, grad_k, grad_v, grad_summary_k, grad_summary_v)");
   m.def("knn_pair_mix", &tf_family::knn_pair_mix, "weighted sums of memory rows by slot: (R, T, D)");
 }

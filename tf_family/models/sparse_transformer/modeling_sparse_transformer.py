@@ -151,14 +151,25 @@ def _pattern_mask(pattern, query_positions: torch.Tensor, key_positions: torch.T
 
 
 def _head_groups(patterns: list) -> list[tuple[int, int, object]]:
-    """Runs of consecutive heads with the same pattern: ``(first, end, pattern)``."""
+    """Runs of consecutive heads that one kernel call takes: ``(first, end, pattern)``, heads with the same pattern,
+    or the fixed pattern's summary heads, each with its own summary columns (``pattern`` is then the tuple of the
+    heads' patterns, `factorized.head_patterns`)."""
+
+    def call_key(pattern):
+        if isinstance(pattern, FactorizedPattern) and pattern.kind == "summary":
+            return ("summary", pattern.stride, pattern.summary_size)
+        return pattern
+
     groups = []
     for head, pattern in enumerate(patterns):
-        if groups and groups[-1][2] == pattern:
-            groups[-1] = (groups[-1][0], head + 1, pattern)
+        if groups and call_key(patterns[groups[-1][0]]) == call_key(pattern):
+            groups[-1] = (groups[-1][0], head + 1)
         else:
-            groups.append((head, head + 1, pattern))
-    return groups
+            groups.append((head, head + 1))
+    return [
+        (first, end, patterns[first] if len(set(patterns[first:end])) == 1 else tuple(patterns[first:end]))
+        for first, end in groups
+    ]
 
 
 class TffSparseTransformerAttention(nn.Module):
@@ -193,7 +204,7 @@ class TffSparseTransformerAttention(nn.Module):
             slopes = None if inputs.slopes is None else inputs.slopes[first:end]
             if self.distance_aware is not None:  # the kernels take DA's (w_h, v_h) where they take ALiBi slopes
                 slopes = self.distance_aware.heads(first, end)
-            if isinstance(pattern, FactorizedPattern):
+            if isinstance(pattern, (FactorizedPattern, tuple)):  # a tuple: summary heads, one call
                 attended = factorized_attention(*heads, pattern, slopes, dropout_p, implementation)
             elif isinstance(pattern, BlockwisePattern):
                 attended = blockwise_attention(*heads, pattern, slopes, dropout_p, implementation)
