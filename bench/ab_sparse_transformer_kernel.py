@@ -43,7 +43,29 @@ def _old_kernel(commit: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    return module.factorized_attention
+    old = module.factorized_attention
+
+    def one_pattern_per_call(query, key, value, pattern, slopes=None, *args):
+        """Heads that the model now hands over in one call with one pattern each (the fixed pattern's summary
+        heads): one call per head, as the model made them when a kernel took a single pattern."""
+        if not isinstance(pattern, tuple):
+            return old(query, key, value, pattern, slopes, *args)
+        import torch
+
+        return torch.cat(
+            [
+                old(
+                    *(t[:, head : head + 1] for t in (query, key, value)),
+                    head_pattern,
+                    None if slopes is None else slopes[head : head + 1],
+                    *args,
+                )
+                for head, head_pattern in enumerate(pattern)
+            ],
+            dim=1,
+        )
+
+    return one_pattern_per_call
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,9 +26,13 @@ without a ``T x T`` tensor, by regrouping the sequence (positions ``0 .. T - 1``
   later blocks' scores (half of one ``T x (c T / l)`` product) are never computed.
 
 The first three go through `backend.attend` (PyTorch's SDPA, or on CPU under a gradient the native kernel), on 4-D
-tensors whose batch axis holds (heads x groups); the summary keys' softmax with the query's own key is written out here,
-forward and backward (`_SummaryAttention`, saving only the probabilities; under attention dropout, DA-Transformer's
-weights or a reduced dtype, plain autograd over the whole ``T x (c T / l)`` scores). An optional ALiBi slope per head
+tensors whose batch axis holds (heads x groups). The summary keys' softmax with the query's own key has kernels of
+its own: with ``implementation="tff_native"`` on CPU (float32/64, no dropout), the native summary kernel
+(``csrc/summary_attention.cpp``: blocks of `NATIVE_SUMMARY_ROWS` queries, each row's log-sum-exp saved, the backward
+recomputing the probabilities); otherwise the same slabs written out here with PyTorch products
+(`_SummaryAttention`, saving the probabilities); under attention dropout, DA-Transformer's weights or a reduced dtype,
+plain autograd over the whole ``T x (c T / l)`` scores. The heads of one call may each read their own summary columns
+(one pattern per head, `head_patterns`), so the fixed pattern's summary heads of a layer are one call. An optional ALiBi slope per head
 adds ``-m_h (i - j)`` to the scores (`alibi.alibi_bias`) in both paths; or, given a `distance_aware.DistanceAware` in
 its place, every kernel computes DA-Transformer's re-normalised distance-aware weights
 (`distance_aware.distance_aware_attention`) on the same groups instead of the softmax.

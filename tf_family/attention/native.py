@@ -1,8 +1,9 @@
 """tf_family's native CPU kernels, one compiled module: fused masked softmax attention with dropout
-(``csrc/fused_attention.cpp``, which also holds the module's bindings) and the Memorizing Transformer's exact kNN
+(``csrc/fused_attention.cpp``, which also holds the module's bindings), the Sparse Transformer's summary factor
+(``csrc/summary_attention.cpp``, called by `tf_family.attention.factorized`), the Memorizing Transformer's exact kNN
 search (``csrc/knn_top_k.cpp``, called by `tf_family.memory.knn_search.native_top_k`) and products with the pairs
 it retrieved, read by slot (``csrc/knn_pairs.cpp``, `tf_family.memory.knn_reader.MemoryReader`); ``csrc/blas.h``
-is the BLAS they use.
+is the BLAS they use, ``csrc/softmax.h`` the exponential of the softmax kernels.
 
 On CPU, the unfused training path (`masked_attention`) makes one pass over the whole ``(..., T, S)`` score tensor in
 memory for each step: scores, mask, softmax, dropout, and as many again in the backward. On this project's 2-core
