@@ -138,15 +138,18 @@ SPEC = ArchSpec(
     exports=(f"{_MODELING}:TffSparseTransformerPreTrainedModel",),
     options=(
         ("Blockwise self-attention (Qiu et al. 2020)", 'sparsity_pattern="blockwise"'),
-        ("BlockBERT encoder heads, masked LM and classification (Qiu et al. 2020)", 'sparsity_pattern="blockwise"'),
+        (
+            "BlockBERT encoder: masked LM and classification heads (Qiu et al. 2020)",
+            'sparsity_pattern="blockwise", causal=False',
+        ),
         ("Rotary positions (Su et al. 2021)", 'position_embedding_type="rotary"'),
         ("ALiBi (Press et al. 2022)", 'position_embedding_type="alibi"'),
         ("DA-Transformer distance-aware positions (Wu et al. 2021)", 'position_embedding_type="distance_aware"'),
     ),
     reference="dense twin of every pattern (openai/sparse_attention get_attn_mask); no released weights",
     parity=(
-        "efficient path equals the dense masked twin (values and gradients, 1e-10 in float64); two-hop coverage "
-        "proved; cached generation equals uncached"
+        "efficient path equals the dense masked twin (values and gradients, 1e-10 in float64; decoder and blockwise "
+        "encoder, padded); two-hop coverage proved; cached generation equals uncached"
     ),
     card="sparse_transformer.md",
     paper="1904.10509",

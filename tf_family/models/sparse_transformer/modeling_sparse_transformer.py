@@ -22,7 +22,8 @@ real tokens, so padding changes no real position's output. The other patterns ar
 encoder heads refuse them. The masked-LM head is BERT's (dense, activation, LayerNorm, decoder tied to the token
 embeddings); the classifier reads each row's first real token (`tf_family.modeling.heads`).
 
-Attention paths (the same outputs, decoder and encoder, `tests/models/sparse_transformer/test_modeling_sparse_transformer.py`):
+Attention paths (the same outputs, decoder and encoder,
+`tests/models/sparse_transformer/test_modeling_sparse_transformer.py`):
 
 - the efficient path (``attn_implementation`` ``"sdpa"``, the default): a forward without a filled cache regroups
   the sequence per factor (blocks, the transposed grid, the gathered summary columns; `factorized_attention`), no
