@@ -262,6 +262,20 @@ def test_a_registered_architecture_gets_its_rows(scratch_architecture, tmp_path)
     } <= measured
 
 
+@pytest.mark.recipe
+def test_an_encoder_head_with_its_own_variant_gets_its_rows(tmp_path):
+    """The Sparse Transformer's encoder heads take only the blockwise pattern (its "tiny" is the strided decoder): the
+    encoder grid trains them from the variant the registry names for the task (`ArchSpec.task_variants`)."""
+    assert "sparse_transformer" in family.encoder_archs()
+    out = tmp_path / "compare"
+    argv = ["compare", "--quick", "--cpu", "--jobs", "1", "--archs", "--no_baseline", "--encoders", "sparse_transformer",
+            "--encoder_tasks", "listops", "--output_dir", str(out), *TINY, "seeds=[3]"]  # fmt: skip
+    assert cli_main(argv) == 0
+    document = json.loads((out / "compare.json").read_text())
+    assert document["errors"] == []
+    assert ("sparse_transformer", "ListOps accuracy") in {(r["model"], r["metric"]) for r in document["rows"]}
+
+
 # --------------------------------------------------------------------------------------------------------- settings
 def test_compare_refuses_bad_options():
     parser = build_parser()

@@ -59,7 +59,7 @@ def _model(arch: str, task: str):
     if task == "sequence_classification":  # no classifier dropout: its masks would depend on the batch split
         overrides = {"num_labels": 2, **({"classifier_dropout": 0.0} if arch == "transfo_xl" else {})}
     torch.manual_seed(0)
-    model = spec.model_classes[task](spec.make_config("tiny", **overrides))
+    model = spec.model_classes[task](spec.tiny_config(task=task, **overrides))
     from tests.common.tester import ATTACHED_STATE
 
     if arch in ATTACHED_STATE:  # state read beside the weights (SPALM's datastore), built before sharding

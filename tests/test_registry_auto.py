@@ -16,7 +16,7 @@ def test_every_variant_builds_a_valid_config_and_tiny_is_tiny(name):
     for variant in spec.variants:
         assert isinstance(spec.make_config(variant), spec.config_class)
     for task, model_class in spec.model_classes.items():
-        model = model_class(spec.tiny_config())
+        model = model_class(spec.tiny_config(task=task))
         assert sum(p.numel() for p in model.parameters()) < 1_000_000, f"{name} tiny {task} is not tiny"
     assert spec.card and spec.reference and spec.lora_target_modules
     task = "causal_lm" if "causal_lm" in spec.model_classes else next(iter(spec.model_classes))
@@ -51,7 +51,7 @@ def test_registration_is_idempotent_and_survives_user_registrations():
         assert type(AutoConfig.for_model(spec.model_type)) is spec.config_class
         for task, model_class in spec.model_classes.items():
             if task in AUTO_CLASS_BY_TASK:
-                assert type(AUTO_CLASS_BY_TASK[task].from_config(spec.tiny_config())) is model_class
+                assert type(AUTO_CLASS_BY_TASK[task].from_config(spec.tiny_config(task=task))) is model_class
 
 
 def test_import_twice_in_a_fresh_interpreter():

@@ -39,14 +39,14 @@ def _tiny_model(name: str, task: str, **overrides) -> torch.nn.Module:
     """The registry's tiny model with every dropout at 0 (so that one batch of two and two batches of one compute
     the same rows)."""
     spec = ARCHITECTURES[name]
-    defaults = spec.tiny_config().to_dict()
+    defaults = spec.tiny_config(task=task).to_dict()
     no_dropout = {
         key: 0.0
         for key, value in defaults.items()
         if any(part in key for part in ("dropout", "pdrop", "dropatt")) and isinstance(value, float | type(None))
     }
     torch.manual_seed(0)
-    return spec.model_classes[task](spec.make_config("tiny", **{**no_dropout, **overrides}))
+    return spec.model_classes[task](spec.tiny_config(task=task, **{**no_dropout, **overrides}))
 
 
 def _token_rows(vocab_size: int, real: tuple[int, int], generator: torch.Generator) -> list[dict[str, torch.Tensor]]:

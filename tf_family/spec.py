@@ -117,6 +117,9 @@ class ArchSpec:
         exports: further public names of the architecture as ``"module:Name"`` references (its
             ``PreTrainedModel`` base, a cache class...): with the config and model classes they are the names
             ``tf_family`` offers at its top level (``tf_family.TffLongformerModel``; `public_names`).
+        task_variants: task -> the variant its tests build instead of ``"tiny"``, where a head takes only some
+            settings (the Sparse Transformer's encoder heads take only the blockwise pattern, its ``"tiny"`` is
+            strided); `tiny_config` with ``task=`` reads it.
     """
 
     name: str
@@ -137,8 +140,15 @@ class ArchSpec:
     ia3_feedforward_modules: tuple[str, ...] = ()
     exports: tuple[str, ...] = ()
     options: tuple[tuple[str, str], ...] = ()
+    task_variants: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for task, variant in self.task_variants.items():
+            if task not in self.models or variant not in self.variants:
+                raise ValueError(
+                    f"ArchSpec {self.name!r}: task_variants maps {task!r} to {variant!r}, but the task must be one of "
+                    f"{sorted(self.models)} and the variant one of {sorted(self.variants)}."
+                )
         if len(self.legacy) != len(self.legacy_model_types):
             raise ValueError(
                 f"ArchSpec {self.name!r}: legacy_model_types={self.legacy_model_types!r} and legacy={self.legacy!r} "
@@ -220,9 +230,9 @@ class ArchSpec:
             raise ValueError(f"{self.name} has no variant {variant!r}; choose one of {sorted(self.variants)}.")
         return self.config_class(**{**self.variants[variant], **overrides})
 
-    def tiny_config(self, **overrides: Any) -> PreTrainedConfig:
-        """The < 1M-parameter config the tests build."""
-        return self.make_config("tiny", **overrides)
+    def tiny_config(self, *, task: str | None = None, **overrides: Any) -> PreTrainedConfig:
+        """The < 1M-parameter config the tests build (for ``task``: its `task_variants` entry, else ``"tiny"``)."""
+        return self.make_config(self.task_variants.get(task, "tiny"), **overrides)
 
 
 __all__ = ["ArchSpec", "CarriedState", "LazyClasses", "Task", "carried_state", "import_object"]

@@ -29,7 +29,7 @@ NUM_CHOICES = 2
 def build(spec: ArchSpec, task: str, seed: int = 0, **overrides):
     """A tiny model whose weights are pushed away from the small init, so that every input matters visibly."""
     torch.manual_seed(seed)
-    model = spec.model_classes[task](spec.tiny_config(**overrides)).eval()
+    model = spec.model_classes[task](spec.tiny_config(task=task, **overrides)).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.1 * torch.randn_like(parameter))
@@ -202,10 +202,9 @@ def check_save_load(spec: ArchSpec) -> None:
 
 
 def check_auto_from_config(spec: ArchSpec) -> None:
-    config = spec.tiny_config()
     for task, model_class in spec.model_classes.items():
         if task in AUTO_CLASS_BY_TASK:
-            model = AUTO_CLASS_BY_TASK[task].from_config(config)
+            model = AUTO_CLASS_BY_TASK[task].from_config(spec.tiny_config(task=task))
             assert type(model) is model_class, f"{task}: from_config gave {type(model).__name__}"
 
 
@@ -562,7 +561,7 @@ def check_bf16_weights_match_float32(spec: ArchSpec) -> None:
         for name, overrides in configs.items():
             for seed in BF16_SEEDS[:1] if one_seed else BF16_SEEDS:
                 torch.manual_seed(seed)
-                model = spec.model_classes[task](spec.tiny_config(**overrides)).eval()
+                model = spec.model_classes[task](spec.tiny_config(task=task, **overrides)).eval()
                 inputs = without_labels(make_inputs(spec, model.config, task, length=24, seed=seed))
                 half = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in inputs.items()}
                 with torch.no_grad(), replayed_decisions(spec) as decisions:

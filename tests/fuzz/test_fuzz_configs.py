@@ -81,7 +81,7 @@ def build_and_run(arch: str, task: str, overrides: dict):
     """The call under test: config, model, forward. Returns the outputs, or ``"meta"`` for a config only built on
     the meta device (too large to run here)."""
     spec = ARCHITECTURES[arch]
-    config = spec.tiny_config(**overrides)
+    config = spec.tiny_config(task=task, **overrides)
     model_class = spec.model_classes[task]
     with torch.device("meta"):
         meta_model = model_class(config)

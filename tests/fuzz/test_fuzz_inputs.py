@@ -48,7 +48,7 @@ SHAPE_PARTNERS = [
 @functools.cache
 def model(arch: str, task: str):
     torch.manual_seed(0)
-    return ARCHITECTURES[arch].model_classes[task](ARCHITECTURES[arch].tiny_config()).eval()
+    return ARCHITECTURES[arch].model_classes[task](ARCHITECTURES[arch].tiny_config(task=task)).eval()
 
 
 # the overrides that build an architecture at another width (for those that carry a memory or a cache between calls,
@@ -71,7 +71,7 @@ def other_width_model(arch: str, task: str):
     if arch not in OTHER_WIDTH:
         raise KeyError(f"{arch} carries a memory or cache: add the overrides of a narrower {arch} to OTHER_WIDTH")
     torch.manual_seed(0)
-    return spec.model_classes[task](spec.tiny_config(**OTHER_WIDTH[arch])).eval()
+    return spec.model_classes[task](spec.tiny_config(task=task, **OTHER_WIDTH[arch])).eval()
 
 
 def _mutate(value: torch.Tensor, kind: str, high: int):

@@ -38,7 +38,7 @@ def unused_parameters(model, task: str) -> list[str]:
 @pytest.mark.parametrize(("arch", "task"), CASES)
 def test_a_model_said_to_use_every_parameter_does(arch, task):
     spec = ARCHITECTURES[arch]
-    config = spec.make_config("tiny", **({"num_labels": 2} if task == "sequence_classification" else {}))
+    config = spec.tiny_config(task=task, **({"num_labels": 2} if task == "sequence_classification" else {}))
     model = spec.model_classes[task](config)
     unused = unused_parameters(model, task)
     if unused:

@@ -172,6 +172,7 @@ def train_encoder(grid, model: str, task: str, seed: int) -> list[dict]:
     """Train ``model`` on encoder ``task`` with the sequence-classification recipe: accuracy against the majority
     class, training time, steps and tokens."""
     from ..recipes import sequence_classification
+    from ..registry import get_arch
     from .data import TASK_TITLES, majority_rate
 
     settings = grid.settings
@@ -186,7 +187,8 @@ def train_encoder(grid, model: str, task: str, seed: int) -> list[dict]:
         source = ["--model_name_or_path", str(init)]
     else:
         overrides = grid.overrides(model)
-        source = ["--arch", model, "--variant", "tiny", "--config_overrides", *override_arguments(overrides)]
+        variant = get_arch(model).task_variants.get("sequence_classification", "tiny")  # a head that needs its own
+        source = ["--arch", model, "--variant", variant, "--config_overrides", *override_arguments(overrides)]
         source += tokenizer
     steps, batch = settings["encoder_steps"], settings["encoder_batch"]
     options = {

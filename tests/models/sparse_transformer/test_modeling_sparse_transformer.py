@@ -266,3 +266,172 @@ def test_distance_aware_cached_generation_equals_uncached(sparsity_pattern):
         cached = model.generate(prompt, use_cache=True, **kwargs)
         full = model.generate(prompt, use_cache=False, **kwargs)
     assert torch.equal(cached, full)
+
+
+# ------------------------------------------------------------------------------ the encoder heads (BlockBERT)
+ENCODER_SETTINGS = [
+    {"stride": 3, "position_embedding_type": "absolute"},
+    {"stride": 4, "block_shifts": [0, 2, 0, 1], "position_embedding_type": "rotary"},
+    {"stride": 5, "block_shifts": [1, 0, 3, 3], "position_embedding_type": "absolute"},
+]
+
+
+def _encoder(task="masked_lm", seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = create_model("sparse_transformer", task, "tiny-blockwise", **overrides).double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+@pytest.mark.parametrize("settings", ENCODER_SETTINGS, ids=lambda s: "-".join(str(v) for v in s.values()))
+def test_encoder_efficient_path_equals_dense_twin(settings):
+    """The gathered-block kernel (per-row block counts under padding) equals the dense masked twin, values and
+    gradients, with left and right padding and lengths that are not multiples of the block."""
+    model = _encoder(**settings)
+    ids, mask = _batch()
+    real = mask.bool()
+    labels = ids.masked_fill(~real, -100)
+    model.config._attn_implementation = "sdpa"
+    fast = model(input_ids=ids, attention_mask=mask, labels=labels)
+    model.config._attn_implementation = "eager"
+    dense = model(input_ids=ids, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(fast.logits[real], dense.logits[real], rtol=1e-9, atol=1e-9)
+    fast_grads = torch.autograd.grad(fast.loss, list(model.parameters()), allow_unused=True)
+    dense_grads = torch.autograd.grad(dense.loss, list(model.parameters()), allow_unused=True)
+    for (name, _), got, expected in zip(model.named_parameters(), fast_grads, dense_grads, strict=True):
+        if expected is None:
+            assert got is None, name
+            continue
+        torch.testing.assert_close(got, expected, rtol=1e-8, atol=1e-10, msg=name)
+
+
+def test_encoder_efficient_path_builds_no_dense_mask(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the efficient path built a dense T x T mask")
+
+    monkeypatch.setattr(modeling, "_pattern_mask", refuse)
+    monkeypatch.setattr(blockwise_module, "reference_attention", refuse)
+    model = _encoder()
+    ids, mask = _batch(length=40)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # padded rows: the per-row kernel
+        model(input_ids=ids)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("task", ["masked_lm", "sequence_classification"])
+def test_encoder_padding_changes_no_real_output(task, implementation):
+    """A row's real tokens give the same outputs alone, left-padded and right-padded, whatever the padding holds:
+    the blocks (and their count n) follow each row's real tokens."""
+    model = _encoder(task, stride=3)
+    model.config._attn_implementation = implementation
+    tokens = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(5))  # n = 3 blocks
+    garbage = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(6))
+    padded = torch.cat([torch.cat([garbage, tokens], 1), torch.cat([tokens, garbage], 1)])  # left, right
+    mask = torch.ones_like(padded)
+    mask[0, :5] = 0
+    mask[1, 8:] = 0
+    with torch.no_grad():
+        alone = model(input_ids=tokens).logits
+        both = model(input_ids=padded, attention_mask=mask).logits
+    if task == "masked_lm":
+        torch.testing.assert_close(both[0, 5:], alone[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(both[1, :8], alone[0], rtol=1e-10, atol=1e-10)
+    else:  # the first real token's state, left and right padding alike
+        torch.testing.assert_close(both, alone.expand(2, -1), rtol=1e-10, atol=1e-10)
+
+
+def test_encoder_is_bidirectional_with_cyclic_shifts():
+    """Head h lets block b read block (b + h) mod n: a later block's tokens reach the first block in one layer, and
+    the attention probabilities follow the paper's permutation."""
+    model = _encoder(stride=3)
+    assert [p.shift for p in model.model.layers[0].self_attn.patterns] == [0, 1, 2, 3]
+    assert all(not p.causal for p in model.model.layers[0].self_attn.patterns)
+    ids = torch.arange(9)[None]  # n = 3 blocks
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions[0][0]  # (H, T, T)
+        changed = ids.clone()
+        changed[0, 8] = 100
+        logits, changed_logits = model(input_ids=ids).logits, model(input_ids=changed).logits
+    assert attentions[0, 1].nonzero().flatten().tolist() == [0, 1, 2]  # shift 0: the whole own block
+    assert attentions[1, 1].nonzero().flatten().tolist() == [3, 4, 5]  # shift 1: the next block
+    assert attentions[2, 1].nonzero().flatten().tolist() == [6, 7, 8]  # shift 2: two blocks on
+    assert attentions[3, 1].nonzero().flatten().tolist() == [0, 1, 2]  # shift 3 = 0 mod 3
+    assert attentions[1, 7].nonzero().flatten().tolist() == [0, 1, 2]  # the last block wraps to the first
+    assert not torch.allclose(changed_logits[0, 0], logits[0, 0])  # a later token changes an earlier output
+
+
+def test_heads_set_causal_on_their_own_config():
+    """The default stays the decoder; the encoder heads read causal=False, the causal LM causal=True, whatever the
+    given config says (as Performer, Reformer and the Universal Transformer do), and the given config is untouched."""
+    from tf_family.models.sparse_transformer import SPEC
+
+    config = SPEC.make_config("tiny-blockwise")
+    assert config.causal is True
+    masked = SPEC.model_classes["masked_lm"](config)
+    assert masked.config.causal is False and config.causal is True
+    assert all(not p.causal for p in masked.model.layers[0].self_attn.patterns)
+    decoder = SPEC.model_classes["causal_lm"](SPEC.make_config("tiny-blockwise", causal=False))
+    assert decoder.config.causal is True
+    assert all(p.causal for p in decoder.model.layers[0].self_attn.patterns)
+    # a config saved before the field existed (no "causal" key) loads as the decoder it was
+    stored = SPEC.make_config("tiny").to_dict()
+    stored.pop("causal")
+    assert SPEC.config_class.from_dict(stored).causal is True
+
+
+@pytest.mark.parametrize(
+    "task, overrides, match",
+    [
+        ("masked_lm", {"sparsity_pattern": "strided"}, "sparsity_pattern='strided'"),
+        ("sequence_classification", {"sparsity_pattern": "fixed", "summary_size": 1}, "sparsity_pattern='fixed'"),
+        ("masked_lm", {"sparsity_pattern": "local_1d"}, "sparsity_pattern='local_1d'"),
+        ("masked_lm", {"position_embedding_type": "alibi"}, "position_embedding_type='alibi'"),
+        ("sequence_classification", {"position_embedding_type": "distance_aware"}, "position_embedding_type"),
+        ("base", {"causal": False, "sparsity_pattern": "local_2d"}, "causal=False"),
+        ("base", {"causal": False, "position_embedding_type": "alibi"}, "position_embedding_type='alibi'"),
+        ("base", {"causal": "no"}, "causal"),
+        ("sequence_classification", {"classifier_dropout": 1.5}, "classifier_dropout"),
+    ],
+)
+def test_encoder_config_errors_name_the_field(task, overrides, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        create_model("sparse_transformer", task, "tiny-blockwise", **overrides)
+
+
+def test_encoder_refuses_a_cache_and_token_type_ids():
+    model = _encoder()
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="use_cache"):
+        model.model(input_ids=ids, use_cache=True)
+    with pytest.raises(ValueError, match="token_type_ids"):
+        model(input_ids=ids, token_type_ids=torch.zeros_like(ids))
+    with pytest.raises(ValueError, match="add_pooling_layer"):
+        modeling.TffSparseTransformerModel(model.config, add_pooling_layer=True)
+    assert model.model(input_ids=ids).cache is None  # the encoder makes no cache by default
+
+
+def test_masked_lm_checkpoint_loads_into_the_classifier(tmp_path):
+    """A BlockBERT masked LM saved and reloaded through the Auto classes: the same logits (the config keeps
+    causal=False), and the encoder's weights reach a sequence classifier."""
+    from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    model = _encoder()
+    ids, mask = _batch()
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForMaskedLM.from_pretrained(tmp_path).double().eval()
+    assert type(reloaded) is modeling.TffSparseTransformerForMaskedLM and reloaded.config.causal is False
+    assert reloaded.lm_head.decoder.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()  # tied
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded(input_ids=ids, attention_mask=mask).logits, model(input_ids=ids, attention_mask=mask).logits
+        )
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3).double().eval()
+    torch.testing.assert_close(classifier.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    labels = torch.tensor([0, 2, 1])
+    output = classifier(input_ids=ids, attention_mask=mask, labels=labels)
+    assert output.logits.shape == (3, 3) and torch.isfinite(output.loss)
+    regression = create_model("sparse_transformer", "sequence_classification", "tiny-blockwise", num_labels=1)
+    assert regression(input_ids=ids, attention_mask=mask, labels=torch.randn(3)).loss.shape == ()

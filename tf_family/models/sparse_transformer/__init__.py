@@ -23,6 +23,8 @@ SPEC = ArchSpec(
         {
             "base": f"{_MODELING}:TffSparseTransformerModel",
             "causal_lm": f"{_MODELING}:TffSparseTransformerForCausalLM",
+            "masked_lm": f"{_MODELING}:TffSparseTransformerForMaskedLM",
+            "sequence_classification": f"{_MODELING}:TffSparseTransformerForSequenceClassification",
         }
     ),
     variants=MappingProxyType(
@@ -101,7 +103,8 @@ SPEC = ArchSpec(
                 }
             ),
             # blockwise self-attention (Qiu et al. 2020): blocks of 3 (the tests' lengths are not multiples), head h
-            # reads the block h back (block_shifts 0 .. 3)
+            # reads the block h back (block_shifts 0 .. 3) in the decoder, h blocks on (cyclically) in the encoder
+            # heads, whose tests build this variant (task_variants)
             "tiny-blockwise": MappingProxyType(
                 {
                     "vocab_size": 128,
@@ -135,17 +138,23 @@ SPEC = ArchSpec(
     exports=(f"{_MODELING}:TffSparseTransformerPreTrainedModel",),
     options=(
         ("Blockwise self-attention (Qiu et al. 2020)", 'sparsity_pattern="blockwise"'),
+        (
+            "BlockBERT encoder: masked LM and classification heads (Qiu et al. 2020)",
+            'sparsity_pattern="blockwise", causal=False',
+        ),
         ("Rotary positions (Su et al. 2021)", 'position_embedding_type="rotary"'),
         ("ALiBi (Press et al. 2022)", 'position_embedding_type="alibi"'),
         ("DA-Transformer distance-aware positions (Wu et al. 2021)", 'position_embedding_type="distance_aware"'),
     ),
     reference="dense twin of every pattern (openai/sparse_attention get_attn_mask); no released weights",
     parity=(
-        "efficient path equals the dense masked twin (values and gradients, 1e-10 in float64); two-hop coverage "
-        "proved; cached generation equals uncached"
+        "efficient path equals the dense masked twin (values and gradients, 1e-10 in float64; decoder and blockwise "
+        "encoder, padded); two-hop coverage proved; cached generation equals uncached"
     ),
     card="sparse_transformer.md",
     paper="1904.10509",
+    # the encoder heads (BlockBERT) take the blockwise pattern only; "tiny" is the strided decoder
+    task_variants=MappingProxyType({"masked_lm": "tiny-blockwise", "sequence_classification": "tiny-blockwise"}),
 )
 
 __all__ = ["SPEC"]

@@ -25,7 +25,8 @@ SPARSITY_PATTERNS = ("strided", "fixed", "local_1d", "local_2d", "blockwise")
 
 class TffSparseTransformerConfig(PreTrainedConfig):
     r"""Configuration of `TffSparseTransformerForCausalLM`: a pre-norm decoder whose attention heads follow the
-    Sparse Transformer's factorised patterns.
+    Sparse Transformer's factorised patterns; with ``sparsity_pattern="blockwise"`` also of the encoder heads
+    (`TffSparseTransformerForMaskedLM`, `TffSparseTransformerForSequenceClassification`: BlockBERT).
 
     Decoder:
         vocab_size (`int`, defaults to 256: bytes), hidden_size (`int`, 256; D), num_hidden_layers (`int`, 4; L),
@@ -34,6 +35,13 @@ class TffSparseTransformerConfig(PreTrainedConfig):
         ``"absolute"`` positions), layer_norm_eps (`float`, 1e-5), initializer_range (`float`, 0.02),
         hidden_dropout_prob (`float`, 0.0: embeddings and residual branches), attention_dropout (`float`, 0.0:
         attention probabilities), tie_word_embeddings (`bool`, True), pad/bos/eos_token_id.
+        causal (`bool`, defaults to `True`): causal attention (a decoder; transformers' ``is_decoder``). ``False`` is
+            a bidirectional encoder, defined for ``sparsity_pattern="blockwise"`` only (the paper's cyclic block
+            shifts; the other patterns are causal by construction) with ``"absolute"`` or ``"rotary"`` positions.
+            Each head class sets it on its own copy of the config: the causal LM ``True``, the masked-LM and
+            sequence-classification heads ``False`` (as transformers' BERT heads read ``is_decoder``).
+        classifier_dropout (`float`, *optional*): dropout before the sequence classifier (``hidden_dropout_prob``
+            when ``None``).
 
     Factorised attention (section 4.2):
         sparsity_pattern (`str`, defaults to ``"strided"``): ``"strided"`` (A(1): the previous ``stride``
@@ -59,8 +67,10 @@ class TffSparseTransformerConfig(PreTrainedConfig):
             (`int`, 16).
 
     Blockwise self-attention (Qiu et al. 2020, section 3; every layer, ``pattern_layout`` unused),
-    ``sparsity_pattern="blockwise"``: the sequence in blocks of ``stride`` positions (the paper's ``T / n``); head
-    ``h`` lets block ``b`` attend to block ``b - k_h``, the causal partial form of the paper's cyclic shift
+    ``sparsity_pattern="blockwise"``: the sequence in blocks of ``stride`` positions (the paper's ``T / n``). In the
+    encoder (``causal=False``) head ``h`` lets block ``b`` attend to block ``(b + k_h) mod n``, the paper's cyclic
+    shift, with ``n = ceil(T / stride)`` the blocks of each row's real tokens. In the decoder head ``h`` lets block
+    ``b`` attend to block ``b - k_h``, the causal partial form of the paper's cyclic shift
     (`tf_family.attention.blockwise`: shift 0 is the own block up to the query; the first ``k_h`` blocks of a head
     with ``k_h > 0`` see only the query itself).
         block_shifts (`list[int]`, *optional*): ``k_h`` per head, ints >= 0 that must differ across heads (at least
@@ -107,6 +117,8 @@ class TffSparseTransformerConfig(PreTrainedConfig):
     position_embedding_type: Literal["absolute", "rotary", "alibi", "distance_aware"] = "absolute"
     rope_base: float = 10000.0
     tie_word_embeddings: bool = True
+    causal: bool = True
+    classifier_dropout: float | None = None
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -154,6 +166,19 @@ class TffSparseTransformerConfig(PreTrainedConfig):
                 f"position_embedding_type={self.position_embedding_type!r} is defined here for the strided, fixed and "
                 f"blockwise patterns, not for sparsity_pattern={self.sparsity_pattern!r}; use 'absolute' or 'rotary'."
             )
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal must be True (a decoder) or False (an encoder), got {self.causal!r}.")
+        if not self.causal and self.sparsity_pattern != "blockwise":
+            raise ValueError(
+                f"causal=False (a bidirectional encoder) is defined for sparsity_pattern='blockwise' only, got "
+                f"sparsity_pattern={self.sparsity_pattern!r}, which is causal by construction; set "
+                "sparsity_pattern='blockwise' or causal=True."
+            )
+        if not self.causal and self.position_embedding_type in ("alibi", "distance_aware"):
+            raise ValueError(
+                f"position_embedding_type={self.position_embedding_type!r} is defined here for causal attention "
+                "(a bias on the distance back); the encoder (causal=False) takes 'absolute' or 'rotary'."
+            )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} must be a multiple of num_attention_heads={self.num_attention_heads}."
@@ -185,6 +210,7 @@ class TffSparseTransformerConfig(PreTrainedConfig):
         check_float("layer_norm_eps", self.layer_norm_eps, minimum=0.0, min_open=True, fix="set layer_norm_eps > 0")
         for name in ("hidden_dropout_prob", "attention_dropout"):
             check_probability(name, getattr(self, name))
+        check_probability("classifier_dropout", self.classifier_dropout, optional=True)
 
     def _check_block_shifts(self):
         shifts = self.block_shifts

@@ -11,10 +11,19 @@ attention costs ``O(T sqrt(T))``.
 The same house holds two more fixed patterns, each on every head and layer: the Image Transformer's local 1-D / 2-D
 attention (Parmar et al. 2018, `tf_family.attention.image_local`) and blockwise self-attention (``"blockwise"``, Qiu
 et al. 2020, BlockBERT, arXiv:1911.02972, `tf_family.attention.blockwise`): blocks of ``stride`` positions, head ``h``
-reading block ``b - k_h`` (``block_shifts``), the causal partial form of the paper's cyclic block shifts (the paper's
-model is a bidirectional encoder; this house is a decoder, so a block reads only itself or earlier blocks).
+reading block ``b - k_h`` (``block_shifts``), the causal partial form of the paper's cyclic block shifts (in the
+decoder a block reads only itself or earlier blocks).
 
-Attention paths (the same outputs, `tests/models/sparse_transformer/test_modeling_sparse_transformer.py`):
+Encoder heads (BlockBERT, the paper's own model): with ``sparsity_pattern="blockwise"``,
+`TffSparseTransformerForMaskedLM` and `TffSparseTransformerForSequenceClassification` run the same stack
+bidirectionally (``config.causal=False``, which they set on their copy of the config): head ``h`` lets block ``b``
+attend to block ``(b + k_h) mod n``, the paper's cyclic shift, over the ``n = ceil(T / stride)`` blocks of each row's
+real tokens, so padding changes no real position's output. The other patterns are causal by construction and the
+encoder heads refuse them. The masked-LM head is BERT's (dense, activation, LayerNorm, decoder tied to the token
+embeddings); the classifier reads each row's first real token (`tf_family.modeling.heads`).
+
+Attention paths (the same outputs, decoder and encoder,
+`tests/models/sparse_transformer/test_modeling_sparse_transformer.py`):
 
 - the efficient path (``attn_implementation`` ``"sdpa"``, the default): a forward without a filled cache regroups
   the sequence per factor (blocks, the transposed grid, the gathered summary columns; `factorized_attention`), no
@@ -44,6 +53,7 @@ Config field <-> paper symbol: ``stride`` = l, ``summary_size`` = c, ``pattern_l
 
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 import torch
@@ -56,7 +66,7 @@ from transformers.utils import logging
 
 from ...attention import attend
 from ...attention.alibi import alibi_bias, alibi_slopes
-from ...attention.blockwise import BlockwisePattern, blockwise_attention, build_blockwise_mask
+from ...attention.blockwise import BlockwisePattern, blockwise_attention, build_blockwise_mask, num_blocks_of
 from ...attention.distance_aware import distance_aware_attention
 from ...attention.factorized import FactorizedPattern, build_factorized_mask, factorized_attention
 from ...attention.image_local import Local1DPattern, Local2DPattern, build_image_local_mask, image_local_attention
@@ -64,6 +74,7 @@ from ...attention.rotary import apply_rotary, rotary_cos_sin
 from ...layers.distance_aware import DistanceAwareScaling, initial_distance_weights
 from ...modeling.cache import GrowingCache
 from ...modeling.fused_lm_head import FusedLMHeadMixin, answers_fused_lm_head
+from ...modeling.heads import GenericForMaskedLM, GenericForSequenceClassification
 from ...modeling.losses import causal_lm_loss
 from ...modeling.pretrained import TffPreTrainedModel
 from ...modeling.state_names import accepts_past_key_values
@@ -90,6 +101,7 @@ class SparseLayerInputs(NamedTuple):
     key_valid: torch.Tensor | None  # (B, S) bool, False at padding (None: no padding)
     sparse: bool  # take the efficient path (no filled cache; positions are 0 .. T - 1 after `roll`)
     roll: torch.Tensor | None  # (B, T) gather index that moves left padding to the right (None: nothing to move)
+    lengths: torch.Tensor | None  # (B,) real tokens per row: the encoder's block count n (None for the decoder)
 
 
 # ---------------------------------------------------------------------------------------------------- small modules
@@ -110,9 +122,9 @@ class TffSparseTransformerMLP(nn.Module):
 def layer_head_patterns(config: TffSparseTransformerConfig, layer_idx: int) -> list:
     """The pattern of every head of layer ``layer_idx`` (built here, beside the kernels that read them)."""
     heads = config.num_attention_heads
-    if config.sparsity_pattern == "blockwise":  # head h: shift k_h (block_shifts, default 0 .. H - 1), causal
+    if config.sparsity_pattern == "blockwise":  # head h: shift k_h (block_shifts, default 0 .. H - 1)
         shifts = config.block_shifts if config.block_shifts is not None else range(heads)
-        return [BlockwisePattern(config.stride, shift) for shift in shifts]
+        return [BlockwisePattern(config.stride, shift, causal=config.causal) for shift in shifts]
     if config.sparsity_pattern == "local_1d":
         return [Local1DPattern(config.stride, config.memory_length)] * heads
     if config.sparsity_pattern == "local_2d":
@@ -141,12 +153,14 @@ def layer_head_patterns(config: TffSparseTransformerConfig, layer_idx: int) -> l
     return patterns
 
 
-def _pattern_mask(pattern, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-    """A head's bool mask ``(..., T, S)`` (its pattern's mask function)."""
+def _pattern_mask(pattern, query_positions: torch.Tensor, key_positions: torch.Tensor, lengths=None) -> torch.Tensor:
+    """A head's bool mask ``(..., T, S)`` (its pattern's mask function; ``lengths`` ``(B,)``: the real tokens of each
+    row, whose blocks a bidirectional pattern cycles over)."""
     if isinstance(pattern, FactorizedPattern):
         return build_factorized_mask(pattern, query_positions, key_positions)
     if isinstance(pattern, BlockwisePattern):
-        return build_blockwise_mask(pattern, query_positions, key_positions)
+        num_blocks = None if pattern.causal else num_blocks_of(lengths, pattern.block_length)  # (B,)
+        return build_blockwise_mask(pattern, query_positions, key_positions, num_blocks)
     return build_image_local_mask(pattern, query_positions, key_positions)
 
 
@@ -173,7 +187,8 @@ def _head_groups(patterns: list) -> list[tuple[int, int, object]]:
 
 
 class TffSparseTransformerAttention(nn.Module):
-    """Multi-head causal self-attention, each head under its pattern (`layer_head_patterns`)."""
+    """Multi-head self-attention (causal, or bidirectional in the blockwise encoder), each head under its pattern
+    (`layer_head_patterns`)."""
 
     def __init__(self, config: TffSparseTransformerConfig, layer_idx: int):
         super().__init__()
@@ -207,7 +222,9 @@ class TffSparseTransformerAttention(nn.Module):
             if isinstance(pattern, (FactorizedPattern, tuple)):  # a tuple: summary heads, one call
                 attended = factorized_attention(*heads, pattern, slopes, dropout_p, implementation)
             elif isinstance(pattern, BlockwisePattern):
-                attended = blockwise_attention(*heads, pattern, slopes, dropout_p, implementation)
+                # the encoder's padded rows: each row cycles over its own blocks (real tokens at 0 .. n - 1 here)
+                lengths = None if pattern.causal or inputs.key_valid is None else inputs.lengths
+                attended = blockwise_attention(*heads, pattern, slopes, dropout_p, implementation, lengths)
             else:  # the Image Transformer's local 1-D / 2-D attention (no ALiBi, no DA: the config refuses them)
                 attended = image_local_attention(*heads, pattern, dropout_p, implementation)
             parts.append(attended)
@@ -219,7 +236,8 @@ class TffSparseTransformerAttention(nn.Module):
     def _dense(self, query, key, value, inputs: SparseLayerInputs, dropout_p: float, implementation: str | None):
         """The dense path (every head's mask ``(B, H, T, S)``): the new queries over every key."""
         allowed = torch.stack(
-            [_pattern_mask(p, inputs.query_positions, inputs.key_positions) for p in self.patterns], dim=1
+            [_pattern_mask(p, inputs.query_positions, inputs.key_positions, inputs.lengths) for p in self.patterns],
+            dim=1,
         )  # (B, H, T, S)
         if inputs.key_valid is not None:
             past = key.shape[2] - query.shape[2]
@@ -316,9 +334,15 @@ class TffSparseTransformerPreTrainedModel(TffPreTrainedModel):
 
 # ------------------------------------------------------------------------------------------------------- base model
 class TffSparseTransformerModel(TffSparseTransformerPreTrainedModel):
-    """The decoder stack: token (and absolute position) embeddings, the layers, the final LayerNorm."""
+    """The stack: token (and absolute position) embeddings, the layers, the final LayerNorm. A decoder, or (with
+    ``config.causal=False`` and the blockwise pattern) a bidirectional encoder."""
 
-    def __init__(self, config: TffSparseTransformerConfig):
+    def __init__(self, config: TffSparseTransformerConfig, add_pooling_layer: bool = False):
+        if add_pooling_layer:
+            raise ValueError(
+                "add_pooling_layer=True: the Sparse Transformer has no pooler (its classifier reads the first real "
+                "token's state); build the model with add_pooling_layer=False."
+            )
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_positions = (
@@ -391,7 +415,12 @@ class TffSparseTransformerModel(TffSparseTransformerPreTrainedModel):
         elif self.config.position_embedding_type == "alibi":
             slopes = alibi_slopes(self.config.num_attention_heads).to(device)
         sparse, roll = self._pattern_layout(key_valid, past, length, output_attentions)
-        inputs = SparseLayerInputs(cos, sin, slopes, query_positions, key_positions, key_valid, sparse, roll)
+        lengths = None
+        if not self.config.causal:  # (B,) real tokens per row: the encoder's blocks follow each row's length
+            lengths = torch.full((batch,), length, device=device) if key_valid is None else key_valid.sum(-1)
+            if not torch.compiler.is_compiling() and not torch.compiler.is_exporting() and bool((lengths == 0).any()):
+                raise ValueError("attention_mask has a row with no real token; every row needs at least one 1.")
+        inputs = SparseLayerInputs(cos, sin, slopes, query_positions, key_positions, key_valid, sparse, roll, lengths)
         return self.dropout(hidden), inputs
 
     @accepts_past_key_values
@@ -406,6 +435,7 @@ class TffSparseTransformerModel(TffSparseTransformerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        token_type_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         r"""
@@ -414,8 +444,10 @@ class TffSparseTransformerModel(TffSparseTransformerPreTrainedModel):
             attention_mask: ``(B, P + T)``, 1 for real tokens (left or right padding), ``P`` cached positions.
             position_ids: ``(B, T)`` for the position embeddings (default: real tokens counted from 0); the sparse
                 pattern always follows the real-token positions of ``attention_mask``.
-            cache / use_cache: a `transformers.Cache` (a new `GrowingCache` when ``use_cache`` and none).
+            cache / use_cache: a `transformers.Cache` (a new `GrowingCache` when ``use_cache`` and none); the decoder
+                only (``config.causal=True``).
             output_attentions: every layer's ``(B, H, T, S)`` probabilities (runs the dense eager path).
+            token_type_ids: not used (no token-type embeddings); must be ``None`` (the shared encoder heads pass it).
 
         ``last_hidden_state`` is after the final LayerNorm. transformers' decoder signature (heads, PEFT and
         `generate` pass these by name), hence more than ~6 parameters."""
@@ -424,7 +456,18 @@ class TffSparseTransformerModel(TffSparseTransformerPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if token_type_ids is not None:
+            raise ValueError(
+                "token_type_ids: the Sparse Transformer has no token-type embeddings; pass token_type_ids=None."
+            )
+        causal = self.config.causal
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and causal and not self.training)
+        if (cache is not None or use_cache) and not causal:
+            raise ValueError(
+                "cache (past_key_values) / use_cache need the decoder (config.causal=True, e.g. "
+                "TffSparseTransformerForCausalLM); the bidirectional encoder reads the whole input at once: pass "
+                "use_cache=False and no cache."
+            )
         if self.gradient_checkpointing and self.training and (use_cache or cache is not None):
             if cache is not None:  # recomputed layers would append their keys twice
                 raise ValueError("cache cannot be used with gradient checkpointing in training mode.")
@@ -453,11 +496,15 @@ class TffSparseTransformerModel(TffSparseTransformerPreTrainedModel):
 
 # ------------------------------------------------------------------------------------------------------------ heads
 class TffSparseTransformerForCausalLM(FusedLMHeadMixin, TffSparseTransformerPreTrainedModel, ValidatedGenerationMixin):
-    """The Sparse Transformer language model: the decoder and a linear head tied to the token embeddings."""
+    """The Sparse Transformer language model: the decoder and a linear head tied to the token embeddings. Builds its
+    stack with ``causal=True`` whatever the given config says."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: TffSparseTransformerConfig):
+        if not config.causal:
+            config = copy.deepcopy(config)
+            config.causal = True
         super().__init__(config)
         self.model = TffSparseTransformerModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -530,8 +577,52 @@ class TffSparseTransformerForCausalLM(FusedLMHeadMixin, TffSparseTransformerPreT
         )
 
 
+def encoder_config(config: TffSparseTransformerConfig, head: str) -> TffSparseTransformerConfig:
+    """``config`` as the encoder heads read it: bidirectional (``causal=False``, on a copy), which only the blockwise
+    pattern defines."""
+    if config.sparsity_pattern != "blockwise":
+        raise ValueError(
+            f"{head} is a bidirectional encoder, which only sparsity_pattern='blockwise' defines (BlockBERT's cyclic "
+            f"block shifts, Qiu et al. 2020); got sparsity_pattern={config.sparsity_pattern!r}, which is causal by "
+            "construction. Set sparsity_pattern='blockwise' (e.g. the variant 'tiny-blockwise'), or use "
+            "TffSparseTransformerForCausalLM."
+        )
+    if config.causal:
+        config = copy.deepcopy(config)
+        config.causal = False
+        config.validate_architecture()  # the encoder's own rules (its positions)
+    return config
+
+
+class TffSparseTransformerForMaskedLM(GenericForMaskedLM, TffSparseTransformerPreTrainedModel):
+    """Masked language modelling on the blockwise encoder (BlockBERT): BERT's LM head (dense, activation, LayerNorm,
+    decoder tied to the token embeddings) on every position. Builds its stack with ``causal=False`` whatever the
+    given config says; needs ``sparsity_pattern="blockwise"``."""
+
+    base_model_class = TffSparseTransformerModel
+    _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: TffSparseTransformerConfig):
+        super().__init__(encoder_config(config, type(self).__name__))
+
+
+class TffSparseTransformerForSequenceClassification(
+    GenericForSequenceClassification, TffSparseTransformerPreTrainedModel
+):
+    """A classifier (dropout, dense, tanh, dropout, linear ``out_proj``) on the blockwise encoder's first real token
+    (BlockBERT). Builds its stack with ``causal=False`` whatever the given config says; needs
+    ``sparsity_pattern="blockwise"``."""
+
+    base_model_class = TffSparseTransformerModel
+
+    def __init__(self, config: TffSparseTransformerConfig):
+        super().__init__(encoder_config(config, type(self).__name__))
+
+
 __all__ = [
     "TffSparseTransformerForCausalLM",
+    "TffSparseTransformerForMaskedLM",
+    "TffSparseTransformerForSequenceClassification",
     "TffSparseTransformerModel",
     "TffSparseTransformerPreTrainedModel",
 ]
