@@ -25,9 +25,10 @@ embeddings); the classifier reads each row's first real token (`tf_family.modeli
 Attention paths (the same outputs, decoder and encoder,
 `tests/models/sparse_transformer/test_modeling_sparse_transformer.py`):
 
-- the efficient path (``attn_implementation`` ``"sdpa"``, the default): a forward without a filled cache regroups
-  the sequence per factor (blocks, the transposed grid, the gathered summary columns; `factorized_attention`), no
-  ``T x T`` tensor. Left-padded rows are rolled so that their real tokens start at position 0 and rolled back after;
+- the efficient path (every ``attn_implementation`` but ``"eager"``; ``"tff_native"``, the CPU default, runs the
+  summary factor on the native kernel): a forward without a filled cache regroups the sequence per factor (blocks,
+  the transposed grid, the gathered summary columns, each layer's summary heads in one call; `factorized_attention`),
+  no ``T x T`` tensor. Left-padded rows are rolled so that their real tokens start at position 0 and rolled back after;
   a mask whose real tokens are not one contiguous run per row takes the dense path;
 - the dense path: every head's pattern as a ``(B, H, T, S)`` mask (`build_factorized_mask`) through `attend`: with
   ``"eager"`` (which returns the probabilities, ``output_attentions``), under `torch.export` (ONNX), and for a
