@@ -1,6 +1,7 @@
 """`bench/bench_gtrxl_rl.py`'s pieces that are not timing: the environment's rules (the step-by-step gymnasium env
-and the batched episodes agree), the rewards, GAE against its closed forms, the PPO loss's clipping, and the agent's
-segment-by-segment pass equal to a step-by-step rollout with the memory."""
+and the batched episodes, each checked against them), the rewards, GAE against its closed forms, the PPO loss's
+clipping, and the agent's segment-by-segment pass, which sees no later observation and equals recomputing each step
+from the episode's start."""
 
 import importlib.util
 import sys
