@@ -274,6 +274,19 @@ def _alibi_slab(scores, t0, stride, starts, size, slopes):
     scores.add_(-slopes.to(device, dtype)[:, None, None] * distance)
 
 
+@dataclass(frozen=True)
+class _SummaryCall:
+    """What a summary-kernel call needs besides its tensors: each head's first summary column ``starts`` ``(H,)``,
+    the stride ``l``, the columns per block ``c``, the ALiBi ``slopes`` ``(H,)`` or ``None``, and the query rows per
+    slab (Python kernel) or block (native kernel)."""
+
+    starts: torch.Tensor
+    stride: int
+    size: int
+    slopes: torch.Tensor | None
+    rows: int
+
+
 class _SummaryAttention(torch.autograd.Function):
     # The summary factor as slabs of queries, each against its causal prefix of the shared summary keys plus every
     # query's own key, the softmax over both written out. Like `masked._MaskedAttention`: products through `torch.bmm`
@@ -281,8 +294,9 @@ class _SummaryAttention(torch.autograd.Function):
     # Whatever concerns the own key (its score, probability and gradients) is computed for all queries at once,
     # outside the loop over slabs, whose Python calls are the kernel's overhead.
     @staticmethod
-    def forward(ctx, query, key, value, summary_keys, summary_values, starts, stride, size, slopes, slab_blocks):
+    def forward(ctx, query, key, value, summary_keys, summary_values, call: _SummaryCall):
         batch, heads, length, head_dim = query.shape
+        starts, stride, size, slopes = call.starts, call.stride, call.size, call.slopes
         scaled = (query * head_dim**-0.5).reshape(batch * heads, length, head_dim)  # (B H, T, Dh), a fresh tensor
         key, value = key.reshape(batch * heads, length, head_dim), value.reshape(batch * heads, length, head_dim)
         summary_keys = summary_keys.reshape(batch * heads, -1, head_dim)  # (B H, N c, Dh)
@@ -290,7 +304,7 @@ class _SummaryAttention(torch.autograd.Function):
         out = torch.empty_like(scaled)
         own = (scaled * key).sum(-1, keepdim=True)  # (B H, T, 1): each query's score of its own key
         own_probs = torch.empty_like(own)
-        slabs, probs_of = _summary_slabs(length, stride, size, slab_blocks), []
+        slabs, probs_of = _summary_slabs(length, stride, size, max(1, call.rows // stride)), []
         late = _late_keys(stride, starts, size, slabs[0][1] - slabs[0][0])  # (H, R, own keys)
         for t0, t1, s0, s1 in slabs:
             probs = torch.bmm(scaled[:, t0:t1], summary_keys[:, :s1].transpose(1, 2))  # scores (B H, R, s1)
@@ -340,10 +354,6 @@ class _SummaryAttention(torch.autograd.Function):
             grad_summary_keys.view(summary_shape),
             grad_summary_values.view(summary_shape),
             None,
-            None,
-            None,
-            None,
-            None,
         )
 
 
@@ -351,22 +361,23 @@ class _NativeSummaryAttention(torch.autograd.Function):
     # The summary factor through the native kernel (`csrc/summary_attention.cpp`): the same slabs, softmax and
     # gradients as `_SummaryAttention`, one call forward and one backward; only each row's log-sum-exp is saved.
     @staticmethod
-    def forward(ctx, query, key, value, summary_keys, summary_values, starts, stride, size, slopes, block_rows):
-        module = native.extension()
+    def forward(ctx, query, key, value, summary_keys, summary_values, call: _SummaryCall):
         tensors = [t.contiguous() for t in (query, key, value, summary_keys, summary_values)]
-        slopes = None if slopes is None else slopes.detach().to("cpu", torch.float64).contiguous()
-        out, lse = module.summary_forward(*tensors, starts, slopes, stride, size, block_rows)
-        ctx.save_for_backward(*tensors, starts, lse)
-        ctx.slopes, ctx.geometry = slopes, (stride, size, block_rows)
+        slopes = None if call.slopes is None else call.slopes.detach().to("cpu", torch.float64).contiguous()
+        starts = call.starts.cpu()
+        out, lse = native.extension().summary_forward(*tensors, starts, slopes, call.stride, call.size, call.rows)
+        ctx.save_for_backward(*tensors, lse)
+        ctx.geometry = (call.stride, call.size, call.rows)
+        ctx.slopes, ctx.starts = slopes, starts
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        *tensors, starts, lse = ctx.saved_tensors
+        *tensors, lse = ctx.saved_tensors
         grads = native.extension().summary_backward(
-            grad_out.contiguous(), *tensors, starts, ctx.slopes, lse, *ctx.geometry
+            grad_out.contiguous(), *tensors, ctx.starts, ctx.slopes, lse, *ctx.geometry
         )
-        return (*grads, None, None, None, None, None)
+        return (*grads, None)
 
 
 # query rows per block of the native summary kernel (two 64-position blocks of the default stride; a block's scores
@@ -386,7 +397,7 @@ def _takes_native_summary(query: torch.Tensor, slopes, dropout_p: float, impleme
     return native.extension() is not None
 
 
-def _summary(query, key, value, patterns, slopes, dropout_p, training, implementation, slab_blocks=None):
+def _summary(query, key, value, patterns, slopes, dropout_p, implementation):
     first = patterns[0]
     stride, size = first.stride, first.summary_size
     batch, heads, length, head_dim = query.shape
@@ -399,13 +410,12 @@ def _summary(query, key, value, patterns, slopes, dropout_p, training, implement
     summary_keys, summary_values = summary_keys.flatten(2, 3), summary_values.flatten(2, 3)  # (B, H, N * c, Dh)
     if _takes_native_summary(query, slopes, dropout_p, implementation):
         same = [t.to(query.dtype) for t in (key, value, summary_keys, summary_values)]
-        rows = NATIVE_SUMMARY_ROWS
-        return _NativeSummaryAttention.apply(query, *same, starts.cpu(), stride, size, slopes, rows)
+        call = _SummaryCall(starts, stride, size, slopes, NATIVE_SUMMARY_ROWS)
+        return _NativeSummaryAttention.apply(query, *same, call)
     plain = slopes is None or isinstance(slopes, torch.Tensor)
     if plain and dropout_p == 0.0 and query.dtype in (torch.float32, torch.float64):
         same = [t.to(query.dtype) for t in (key, value, summary_keys, summary_values)]
-        slab_blocks = slab_blocks or max(1, SUMMARY_SLAB_ROWS // stride)
-        return _SummaryAttention.apply(query, *same, starts, stride, size, slopes, slab_blocks)
+        return _SummaryAttention.apply(query, *same, _SummaryCall(starts, stride, size, slopes, SUMMARY_SLAB_ROWS))
     # dropout on the probabilities, DA-Transformer's weights, reduced precision: plain autograd over (T, N c) scores
     positions = torch.arange(length, device=query.device)
     summary_positions = _summary_positions(stride, starts, size, 0, summary_keys.shape[2])  # (H, N * c)
@@ -426,7 +436,7 @@ def _summary(query, key, value, patterns, slopes, dropout_p, training, implement
             scores = scores - slopes.to(query.device, work)[:, None, None] * distance.to(work)
         scores = scores.masked_fill(~earlier, float("-inf"))
         probs = torch.cat([scores, own], dim=-1).softmax(dim=-1)  # (B, H, T, N * c + 1)
-    probs = dropout(probs, dropout_p, training).to(value.dtype)
+    probs = dropout(probs, dropout_p, dropout_p > 0.0).to(value.dtype)
     out = torch.einsum("bhts,bhsd->bhtd", probs[..., :-1], summary_values) + probs[..., -1:] * value
     return out
 
@@ -456,7 +466,7 @@ def factorized_attention(
     length = query.shape[2]
     patterns = head_patterns(pattern, query.shape[1])
     if patterns[0].kind == "summary":
-        return _summary(query, key, value, patterns, slopes, dropout_p, dropout_p > 0.0, implementation)
+        return _summary(query, key, value, patterns, slopes, dropout_p, implementation)
     function = {"local": _local, "strided": _strided, "block": _block}[patterns[0].kind]
     return function(query, key, value, patterns[0].stride, slopes, dropout_p, implementation)[:, :, :length]
 
