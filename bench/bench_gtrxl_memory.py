@@ -94,15 +94,14 @@ def make_streams(args, rows: int, segments: int, generator):
     return tokens, labels, starts
 
 
-def build(args, seed: int, overrides: dict):
-    import torch
+def transfo_xl_config(args, vocab_size: int, mem_len: int, overrides: dict):
+    """The small Transformer-XL that both GTrXL benches train (this one and `bench_gtrxl_rl.py`): width
+    ``args.d_model``, ``args.heads`` heads, ``args.layers`` layers, segments of ``args.segment``, no dropout, with
+    ``overrides`` (one of `MODELS`) and, for GTrXL, the gate bias ``args.gate_bias``."""
+    from tf_family import TffTransfoXLConfig
 
-    from tf_family import TffTransfoXLConfig, TffTransfoXLLMHeadModel
-
-    torch.manual_seed(seed)
-    mem_len = (max(args.episode_segments) - 1) * args.segment
-    config = TffTransfoXLConfig(
-        vocab_size=args.distractors + args.cues + 1,
+    return TffTransfoXLConfig(
+        vocab_size=vocab_size,
         cutoffs=[],
         div_val=1,
         d_model=args.d_model,
@@ -119,7 +118,16 @@ def build(args, seed: int, overrides: dict):
         **({"gate_bias": args.gate_bias} if overrides.get("gating") == "gru" else {}),
         **overrides,
     )
-    return TffTransfoXLLMHeadModel(config)
+
+
+def build(args, seed: int, overrides: dict):
+    import torch
+
+    from tf_family import TffTransfoXLLMHeadModel
+
+    torch.manual_seed(seed)
+    mem_len = (max(args.episode_segments) - 1) * args.segment
+    return TffTransfoXLLMHeadModel(transfo_xl_config(args, args.distractors + args.cues + 1, mem_len, overrides))
 
 
 def segment_loss(model, tokens, labels, mems, reset):

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_gtrxl_memory import MODELS, transfo_xl_config  # noqa: E402  (the same three models, the same config)
 from common import RESULTS_DIR, markdown_table, setup_threads, write_results  # noqa: E402
 
 if __name__ == "__main__":  # OpenMP reads its environment once, when torch loads
@@ -51,12 +52,6 @@ if __name__ == "__main__":  # OpenMP reads its environment once, when torch load
 import gymnasium  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-
-MODELS = {
-    "Transformer-XL (post-norm)": {"pre_lnorm": False},
-    "TrXL-I (pre-norm)": {"pre_lnorm": True},
-    "GTrXL (gating='gru')": {"pre_lnorm": True, "gating": "gru"},
-}
 
 
 class CueCorridor(gymnasium.Env):
@@ -191,27 +186,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build(args, seed: int, overrides: dict) -> ActorCritic:
-    from tf_family import TffTransfoXLConfig
-
     torch.manual_seed(seed)
-    config = TffTransfoXLConfig(
-        vocab_size=args.cues + args.distractors + 1,
-        cutoffs=[],
-        div_val=1,
-        d_model=args.d_model,
-        d_embed=args.d_model,
-        n_head=args.heads,
-        d_head=args.d_model // args.heads,
-        d_inner=4 * args.d_model,
-        n_layer=args.layers,
-        mem_len=args.mem_len,
-        clamp_len=args.mem_len + args.segment,
-        same_length=False,
-        dropout=0.0,
-        dropatt=0.0,
-        **({"gate_bias": args.gate_bias} if overrides.get("gating") == "gru" else {}),
-        **overrides,
-    )
+    config = transfo_xl_config(args, args.cues + args.distractors + 1, args.mem_len, overrides)
     return ActorCritic(config, args.cues)
 
 
