@@ -13,6 +13,7 @@ loaded beside this checkout's; everything else (the model, its other kernels) is
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -44,19 +45,25 @@ def _old_kernel(commit: str):
     sys.modules[name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     old = module.factorized_attention
+    per_head = hasattr(module, "head_patterns")  # the older kernel takes one pattern per head itself
+
+    def as_old(pattern):  # the older module's own pattern class (its isinstance checks)
+        return module.FactorizedPattern(**dataclasses.asdict(pattern))
 
     def one_pattern_per_call(query, key, value, pattern, slopes=None, *args):
         """Heads that the model now hands over in one call with one pattern each (the fixed pattern's summary
-        heads): one call per head, as the model made them when a kernel took a single pattern."""
+        heads): one call, or, for a kernel that took a single pattern, one call per head as the model made them."""
         if not isinstance(pattern, tuple):
-            return old(query, key, value, pattern, slopes, *args)
+            return old(query, key, value, as_old(pattern), slopes, *args)
+        if per_head:
+            return old(query, key, value, tuple(as_old(p) for p in pattern), slopes, *args)
         import torch
 
         return torch.cat(
             [
                 old(
                     *(t[:, head : head + 1] for t in (query, key, value)),
-                    head_pattern,
+                    as_old(head_pattern),
                     None if slopes is None else slopes[head : head + 1],
                     *args,
                 )

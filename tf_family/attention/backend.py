@@ -87,16 +87,18 @@ def attention_backend(
     value: torch.Tensor,
     dropout_p: float,
     implementation: str | None = NATIVE,
+    native_min_rows: int | None = None,
 ) -> str:
     """The function a call reaches: ``"eager"``, ``"sdpa"`` (PyTorch's), ``"native"`` (`native.fused_attention`,
     or its float32 upcast for bfloat16/float16) or ``"masked"`` (`masked_attention`). Only `NATIVE` reaches the last
-    two; the rule is in the module's notes."""
+    two; the rule is in the module's notes (``native_min_rows``: as in `attend`)."""
     implementation = check_implementation(implementation)
     if implementation == "eager":
         return "eager"
     if implementation != NATIVE or not _needs_training_path(query, key, value, dropout_p):
         return "sdpa"
-    kernel = query.dim() == 4 and query.shape[-2] >= NATIVE_MIN_ROWS and native.extension() is not None
+    min_rows = NATIVE_MIN_ROWS if native_min_rows is None else native_min_rows
+    kernel = query.dim() == 4 and query.shape[-2] >= min_rows and native.extension() is not None
     if query.dtype in native.REDUCED_DTYPES:
         return "native" if kernel else "sdpa"
     if query.dtype not in (torch.float32, torch.float64):
@@ -114,6 +116,7 @@ def attend(
     implementation: str | None = "sdpa",
     *,
     cpu_kernels: bool = True,
+    native_min_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``softmax(q k^T / sqrt(Dh) + bias)`` under a bool mask, with dropout on the probabilities, times ``v``.
 
@@ -129,14 +132,20 @@ def attend(
             ``"flex_attention"`` is PyTorch's SDPA here (the dense parts of that route).
         cpu_kernels: False keeps `NATIVE` calls on PyTorch's SDPA (a caller whose seeded dropout masks must stay
             PyTorch's).
+        native_min_rows: the fewest query rows per tile that `NATIVE` hands to the native kernel (``None``:
+            `NATIVE_MIN_ROWS`; a kernel whose tiles are measured faster there at fewer rows passes its own, as the Sparse
+            Transformer's factorised kernels do).
 
     Returns:
         ``(..., T, Dh)`` and, for ``"eager"``, the ``(..., T, S)`` probabilities (``None`` otherwise).
+
+    Nine parameters: every caller's tensors, mask, bias, dropout and implementation, and two keyword-only choices of
+    the CPU route.
     """
     implementation = check_implementation(implementation)
     if implementation == NATIVE and (bias is not None or not cpu_kernels):
         implementation = "sdpa"
-    backend = attention_backend(query, key, value, dropout_p, implementation)
+    backend = attention_backend(query, key, value, dropout_p, implementation, native_min_rows)
     if backend == "eager":
         return dense_attention(query, key, value, allowed, dropout_p, key_bias=bias)
     if backend == "sdpa":

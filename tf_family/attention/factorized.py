@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import native
+from . import backend, native
 from .backend import NATIVE, attend
 from .distance_aware import ROW_SUM_FLOOR, DistanceAware, distance_aware_attention, reference_attention
 from .dropout import dropout
@@ -152,6 +152,12 @@ def padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
     return tensor.view(batch, heads, padded // stride, stride, head_dim)
 
 
+# The fewest query rows per tile that `grouped_attend` hands to the native kernel under ``tff_native``: the factorised
+# and blockwise tiles (one block of ``l`` queries) ran faster through it than through `masked_attention` at 64 rows
+# (`bench/results/sparse_transformer_tiles_ab_{strided,fixed}.md`), where BigBird's did not (`backend.NATIVE_MIN_ROWS`).
+NATIVE_TILE_ROWS = 64
+
+
 def grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, implementation):
     """`attend` on ``(B, H, N, Tq, Dh)`` queries and ``(B, H, N, Tk, Dh)`` keys/values (groups ``N`` merged into the
     head axis), with ``allowed`` / ``distance`` ``(N | 1, Tq, Tk)`` shared by the heads (``distance``: ``i - j``, for
@@ -179,7 +185,14 @@ def grouped_attend(query, key, value, allowed, distance, slopes, dropout_p, impl
         bias = -slopes.to(query.device, torch.float32)[:, None, None, None] * distance.to(torch.float32)[None]
         bias = bias.expand(heads, groups, queries, keys).reshape(1, heads * groups, queries, keys).to(query.dtype)
     out, _ = attend(
-        merged(query), merged(key), merged(value), allowed, bias, dropout_p=dropout_p, implementation=implementation
+        merged(query),
+        merged(key),
+        merged(value),
+        allowed,
+        bias,
+        dropout_p=dropout_p,
+        implementation=implementation,
+        native_min_rows=min(NATIVE_TILE_ROWS, backend.NATIVE_MIN_ROWS),
     )
     return out.view(batch, heads, groups, queries, head_dim)
 
