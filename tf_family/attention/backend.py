@@ -10,7 +10,8 @@ runs:
   chunks) is PyTorch's SDPA;
 - ``"tff_native"`` (`NATIVE`): tf_family's CPU kernels for CPU training. A CPU call that needs a gradient or dropout
   goes to the native fused kernel (`native.fused_attention`; bfloat16/float16 computed in float32) when the tile
-  has at least `NATIVE_MIN_ROWS` query rows, else to `masked.masked_attention` (float32/64) or PyTorch's SDPA
+  has at least `NATIVE_MIN_ROWS` query rows (or the caller's ``native_min_rows``: the Sparse Transformer's factorised
+  tiles pass 64), else to `masked.masked_attention` (float32/64) or PyTorch's SDPA
   (bfloat16/float16); every other call (eval, another device, ``torch.compile``, ``torch.export``, a float bias) is
   PyTorch's SDPA. Where the kernel cannot be built (or ``TF_FAMILY_NATIVE=0``), `masked_attention` takes its calls.
 
