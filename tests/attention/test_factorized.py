@@ -42,7 +42,7 @@ def _assert_twins_agree(tensors, weights, pattern, slopes, value_tol, grad_tol, 
     return reference
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "tff_native"])  # tff_native: short tiles take masked_attention
+@pytest.mark.parametrize("implementation", ["sdpa", "tff_native"])  # tff_native: the native kernels (float64)
 @pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
 @pytest.mark.parametrize("length", [1, 7, 12, 13])
 @pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: f"{p.kind}{p.stride}-{p.summary_start}")
@@ -148,6 +148,49 @@ def test_native_summary_kernel_does_not_depend_on_the_thread_count():
         torch.set_num_threads(threads)
     for one, two in zip(*results, strict=True):
         torch.testing.assert_close(one, two, rtol=1e-12, atol=1e-12)
+
+
+FACTORS = [FactorizedPattern(kind, 32) for kind in ("local", "strided", "block")]
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 5, 32, 1000])
+@pytest.mark.parametrize("pattern", FACTORS, ids=lambda p: p.kind)
+def test_native_factor_kernel_float32_long(pattern, rows, monkeypatch):
+    """The native local / strided / block kernel in float32 at a length that is not a multiple of the stride, with
+    chunks of one row, of rows that do not divide the stride, of the default size and of more rows than any group
+    has; the heads handed over as views of a (B, T, 3 H Dh) projection (rows ``3 H Dh`` apart, read in place), the
+    incoming gradient a transposed view too; against the dense twin, and through the native kernel."""
+    monkeypatch.setattr(factorized, "NATIVE_FACTOR_ROWS", rows)
+    generator = torch.Generator().manual_seed(7)
+    fused = torch.randn(2, 700, 3, 3, 16, generator=generator)  # (B, T, q/k/v, H, Dh)
+    tensors = [fused[:, :, i].transpose(1, 2).requires_grad_() for i in range(3)]  # (B, H, T, Dh) views
+    weights = torch.randn(2, 700, 3, 16, generator=generator).transpose(1, 2)
+    out = factorized_attention(*tensors, pattern, implementation="tff_native")
+    assert type(out.grad_fn).__name__ == "_NativeFactorAttentionBackward"
+    _assert_twins_agree(tensors, weights, pattern, None, (1e-5, 1e-5), (1e-4, 1e-5), "tff_native")
+
+
+@needs_native
+@pytest.mark.parametrize("pattern", FACTORS[:2], ids=lambda p: p.kind)
+def test_native_factor_kernel_does_not_depend_on_the_thread_count(pattern):
+    """The groups are spread over the threads (the local factor's in two passes, even groups then odd, since
+    neighbours share keys): one thread and two give the same values and gradients, bit for bit."""
+    tensors = _inputs(150, seed=8)
+    slopes = alibi_slopes(H).double()
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            out = factorized_attention(
+                *tensors, FactorizedPattern(pattern.kind, 7), slopes, implementation="tff_native"
+            )
+            results.append((out, *torch.autograd.grad(out.square().sum(), tensors)))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*results, strict=True):
+        torch.testing.assert_close(one, two, rtol=0, atol=0)
 
 
 def test_per_head_patterns_must_agree_but_for_the_summary_columns():

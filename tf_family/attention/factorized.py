@@ -25,8 +25,13 @@ without a ``T x T`` tensor, by regrouping the sequence (positions ``0 .. T - 1``
   whole blocks of queries (`SUMMARY_SLAB_ROWS`), each against the summary keys up to its own last block only, so the
   later blocks' scores (half of one ``T x (c T / l)`` product) are never computed.
 
-The first three go through `backend.attend` (PyTorch's SDPA, or on CPU under a gradient the native kernel), on 4-D
-tensors whose batch axis holds (heads x groups). The summary keys' softmax with the query's own key has kernels of
+The first three have a native kernel of their own: with ``implementation="tff_native"`` on CPU (float32/64, no
+dropout, no DA-Transformer weights), ``csrc/factor_attention.cpp`` reads each group's rows in place from the
+``(B, H, T, Dh)`` tensors at their step in memory (a block's rows one apart, a column's ``l`` apart: no padding, no
+regrouped or transposed copy), in chunks of `NATIVE_FACTOR_ROWS` queries each scored against the keys its rows can
+see, and saves only each row's log-sum-exp. Otherwise they go through `backend.attend` (PyTorch's SDPA, or on CPU
+under a gradient the fused native kernel) on the regrouped 4-D tensors, whose batch axis holds (heads x groups).
+The summary keys' softmax with the query's own key has kernels of
 its own: with ``implementation="tff_native"`` on CPU (float32/64, no dropout), the native summary kernel
 (``csrc/summary_attention.cpp``: blocks of `NATIVE_SUMMARY_ROWS` queries, each row's log-sum-exp saved, the backward
 recomputing the probabilities); otherwise the same slabs written out here with PyTorch products
@@ -152,9 +157,10 @@ def padded_blocks(tensor: torch.Tensor, stride: int) -> torch.Tensor:
     return tensor.view(batch, heads, padded // stride, stride, head_dim)
 
 
-# The fewest query rows per tile that `grouped_attend` hands to the native kernel under ``tff_native``: the factorised
-# and blockwise tiles (one block of ``l`` queries) ran faster through it than through `masked_attention` at 64 rows
-# (`bench/results/sparse_transformer_tiles_ab_{strided,fixed}.md`), where BigBird's did not (`backend.NATIVE_MIN_ROWS`).
+# The fewest query rows per tile that `grouped_attend` hands to the fused native kernel under ``tff_native`` (the
+# blockwise tiles; the factorised ones under dropout): tiles of one block of ``l`` queries ran faster through it than
+# through `masked_attention` at 64 rows (`bench/results/sparse_transformer_tiles_ab_{strided,fixed}.md`), where
+# BigBird's did not (`backend.NATIVE_MIN_ROWS`).
 NATIVE_TILE_ROWS = 64
 
 
@@ -398,8 +404,8 @@ class _NativeSummaryAttention(torch.autograd.Function):
 NATIVE_SUMMARY_ROWS = 128
 
 
-def _takes_native_summary(query: torch.Tensor, slopes, dropout_p: float, implementation: str | None) -> bool:
-    """Whether the summary factor runs on the native kernel: `backend.NATIVE` chosen, a CPU float32/64 call without
+def _takes_native(query: torch.Tensor, slopes, dropout_p: float, implementation: str | None) -> bool:
+    """Whether a factor runs on its native kernel: `backend.NATIVE` chosen, a CPU float32/64 call without
     dropout or DA-Transformer's weights, outside `torch.compile` / `torch.export`, and the kernel built."""
     if implementation != NATIVE or query.device.type != "cpu" or query.dtype not in (torch.float32, torch.float64):
         return False
@@ -408,6 +414,56 @@ def _takes_native_summary(query: torch.Tensor, slopes, dropout_p: float, impleme
     if torch.compiler.is_exporting() or torch.compiler.is_compiling():
         return False
     return native.extension() is not None
+
+
+# query rows per chunk of the native local / strided / block kernel: each chunk is scored against the keys its rows
+# can see only (a local chunk of r rows: l + r - 1 keys, not 2 l; a strided or block chunk: its causal prefix), so
+# fewer rows waste fewer scores but make smaller products; 32 was the fastest of 16, 32 and 64 at stride 64
+NATIVE_FACTOR_ROWS = 32
+_NATIVE_FACTOR_KINDS = {"local": 0, "strided": 1, "block": 2}  # csrc/factor_attention.cpp's kind codes
+
+
+@dataclass(frozen=True)
+class _FactorCall:
+    """What a native local / strided / block call needs besides its tensors: the pattern's ``kind`` and stride ``l``,
+    the ALiBi ``slopes`` ``(H,)`` or ``None``."""
+
+    kind: str
+    stride: int
+    slopes: torch.Tensor | None
+
+    def arguments(self) -> tuple:
+        slopes = None if self.slopes is None else self.slopes.detach().to("cpu", torch.float64).contiguous()
+        return slopes, _NATIVE_FACTOR_KINDS[self.kind], self.stride, NATIVE_FACTOR_ROWS
+
+
+def _rows_readable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when the native kernels can read its rows in place (a contiguous last dim, rows at least
+    ``Dh`` apart: the BLAS leading dimension), else a contiguous copy."""
+    if tensor.stride(3) == 1 and tensor.stride(2) >= max(1, tensor.shape[3]):
+        return tensor
+    return tensor.contiguous()
+
+
+class _NativeFactorAttention(torch.autograd.Function):
+    # The local, strided and block factors through the native kernel (`csrc/factor_attention.cpp`): each group of
+    # queries read in place from the (B, H, T, Dh) tensors at its step in memory (no padding, no regrouped copy), one
+    # call forward and one backward; only each row's log-sum-exp is saved.
+    @staticmethod
+    def forward(ctx, query, key, value, call: _FactorCall):
+        tensors = [_rows_readable(t) for t in (query, key, value)]
+        arguments = call.arguments()
+        out, lse = native.extension().factor_forward(*tensors, *arguments)
+        ctx.save_for_backward(*tensors, lse)
+        ctx.arguments = arguments
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        *tensors, lse = ctx.saved_tensors
+        slopes, *geometry = ctx.arguments
+        grads = native.extension().factor_backward(_rows_readable(grad_out), *tensors, slopes, lse, *geometry)
+        return (*grads, None)
 
 
 def _summary(query, key, value, patterns, slopes, dropout_p, implementation):
@@ -421,7 +477,7 @@ def _summary(query, key, value, patterns, slopes, dropout_p, implementation):
         for t in (key, value)
     )  # (B, H, N, c, Dh): each head's own summary columns
     summary_keys, summary_values = summary_keys.flatten(2, 3), summary_values.flatten(2, 3)  # (B, H, N * c, Dh)
-    if _takes_native_summary(query, slopes, dropout_p, implementation):
+    if _takes_native(query, slopes, dropout_p, implementation):
         same = [t.to(query.dtype) for t in (key, value, summary_keys, summary_values)]
         call = _SummaryCall(starts, stride, size, slopes, NATIVE_SUMMARY_ROWS)
         return _NativeSummaryAttention.apply(query, *same, call)
@@ -480,6 +536,9 @@ def factorized_attention(
     patterns = head_patterns(pattern, query.shape[1])
     if patterns[0].kind == "summary":
         return _summary(query, key, value, patterns, slopes, dropout_p, implementation)
+    if _takes_native(query, slopes, dropout_p, implementation):
+        same = [t.to(query.dtype) for t in (query, key, value)]
+        return _NativeFactorAttention.apply(*same, _FactorCall(patterns[0].kind, patterns[0].stride, slopes))
     function = {"local": _local, "strided": _strided, "block": _block}[patterns[0].kind]
     return function(query, key, value, patterns[0].stride, slopes, dropout_p, implementation)[:, :, :length]
 

@@ -1,6 +1,7 @@
 """tf_family's native CPU kernels, one compiled module: fused masked softmax attention with dropout
 (``csrc/fused_attention.cpp``, which also holds the module's bindings), the Sparse Transformer's summary factor
-(``csrc/summary_attention.cpp``, called by `tf_family.attention.factorized`), the Memorizing Transformer's exact kNN
+(``csrc/summary_attention.cpp``) and its local, strided and block factors (``csrc/factor_attention.cpp``), both
+called by `tf_family.attention.factorized`, the Memorizing Transformer's exact kNN
 search (``csrc/knn_top_k.cpp``, called by `tf_family.memory.knn_search.native_top_k`) and products with the pairs
 it retrieved, read by slot (``csrc/knn_pairs.cpp``, `tf_family.memory.knn_reader.MemoryReader`); ``csrc/blas.h``
 is the BLAS they use, ``csrc/softmax.h`` the exponential of the softmax kernels.
@@ -54,7 +55,14 @@ from .timing import interleaved_times
 _CSRC = Path(__file__).with_name("csrc")
 # one module
 _SOURCES = tuple(
-    _CSRC / name for name in ("fused_attention.cpp", "summary_attention.cpp", "knn_top_k.cpp", "knn_pairs.cpp")
+    _CSRC / name
+    for name in (
+        "fused_attention.cpp",
+        "summary_attention.cpp",
+        "factor_attention.cpp",
+        "knn_top_k.cpp",
+        "knn_pairs.cpp",
+    )
 )
 _HEADERS = (_CSRC / "blas.h", _CSRC / "softmax.h")
 _state: dict = {}

@@ -60,21 +60,41 @@ def test_efficient_path_equals_dense_twin(settings):
     _assert_efficient_path_equals_dense_twin(settings, "sdpa")
 
 
-@pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
-@pytest.mark.parametrize(
-    "settings",
-    [SETTINGS[2], SETTINGS[3], {**SETTINGS[2], "stride": 5}],
-    ids=["fixed-heads-alibi", "fixed-layers-rotary", "fixed-heads-alibi-stride5"],
-)
+NATIVE_SETTINGS = [SETTINGS[2], SETTINGS[3], {**SETTINGS[2], "stride": 5}, SETTINGS[0], SETTINGS[1], SETTINGS[4]]
+NATIVE_IDS = ["fixed-heads-alibi", "fixed-layers-rotary", "fixed-heads-alibi-stride5"]
+NATIVE_IDS += ["strided-heads", "strided-layers-rotary", "strided-heads-alibi-stride5"]
+needs_native = pytest.mark.skipif(native.extension() is None, reason="the native attention kernel could not be built")
+
+
+@needs_native
+@pytest.mark.parametrize("settings", NATIVE_SETTINGS, ids=NATIVE_IDS)
 def test_native_kernels_equal_dense_twin(settings):
     """``tff_native``: the fixed pattern's summary heads through the native summary kernel, one call per layer (with
-    stride 5 and 2 summary columns, the 2 summary heads of a layer read different columns)."""
-    if settings.get("stride") == 5:
+    stride 5 and 2 summary columns, the 2 summary heads of a layer read different columns); the local, strided and
+    block factors through the native factor kernel."""
+    if settings.get("stride") == 5 and settings["sparsity_pattern"] == "fixed":
         model = _model(**settings)
         summary_groups = [g for layer in model.model.layers for g in layer.self_attn.groups if isinstance(g[2], tuple)]
         assert [end - first for first, end, _ in summary_groups] == [2] * model.config.num_hidden_layers
         assert all(g[2][0].summary_start != g[2][1].summary_start for g in summary_groups)
     _assert_efficient_path_equals_dense_twin(settings, "tff_native")
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "settings", [SETTINGS[0], SETTINGS[4], SETTINGS[2]], ids=NATIVE_IDS[3:4] + NATIVE_IDS[5:6] + NATIVE_IDS[:1]
+)
+def test_native_kernels_read_the_heads_in_place(settings, monkeypatch):
+    """Without left padding the heads reach the native factor kernel as the projections' (B, H, T, Dh) views (rows
+    ``H Dh`` apart, no copy): the same values and gradients as the dense twin, and no contiguous copy made for it."""
+    copied = []
+    readable = factorized_module._rows_readable
+    monkeypatch.setattr(factorized_module, "_rows_readable", lambda t: copied.append(t.is_contiguous()) or readable(t))
+    model = _model(**settings)
+    ids, _ = _batch()
+    mask = torch.ones_like(ids)
+    _assert_paths_agree(model, ids, mask, ids, "tff_native")
+    assert copied and not any(copied)  # every tensor handed over (heads and incoming gradients) was a strided view
 
 
 def _assert_paths_agree(model, ids, mask, labels, implementation):

@@ -315,6 +315,12 @@ std::vector<at::Tensor> summary_backward(const at::Tensor& grad_out, const at::T
                                          const at::Tensor& v, const at::Tensor& sk, const at::Tensor& sv,
                                          const at::Tensor& starts, const c10::optional<at::Tensor>& slopes,
                                          const at::Tensor& lse, int64_t stride, int64_t size, int64_t block_rows);
+std::vector<at::Tensor> factor_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const c10::optional<at::Tensor>& slopes, int64_t kind, int64_t stride,
+                                       int64_t chunk_rows);  // factor_attention.cpp
+std::vector<at::Tensor> factor_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const c10::optional<at::Tensor>& slopes,
+                                        const at::Tensor& lse, int64_t kind, int64_t stride, int64_t chunk_rows);
 }  // namespace tf_family
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -326,5 +332,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("summary_forward", &tf_family::summary_forward, "Sparse Transformer summary factor forward: (out, lse)");
   m.def("summary_backward", &tf_family::summary_backward,
         "Sparse Transformer summary factor backward: (grad_q, grad_k, grad_v, grad_summary_k, grad_summary_v)");
+  m.def("factor_forward", &tf_family::factor_forward,
+        "Sparse Transformer local / strided / block factor forward: (out, lse)");
+  m.def("factor_backward", &tf_family::factor_backward,
+        "Sparse Transformer local / strided / block factor backward: (grad_q, grad_k, grad_v)");
   m.def("knn_pair_mix", &tf_family::knn_pair_mix, "weighted sums of memory rows by slot: (R, T, D)");
 }
