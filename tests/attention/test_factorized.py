@@ -172,6 +172,19 @@ def test_native_factor_kernel_float32_long(pattern, rows, monkeypatch):
 
 
 @needs_native
+@pytest.mark.parametrize("pattern", FACTORS, ids=lambda p: p.kind)
+def test_native_factor_kernel_takes_a_broadcast_gradient(pattern):
+    """``out.sum()``'s gradient reaches the kernel as an expanded tensor (every stride 0), which it cannot read in place:
+    it is copied first, and the gradients equal the dense twin's."""
+    tensors = _inputs(40, seed=9)
+    small = FactorizedPattern(pattern.kind, 6)
+    fast = torch.autograd.grad(factorized_attention(*tensors, small, implementation="tff_native").sum(), tensors)
+    reference = torch.autograd.grad(factorized_attention_reference(*tensors, small).sum(), tensors)
+    for got, expected in zip(fast, reference, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+@needs_native
 @pytest.mark.parametrize("pattern", FACTORS[:2], ids=lambda p: p.kind)
 def test_native_factor_kernel_does_not_depend_on_the_thread_count(pattern):
     """The groups are spread over the threads (the local factor's in two passes, even groups then odd, since
