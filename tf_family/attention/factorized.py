@@ -382,7 +382,7 @@ class _NativeSummaryAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, summary_keys, summary_values, call: _SummaryCall):
         tensors = [t.contiguous() for t in (query, key, value, summary_keys, summary_values)]
-        slopes = None if call.slopes is None else call.slopes.detach().to("cpu", torch.float64).contiguous()
+        slopes = _native_slopes(call.slopes)
         starts = call.starts.cpu()
         out, lse = native.extension().summary_forward(*tensors, starts, slopes, call.stride, call.size, call.rows)
         ctx.save_for_backward(*tensors, lse)
@@ -423,18 +423,9 @@ NATIVE_FACTOR_ROWS = 32
 _NATIVE_FACTOR_KINDS = {"local": 0, "strided": 1, "block": 2}  # csrc/factor_attention.cpp's kind codes
 
 
-@dataclass(frozen=True)
-class _FactorCall:
-    """What a native local / strided / block call needs besides its tensors: the pattern's ``kind`` and stride ``l``,
-    the ALiBi ``slopes`` ``(H,)`` or ``None``."""
-
-    kind: str
-    stride: int
-    slopes: torch.Tensor | None
-
-    def arguments(self) -> tuple:
-        slopes = None if self.slopes is None else self.slopes.detach().to("cpu", torch.float64).contiguous()
-        return slopes, _NATIVE_FACTOR_KINDS[self.kind], self.stride, NATIVE_FACTOR_ROWS
+def _native_slopes(slopes: torch.Tensor | None) -> torch.Tensor | None:
+    """ALiBi slopes as the native kernels read them: ``(H,)`` float64 on the CPU, contiguous, outside the graph."""
+    return None if slopes is None else slopes.detach().to("cpu", torch.float64).contiguous()
 
 
 def _rows_readable(tensor: torch.Tensor) -> torch.Tensor:
@@ -450,20 +441,19 @@ class _NativeFactorAttention(torch.autograd.Function):
     # queries read in place from the (B, H, T, Dh) tensors at its step in memory (no padding, no regrouped copy), one
     # call forward and one backward; only each row's log-sum-exp is saved.
     @staticmethod
-    def forward(ctx, query, key, value, call: _FactorCall):
+    def forward(ctx, query, key, value, slopes, kind: str, stride: int):
         tensors = [_rows_readable(t) for t in (query, key, value)]
-        arguments = call.arguments()
-        out, lse = native.extension().factor_forward(*tensors, *arguments)
+        ctx.slopes = _native_slopes(slopes)
+        ctx.geometry = (_NATIVE_FACTOR_KINDS[kind], stride, NATIVE_FACTOR_ROWS)
+        out, lse = native.extension().factor_forward(*tensors, ctx.slopes, *ctx.geometry)
         ctx.save_for_backward(*tensors, lse)
-        ctx.arguments = arguments
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         *tensors, lse = ctx.saved_tensors
-        slopes, *geometry = ctx.arguments
-        grads = native.extension().factor_backward(_rows_readable(grad_out), *tensors, slopes, lse, *geometry)
-        return (*grads, None)
+        grads = native.extension().factor_backward(_rows_readable(grad_out), *tensors, ctx.slopes, lse, *ctx.geometry)
+        return (*grads, None, None, None)
 
 
 def _summary(query, key, value, patterns, slopes, dropout_p, implementation):
@@ -537,8 +527,8 @@ def factorized_attention(
     if patterns[0].kind == "summary":
         return _summary(query, key, value, patterns, slopes, dropout_p, implementation)
     if _takes_native(query, slopes, dropout_p, implementation):
-        same = [t.to(query.dtype) for t in (query, key, value)]
-        return _NativeFactorAttention.apply(*same, _FactorCall(patterns[0].kind, patterns[0].stride, slopes))
+        key, value = key.to(query.dtype), value.to(query.dtype)
+        return _NativeFactorAttention.apply(query, key, value, slopes, patterns[0].kind, patterns[0].stride)
     function = {"local": _local, "strided": _strided, "block": _block}[patterns[0].kind]
     return function(query, key, value, patterns[0].stride, slopes, dropout_p, implementation)[:, :, :length]
 

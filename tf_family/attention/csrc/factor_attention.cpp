@@ -70,13 +70,19 @@ inline int64_t max_keys(const Factor& f) {
   return f.kind == kBlock ? f.stride : (f.T + f.stride - 1) / f.stride;
 }
 
-// The keys [c0, c1) that rows [t0, t1) of a group may see: up to the last row's own key, from the first key within
-// the first row's window.
+// Of the keys at base, base + step, ... (a group's rows): the first one within the window of the query at row i, and
+// one past the last one at or before it (the query's own key).
+inline int64_t first_seen(const Group& grp, int64_t i, int64_t base) {
+  const int64_t lowest = grp.window == std::numeric_limits<int64_t>::max() ? 0 : i - grp.window + 1;
+  return lowest <= base ? 0 : (lowest - base + grp.step - 1) / grp.step;
+}
+
+inline int64_t past_last_seen(const Group& grp, int64_t i, int64_t base) { return (i - base) / grp.step + 1; }
+
+// The keys [c0, c1) that rows [t0, t1) of a group may see: from the first row's first key to the last row's own key.
 inline void key_range(const Group& grp, int64_t t0, int64_t t1, int64_t* c0, int64_t* c1) {
-  const int64_t first_row = grp.first + t0 * grp.step, last_row = grp.first + (t1 - 1) * grp.step;
-  *c1 = std::min(grp.keys, (last_row - grp.key_first) / grp.step + 1);
-  const int64_t lowest = grp.window == std::numeric_limits<int64_t>::max() ? 0 : first_row - grp.window + 1;
-  *c0 = lowest <= grp.key_first ? 0 : (lowest - grp.key_first + grp.step - 1) / grp.step;
+  *c0 = first_seen(grp, grp.first + t0 * grp.step, grp.key_first);
+  *c1 = std::min(grp.keys, past_last_seen(grp, grp.first + (t1 - 1) * grp.step, grp.key_first));
 }
 
 inline int64_t offset(const Strides& s, int64_t batch, int64_t head, int64_t row) {
@@ -98,10 +104,9 @@ void chunk_probs(const Factor& f, const Group& grp, int64_t batch, int64_t head,
   for (int64_t t = 0; t < rows; ++t) {
     const int64_t i = row0 + t * step;
     scalar_t* row = probs + t * keys;
-    // key c of the chunk sits at key0 + c * step; it is allowed when 0 <= i - j < window
-    const int64_t last = std::min(keys, (i - key0) / step + 1);  // keys [0, last) are at or before i
-    const int64_t lowest = grp.window == std::numeric_limits<int64_t>::max() ? 0 : i - grp.window + 1;
-    const int64_t begin = lowest <= key0 ? 0 : std::min(last, (lowest - key0 + step - 1) / step);
+    // key c of the chunk sits at key0 + c * step; it is allowed when 0 <= i - j < window: c in [begin, last)
+    const int64_t last = std::min(keys, past_last_seen(grp, i, key0));
+    const int64_t begin = std::min(last, first_seen(grp, i, key0));
     if (f.slopes) {
 #pragma omp simd
       for (int64_t c = begin; c < last; ++c) row[c] -= slope * static_cast<scalar_t>(i - key0 - c * step);
